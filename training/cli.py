@@ -1,0 +1,81 @@
+"""``jointspace synth | train | evaluate`` — the training package's commands (assembled in service/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="generate the embedded synthetic captioned-image data set")
+    p.add_argument("--out", required=True, help="output directory (images/ and dataset.json)")
+    p.add_argument("--images", type=int, default=3000, help="number of images (default 3000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=128, help="side of the square images in pixels")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("train", help="train a joint image-sentence embedding from a YAML config")
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("--data", required=True, help="Karpathy JSON / Flickr8k folder / COCO captions json")
+    p.add_argument("--out", required=True, help="run directory: model.pt, log.jsonl, config.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key by dotted path, e.g. --set train.epochs=1 (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="retrieval metrics of a model on a data split")
+    p.add_argument("--model", required=True, help="model.pt")
+    p.add_argument("--data", required=True)
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--out", help="write the metrics as JSON here")
+    p.add_argument("--plot", help="write a Recall@K plot (PNG) here")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_synth(args) -> int:
+    from .synth import generate
+
+    path = generate(args.out, n_images=args.images, seed=args.seed, image_size=args.image_size)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .config import load_config
+    from .train import train
+
+    cfg = load_config(args.config, args.overrides)
+    train(cfg, args.data, args.out, progress=not args.quiet)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .data import load_dataset
+    from .evaluate import evaluate_model, format_table, plot_recall, public
+    from .fileio import write_json
+    from .model import load_model
+    from .train import resolve_device
+
+    device = resolve_device(args.device)
+    model = load_model(args.model, device)
+    dataset = load_dataset(args.data, split=args.split).split(args.split)
+    if dataset.n_images == 0:
+        print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
+        return 2
+    result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
+                            amp=device.type == "cuda")
+    print(format_table(result))
+    out = public(result)
+    out.update({"split": args.split, "data": str(args.data), "model": str(args.model),
+                "model_fingerprint": model.fingerprint})
+    if args.out:
+        write_json(args.out, out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        plot_recall(result, args.plot, title=f"{Path(args.model).parent.name} on {args.split}")
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,184 @@
+"""Run configuration: YAML files with sections ``data image text model loss train``.
+
+Every key has a default here, so a config file names only what it changes. A key that is not in the
+defaults is an error (a typo must not silently train the wrong model), and ``--set a.b=value`` overrides
+any key by its dotted path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bow``).
+
+Some sections hold open-ended option maps (``text.options``, ``image.options``, ``loss.options``) for
+encoder- or loss-specific settings that later models add; those sub-maps accept any key.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULTS: dict[str, Any] = {
+    "name": "unnamed",
+    "data": {
+        "min_word_count": 1,        # STT §4.2 uses > 3 on COCO; 1 keeps every word of small sets
+        "max_caption_len": 50,      # tokens; longer captions are truncated
+    },
+    "image": {
+        "backbone": "resnet152",    # STT §4.2 / RCN: ResNet-152 pooled features
+        "weights": None,            # local weights file; None = the backbone's default source
+        "image_size": 224,          # network input side
+        "resize": 256,              # shorter side before cropping (ignored when crops == 1 and resize == image_size)
+        "crops": 1,                 # 1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged
+        "cache_dir": None,          # feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace
+        "channels_last": True,      # faster CPU convolutions
+        "options": {},              # backbone-specific (e.g. smallcnn width)
+    },
+    "text": {
+        "encoder": "gru",           # gru | bow | ... (training.text_encoders registry)
+        "word_dim": 300,            # STT §4.2
+        "hidden": 1024,             # STT §4.2
+        "layers": 1,
+        "bidirectional": False,
+        "dropout": 0.0,
+        "options": {},
+    },
+    "model": {
+        "embed_dim": 1024,          # STT Table 4: 1024
+        "projection": "linear",     # linear (STT §3.1: one FC) | two_branch (two-branch §3.1)
+        "projection_hidden": 2048,  # two_branch: width of the hidden FC layer
+        "projection_dropout": 0.0,
+        "similarity": "cosine",     # cosine (STT eq. 8) | order (STT eq. 9)
+    },
+    "loss": {
+        "name": "max_violation",    # sum (STT eq. 7) | max_violation (RCN eqs. 11-13) | khardest | hard | semihard | hard_semihard
+        "margin": 0.2,
+        "k": 10,                    # khardest: negatives per anchor (two-branch §3.3)
+        "lambda": 1.0,              # weight of the caption-anchored direction (two-branch eq. 3)
+        "reduction": "sum",         # sum over the batch (STT eq. 7) or mean (RCN eq. 11)
+        "warmup_epochs": 0,         # use the sum of hinges (STT eq. 7) this many epochs first: hardest-negative
+                                    # training from scratch can collapse to one point (VSE++ §3.3)
+        "options": {},
+    },
+    "train": {
+        "epochs": 30,
+        "batch_size": 128,          # STT §4.2
+        "lr": 2.0e-4,               # STT §4.2
+        "lr_decay_epochs": 15,      # STT §4.2: 2e-4 for 15 epochs, then 2e-5
+        "lr_decay_factor": 0.1,
+        "weight_decay": 0.0,
+        "grad_clip": 2.0,
+        "patience": 10,             # early stopping on validation R-sum (epochs without improvement)
+        "seed": 0,
+        "device": "auto",           # auto | cpu | cuda
+        "amp": "auto",              # auto (bf16 autocast on CUDA) | off
+        "workers": 2,               # image decoding processes
+        "eval_every": 1,
+        "finetune_epochs": 0,       # STT §4.2 second stage: train the backbone end to end
+        "finetune_lr": 2.0e-5,
+        "finetune_batch_size": 32,
+        "sampling": "caption",      # caption: every (image, caption) pair once per epoch;
+                                    # image: every image once per epoch with one random caption of it
+                                    # minimal_pairs: image, with each minimal pair in one batch (hard negatives)
+        "max_steps_per_epoch": None,  # cap for smoke runs
+    },
+}
+
+_OPEN_MAPS = {("text", "options"), ("image", "options"), ("loss", "options")}
+
+
+class ConfigError(ValueError):
+    """A config file or override names a key that does not exist or has a bad value."""
+
+
+def _merge(base: dict, update: dict, path: tuple[str, ...] = ()) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        here = path + (key,)
+        if here in _OPEN_MAPS:  # encoder/loss-specific options: any key is allowed
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{'.'.join(here)}' is a mapping; got {value!r}")
+            out[key] = _merge_open(base[key], value)
+            continue
+        if key not in base:
+            raise ConfigError(f"unknown config key '{'.'.join(here)}' (known: {', '.join(sorted(base))})")
+        if isinstance(base[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{'.'.join(here)}' is a section; got {value!r}")
+            out[key] = _merge(base[key], value, here)
+        else:
+            out[key] = _coerce(base[key], value, here)
+    return out
+
+
+def _coerce(default: Any, value: Any, here: tuple[str, ...]) -> Any:
+    """YAML 1.1 reads ``1e-4`` as a string; a key whose default is a number takes numbers only."""
+    if isinstance(default, float) and isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"config key '{'.'.join(here)}' must be a number, got {value!r}") from None
+    return value
+
+
+def _merge_open(base: dict, update: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        out[key] = _merge_open(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=1e-4"`` → (["train", "lr"], 1e-4); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    keys = [k for k in key.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"--set has an empty key: {item!r}")
+    return keys, yaml.safe_load(raw) if raw.strip() else None
+
+
+def _nest(keys: list[str], value: Any) -> dict:
+    out: Any = value
+    for key in reversed(keys):
+        out = {key: out}
+    return out
+
+
+def build_config(file_values: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Defaults ← file values ← ``--set`` overrides, checking every key."""
+    cfg = _merge(DEFAULTS, file_values or {})
+    for item in overrides:
+        keys, value = parse_override(item)
+        cfg = _merge(cfg, _nest(keys, value))
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    values: dict = {}
+    if path is not None:
+        text = Path(path).read_text()
+        values = yaml.safe_load(text) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: a config file must be a YAML mapping")
+    return build_config(values, overrides)
+
+
+def validate(cfg: dict) -> None:
+    t = cfg["train"]
+    for key in ("epochs", "batch_size", "finetune_batch_size"):
+        if not isinstance(t[key], int) or t[key] < (0 if key == "epochs" else 1):
+            raise ConfigError(f"train.{key} must be a positive integer, got {t[key]!r}")
+    if cfg["image"]["crops"] not in (1, 5, 10):
+        raise ConfigError(f"image.crops must be 1, 5 or 10, got {cfg['image']['crops']!r}")
+    if cfg["model"]["similarity"] not in ("cosine", "order"):
+        raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
+    if cfg["loss"]["reduction"] not in ("sum", "mean"):
+        raise ConfigError(f"loss.reduction must be 'sum' or 'mean', got {cfg['loss']['reduction']!r}")
+    if t["sampling"] not in ("caption", "image", "minimal_pairs"):
+        raise ConfigError(f"train.sampling must be caption, image or minimal_pairs, got {t['sampling']!r}")
+    if t["device"] not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
+
+
+def dump_config(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False)

@@ -1,0 +1,101 @@
+"""Encode a data split with a model: where image inputs come from, and batched embedding of both sides.
+
+An :class:`ImageSource` is what an image index turns into for the model:
+
+* ``features`` — precomputed features of a frozen pretrained backbone (``features.extract_features``);
+* ``pixels``   — all images decoded once into a uint8 tensor (small sets, trainable backbones);
+* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .features import ImageFiles, extract_features, load_pixels
+from .vocab import pad_batch
+
+PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
+
+
+@dataclass
+class ImageSource:
+    kind: str                                  # features | pixels | files
+    data: torch.Tensor | ImageFiles
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu", workers: int = 2,
+                 progress: bool = True, amp: bool = False) -> ImageSource:
+    if model.backbone_pretrained and not trainable:
+        feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
+                                 progress=progress, amp=amp)
+        return ImageSource("features", torch.from_numpy(np.ascontiguousarray(feats)))
+    pre = model.preprocess
+    if len(paths) * pre.crops * 3 * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
+        return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
+    return ImageSource("files", ImageFiles(paths, pre))
+
+
+def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
+    """A batch from a source (features, or uint8 pixels) → embeddings."""
+    if kind == "features":
+        return model.embed_features(batch)
+    return model.embed_images(model.preprocess.normalize(batch))
+
+
+def autocast(device: torch.device, amp: bool):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
+
+
+@torch.no_grad()
+def embed_image_source(model, source: ImageSource, batch_size: int = 128, device="cpu", amp: bool = False,
+                       workers: int = 2) -> torch.Tensor:
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    out = []
+    if source.kind == "files":
+        loader = DataLoader(source.data, batch_size=batch_size, num_workers=workers)
+        batches = (pixels for _, pixels in loader)
+    else:
+        batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
+    for batch in batches:
+        with autocast(device, amp):
+            out.append(image_inputs_to_embedding(model, source.kind, batch.to(device)).float())
+    model.train(was_training)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def embed_caption_ids(model, id_lists: Sequence[Sequence[int]], batch_size: int = 512, device="cpu",
+                      amp: bool = False) -> torch.Tensor:
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(id_lists), batch_size):
+        ids, lengths = pad_batch([list(x) for x in id_lists[start:start + batch_size]])
+        with autocast(device, amp):
+            out.append(model.embed_texts(ids.to(device), lengths.to(device)).float())
+    model.train(was_training)
+    return torch.cat(out)
+
+
+def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
+                amp: bool = False, source: ImageSource | None = None):
+    """Embeds every image and caption of ``dataset`` (a CaptionDataset).
+    Returns ``(image_emb (N, E), caption_emb (M, E), cap_to_img (M,))``."""
+    if source is None:
+        source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
+                              workers=workers, progress=progress, amp=amp)
+    img_emb = embed_image_source(model, source, device=device, amp=amp, workers=workers)
+    cap_ids = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
+    cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
+    cap_emb = embed_caption_ids(model, cap_ids, device=device, amp=amp)
+    return img_emb.cpu(), cap_emb.cpu(), cap_to_img

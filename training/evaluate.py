@@ -1,0 +1,175 @@
+"""Retrieval evaluation (STT §4.3): R@K, median and mean rank in both directions, R-sum.
+
+* image → text: an image query is a hit at K when *any* of its captions is in the top K; its rank is the
+  rank of its best-ranked caption.
+* text → image: a caption query's ground truth is its one image.
+
+Ranks are 1-based and exact, computed with vectorised torch on the full similarity matrix (in row blocks);
+a candidate scoring exactly equal to the ground truth does not push it down (ties are resolved in favour of
+the ground truth). With 5000 test images the COCO protocols are added: 5 folds of 1000 images averaged
+(``coco_1k``) and the full set (``coco_5k``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+KS = (1, 5, 10)
+
+
+def ranks_from_scores(score_fn: Callable[[slice], torch.Tensor], n_images: int, cap_to_img: torch.Tensor,
+                      block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """``score_fn(rows)`` returns ``S[rows, :]`` (images × all captions). Returns 1-based ranks
+    ``(i2t (n_images,), t2i (n_captions,))``."""
+    n_caps = cap_to_img.shape[0]
+    i2t = torch.empty(n_images, dtype=torch.long)
+    gt_score = torch.empty(n_caps)
+    row_blocks = [slice(s, min(s + block, n_images)) for s in range(0, n_images, block)]
+    for rows in row_blocks:                     # pass 1: image queries, and each caption's true score
+        s = score_fn(rows).float().cpu()
+        own = cap_to_img.view(1, -1) == torch.arange(rows.start, rows.stop).view(-1, 1)   # (b, n_caps)
+        best_own = s.masked_fill(~own, float("-inf")).max(1).values
+        i2t[rows] = (s > best_own.view(-1, 1)).sum(1) + 1
+        cols = ((cap_to_img >= rows.start) & (cap_to_img < rows.stop)).nonzero().view(-1)
+        gt_score[cols] = s[cap_to_img[cols] - rows.start, cols]
+    t2i = torch.ones(n_caps, dtype=torch.long)
+    for rows in row_blocks:                     # pass 2: caption queries (blocks recomputed, memory bounded)
+        t2i += (score_fn(rows).float().cpu() > gt_score.view(1, -1)).sum(0)
+    return i2t, t2i
+
+
+def summarize(ranks: torch.Tensor) -> dict:
+    r = ranks.double()
+    out = {f"r{k}": round(100.0 * (r <= k).double().mean().item(), 4) for k in KS}
+    out["medr"] = float(np.floor(np.median(r.numpy() - 1)) + 1)
+    out["meanr"] = round(r.mean().item(), 4)
+    return out
+
+
+def retrieval_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
+                      similarity) -> dict:
+    """Metrics of one gallery; ``similarity(images, captions)`` → score matrix."""
+    cap_to_img = cap_to_img.long().cpu()
+    i2t, t2i = ranks_from_scores(lambda rows: similarity(image_emb[rows], caption_emb), image_emb.shape[0],
+                                 cap_to_img)
+    res = {"i2t": summarize(i2t), "t2i": summarize(t2i)}
+    res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
+    res["n_images"], res["n_captions"] = int(image_emb.shape[0]), int(caption_emb.shape[0])
+    res["_ranks"] = {"i2t": i2t, "t2i": t2i}
+    return res
+
+
+def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
+                    similarity) -> dict:
+    """Metrics on the whole split, plus the COCO 1K-fold and 5K protocols when it has 5000 images."""
+    res = retrieval_metrics(image_emb, caption_emb, cap_to_img, similarity)
+    n = image_emb.shape[0]
+    if n == 5000:
+        folds = []
+        for f in range(5):
+            lo, hi = f * 1000, (f + 1) * 1000
+            sel = (cap_to_img >= lo) & (cap_to_img < hi)
+            fold = retrieval_metrics(image_emb[lo:hi], caption_emb[sel], cap_to_img[sel] - lo, similarity)
+            folds.append(fold)
+        avg = {d: {m: round(float(np.mean([f[d][m] for f in folds])), 4) for m in folds[0][d]}
+               for d in ("i2t", "t2i")}
+        avg["rsum"] = round(float(np.mean([f["rsum"] for f in folds])), 4)
+        res["coco_1k"] = avg
+        res["coco_5k"] = {k: res[k] for k in ("i2t", "t2i", "rsum")}
+    return res
+
+
+def recall_curve(ranks: torch.Tensor, max_k: int) -> list[float]:
+    r = ranks.numpy()
+    return [float(100.0 * (r <= k).mean()) for k in range(1, max_k + 1)]
+
+
+def minimal_pair_accuracy(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
+                          pairs: Sequence[tuple[int, int]], similarity) -> dict:
+    """For each minimal pair (a, b) and each caption c of a: is S(a, c) > S(b, c)? (and symmetrically for b).
+    A tie counts one half, so an order-blind model that cannot tell the pair apart scores 0.5."""
+    if not pairs:
+        return {"accuracy": None, "n": 0}
+    correct, total = 0.0, 0
+    for a, b in pairs:
+        for own, other in ((a, b), (b, a)):
+            caps = (cap_to_img == own).nonzero().view(-1)
+            if len(caps) == 0:
+                continue
+            s = similarity(image_emb[[own, other]], caption_emb[caps])      # (2, n)
+            correct += float((s[0] > s[1]).sum() + 0.5 * (s[0] == s[1]).sum())
+            total += len(caps)
+    return {"accuracy": round(correct / max(total, 1), 4), "n": total}
+
+
+def plot_recall(result: dict, path: str | Path, max_k: int = 50, title: str = "") -> None:
+    """Recall@K curves for both directions → PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .fileio import atomic_path
+
+    ranks = result["_ranks"]
+    ks = np.arange(1, max_k + 1)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for direction, label in (("i2t", "image → text"), ("t2i", "text → image")):
+        ax.plot(ks, recall_curve(ranks[direction], max_k), label=f"{label} (R@1 {result[direction]['r1']:.1f})")
+    ax.set_xlabel("K")
+    ax.set_ylabel("Recall@K (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title or f"{result['n_images']} images, {result['n_captions']} captions, R-sum {result['rsum']:.1f}")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def public(result: dict) -> dict:
+    """The JSON-serialisable part of a result (drops rank tensors)."""
+    return {k: v for k, v in result.items() if not k.startswith("_")}
+
+
+def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
+    """Minimal pairs recorded by the synthetic generator (``extra["minimal_pair"]`` holds the partner's
+    ``imgid``), as pairs of this dataset's image ids, each pair once."""
+    by_imgid = {r.extra["imgid"]: r.image_id for r in dataset.images if "imgid" in r.extra}
+    pairs = set()
+    for r in dataset.images:
+        partner = r.extra.get("minimal_pair")
+        if partner is not None and partner in by_imgid and "imgid" in r.extra:
+            a, b = r.image_id, by_imgid[partner]
+            pairs.add((min(a, b), max(a, b)))
+    return sorted(pairs)
+
+
+def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
+                   amp: bool = False) -> dict:
+    """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``)."""
+    from .embed import embed_split
+
+    img, cap, cap_to_img = embed_split(model, dataset, device=device, cache_dir=cache_dir, workers=workers,
+                                       progress=progress, amp=amp)
+    result = full_evaluation(img, cap, cap_to_img, model.similarity)
+    pairs = minimal_pairs_of(dataset)
+    if pairs:
+        result["minimal_pairs"] = minimal_pair_accuracy(img, cap, cap_to_img, pairs, model.similarity)
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'':14}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'medr':>7}{'meanr':>9}"]
+    for d, label in (("i2t", "image→text"), ("t2i", "text→image")):
+        m = result[d]
+        lines.append(f"{label:14}{m['r1']:8.1f}{m['r5']:8.1f}{m['r10']:8.1f}{m['medr']:7.0f}{m['meanr']:9.1f}")
+    lines.append(f"R-sum {result['rsum']:.1f}   ({result['n_images']} images, {result['n_captions']} captions)")
+    if result.get("minimal_pairs", {}).get("n"):
+        mp = result["minimal_pairs"]
+        lines.append(f"minimal pairs: {100 * mp['accuracy']:.1f}% correct of {mp['n']} captions (chance 50%)")
+    return "\n".join(lines)

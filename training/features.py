@@ -1,0 +1,110 @@
+"""Decode images in worker processes, and precompute frozen-backbone features once, cached on disk.
+
+The cache is a memory-mapped ``.npy`` per (backbone weights, preprocessing, exact file list) plus a JSON
+manifest. The cache key hashes all of these, including each file's size and modification time, so a
+changed image, backbone or crop setting never reuses stale features. Files are written under temporary
+names and renamed into place (manifest last), so a killed extraction leaves no half-written cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .fileio import atomic_path, write_json
+from .preprocess import Preprocess, open_image
+
+
+class ImageFiles(Dataset):
+    """``(index, uint8 pixels (crops, 3, S, S))`` for each file; decoding runs in DataLoader workers."""
+
+    def __init__(self, paths: Sequence[str | Path], preprocess: Preprocess):
+        self.paths = [str(p) for p in paths]
+        self.preprocess = preprocess
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        try:
+            return i, self.preprocess.pixels(open_image(self.paths[i]))
+        except Exception as err:  # report which file, not a worker traceback
+            raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
+
+
+def image_loader(paths, preprocess: Preprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
+    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
+    return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, num_workers=workers,
+                      persistent_workers=False)
+
+
+def load_pixels(paths, preprocess: Preprocess, workers: int = 2, progress: bool = True,
+                desc: str = "decoding images") -> torch.Tensor:
+    """All images as one uint8 tensor ``(N, crops, 3, S, S)`` (small data sets / trainable backbones)."""
+    crops, side = preprocess.crops, preprocess.image_size
+    out = torch.empty(len(paths), crops, 3, side, side, dtype=torch.uint8)
+    for idx, pixels in tqdm(image_loader(paths, preprocess, workers=workers), desc=desc, disable=not progress,
+                            unit="batch"):
+        out[idx] = pixels
+    return out
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("JOINTSPACE_CACHE", Path.home() / ".cache" / "jointspace")) / "features"
+
+
+def _weights_digest(module: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for key, tensor in module.state_dict().items():
+        h.update(key.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Preprocess, paths) -> dict:
+    files = []
+    for p in paths:
+        st = os.stat(p)
+        files.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
+    return {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
+            "files_sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(), "n": len(files)}
+
+
+@torch.no_grad()
+def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
+                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int = 2,
+                     progress: bool = True, amp: bool = False) -> np.ndarray:
+    """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    manifest = cache_manifest(model.backbone_name, model.backbone, model.preprocess, paths)
+    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
+    array_path, manifest_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
+    if manifest_path.exists() and array_path.exists():
+        stored = json.loads(manifest_path.read_text())
+        feats = np.load(array_path, mmap_mode="r")
+        if stored == manifest and feats.shape == (len(paths), model.feature_dim):
+            return feats
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.backbone.training
+    model.backbone.eval()
+    device = torch.device(device)
+    with atomic_path(array_path) as tmp:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(paths), model.feature_dim))
+        loader = image_loader(paths, model.preprocess, batch_size=batch_size, workers=workers)
+        for idx, pixels in tqdm(loader, desc=f"{model.backbone_name} features", disable=not progress,
+                                unit="batch"):
+            images = model.preprocess.normalize(pixels.to(device))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+                out[idx.numpy()] = model.image_features(images).float().cpu().numpy()
+        out.flush()
+        del out
+    write_json(manifest_path, manifest)
+    model.backbone.train(was_training)
+    return np.load(array_path, mmap_mode="r")

@@ -1,0 +1,138 @@
+"""The joint embedding model and its self-contained checkpoint (``model.pt``).
+
+``JointEmbedding`` = image backbone → image projection, text encoder → text projection, and a similarity
+that also decides the normalisation (STT §3.1, Fig. 10). ``model.pt`` holds the config, the vocabulary,
+every weight (the backbone's too) and the preprocessing, so loading needs no other file and no download.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .backbones import Backbone, build_backbone
+from .fileio import atomic_path
+from .preprocess import Preprocess
+from .projection import build_projection
+from .similarity import build_similarity
+from .text_encoders import build_text_encoder
+from .vocab import Vocabulary, pad_batch
+
+FORMAT = "jointspace-model/1"
+
+
+class JointEmbedding(nn.Module):
+    def __init__(self, cfg: dict, vocab: Vocabulary, backbone: Backbone):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab = vocab
+        self.backbone_name = backbone.name
+        self.backbone = backbone.module
+        self.backbone_pretrained = backbone.pretrained
+        self.feature_dim = backbone.dim
+        self.preprocess: Preprocess = backbone.preprocess
+        self.image_proj = build_projection(cfg["model"], backbone.dim)
+        self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
+        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim)
+        self.similarity = build_similarity(cfg["model"]["similarity"])
+        if cfg["image"].get("channels_last", True):
+            self.backbone.to(memory_format=torch.channels_last)
+
+    # --- image side -------------------------------------------------------------------------------
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalised images ``(B, 3, S, S)`` or multi-crop ``(B, C, 3, S, S)`` → backbone features ``(B, D)``
+        (crop features averaged)."""
+        crops = images.shape[1] if images.dim() == 5 else 1
+        flat = images.flatten(0, 1) if images.dim() == 5 else images
+        if self.cfg["image"].get("channels_last", True):
+            flat = flat.contiguous(memory_format=torch.channels_last)
+        feats = self.backbone(flat)
+        return feats.view(-1, crops, feats.shape[-1]).mean(1)
+
+    def embed_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone features → common space."""
+        return self.similarity.normalize(self.image_proj(features.float()))
+
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        return self.embed_features(self.image_features(images))
+
+    # --- text side --------------------------------------------------------------------------------
+    def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        max_len = self.cfg["data"]["max_caption_len"]
+        return [self.vocab.encode(t, max_len=max_len) for t in texts]
+
+    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.similarity.normalize(self.text_proj(self.text_encoder(ids, lengths)))
+
+    @torch.no_grad()
+    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+        """Raw sentences → common space (inference helper)."""
+        device = next(self.parameters()).device
+        out = []
+        for start in range(0, len(texts), batch_size):
+            ids, lengths = pad_batch(self.encode_text_ids(texts[start:start + batch_size]))
+            out.append(self.embed_texts(ids.to(device), lengths.to(device)))
+        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
+
+    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
+        return self.similarity(images, captions)
+
+    # --- training helpers -------------------------------------------------------------------------
+    def set_backbone_trainable(self, trainable: bool) -> None:
+        for p in self.backbone.parameters():
+            p.requires_grad_(trainable)
+
+
+def build_model(cfg: dict, vocab: Vocabulary, load_weights: bool = True) -> JointEmbedding:
+    return JointEmbedding(cfg, vocab, build_backbone(cfg["image"], load_weights=load_weights))
+
+
+def fingerprint(model: JointEmbedding) -> str:
+    """sha256 over config, vocabulary and every tensor: two models embed alike iff fingerprints match."""
+    h = hashlib.sha256()
+    h.update(json.dumps(model.cfg, sort_keys=True).encode())
+    h.update(json.dumps(model.vocab.to_dict(), sort_keys=True).encode())
+    for key, tensor in model.state_dict().items():
+        h.update(key.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_model(model: JointEmbedding, path: str | Path, extra: dict | None = None) -> str:
+    """Atomically writes a self-contained checkpoint; returns its fingerprint."""
+    fp = fingerprint(model)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    payload = {
+        "format": FORMAT,
+        "config": model.cfg,
+        "vocab": model.vocab.to_dict(),
+        "backbone": {"name": model.backbone_name, "dim": model.feature_dim,
+                     "pretrained": model.backbone_pretrained, "preprocess": model.preprocess.to_dict()},
+        "state_dict": state,
+        "fingerprint": fp,
+        "extra": extra or {},
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return fp
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a jointspace model (expected format {FORMAT})")
+    return payload
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding:
+    """Rebuilds the model from ``model.pt`` alone (no pretrained-weight files are read) in eval mode."""
+    payload = load_checkpoint(path)
+    model = build_model(payload["config"], Vocabulary.from_dict(payload["vocab"]), load_weights=False)
+    model.load_state_dict(payload["state_dict"])
+    model.fingerprint = payload["fingerprint"]
+    model.extra = payload.get("extra", {})
+    return model.to(device).eval()

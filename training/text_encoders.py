@@ -1,0 +1,74 @@
+"""Sentence encoders by name. Each maps padded word ids ``(B, T)`` and lengths ``(B,)`` to ``(B, out_dim)``.
+
+* ``gru`` — word embeddings → 1-layer GRU → last hidden state (STT §3.1 and §4.2: 300-d words, 1024 hidden).
+* ``bow`` — bag of words → MLP: word order is invisible to it, which the minimal-pair test exploits.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from .registry import Registry
+
+TEXT_ENCODERS: Registry = Registry("text encoder")
+
+
+def build_text_encoder(cfg_text: dict, vocab_size: int) -> nn.Module:
+    """``cfg_text`` is the config's ``text`` section."""
+    return TEXT_ENCODERS.get(cfg_text["encoder"])(cfg_text, vocab_size)
+
+
+class GRUEncoder(nn.Module):
+    """STT §3.1: a recurrent sentence encoder; its final hidden state represents the sentence."""
+
+    def __init__(self, vocab_size: int, word_dim: int = 300, hidden: int = 1024, layers: int = 1,
+                 bidirectional: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        self.rnn = nn.GRU(word_dim, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
+                          dropout=dropout if layers > 1 else 0.0)
+        self.dropout = nn.Dropout(dropout)
+        self.bidirectional = bidirectional
+        self.out_dim = hidden
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(self.embed(ids))
+        packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        _, h = self.rnn(packed)                       # (layers * directions, B, hidden)
+        if self.bidirectional:
+            return (h[-2] + h[-1]) / 2               # mean of the two directions' last states
+        return h[-1]
+
+
+@TEXT_ENCODERS.register("gru")
+def _gru(cfg_text: dict, vocab_size: int) -> nn.Module:
+    return GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
+                      cfg_text["bidirectional"], cfg_text["dropout"])
+
+
+class BagOfWordsEncoder(nn.Module):
+    """Word counts (or presence, ``binary``) → FC → ReLU: an order-blind baseline (BiR §5.2 unigram BoW)."""
+
+    def __init__(self, vocab_size: int, hidden: int = 1024, binary: bool = False, dropout: float = 0.0):
+        super().__init__()
+        # EmbeddingBag(sum) over word ids == a linear layer applied to the count vector, without building it
+        self.fc = nn.EmbeddingBag(vocab_size, hidden, mode="sum", padding_idx=0)
+        self.bias = nn.Parameter(torch.zeros(hidden))
+        self.dropout = nn.Dropout(dropout)
+        self.binary = binary
+        self.out_dim = hidden
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if self.binary:  # keep the first occurrence of each word in a sentence
+            same = ids.unsqueeze(2) == ids.unsqueeze(1)                     # (B, T, T)
+            dup = torch.tril(same, diagonal=-1).any(2)
+            ids = ids.masked_fill(dup, 0)
+        return self.dropout(torch.relu(self.fc(ids) + self.bias))
+
+
+@TEXT_ENCODERS.register("bow")
+def _bow(cfg_text: dict, vocab_size: int) -> nn.Module:
+    return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"].get("binary", False)),
+                             cfg_text["dropout"])

@@ -1,0 +1,234 @@
+"""The training loop (STT §4.2): Adam, a learning-rate step, gradient clipping, early stopping on
+validation R-sum, the best checkpoint kept as ``RUN_DIR/model.pt`` and per-epoch metrics in ``log.jsonl``.
+
+Stage 1 trains the projections and the text encoder on precomputed features of a frozen pretrained
+backbone (or, for a backbone trained from scratch, everything on pixels). Optional stage 2
+(``train.finetune_epochs``) unfreezes the pretrained backbone and trains end to end at ``finetune_lr``.
+Training reads only the train split and selects on val; the test split is never touched here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .config import dump_config
+from .data import CaptionDataset, load_dataset
+from .embed import ImageSource, autocast, embed_split, image_inputs_to_embedding, image_source
+from .evaluate import minimal_pairs_of, public, retrieval_metrics
+from .fileio import write_text
+from .losses import build_loss
+from .model import build_model, save_model
+from .vocab import Vocabulary, pad_batch
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+class PairDataset(Dataset):
+    """Every (image, caption) pair of the split; an epoch visits each caption once."""
+
+    def __init__(self, source: ImageSource, caption_ids: list[list[int]], cap_to_img: list[int]):
+        self.source, self.caption_ids, self.cap_to_img = source, caption_ids, cap_to_img
+
+    def __len__(self) -> int:
+        return len(self.caption_ids)
+
+    def __getitem__(self, i: int):
+        img = self.cap_to_img[i]
+        image = self.source.data[img][1] if self.source.kind == "files" else self.source.data[img]
+        return image, self.caption_ids[i], img
+
+
+class OneCaptionPerImage(torch.utils.data.Sampler):
+    """``train.sampling: image`` — each epoch visits every image once, with one of its captions at random.
+
+    With ``groups`` (``train.sampling: minimal_pairs``) the images of a group — a minimal pair, two images
+    whose captions differ only in word order or attribute binding — are visited one after the other, so
+    they share a batch and each is the other's hard negative (composition-aware hard negatives, as in
+    NegCLIP). Random batches almost never hold such a pair, and then nothing teaches the model binding.
+    """
+
+    def __init__(self, cap_to_img: list[int], generator: torch.Generator, groups: list[tuple[int, ...]] = ()):
+        self.generator = generator
+        self.captions: dict[int, list[int]] = {}
+        for cap, img in enumerate(cap_to_img):
+            self.captions.setdefault(img, []).append(cap)
+        grouped = {img for g in groups for img in g}
+        self.units = [tuple(g) for g in groups] + [(img,) for img in self.captions if img not in grouped]
+
+    def __len__(self) -> int:
+        return sum(len(u) for u in self.units)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.units), generator=self.generator).tolist()
+        images = [img for i in order for img in self.units[i]]
+        picks = torch.randint(0, 1 << 30, (len(images),), generator=self.generator).tolist()
+        return iter(self.captions[img][p % len(self.captions[img])] for img, p in zip(images, picks))
+
+
+def collate_pairs(batch):
+    images, ids, img_idx = zip(*batch)
+    padded, lengths = pad_batch(list(ids))
+    return torch.stack(images), padded, lengths, torch.tensor(img_idx, dtype=torch.long)
+
+
+@dataclass
+class Stage:
+    name: str
+    epochs: int
+    lr: float
+    batch_size: int
+    backbone_trainable: bool
+
+
+def plan_stages(cfg: dict, backbone_pretrained: bool) -> list[Stage]:
+    t = cfg["train"]
+    stages = [Stage("main", t["epochs"], t["lr"], t["batch_size"], backbone_trainable=not backbone_pretrained)]
+    if t["finetune_epochs"] > 0 and backbone_pretrained:
+        stages.append(Stage("finetune", t["finetune_epochs"], t["finetune_lr"], t["finetune_batch_size"], True))
+    return stages
+
+
+class Trainer:
+    def __init__(self, cfg: dict, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
+                 log=print):
+        self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
+        t = cfg["train"]
+        set_seed(t["seed"])
+        self.device = resolve_device(t["device"])
+        self.amp = t["amp"] == "auto" and self.device.type == "cuda"
+        dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
+        self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
+        if self.train_set.n_images == 0 or self.val_set.n_images == 0:
+            raise ValueError(f"{dataset.name}: training needs a train and a val split "
+                             f"(found train={self.train_set.n_images}, val={self.val_set.n_images})")
+        vocab = Vocabulary.build((c for r in self.train_set.images for c in r.captions),
+                                 min_count=cfg["data"]["min_word_count"])
+        self.model = build_model(cfg, vocab).to(self.device)
+        self.loss_fn = build_loss(cfg["loss"])
+        self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
+        self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
+        self.best_rsum = float("-inf")
+        self.history: list[dict] = []
+
+    def source(self, dataset: CaptionDataset, trainable: bool) -> ImageSource:
+        t = self.cfg["train"]
+        return image_source(self.model, [r.path for r in dataset.images], trainable=trainable,
+                            cache_dir=self.cfg["image"]["cache_dir"], device=self.device, workers=t["workers"],
+                            progress=self.progress, amp=self.amp)
+
+    def validate(self, source: ImageSource) -> dict:
+        img, cap, cap_to_img = embed_split(self.model, self.val_set, device=self.device, amp=self.amp,
+                                           workers=self.cfg["train"]["workers"], source=source)
+        return public(retrieval_metrics(img, cap, cap_to_img, self.model.similarity))
+
+    def run(self) -> dict:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
+        log_path = self.out_dir / "log.jsonl"
+        log_path.write_text("")
+        start = time.time()
+        for stage in plan_stages(self.cfg, self.model.backbone_pretrained):
+            if not self.run_stage(stage, log_path, start):
+                break
+        summary = {"best_val_rsum": self.best_rsum, "epochs_run": len(self.history),
+                   "train_seconds": round(time.time() - start, 1), "model": str(self.out_dir / "model.pt")}
+        self.log(json.dumps(summary))
+        return summary
+
+    def run_stage(self, stage: Stage, log_path: Path, start: float) -> bool:
+        """Returns False when early stopping ended training."""
+        t = self.cfg["train"]
+        model = self.model
+        model.set_backbone_trainable(stage.backbone_trainable)
+        train_source = self.source(self.train_set, stage.backbone_trainable)
+        val_source = self.source(self.val_set, stage.backbone_trainable)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.Adam(params, lr=stage.lr, weight_decay=t["weight_decay"])
+        # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
+        pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
+        generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
+        if t["sampling"] == "caption":
+            sampler = torch.utils.data.RandomSampler(pairs, generator=generator)
+        else:
+            groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
+            sampler = OneCaptionPerImage(self.train_cap_to_img, generator, groups)
+        loader = DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
+                            drop_last=len(sampler) > stage.batch_size,
+                            num_workers=t["workers"] if train_source.kind == "files" else 0)
+        warmup_loss = build_loss({**self.cfg["loss"], "name": "sum", "options": {}})
+        bad_epochs = 0
+        for epoch in range(1, stage.epochs + 1):
+            model.train()
+            if not stage.backbone_trainable:
+                model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
+            losses = []
+            bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
+                       unit="batch", leave=False)
+            for step, (images, ids, lengths, img_idx) in enumerate(bar):
+                if t["max_steps_per_epoch"] and step >= t["max_steps_per_epoch"]:
+                    break
+                with autocast(self.device, self.amp):
+                    img_emb = image_inputs_to_embedding(model, train_source.kind, images.to(self.device))
+                    cap_emb = model.embed_texts(ids.to(self.device), lengths.to(self.device))
+                    warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
+                    loss_fn = warmup_loss if warm else self.loss_fn
+                    loss = loss_fn(model.score(img_emb, cap_emb), img_idx.to(self.device))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if t["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
+                optimizer.step()
+                losses.append(loss.item())
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            scheduler.step()
+            record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
+                      "loss": round(float(np.mean(losses)), 5) if losses else None,
+                      "elapsed_s": round(time.time() - start, 1)}
+            if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
+                val = self.validate(val_source)
+                record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum")}
+                if val["rsum"] > self.best_rsum:
+                    self.best_rsum, bad_epochs = val["rsum"], 0
+                    record["best"] = True
+                    save_model(model, self.out_dir / "model.pt",
+                               extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
+                else:
+                    bad_epochs += t["eval_every"]
+            self.history.append(record)
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
+            self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
+                     f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
+            if bad_epochs >= t["patience"]:
+                self.log(f"early stop: no validation R-sum gain in {bad_epochs} epochs")
+                return False
+        return True
+
+
+def train(cfg: dict, data, out_dir, progress: bool = True, log=print) -> dict:
+    return Trainer(cfg, data, out_dir, progress=progress, log=log).run()

@@ -35,7 +35,7 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
     if model.backbone_pretrained and not trainable:
         feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
                                  progress=progress, amp=amp)
-        return ImageSource("features", torch.from_numpy(np.ascontiguousarray(feats)))
+        return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
     pre = model.preprocess
     if len(paths) * pre.crops * 3 * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
         return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))

@@ -1,13 +1,14 @@
 """Sentence encoders by name. Each maps padded word ids ``(B, T)`` and lengths ``(B,)`` to ``(B, out_dim)``.
 
-* ``gru`` — word embeddings → 1-layer GRU → last hidden state (STT §3.1 and §4.2: 300-d words, 1024 hidden).
+* ``gru`` — word embeddings → 1-layer GRU → last hidden state (STT §3.1 and §4.2: 300-d words, 1024 hidden);
+  ``text.options.pooling: mean|max`` pools the states of every step instead (InferSent-style).
 * ``bow`` — bag of words → MLP: word order is invisible to it, which the minimal-pair test exploits.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .registry import Registry
 
@@ -23,8 +24,11 @@ class GRUEncoder(nn.Module):
     """STT §3.1: a recurrent sentence encoder; its final hidden state represents the sentence."""
 
     def __init__(self, vocab_size: int, word_dim: int = 300, hidden: int = 1024, layers: int = 1,
-                 bidirectional: bool = False, dropout: float = 0.0):
+                 bidirectional: bool = False, dropout: float = 0.0, pooling: str = "last"):
         super().__init__()
+        if pooling not in ("last", "mean", "max"):
+            raise ValueError(f"text.options.pooling must be last, mean or max, got {pooling!r}")
+        self.pooling = pooling
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.rnn = nn.GRU(word_dim, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
                           dropout=dropout if layers > 1 else 0.0)
@@ -36,16 +40,25 @@ class GRUEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed(ids))
         packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
-        _, h = self.rnn(packed)                       # (layers * directions, B, hidden)
+        out, h = self.rnn(packed)                     # h: (layers * directions, B, hidden)
+        if self.pooling == "last":
+            return (h[-2] + h[-1]) / 2 if self.bidirectional else h[-1]   # directions' last states averaged
+        # pool every time step's state (InferSent-style): each local phrase ("red circle") reaches the output
+        # directly instead of surviving to the last step
+        out, _ = pad_packed_sequence(out, batch_first=True)              # (B, T, hidden * directions)
         if self.bidirectional:
-            return (h[-2] + h[-1]) / 2               # mean of the two directions' last states
-        return h[-1]
+            out = (out[..., :self.out_dim] + out[..., self.out_dim:]) / 2
+        valid = (torch.arange(out.shape[1], device=out.device).view(1, -1) <
+                 lengths.clamp(min=1).to(out.device).view(-1, 1)).unsqueeze(-1)
+        if self.pooling == "max":
+            return out.masked_fill(~valid, float("-inf")).max(1).values
+        return (out * valid).sum(1) / valid.sum(1)
 
 
 @TEXT_ENCODERS.register("gru")
 def _gru(cfg_text: dict, vocab_size: int) -> nn.Module:
     return GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
-                      cfg_text["bidirectional"], cfg_text["dropout"])
+                      cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"].get("pooling", "last"))
 
 
 class BagOfWordsEncoder(nn.Module):

@@ -1,0 +1,143 @@
+"""What a running service holds: the model, the live index, the engine, the batchers and the thread pools.
+
+Loading happens in the background after start-up (``/healthz`` answers at once, ``/readyz`` once the model and
+index are loaded). A watcher picks up new index generations written by ``jointspace index add/remove`` while
+the service runs and swaps them in between batches.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from index.gallery import Gallery, current_generation
+from training.model import load_model
+
+from .batcher import DynamicBatcher
+from .engine import Engine
+from .metrics import Metrics
+from .settings import Settings
+
+log = logging.getLogger("jointspace.service")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} asked for but no CUDA device is available")
+    return device
+
+
+class ServiceState:
+    def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None):
+        self.settings, self.metrics = settings, metrics
+        self.model, self.gallery = model, gallery
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self.device = resolve_device(settings.device)
+        # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
+        self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
+        self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
+        max_batch = settings.max_batch if settings.batching else 1
+        max_wait = settings.max_wait_ms if settings.batching else 0.0
+        self.text_batcher = DynamicBatcher(self._search_texts, self.compute_pool, max_batch=max_batch,
+                                           max_wait_ms=max_wait, max_queue=settings.max_queue, name="text",
+                                           metrics=metrics)
+        self.image_batcher = DynamicBatcher(self._search_pixels, self.compute_pool, max_batch=max_batch,
+                                            max_wait_ms=max_wait, max_queue=settings.max_queue, name="image",
+                                            metrics=metrics)
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def _search_texts(self, items):
+        return self.engine.search_texts(items)
+
+    def _search_pixels(self, items):
+        return self.engine.search_pixels(items)
+
+    async def start(self) -> None:
+        if self.settings.torch_threads:
+            torch.set_num_threads(self.settings.torch_threads)
+        await self.text_batcher.start()
+        await self.image_batcher.start()
+        self._tasks.append(asyncio.create_task(self._load(), name="jointspace-load"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        await self.text_batcher.stop()
+        await self.image_batcher.stop()
+        self.compute_pool.shutdown(wait=False, cancel_futures=True)
+        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if self.model is None:
+                if not self.settings.model:
+                    raise ValueError("no model: set --model or JOINTSPACE_MODEL")
+                self.model = await loop.run_in_executor(self.compute_pool, load_model, self.settings.model,
+                                                        self.device)
+            else:
+                self.model = self.model.to(self.device).eval()
+            if self.gallery is None:
+                if not self.settings.index:
+                    raise ValueError("no index: set --index or JOINTSPACE_INDEX")
+                self.gallery = await loop.run_in_executor(self.compute_pool, self._open_gallery,
+                                                          self.settings.index)
+            self.engine = Engine(self.model, self.gallery, self.device, amp=self.settings.amp)
+            self._count_vectors()
+            log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], self.gallery.root,
+                     self.gallery.generation)
+        except Exception as err:  # noqa: BLE001 - reported by /readyz and the log
+            self.error = f"{type(err).__name__}: {err}"
+            log.error("loading failed: %s", self.error)
+            return
+        if self.settings.reload_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._watch(), name="jointspace-reload"))
+
+    def _open_gallery(self, root: str | Path) -> Gallery:
+        return Gallery.load(root, model=self.model, device=self.device)
+
+    def _count_vectors(self) -> None:
+        self.metrics.index_vectors.labels("images").set(self.gallery.images.ntotal)
+        self.metrics.index_vectors.labels("captions").set(self.gallery.captions.ntotal)
+
+    async def reload_if_changed(self) -> bool:
+        """Swaps in the index's live generation when it is not the one loaded; True when it did."""
+        root = Path(self.gallery.root)
+        try:
+            generation = current_generation(root)
+        except (FileNotFoundError, ValueError) as err:
+            log.warning("index reload skipped: %s", err)
+            return False
+        if generation == self.gallery.generation:
+            return False
+        loop = asyncio.get_running_loop()
+        try:
+            gallery = await loop.run_in_executor(self.decode_pool, self._open_gallery, root)
+        except Exception as err:  # noqa: BLE001 - keep serving the generation we have
+            log.error("index reload failed, still serving %s: %s", self.gallery.generation, err)
+            return False
+        self.gallery = self.engine.gallery = gallery
+        self._count_vectors()
+        log.info("index reloaded: %s", gallery.generation)
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reload_interval_s)
+            await self.reload_if_changed()

@@ -5,7 +5,7 @@ Every field reads the environment variable ``JOINTSPACE_<FIELD NAME IN CAPITALS>
 """
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,3 +39,9 @@ class Settings(BaseSettings):
                                                         "(header X-API-Key or Authorization: Bearer)")
     reload_interval_s: float = Field(2.0, ge=0, description="how often to look for a new index generation "
                                                              "(written by jointspace index add/remove); 0 = never")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value):
+        """``JOINTSPACE_API_KEY=`` (empty, as docker-compose passes an unset variable) means no key."""
+        return None if value is None or (isinstance(value, str) and not value.strip()) else value

@@ -13,10 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import __version__
 from .metrics import Metrics, MetricsMiddleware
+from .middleware import BodyLimitMiddleware, InFlightMiddleware
 from .routes import router
 from .schemas import Health, Ready
 from .settings import Settings
@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     _add_operational_routes(app, state, metrics)
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
+    app.add_middleware(InFlightMiddleware, counts=state.inflight)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 
@@ -95,33 +96,3 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"detail": "internal error"}, status_code=500)
-
-
-class BodyLimitMiddleware:
-    """Refuses request bodies over ``limit`` bytes with 413, from Content-Length at once or while streaming —
-    so an oversized upload is never spooled whole."""
-
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers", ())).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await JSONResponse({"detail": f"request body larger than {self.limit:,} bytes"},
-                               status_code=413)(scope, receive, send)
-            return
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise StarletteHTTPException(413, f"request body larger than {self.limit:,} bytes")
-            return message
-
-        await self.app(scope, limited_receive, send)

@@ -6,6 +6,11 @@ whole batch in a thread executor (so the event loop keeps accepting requests whi
 resolves each request's future with its own result. While a batch runs, new requests queue up and form the
 next batch, so under load batches fill without waiting. A full queue refuses at once (:class:`QueueFull`,
 answered 503 + Retry-After) rather than growing memory.
+
+Waiting is adaptive when the batcher is told how many requests are on their way (``pending``: requests the
+server has received for this batcher, counting the queued ones — e.g. still being parsed or decoded): once
+every one of them is in the batch it runs at once, so a lone request never waits ``max_wait_ms`` for company
+that cannot come.
 """
 from __future__ import annotations
 
@@ -24,12 +29,14 @@ class QueueFull(Exception):
 
 class DynamicBatcher(Generic[T, R]):
     def __init__(self, fn: Callable[[Sequence[T]], Sequence[R]], executor: Executor, *, max_batch: int = 64,
-                 max_wait_ms: float = 2.0, max_queue: int = 1024, name: str = "batcher", metrics=None):
+                 max_wait_ms: float = 2.0, max_queue: int = 1024, name: str = "batcher", metrics=None,
+                 pending: Callable[[], int] | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.fn, self.executor, self.name, self.metrics = fn, executor, name, metrics
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
         self.max_queue = max_queue
+        self.pending = pending
         self._queue: asyncio.Queue | None = None
         self._worker: asyncio.Task | None = None
 
@@ -80,6 +87,8 @@ class DynamicBatcher(Generic[T, R]):
                 continue
             except asyncio.QueueEmpty:
                 pass
+            if self.pending is not None and self.pending() <= len(batch):
+                break                                   # nobody else is on the way: do not wait
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break

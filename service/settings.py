@@ -18,7 +18,7 @@ class Settings(BaseSettings):
     port: int = 8000
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="where the encoders and FAISS run; auto = cuda when available")
-    amp: bool = Field(True, description="fp16/bf16 autocast for batched forward passes on CUDA")
+    amp: bool = Field(True, description="fp16 autocast for the forward passes on CUDA")
     # dynamic batching
     batching: bool = Field(True, description="false: every request is its own forward pass (max_batch = 1)")
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")
@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     max_queue: int = Field(1024, ge=1, description="requests waiting to be encoded; beyond: 503 + Retry-After")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with a 503 when the queue is full")
     decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
-    torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = torch's default)")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = all cores but one)")
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest image upload (413 beyond)")
     max_pixels: int = Field(50_000_000, ge=1, description="largest image in pixels, width × height (413 beyond)")

@@ -224,7 +224,7 @@ def test_default_factory_thresholds():
 
 def _clustered(n, d, seed, centers=200):
     rng = np.random.default_rng(seed)
-    c = rng.standard_normal((centers, d)).astype(np.float32)
+    c = np.random.default_rng(1234).standard_normal((centers, d)).astype(np.float32)   # queries share the centres
     x = c[rng.integers(0, centers, n)] + 0.35 * rng.standard_normal((n, d)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 

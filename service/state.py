@@ -7,6 +7,7 @@ the service runs and swaps them in between batches.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -117,6 +118,10 @@ class ServiceState:
                                                           self.settings.index)
             self.engine = Engine(self.model, self.gallery, self.device, amp=self.settings.amp)
             self._count_vectors()
+            # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
+            # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of
+            # every request in flight, once every few seconds of load on the 2-core dev machine.
+            gc.freeze()
             log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], self.gallery.root,
                      self.gallery.generation)
         except Exception as err:  # noqa: BLE001 - reported by /readyz and the log

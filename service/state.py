@@ -100,6 +100,7 @@ class ServiceState:
         self.compute_pool.shutdown(wait=False, cancel_futures=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
         torch.set_num_threads(self._torch_threads)      # the process's setting, as it was before start()
+        gc.unfreeze()                                   # let a clean shutdown free everything again
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()

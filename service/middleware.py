@@ -38,8 +38,8 @@ class BodyLimitMiddleware:
 
 class InFlightMiddleware:
     """Counts the requests inside the app that will reach a batcher (``counts["text"]``: text searches,
-    ``counts["image"]``: image uploads), from their first byte until the response — parsing and decoding
-    included — so a batcher knows whether more requests are on their way (see ``DynamicBatcher.pending``)."""
+    ``counts["image"]``: image uploads), from their first byte until the response starts — parsing and
+    decoding included — so a batcher knows whether more requests are on their way (see ``DynamicBatcher.pending``)."""
 
     def __init__(self, app: ASGIApp, counts: dict[str, int]):
         self.app, self.counts = app, counts
@@ -60,7 +60,22 @@ class InFlightMiddleware:
             await self.app(scope, receive, send)
             return
         self.counts[name] += 1
+        counted = True
+
+        def done() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.counts[name] -= 1
+
+        async def send_wrapper(message) -> None:
+            # answered: the request has left the batcher. Counting until the task ends instead would let a
+            # keep-alive client's next request find itself "not alone" and wait max_wait_ms for nobody.
+            if message["type"] == "http.response.start":
+                done()
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_wrapper)
         finally:
-            self.counts[name] -= 1
+            done()

@@ -5,9 +5,11 @@ the raw limit (encoder forward + index search on the same batch sizes, in proces
     python benchmarks/service_load.py            # no model given: the demo architecture, untrained, on a
                                                  # generated gallery (speed does not depend on the weights)
 
-For each of batching on/off it starts ``jointspace serve`` as a subprocess and drives it with C concurrent
-keep-alive clients (C = 1, 8, 32, 128) for ``--seconds`` each, for text search (``POST /v1/search/images``) and
-image search (``POST /v1/search/captions`` with an uploaded image). The clients are a minimal asyncio HTTP/1.1
+It starts two ``jointspace serve`` subprocesses, batching on and off, and drives them with C concurrent keep-alive
+clients (C = 1, 8, 32, 128), for text search (``POST /v1/search/images``) and image search (``POST
+/v1/search/captions`` with an uploaded image); each cell alternates on/off ``--repeats`` times for ``--seconds``
+(median throughput; pooled latencies), so that a drifting background load on a shared machine hits both alike.
+It also measures the HTTP stack's own ceiling (``GET /healthz``, no work). The clients are a minimal asyncio HTTP/1.1
 client, so that as little client CPU as possible competes with the server on the same machine. The mean batch
 size per cell comes from the server's own ``jointspace_batch_size`` histogram.
 """
@@ -194,8 +196,9 @@ def main() -> int:
     ap.add_argument("--data", type=Path, help="data set whose captions are the text queries (default: the "
                                               "index's own captions)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
-    ap.add_argument("--raw-seconds", type=float, default=2.0)
+    ap.add_argument("--seconds", type=float, default=2.0, help="measured seconds per cell and repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating on/off repeats per cell (median taken)")
+    ap.add_argument("--raw-seconds", type=float, default=1.0)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
@@ -224,40 +227,57 @@ def main() -> int:
     raw = {"text": {}, "image": {}}
     for c in args.concurrency:
         if "text" in args.routes:
-            raw["text"][c] = raw_limit(engine, [(t, args.k) for t in texts], c, args.raw_seconds,
-                                       engine.search_texts)
+            raw["text"][c] = float(np.median([raw_limit(engine, [(t, args.k) for t in texts], c, args.raw_seconds,
+                                                        engine.search_texts) for _ in range(args.repeats)]))
         if "image" in args.routes:
             items = [(p, args.k) for p in pixels] * max(1, (2 * c) // len(pixels) + 1)
-            raw["image"][c] = raw_limit(engine, items, c, args.raw_seconds, engine.search_pixels)
+            raw["image"][c] = float(np.median([raw_limit(engine, items, c, args.raw_seconds, engine.search_pixels)
+                                               for _ in range(args.repeats)]))
         print(f"raw limit at batch {c}: " + ", ".join(f"{r} {raw[r][c]:.0f}/s" for r in args.routes), flush=True)
     del engine
 
     payloads = {"text": text_requests(texts, args.k), "image": image_requests(files, args.k)}
+    # Both servers run side by side and the cells alternate on/off, each repeated ``--repeats`` times: on a shared
+    # machine the background load drifts, and this way both modes see the same drift. Throughput is the median
+    # over the repeats; latency percentiles pool every request of the cell.
+    servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms) for on in (True, False)}
     rows = []
     ceiling = {}
-    for batching in (True, False):
-        proc, port = start_server(args.model, args.index, batching, args.max_batch, args.max_wait_ms)
-        try:
-            if batching:    # the HTTP stack's own ceiling on this machine: GET /healthz does no work at all
-                health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
-                for c in args.concurrency:
-                    ceiling[c] = asyncio.run(drive(port, health, c, min(args.seconds, 2.0)))[0]
-                print("HTTP ceiling (GET /healthz): " + ", ".join(f"c={c} {v:.0f}/s" for c, v in ceiling.items()),
-                      flush=True)
-            for route in args.routes:
-                for c in args.concurrency:
-                    before = batch_counts(port)[route]
-                    rps, lat, errors = asyncio.run(drive(port, payloads[route], c, args.seconds))
-                    after = batch_counts(port)[route]
-                    mean_batch = (after[1] - before[1]) / max(after[0] - before[0], 1)
-                    row = {"route": route, "concurrency": c, "batching": batching, "rps": rps,
-                           "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
-                           "mean_batch": mean_batch, "errors": int(errors), "raw_limit": raw[route][c]}
+    try:
+        port_on = servers[True][1]
+        health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
+        for c in args.concurrency:     # the HTTP stack's own ceiling: GET /healthz does no work at all
+            ceiling[c] = float(np.median([asyncio.run(drive(port_on, health, c, 1.0))[0]
+                                          for _ in range(args.repeats)]))
+        print("HTTP ceiling (GET /healthz): " + ", ".join(f"c={c} {v:.0f}/s" for c, v in ceiling.items()), flush=True)
+        for route in args.routes:
+            for c in args.concurrency:
+                cell = {on: {"rps": [], "lat": [], "errors": 0, "batches": [0.0, 0.0]} for on in (True, False)}
+                for _ in range(args.repeats):
+                    for on in (True, False):
+                        port = servers[on][1]
+                        before = batch_counts(port)[route]
+                        rps, lat, errors = asyncio.run(drive(port, payloads[route], c, args.seconds))
+                        after = batch_counts(port)[route]
+                        cell[on]["rps"].append(rps)
+                        cell[on]["lat"].append(lat)
+                        cell[on]["errors"] += int(errors)
+                        cell[on]["batches"][0] += after[0] - before[0]
+                        cell[on]["batches"][1] += after[1] - before[1]
+                for on in (True, False):
+                    lat = np.concatenate(cell[on]["lat"])
+                    row = {"route": route, "concurrency": c, "batching": on, "rps": float(np.median(cell[on]["rps"])),
+                           "rps_repeats": cell[on]["rps"], "p50_ms": float(np.percentile(lat, 50) * 1e3),
+                           "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                           "mean_batch": cell[on]["batches"][1] / max(cell[on]["batches"][0], 1),
+                           "errors": cell[on]["errors"], "raw_limit": raw[route][c]}
                     rows.append(row)
-                    print(f"{route:5s} c={c:<4d} batching={'on ' if batching else 'off'} {rps:8.1f} req/s  "
-                          f"p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  mean batch {mean_batch:5.1f}"
-                          f"  errors {errors}", flush=True)
-        finally:
+                    print(f"{route:5s} c={c:<4d} batching={'on ' if on else 'off'} {row['rps']:8.1f} req/s "
+                          f"(repeats {', '.join(f'{x:.0f}' for x in row['rps_repeats'])})  p50 {row['p50_ms']:7.1f} ms"
+                          f"  p99 {row['p99_ms']:7.1f} ms  mean batch {row['mean_batch']:5.1f}  errors {row['errors']}",
+                          flush=True)
+    finally:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
 

@@ -34,13 +34,14 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--factories", nargs="*", help="default: Flat, the default choice, IVF-PQ, HNSW32")
+    ap.add_argument("--factories", nargs="*", help="default: Flat, the default choice, IVF-SQ8, IVF-PQ, HNSW32")
     args = ap.parse_args()
 
     x, q = clustered(args.n, args.dim, 0), clustered(args.queries, args.dim, 1)
     nlist = default_nlist(args.n)
     pq_m = next(m for m in range(args.dim // 4, 0, -1) if args.dim % m == 0)
-    factories = args.factories or ["Flat", default_factory(args.n, args.dim), f"IVF{nlist},PQ{pq_m}", "HNSW32"]
+    factories = args.factories or ["Flat", default_factory(args.n, args.dim), f"IVF{nlist},SQ8",
+                                   f"IVF{nlist},PQ{pq_m}", "HNSW32"]
     factories = list(dict.fromkeys(factories))
     exact = None
     print(f"n={args.n} dim={args.dim} queries={args.queries} k={args.k}; default_factory → "

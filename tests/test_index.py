@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_config
 from index.embed import embed_image_files, embed_texts
-from index.faiss_index import FLAT_LIMIT, PQ_FROM, VectorIndex, default_factory
+from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
 from index.gallery import Gallery, IndexMismatchError, add, build, current_generation, remove
 from service.cli import main as cli_main
 from training.data import load_dataset
@@ -219,7 +219,7 @@ def test_default_factory_thresholds():
     assert default_factory(1_000, 256) == "Flat"
     assert default_factory(FLAT_LIMIT - 1, 256) == "Flat"
     assert default_factory(FLAT_LIMIT, 256).startswith("IVF") and default_factory(FLAT_LIMIT, 256).endswith(",Flat")
-    assert default_factory(PQ_FROM, 256) == "IVF4096,PQ64"
+    assert default_factory(SQ_FROM, 256) == "IVF4096,SQ8"
 
 
 def _clustered(n, d, seed, centers=200):
@@ -284,3 +284,21 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
     assert json.loads(capsys.readouterr().out)["removed_images"] == 1
     assert cli_main(["index", "info", "--index", str(tmp_path / "nothing")]) == 2
     assert "no jointspace index" in capsys.readouterr().err
+
+
+def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
+    """Where FAISS has no GPU support (faiss-cpu, as in CI) a CUDA device still searches, on the CPU, and says so.
+    (The faiss-gpu path, index_cpu_to_gpu, needs a GPU machine; none is available to these tests.)"""
+    import faiss
+
+    x = _clustered(300, 16, 3)
+    index = VectorIndex.create(16, "images", "cosine", "Flat")
+    index.add(x, np.arange(300))
+    expected = index.search(x[:5], 4)
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        index.to_device("cuda")
+    else:
+        with pytest.warns(RuntimeWarning, match="searched on the CPU"):
+            index.to_device("cuda")
+    got = index.search(x[:5], 4)
+    assert np.array_equal(got[1], expected[1]) and np.allclose(got[0], expected[0], atol=1e-5)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import pathlib
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -13,8 +13,8 @@ from starlette.datastructures import UploadFile
 
 from .batcher import QueueFull
 from .images import ImageError, media_type_of, thumbnail, upload_to_pixels
-from .schemas import (CaptionHit, CaptionResults, Error, GeneratedCaptions, ImageHit, ImageIdSearch, ImageResults,
-                      Paraphrase, Paraphrases, TextSearch)
+from .schemas import (MAX_ID, CaptionHit, CaptionResults, Error, GeneratedCaptions, ImageHit, ImageIdSearch,
+                      ImageResults, Paraphrase, Paraphrases, TextSearch)
 from .state import ServiceState
 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="JOINTSPACE_API_KEY, when set")
@@ -150,7 +150,7 @@ async def search_captions(request: Request, state: ServiceState = Depends(servic
 
 @router.get("/images/{image_id}", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
             response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size=")
-async def get_image(image_id: int, state: ServiceState = Depends(service),
+async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceState = Depends(service),
                     size: int | None = Query(None, ge=16, description="longest side of a JPEG thumbnail")):
     if size is not None and size > state.settings.max_thumbnail:
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
@@ -158,7 +158,7 @@ async def get_image(image_id: int, state: ServiceState = Depends(service),
     row = state.gallery.meta.image(image_id)
     if row is None:
         raise HTTPException(404, f"no gallery image with id {image_id}")
-    path = Path(row.path)
+    path = pathlib.Path(row.path)
     if not path.is_file():
         raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
     headers = {"Cache-Control": "public, max-age=3600"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 HARD_MAX_K = 10_000         # schema bound; the configured JOINTSPACE_MAX_K (default 100) is checked per request
+MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
 
 
 def _not_blank(text: str) -> str:
@@ -22,7 +23,7 @@ class TextSearch(BaseModel):
 
 class ImageIdSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    image_id: int = Field(..., description="id of a gallery image (from /v1/search/images)")
+    image_id: int = Field(..., ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
     k: int = Field(10, ge=1, le=HARD_MAX_K)
 
 

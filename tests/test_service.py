@@ -136,7 +136,13 @@ def test_gallery_image_and_thumbnail(client, tiny_index_dir):
      "pixels"),
     ("post", "/v1/search/captions", {"files": {"image": ("big.png", b"\x89PNG\r\n\x1a\n" + b"0" * 250_000,
                                                          "image/png")}}, 413, "larger than"),
+    ("post", "/v1/search/captions", {"json": {"image_id": -3}}, 422, "image_id"),
+    ("post", "/v1/search/captions", {"json": {"image_id": 2 ** 70}}, 422, "image_id"),
+    ("post", "/v1/search/captions", {"files": [("image", ("a.png", _png(), "image/png")),
+                                               ("image", ("b.png", _png(), "image/png"))]}, 400, "files"),
     ("get", "/v1/images/987654", {}, 404, "no gallery image"),
+    ("get", f"/v1/images/{2 ** 70}", {}, 422, "image_id"),
+    ("get", "/v1/images/-1", {}, 422, "image_id"),
     ("get", "/v1/images/abc", {}, 422, "image_id"),
     ("get", "/v1/images/1?size=4", {}, 422, "size"),
     ("get", "/v1/images/1?size=5000", {}, 422, "at most 1024"),
@@ -348,3 +354,26 @@ def test_serve_refuses_a_mismatched_index_at_start(tiny_index_dir, tmp_path, cap
     save_model(build_model(tiny_config(), Vocabulary.build(["a b c"])), tmp_path / "untrained.pt")
     assert main(["serve", "--model", str(tmp_path / "untrained.pt"), "--index", str(tiny_index_dir)]) == 2
     assert "was built with model" in capsys.readouterr().err
+
+
+def test_no_input_produces_a_500(client):
+    """Seeded random bodies, content types and paths against every route: a success or a JSON error with a
+    string detail, never a 500 (501 is the decoder routes' answer)."""
+    rng = np.random.default_rng(0)
+    png = _png()
+    bodies = [b"", b"{}", b"null", b"[]", b'{"text": null}', b'{"text": 5}', b'{"text": "ok", "k": 1e9}',
+              b'{"image_id": 1.5}', b'{"image_id": true}', png, png[:20], bytes(rng.integers(0, 256, 300, np.uint8)),
+              b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"x\"\r\n\r\n" + png[:40]]
+    types = ["application/json", "multipart/form-data; boundary=b", "multipart/form-data", "image/png",
+             "text/plain", "application/x-www-form-urlencoded", ""]
+    routes = ["/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases"]
+    for _ in range(60):
+        route = routes[rng.integers(len(routes))]
+        body = bodies[rng.integers(len(bodies))]
+        ctype = types[rng.integers(len(types))]
+        r = client.post(route, content=body, headers={"content-type": ctype} if ctype else {})
+        assert r.status_code < 500 or r.status_code in (501, 503), (route, ctype, body[:40], r.status_code, r.text)
+        assert isinstance(r.json()["detail"], str)
+    for path in ("/v1/images/1?size=abc", "/v1/images/%00", "/v1/images/1?size=-5", "/v1/images/1.5"):
+        r = client.get(path)
+        assert 400 <= r.status_code < 500 and isinstance(r.json()["detail"], str), (path, r.text)

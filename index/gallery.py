@@ -23,6 +23,7 @@ Loading checks the model fingerprint stored at build time against the model's an
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -136,8 +137,6 @@ def current_generation(root: Path) -> str:
 
 
 def _read_manifest(gen_dir: Path) -> dict:
-    import json
-
     manifest = json.loads((gen_dir / "manifest.json").read_text())
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{gen_dir} is not a {FORMAT} index (format {manifest.get('format')!r})")

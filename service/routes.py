@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import secrets
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,8 +37,6 @@ async def require_api_key(request: Request, key: str | None = Depends(_api_key_h
     expected = request.app.state.service.settings.api_key
     if expected is None:
         return
-    import secrets
-
     given = key or (bearer.credentials if bearer else None)
     if given is None or not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
@@ -181,9 +180,12 @@ def _decoder_or_501(state: ServiceState, what: str):
     raise HTTPException(501, f"{what}: this service version cannot run the model's decoder yet")
 
 
+_UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": _IMAGE_BODY["requestBody"]["content"]["multipart/form-data"]}}}
+
+
 @router.post("/captions", response_model=GeneratedCaptions, responses=ERRORS, summary="Image → generated captions",
-             openapi_extra={"requestBody": _IMAGE_BODY["requestBody"] | {"content": {
-                 "multipart/form-data": _IMAGE_BODY["requestBody"]["content"]["multipart/form-data"]}}})
+             openapi_extra=_UPLOAD_BODY)
 async def captions(state: ServiceState = Depends(service)):
     _decoder_or_501(state, "caption generation")
 

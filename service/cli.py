@@ -8,13 +8,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from index import cli as index_cli
 from training import cli as training_cli
+
+from . import serve
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jointspace", description="image-text retrieval in a common vector space")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     training_cli.add_commands(sub)
+    index_cli.add_commands(sub)
+    serve.add_commands(sub)
     return parser
 
 

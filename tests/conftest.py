@@ -1,5 +1,6 @@
 """Shared fixtures: a small synthetic data set generated once per test session."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,39 @@ def tiny_config(**sections):
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)
     return build_config(base)
+
+
+# --- index / service fixtures: a real tiny model and a real FAISS index built from it -----------------------
+
+@pytest.fixture(scope="session")
+def tiny_model_path(synth_small, tmp_path_factory):
+    """A model trained for one epoch on ``synth_small`` (seconds): the real encoders, not a mock."""
+    from training.train import train
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    train(tiny_config(train={"epochs": 1}), synth_small, out, progress=False, log=lambda *_: None)
+    return out / "model.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_index_dir(synth_small, tiny_model_path, tmp_path_factory):
+    """A FAISS index of ``synth_small``'s val+test images and their captions, built with ``tiny_model_path``.
+    Read-only: tests that change an index copy it first (``index_copy``)."""
+    from index.gallery import build
+    from training.data import load_dataset
+    from training.model import load_model
+
+    model = load_model(tiny_model_path)
+    data = load_dataset(synth_small)
+    records = data.split("val").images + data.split("test").images
+    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+    out = tmp_path_factory.mktemp("tiny_index") / "index"
+    build(out, model, [r.path for r in records], captions, progress=False, workers=0)
+    return out
+
+
+@pytest.fixture
+def index_copy(tiny_index_dir, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(tiny_index_dir, tmp_path / "index"))

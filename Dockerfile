@@ -1,0 +1,58 @@
+# jointspace GPU service image: the pinned install of `make install`, with faiss-gpu instead of faiss-cpu.
+#
+#   docker build -t jointspace:gpu .            (or: docker compose build)
+#   docker compose up -d                        (see docker-compose.yml; README "Deployment")
+#
+# CUDA: torch 2.15.0 from PyPI brings the CUDA 13 runtime as wheels (site-packages/nvidia/cu13/lib); faiss-gpu
+# 1.15.1 is linked against CUDA 12 (libcudart.so.12, libcublas.so.12) and pulls the CUDA 12 runtime wheels
+# (nvidia-cuda-runtime-cu12, nvidia-cublas-cu12, nvidia-curand-cu12, pinned in constraints.txt) into
+# site-packages/nvidia/{cuda_runtime,cublas,curand}/lib, which `import faiss` loads by full path. Both runtimes
+# live in one process: their sonames differ and every CUDA symbol is versioned (cublasCreate_v2@libcublas.so.12
+# vs @@libcublas.so.13), so each library binds to its own runtime, and both run on one driver >= 580 (CUDA 13's
+# minimum, which also runs CUDA 12 code). No LD_LIBRARY_PATH is needed. The CUDA 13 base image makes the NVIDIA
+# container runtime refuse an older driver at start, with a clear message, instead of failing at first use.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
+FROM ${CUDA_IMAGE}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# Ubuntu 24.04's Python 3.12 (jointspace needs >= 3.11; every pin in constraints.txt has 3.12 wheels)
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv "$VIRTUAL_ENV"
+
+WORKDIR /opt/jointspace
+COPY pyproject.toml constraints.txt README.md ./
+COPY training ./training
+COPY index ./index
+COPY service ./service
+COPY configs ./configs
+RUN pip install -c constraints.txt '.[gpu]' \
+    && python -c "import faiss, torch; assert hasattr(faiss, 'StandardGpuResources'), 'faiss without GPU support'; print('faiss', faiss.__version__, 'torch', torch.__version__, 'CUDA', torch.version.cuda)"
+
+# model, index and photos are mounted, never baked in or downloaded: model.pt is self-contained (weights,
+# vocabulary, preprocessing), so nothing is fetched at start
+RUN useradd --create-home --uid 10001 --user-group jointspace \
+    && mkdir -p /models /indexes /images \
+    && chown jointspace:jointspace /models /indexes /images
+USER 10001:10001
+VOLUME ["/models", "/indexes", "/images"]
+
+ENV JOINTSPACE_HOST=0.0.0.0 \
+    JOINTSPACE_PORT=8000 \
+    JOINTSPACE_MODEL=/models/model.pt \
+    JOINTSPACE_INDEX=/indexes/gallery \
+    JOINTSPACE_DEVICE=auto
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('JOINTSPACE_PORT', '8000'), timeout=4)"]
+ENTRYPOINT ["jointspace"]
+CMD ["serve"]

@@ -1,0 +1,306 @@
+"""Load benchmark of the HTTP service: throughput and p50/p99 latency with dynamic batching on and off, against
+the raw limit (encoder forward + index search on the same batch sizes, in process, no HTTP).
+
+    python benchmarks/service_load.py --model demo/run/model.pt --index demo/index
+    python benchmarks/service_load.py            # no model given: the demo architecture, untrained, on a
+                                                 # generated gallery (speed does not depend on the weights)
+
+It starts two ``jointspace serve`` subprocesses, batching on and off, and drives them with C concurrent keep-alive
+clients (C = 1, 8, 32, 128), for text search (``POST /v1/search/images``) and image search (``POST
+/v1/search/captions`` with an uploaded image); each cell alternates on/off ``--repeats`` times for ``--seconds``
+(median throughput; pooled latencies), so that a drifting background load on a shared machine hits both alike.
+It also measures the HTTP stack's own ceiling (``GET /healthz``, no work). The clients are a minimal asyncio HTTP/1.1
+client, so that as little client CPU as possible competes with the server on the same machine. The mean batch
+size per cell comes from the server's own ``jointspace_batch_size`` histogram.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from index.gallery import Gallery, build  # noqa: E402
+from service.engine import Engine  # noqa: E402
+from service.images import upload_to_pixels  # noqa: E402
+from service.state import cpu_threads  # noqa: E402
+from training.data import load_dataset  # noqa: E402
+from training.model import build_model, load_model, save_model  # noqa: E402
+
+
+# --- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------------------
+
+class Connection:
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def open(self):
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        return status, await self.reader.readexactly(length)
+
+    def close(self):
+        self.writer.close()
+
+
+def http_request(method: str, path: str, body: bytes, content_type: str, host: str = "127.0.0.1") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def text_requests(texts: list[str], k: int) -> list[bytes]:
+    return [http_request("POST", "/v1/search/images", json.dumps({"text": t, "k": k}).encode(), "application/json")
+            for t in texts]
+
+
+def image_requests(files: list[Path], k: int) -> list[bytes]:
+    out = []
+    for f in files:
+        boundary = "jointspacebench"
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"k\"\r\n\r\n{k}\r\n"
+                f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"{f.name}\"\r\n"
+                f"Content-Type: application/octet-stream\r\n\r\n").encode() + f.read_bytes() + \
+            f"\r\n--{boundary}--\r\n".encode()
+        out.append(http_request("POST", "/v1/search/captions", body, f"multipart/form-data; boundary={boundary}"))
+    return out
+
+
+async def drive(port: int, requests: list[bytes], concurrency: int, seconds: float, warmup: float = 0.5):
+    """``concurrency`` clients, each sending one request after another; returns (req/s, latencies, errors)."""
+    conns = [Connection("127.0.0.1", port) for _ in range(concurrency)]
+    await asyncio.gather(*(c.open() for c in conns))
+    latencies: list[float] = []
+    errors = 0
+    t_measure = time.perf_counter() + warmup
+    t_end = t_measure + seconds
+
+    async def client(i: int, conn: Connection):
+        nonlocal errors
+        n = i
+        while True:
+            start = time.perf_counter()
+            if start >= t_end:
+                return
+            status, _ = await conn.request(requests[n % len(requests)])
+            n += concurrency
+            done = time.perf_counter()
+            if start >= t_measure:
+                latencies.append(done - start)
+                errors += status != 200
+
+    await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
+    for c in conns:
+        c.close()
+    return len(latencies) / seconds, np.array(latencies), errors
+
+
+def batch_counts(port: int) -> dict[str, tuple[float, float]]:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out = {}
+    for name in ("text", "image"):
+        count = re.search(rf'jointspace_batch_size_count{{batcher="{name}"}} (\S+)', text)
+        total = re.search(rf'jointspace_batch_size_sum{{batcher="{name}"}} (\S+)', text)
+        out[name] = (float(count.group(1)) if count else 0.0, float(total.group(1)) if total else 0.0)
+    return out
+
+
+# --- the server ----------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_wait_ms: float) -> tuple:
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--index", str(index), "--port",
+           str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--log-level", "warning"]
+    if not batching:
+        cmd.append("--no-batching")
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError("the server exited during start-up")
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not become ready")
+
+
+# --- raw limit -----------------------------------------------------------------------------------------------
+
+def raw_limit(engine: Engine, items: list, batch: int, seconds: float, search) -> float:
+    """Items per second of ``search`` (forward + index search) on batches of ``batch`` items, in process."""
+    batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)] or [items[:batch]]
+    search(batches[0])                                   # warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        search(batches[n % len(batches)])
+        n += 1
+    return n * batch / (time.perf_counter() - start)
+
+
+# --- setup when no model is given ------------------------------------------------------------------------------
+
+def default_model_and_index(work: Path, images: int) -> tuple[Path, Path, Path]:
+    from training.config import load_config
+    from training.synth import generate
+    from training.vocab import Vocabulary
+
+    data = generate(work / "data", n_images=images, seed=0, image_size=64, progress=False)
+    dataset = load_dataset(data)
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    torch.manual_seed(0)
+    vocab = Vocabulary.build((c for r in dataset.split("train").images for c in r.captions), min_count=1)
+    save_model(build_model(cfg, vocab), work / "model.pt")
+    model = load_model(work / "model.pt")
+    records = dataset.images
+    build(work / "index", model, [r.path for r in records],
+          [(c, i) for i, r in enumerate(records) for c in r.captions], progress=False)
+    return work / "model.pt", work / "index", data
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--index", type=Path)
+    ap.add_argument("--data", type=Path, help="data set whose captions are the text queries (default: the "
+                                              "index's own captions)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--seconds", type=float, default=2.0, help="measured seconds per cell and repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating on/off repeats per cell (median taken)")
+    ap.add_argument("--raw-seconds", type=float, default=1.0)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--max-batch", type=int, default=128)
+    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--routes", nargs="+", default=["text", "image"], choices=["text", "image"])
+    ap.add_argument("--out", type=Path, help="write all numbers as JSON here")
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="jointspace-bench-")
+    if args.model is None:
+        args.model, args.index, _ = default_model_and_index(Path(tmp.name), 600)
+    model = load_model(args.model)
+    gallery = Gallery.load(args.index, model=model)
+    texts = [row.text for row in gallery.meta.captions(gallery.meta.caption_ids()[:2000]).values()]
+    files = [Path(r.path) for r in gallery.meta.images(gallery.meta.image_ids()[:256]).values()]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads(0))           # the server's own default: the same compute budget
+    print(f"model {args.model} ({model.cfg.get('name', '')}), index {args.index}: {gallery.images.ntotal} images "
+          f"({gallery.images.factory}), {gallery.captions.ntotal} captions; device {device}; "
+          f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}",
+          flush=True)
+
+    # raw limit first, while no server competes for the CPU
+    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device), device)
+    pixels = [upload_to_pixels(f.read_bytes(), 50_000_000, model.preprocess) for f in files]
+    raw = {"text": {}, "image": {}}
+    for c in args.concurrency:
+        if "text" in args.routes:
+            raw["text"][c] = float(np.median([raw_limit(engine, [(t, args.k) for t in texts], c, args.raw_seconds,
+                                                        engine.search_texts) for _ in range(args.repeats)]))
+        if "image" in args.routes:
+            items = [(p, args.k) for p in pixels] * max(1, (2 * c) // len(pixels) + 1)
+            raw["image"][c] = float(np.median([raw_limit(engine, items, c, args.raw_seconds, engine.search_pixels)
+                                               for _ in range(args.repeats)]))
+        print(f"raw limit at batch {c}: " + ", ".join(f"{r} {raw[r][c]:.0f}/s" for r in args.routes), flush=True)
+    del engine
+
+    payloads = {"text": text_requests(texts, args.k), "image": image_requests(files, args.k)}
+    # Both servers run side by side and the cells alternate on/off, each repeated ``--repeats`` times: on a shared
+    # machine the background load drifts, and this way both modes see the same drift. Throughput is the median
+    # over the repeats; latency percentiles pool every request of the cell.
+    servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms) for on in (True, False)}
+    rows = []
+    ceiling = {}
+    try:
+        port_on = servers[True][1]
+        health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
+        for c in args.concurrency:     # the HTTP stack's own ceiling: GET /healthz does no work at all
+            ceiling[c] = float(np.median([asyncio.run(drive(port_on, health, c, 1.0))[0]
+                                          for _ in range(args.repeats)]))
+        print("HTTP ceiling (GET /healthz): " + ", ".join(f"c={c} {v:.0f}/s" for c, v in ceiling.items()), flush=True)
+        for route in args.routes:
+            for c in args.concurrency:
+                cell = {on: {"rps": [], "lat": [], "errors": 0, "batches": [0.0, 0.0]} for on in (True, False)}
+                for _ in range(args.repeats):
+                    for on in (True, False):
+                        port = servers[on][1]
+                        before = batch_counts(port)[route]
+                        rps, lat, errors = asyncio.run(drive(port, payloads[route], c, args.seconds))
+                        after = batch_counts(port)[route]
+                        cell[on]["rps"].append(rps)
+                        cell[on]["lat"].append(lat)
+                        cell[on]["errors"] += int(errors)
+                        cell[on]["batches"][0] += after[0] - before[0]
+                        cell[on]["batches"][1] += after[1] - before[1]
+                for on in (True, False):
+                    lat = np.concatenate(cell[on]["lat"])
+                    row = {"route": route, "concurrency": c, "batching": on, "rps": float(np.median(cell[on]["rps"])),
+                           "rps_repeats": cell[on]["rps"], "p50_ms": float(np.percentile(lat, 50) * 1e3),
+                           "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                           "mean_batch": cell[on]["batches"][1] / max(cell[on]["batches"][0], 1),
+                           "errors": cell[on]["errors"], "raw_limit": raw[route][c]}
+                    rows.append(row)
+                    print(f"{route:5s} c={c:<4d} batching={'on ' if on else 'off'} {row['rps']:8.1f} req/s "
+                          f"(repeats {', '.join(f'{x:.0f}' for x in row['rps_repeats'])})  p50 {row['p50_ms']:7.1f} ms"
+                          f"  p99 {row['p99_ms']:7.1f} ms  mean batch {row['mean_batch']:5.1f}  errors {row['errors']}",
+                          flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    print()
+    print("| route | concurrency | batching on: req/s | p50 ms | p99 ms | mean batch | batching off: req/s | p50 ms "
+          "| p99 ms | on/off | raw limit (items/s, batch = concurrency) | on/raw | HTTP ceiling (GET /healthz, req/s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for route in args.routes:
+        for c in args.concurrency:
+            on = next(r for r in rows if r["route"] == route and r["concurrency"] == c and r["batching"])
+            off = next(r for r in rows if r["route"] == route and r["concurrency"] == c and not r["batching"])
+            print(f"| {route} | {c} | {on['rps']:.0f} | {on['p50_ms']:.1f} | {on['p99_ms']:.1f} | "
+                  f"{on['mean_batch']:.1f} | {off['rps']:.0f} | {off['p50_ms']:.1f} | {off['p99_ms']:.1f} | "
+                  f"{on['rps'] / off['rps']:.2f}× | {on['raw_limit']:.0f} | {on['rps'] / on['raw_limit']:.0%} | "
+                  f"{ceiling[c]:.0f} |")
+    if any(r["errors"] for r in rows):
+        print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
+                                        "cpus": os.cpu_count()}, indent=2))
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""An index directory: the gallery's image index, its caption index, their metadata and the model they fit.
+
+Layout (every change writes a whole new *generation*; the ``CURRENT`` file names the live one)::
+
+    INDEX_DIR/
+      CURRENT                  "gen-00000003"      ← replaced atomically (temp file + rename)
+      gen-00000003/
+        manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids
+        images.faiss           image embeddings, id = gallery image id
+        captions.faiss         caption embeddings (the caption corpus for image → caption ranking)
+        metadata.sqlite        id → file path / caption text, added time
+      gen-00000002/            the previous generation (kept for readers that are still loading it)
+
+A build, ``add`` or ``remove`` writes the new generation into a temporary directory, fsyncs it, renames it
+to ``gen-N`` and only then points ``CURRENT`` at it. A process killed at any point leaves ``CURRENT`` naming a
+complete generation: the previous index stays loadable, and the half-written temporary directory is removed
+by the next writer. Writers take an exclusive ``flock`` on ``INDEX_DIR/.lock``. An update copies the index
+(one FAISS read/write and an SQLite online backup) — cheap at the gallery sizes served here and never
+visible half done.
+
+Loading checks the model fingerprint stored at build time against the model's and refuses a mismatch.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from training.fileio import write_json, write_text
+
+from .embed import embed_image_files, embed_texts
+from .faiss_index import VectorIndex
+from .metadata import Metadata
+
+FORMAT = "jointspace-index/1"
+_GEN = re.compile(r"^gen-(\d{8})$")
+
+
+class IndexMismatchError(ValueError):
+    """The index was built with a different model than the one it is used with."""
+
+
+@dataclass
+class UpdateReport:
+    image_ids: list[int] = field(default_factory=list)        # ids given to the images added
+    caption_ids: list[int] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # unreadable image files: (path, reason)
+    removed_images: int = 0
+    removed_captions: int = 0
+    missing: list[int] = field(default_factory=list)           # ids asked to remove that were not there
+    generation: str = ""
+
+
+class Gallery:
+    """A loaded generation of an index directory (read it; change it with :func:`build`/:func:`add`/:func:`remove`)."""
+
+    def __init__(self, root: Path, generation: str, manifest: dict, images: VectorIndex, captions: VectorIndex,
+                 meta: Metadata):
+        self.root, self.generation, self.manifest = root, generation, manifest
+        self.images, self.captions, self.meta = images, captions, meta
+
+    @classmethod
+    def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu",
+             readonly: bool = True) -> "Gallery":
+        """Loads the live generation. With ``model``, refuses an index built with another model."""
+        root = Path(root)
+        generation = current_generation(root)
+        gen_dir = root / generation
+        manifest = _read_manifest(gen_dir)
+        if model is not None:
+            check_model(manifest, model, root)
+        sim = manifest["similarity"]
+        images = VectorIndex.load(gen_dir / "images.faiss", "images", sim, manifest["images"]["factory"],
+                                  manifest["images"]["nprobe"]).to_device(device)
+        captions = VectorIndex.load(gen_dir / "captions.faiss", "captions", sim, manifest["captions"]["factory"],
+                                    manifest["captions"]["nprobe"]).to_device(device)
+        meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
+        return cls(root, generation, manifest, images, captions, meta)
+
+    def close(self) -> None:
+        self.meta.close()
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["model_fingerprint"]
+
+    def search_images(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Caption/text embeddings → best-first ``(image id, score)`` per query."""
+        return _pairs(*self.images.search(queries, k))
+
+    def search_captions(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Image embeddings → best-first ``(caption id, score)`` per query."""
+        return _pairs(*self.captions.search(queries, k))
+
+    def info(self) -> dict:
+        return {"root": str(self.root), "generation": self.generation, **self.manifest,
+                "metadata": self.meta.counts()}
+
+
+def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:
+    return [[(int(i), float(s)) for s, i in zip(srow, irow)] for srow, irow in zip(scores, ids)]
+
+
+# --- model check ----------------------------------------------------------------------------------------------
+
+def check_model(manifest: dict, model, root: Path | str = "") -> None:
+    built, given = manifest["model_fingerprint"], getattr(model, "fingerprint", None)
+    if given != built:
+        raise IndexMismatchError(
+            f"the index {root} was built with model {built[:12]}… but the model given is "
+            f"{(given or 'unknown')[:12]}…: the embeddings would not be comparable. Rebuild the index with this "
+            f"model (jointspace index build) or use the model it was built with")
+
+
+# --- generations -----------------------------------------------------------------------------------------------
+
+def current_generation(root: Path) -> str:
+    pointer = root / "CURRENT"
+    if not pointer.exists():
+        raise FileNotFoundError(f"no jointspace index at {root} (no CURRENT file; build one with "
+                                f"`jointspace index build`)")
+    name = pointer.read_text().strip()
+    if not _GEN.match(name) or not (root / name).is_dir():
+        raise ValueError(f"{root}/CURRENT names {name!r}, which is not a generation directory")
+    return name
+
+
+def _read_manifest(gen_dir: Path) -> dict:
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{gen_dir} is not a {FORMAT} index (format {manifest.get('format')!r})")
+    return manifest
+
+
+@contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def new_generation(root: Path, lock: bool = True) -> Iterator[Path]:
+    """Yields an empty temporary directory; when the block ends normally it becomes the live generation.
+    ``lock=False``: the caller already holds the writers' lock."""
+    root = Path(root)
+    with (_locked(root) if lock else nullcontext()):
+        for stale in root.glob(".tmp-gen-*"):        # left by a writer that died; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-gen-", dir=root))
+        try:
+            yield tmp
+            for f in tmp.iterdir():
+                _fsync_path(f)
+            _fsync_path(tmp)
+            previous = current_generation(root) if (root / "CURRENT").exists() else None
+            numbers = [int(m.group(1)) for p in root.iterdir() if (m := _GEN.match(p.name))]
+            final = root / f"gen-{max(numbers, default=0) + 1:08d}"
+            os.rename(tmp, final)
+            _fsync_path(root)
+            write_text(root / "CURRENT", final.name + "\n")
+            _fsync_path(root)
+            keep = {final.name, previous}
+            for old in root.iterdir():
+                if _GEN.match(old.name) and old.name not in keep:
+                    shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write(gen_dir: Path, manifest: dict, images: VectorIndex, captions: VectorIndex) -> None:
+    images.save(gen_dir / "images.faiss")
+    captions.save(gen_dir / "captions.faiss")
+    manifest = {**manifest, "updated": time.time()}
+    manifest["images"] = {"factory": images.factory, "nprobe": images.nprobe, "count": images.ntotal}
+    manifest["captions"] = {"factory": captions.factory, "nprobe": captions.nprobe, "count": captions.ntotal}
+    write_json(gen_dir / "manifest.json", manifest)
+
+
+# --- build / add / remove --------------------------------------------------------------------------------------
+
+def build(root: str | Path, model, image_paths: Sequence[str | Path],
+          captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
+          caption_factory: str | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
+          workers: int = 2, progress: bool = True) -> UpdateReport:
+    """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
+    it describes or None) and writes a new index generation at ``root`` (replacing any previous one
+    atomically)."""
+    root = Path(root)
+    similarity = model.cfg["model"]["similarity"]
+    dim = model.cfg["model"]["embed_dim"]
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
+                            progress=progress)
+    if not emb.kept:
+        raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
+    image_ids = np.asarray(emb.kept, dtype=np.int64)
+    texts = [t for t, _ in captions]
+    cap_vectors = embed_texts(model, texts, device=device, progress=progress)
+    cap_ids = np.arange(len(texts), dtype=np.int64)
+    images = VectorIndex.create(dim, "images", similarity, factory, train_vectors=emb.vectors)
+    images.add(emb.vectors, image_ids)
+    caps = VectorIndex.create(dim, "captions", similarity, caption_factory,
+                              train_vectors=cap_vectors if len(texts) else None)
+    caps.add(cap_vectors, cap_ids)
+    kept = set(emb.kept)
+    now = time.time()
+    manifest = {"format": FORMAT, "model_fingerprint": model.fingerprint, "similarity": similarity, "dim": dim,
+                "model_name": model.cfg.get("name", ""), "created": now,
+                "next_image_id": len(image_paths), "next_caption_id": len(texts)}
+    with new_generation(root) as gen_dir:
+        meta = Metadata(gen_dir / "metadata.sqlite")
+        meta.add_images([(i, str(Path(image_paths[i]).resolve())) for i in emb.kept], added=now)
+        meta.add_captions([(i, t, g if g in kept else None) for i, (t, g) in enumerate(captions)], added=now)
+        meta.close()
+        _write(gen_dir, manifest, images, caps)
+    return UpdateReport(image_ids=image_ids.tolist(), caption_ids=cap_ids.tolist(), skipped=emb.skipped,
+                        generation=current_generation(root))
+
+
+def _load_for_update(root: Path) -> tuple[Path, dict, VectorIndex, VectorIndex]:
+    gen_dir = root / current_generation(root)
+    manifest = _read_manifest(gen_dir)
+    sim = manifest["similarity"]
+    images = VectorIndex.load(gen_dir / "images.faiss", "images", sim, manifest["images"]["factory"],
+                              manifest["images"]["nprobe"])
+    caps = VectorIndex.load(gen_dir / "captions.faiss", "captions", sim, manifest["captions"]["factory"],
+                            manifest["captions"]["nprobe"])
+    return gen_dir, manifest, images, caps
+
+
+def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
+        device: str | torch.device = "cpu", batch_size: int = 64, workers: int = 2,
+        progress: bool = True) -> UpdateReport:
+    """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
+    root = Path(root)
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
+                            progress=progress) if image_paths else None
+    cap_vectors = embed_texts(model, list(captions), device=device, progress=progress) if captions else None
+    with _locked_for_update(root) as (gen_dir, manifest, images, caps):
+        check_model(manifest, model, root)
+        report = UpdateReport()
+        now = time.time()
+        rows_img, rows_cap = [], []
+        if emb is not None:
+            ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
+            images.add(emb.vectors, ids)
+            manifest["next_image_id"] += len(emb.kept)
+            rows_img = [(int(i), str(Path(image_paths[p]).resolve())) for i, p in zip(ids, emb.kept)]
+            report.image_ids, report.skipped = ids.tolist(), emb.skipped
+        if cap_vectors is not None:
+            ids = np.arange(manifest["next_caption_id"], manifest["next_caption_id"] + len(captions),
+                            dtype=np.int64)
+            caps.add(cap_vectors, ids)
+            manifest["next_caption_id"] += len(captions)
+            rows_cap = [(int(i), t, None) for i, t in zip(ids, captions)]
+            report.caption_ids = ids.tolist()
+        with new_generation(root, lock=False) as new_dir:
+            meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+            copy = meta.copy_to(new_dir / "metadata.sqlite")
+            meta.close()
+            copy.add_images(rows_img, added=now)
+            copy.add_captions(rows_cap, added=now)
+            copy.close()
+            _write(new_dir, manifest, images, caps)
+    report.generation = current_generation(root)
+    return report
+
+
+def remove(root: str | Path, image_ids: Sequence[int] = (), caption_ids: Sequence[int] = ()) -> UpdateReport:
+    """Removes images and/or captions by id (ids that are not there are reported in ``missing``)."""
+    root = Path(root)
+    with _locked_for_update(root) as (gen_dir, manifest, images, caps):
+        meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+        known_img, known_cap = set(meta.images(image_ids)), set(meta.captions(caption_ids))
+        report = UpdateReport(missing=sorted({int(i) for i in image_ids} - known_img)
+                              + sorted({int(i) for i in caption_ids} - known_cap))
+        report.removed_images = images.remove(sorted(known_img)) if known_img else 0
+        report.removed_captions = caps.remove(sorted(known_cap)) if known_cap else 0
+        with new_generation(root, lock=False) as new_dir:
+            copy = meta.copy_to(new_dir / "metadata.sqlite")
+            meta.close()
+            copy.remove_images(sorted(known_img))
+            copy.remove_captions(sorted(known_cap))
+            copy.close()
+            _write(new_dir, manifest, images, caps)
+    report.generation = current_generation(root)
+    return report
+
+
+@contextmanager
+def _locked_for_update(root: Path):
+    """The live generation, read and replaced under the writers' lock (no other writer runs meanwhile)."""
+    with _locked(root):
+        yield _load_for_update(root)

@@ -1,0 +1,132 @@
+"""Gallery metadata in SQLite: image id → file path, caption id → text, and when each was added.
+
+One database file per index generation (see ``index.gallery``). Every change runs in one transaction, so a
+process killed mid-change leaves the database as it was before the change. The service reads it from
+several threads: one connection, guarded by a lock.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    id    INTEGER PRIMARY KEY,
+    path  TEXT NOT NULL,
+    added REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS captions (
+    id       INTEGER PRIMARY KEY,
+    text     TEXT NOT NULL,
+    image_id INTEGER,          -- the gallery image the caption came with (data-set captions), else NULL
+    added    REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class ImageRow:
+    id: int
+    path: str
+    added: float
+
+
+@dataclass(frozen=True)
+class CaptionRow:
+    id: int
+    text: str
+    image_id: int | None
+    added: float
+
+
+class Metadata:
+    """A SQLite metadata file. ``readonly`` opens it with ``mode=ro`` (the service never writes)."""
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path = Path(path)
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no metadata database at {self.path}")
+            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            self._conn = sqlite3.connect(self.path, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=DELETE")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            with self._conn:
+                self._conn.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def copy_to(self, path: str | Path) -> "Metadata":
+        """A consistent copy (SQLite online backup) at ``path``, opened for writing."""
+        dst = sqlite3.connect(path)
+        with self._lock:
+            self._conn.backup(dst)
+        dst.close()
+        return Metadata(path)
+
+    # --- writes (each one transaction) ----------------------------------------------------------------
+    def add_images(self, rows: Iterable[tuple[int, str]], added: float | None = None) -> None:
+        added = time.time() if added is None else added
+        with self._lock, self._conn:
+            self._conn.executemany("INSERT INTO images (id, path, added) VALUES (?, ?, ?)",
+                                   [(int(i), str(p), added) for i, p in rows])
+
+    def add_captions(self, rows: Iterable[tuple[int, str, int | None]], added: float | None = None) -> None:
+        added = time.time() if added is None else added
+        with self._lock, self._conn:
+            self._conn.executemany("INSERT INTO captions (id, text, image_id, added) VALUES (?, ?, ?, ?)",
+                                   [(int(i), t, None if g is None else int(g), added) for i, t, g in rows])
+
+    def remove_images(self, ids: Sequence[int]) -> int:
+        with self._lock, self._conn:
+            cur = self._conn.executemany("DELETE FROM images WHERE id = ?", [(int(i),) for i in ids])
+            self._conn.executemany("UPDATE captions SET image_id = NULL WHERE image_id = ?",
+                                   [(int(i),) for i in ids])
+            return cur.rowcount
+
+    def remove_captions(self, ids: Sequence[int]) -> int:
+        with self._lock, self._conn:
+            return self._conn.executemany("DELETE FROM captions WHERE id = ?", [(int(i),) for i in ids]).rowcount
+
+    # --- reads --------------------------------------------------------------------------------------------
+    def image(self, image_id: int) -> ImageRow | None:
+        with self._lock:
+            row = self._conn.execute("SELECT id, path, added FROM images WHERE id = ?", (int(image_id),)).fetchone()
+        return ImageRow(*row) if row else None
+
+    def images(self, ids: Sequence[int]) -> dict[int, ImageRow]:
+        return self._many("SELECT id, path, added FROM images WHERE id IN ({})", ids, ImageRow)
+
+    def captions(self, ids: Sequence[int]) -> dict[int, CaptionRow]:
+        return self._many("SELECT id, text, image_id, added FROM captions WHERE id IN ({})", ids, CaptionRow)
+
+    def image_ids(self) -> list[int]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT id FROM images ORDER BY id")]
+
+    def caption_ids(self) -> list[int]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT id FROM captions ORDER BY id")]
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            n_img = self._conn.execute("SELECT COUNT(*) FROM images").fetchone()[0]
+            n_cap = self._conn.execute("SELECT COUNT(*) FROM captions").fetchone()[0]
+        return {"images": n_img, "captions": n_cap}
+
+    def _many(self, sql: str, ids: Sequence[int], row_type) -> dict:
+        out = {}
+        ids = [int(i) for i in ids]
+        with self._lock:
+            for start in range(0, len(ids), 900):        # SQLite's bound-parameter limit
+                chunk = ids[start:start + 900]
+                for row in self._conn.execute(sql.format(",".join("?" * len(chunk))), chunk):
+                    out[row[0]] = row_type(*row)
+        return out

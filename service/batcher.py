@@ -1,0 +1,124 @@
+"""Dynamic batching (the shape of Triton's dynamic batcher): concurrent requests share one forward pass.
+
+Requests are put on a bounded asyncio queue. One worker task takes the first waiting request, then collects
+more until it holds ``max_batch`` or ``max_wait_ms`` have passed since it took the first, runs ``fn`` on the
+whole batch in a thread executor (so the event loop keeps accepting requests while the model runs) and
+resolves each request's future with its own result. While a batch runs, new requests queue up and form the
+next batch, so under load batches fill without waiting. A full queue refuses at once (:class:`QueueFull`,
+answered 503 + Retry-After) rather than growing memory.
+
+Waiting is adaptive when the batcher is told how many requests are on their way (``pending``: requests the
+server has received for this batcher, counting the queued ones — e.g. still being parsed or decoded): once
+every one of them is in the batch it runs at once, so a lone request never waits ``max_wait_ms`` for company
+that cannot come.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from typing import Callable, Generic, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class QueueFull(Exception):
+    """The batcher's queue holds ``max_queue`` requests already."""
+
+
+class DynamicBatcher(Generic[T, R]):
+    def __init__(self, fn: Callable[[Sequence[T]], Sequence[R]], executor: Executor, *, max_batch: int = 64,
+                 max_wait_ms: float = 2.0, max_queue: int = 1024, name: str = "batcher", metrics=None,
+                 pending: Callable[[], int] | None = None):
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.fn, self.executor, self.name, self.metrics = fn, executor, name, metrics
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.pending = pending
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue(maxsize=self.max_queue)
+        self._worker = asyncio.create_task(self._run(), name=f"{self.name}-worker")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+            self._worker = None
+        while self._queue is not None and not self._queue.empty():
+            _, fut = self._queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(RuntimeError("the service is shutting down"))
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def submit(self, item: T) -> R:
+        """Queues ``item`` and waits for its result; raises :class:`QueueFull` when the queue is full."""
+        if self._queue is None:
+            raise RuntimeError(f"{self.name} is not started")
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait((item, fut))
+        except asyncio.QueueFull:
+            raise QueueFull(f"{self.name}: {self.max_queue} requests are already waiting") from None
+        self._gauge()
+        return await fut
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.labels(self.name).set(self.depth)
+
+    async def _collect(self) -> list:
+        loop = asyncio.get_running_loop()
+        batch = [await self._queue.get()]
+        deadline = loop.time() + self.max_wait
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            if self.pending is not None and self.pending() <= len(batch):
+                break                                   # nobody else is on the way: do not wait
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            self._gauge()
+            batch = [(item, fut) for item, fut in batch if not fut.done()]     # clients that gave up
+            if not batch:
+                continue
+            start = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self.executor, self.fn, [item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} requests")
+            except Exception as err:  # noqa: BLE001 - every waiting request gets the error
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            if self.metrics is not None:
+                self.metrics.batch_size.labels(self.name).observe(len(batch))
+                self.metrics.batch_seconds.labels(self.name).observe(time.perf_counter() - start)
+            for (_, fut), result in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(result)

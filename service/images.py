@@ -1,0 +1,88 @@
+"""Uploaded and gallery images: content sniffing, size and pixel limits, decoding, thumbnails.
+
+The content type is sniffed from the file's first bytes, never taken from the upload's headers or name.
+These functions are blocking (decoding is CPU work); the app runs them in its decode thread pool, off the
+event loop (Pillow releases the GIL while decoding).
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+SIGNATURES = (
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
+)
+SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF"
+
+
+class ImageError(Exception):
+    """An image that cannot be used; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def sniff(head: bytes) -> str | None:
+    """The image media type announced by the magic bytes at the start of ``head``, else None."""
+    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return next((media for magic, media in SIGNATURES if head.startswith(magic)), None)
+
+
+def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
+    """Sniffs, checks the pixel count from the header, then decodes fully; returns an RGB image.
+
+    Raises :class:`ImageError` 415 (not an image), 413 (too many pixels), 400 (corrupt or truncated)."""
+    if isinstance(source, (str, Path)):
+        data = Path(source).read_bytes()
+    else:
+        data = source
+    if sniff(data[:16]) is None:
+        raise ImageError(415, f"the upload is not an image this service reads ({SUPPORTED}); "
+                              f"the content is checked, not the file name or content type")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+            width, height = im.size
+            if width * height > max_pixels:
+                raise ImageError(413, f"image is {width}×{height} = {width * height:,} pixels; the limit is "
+                                      f"{max_pixels:,}")
+            im.load()
+            return im.convert("RGB")
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageError(413, f"image has too many pixels: {err}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, MemoryError) as err:
+        raise ImageError(400, f"corrupt or truncated image: {err}") from None
+
+
+def upload_to_pixels(data: bytes, max_pixels: int, preprocess) -> torch.Tensor:
+    """An uploaded file → uint8 ``(crops, 3, S, S)`` pixels, preprocessed exactly as in training."""
+    return preprocess.pixels(open_checked(data, max_pixels))
+
+
+def thumbnail(path: str | Path, size: int, max_pixels: int) -> tuple[bytes, str]:
+    """A JPEG whose longer side is at most ``size`` pixels (never enlarged)."""
+    image = open_checked(path, max_pixels)
+    image.thumbnail((size, size), Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=85)
+    return out.getvalue(), "image/jpeg"
+
+
+def media_type_of(path: str | Path) -> str:
+    with open(path, "rb") as fh:
+        return sniff(fh.read(16)) or "application/octet-stream"

@@ -1,0 +1,81 @@
+"""ASGI middlewares of the app: request-body size limit, and in-flight counts for the batchers."""
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over ``limit`` bytes with 413, from Content-Length at once or while streaming —
+    so an oversized upload is never spooled whole."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers", ())).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await JSONResponse({"detail": f"request body larger than {self.limit:,} bytes"},
+                               status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise StarletteHTTPException(413, f"request body larger than {self.limit:,} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+class InFlightMiddleware:
+    """Counts the requests inside the app that will reach a batcher (``counts["text"]``: text searches,
+    ``counts["image"]``: image uploads), from their first byte until the response starts — parsing and
+    decoding included — so a batcher knows whether more requests are on their way (see ``DynamicBatcher.pending``)."""
+
+    def __init__(self, app: ASGIApp, counts: dict[str, int]):
+        self.app, self.counts = app, counts
+
+    def _batcher(self, scope: Scope) -> str | None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        if scope["path"].endswith("/v1/search/images"):
+            return "text"
+        if scope["path"].endswith("/v1/search/captions"):
+            content_type = dict(scope.get("headers", ())).get(b"content-type", b"")
+            return "image" if content_type.lower().startswith(b"multipart/") else None
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = self._batcher(scope)
+        if name is None:
+            await self.app(scope, receive, send)
+            return
+        self.counts[name] += 1
+        counted = True
+
+        def done() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.counts[name] -= 1
+
+        async def send_wrapper(message) -> None:
+            # answered: the request has left the batcher. Counting until the task ends instead would let a
+            # keep-alive client's next request find itself "not alone" and wait max_wait_ms for nobody.
+            if message["type"] == "http.response.start":
+                done()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            done()

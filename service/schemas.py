@@ -1,0 +1,80 @@
+"""Request and response bodies of the HTTP API (they also make the OpenAPI document at /docs)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+HARD_MAX_K = 10_000         # schema bound; the configured JOINTSPACE_MAX_K (default 100) is checked per request
+MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("text must not be empty or only whitespace")
+    return text
+
+
+class TextSearch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="a sentence describing the images to find", examples=["a red circle"])
+    k: int = Field(10, ge=1, le=HARD_MAX_K, description="number of results")
+
+    _check_text = field_validator("text")(_not_blank)
+
+
+class ImageIdSearch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image_id: int = Field(..., ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
+    k: int = Field(10, ge=1, le=HARD_MAX_K)
+
+
+class Paraphrase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="the sentence to paraphrase")
+    n: int = Field(5, ge=1, le=50, description="number of paraphrases")
+
+    _check_text = field_validator("text")(_not_blank)
+
+
+class ImageHit(BaseModel):
+    id: int
+    score: float
+    uri: str = Field(..., description="/v1/images/{id}: the image file")
+
+
+class ImageResults(BaseModel):
+    results: list[ImageHit]
+
+
+class CaptionHit(BaseModel):
+    caption: str
+    score: float
+    id: int = Field(..., description="caption id in the index")
+
+
+class CaptionResults(BaseModel):
+    results: list[CaptionHit]
+
+
+class GeneratedCaptions(BaseModel):
+    captions: list[str]
+
+
+class Paraphrases(BaseModel):
+    paraphrases: list[str]
+
+
+class Error(BaseModel):
+    detail: str
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    model_fingerprint: str | None = None
+    index_generation: str | None = None
+    images: int | None = None
+    captions: int | None = None
+    device: str | None = None

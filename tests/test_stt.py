@@ -214,3 +214,29 @@ def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
     stt = coco_scores(refs, {i: g[0][0] for i, g in enumerate(generated)}, meteor=False)
     baseline = coco_scores(refs, {i: train_caps[j] for i, j in enumerate(nearest)}, meteor=False)
     assert stt["bleu4"] > baseline["bleu4"] + 0.02, (stt, baseline)
+
+
+def test_evaluate_json_gains_captioning_and_paraphrasing(synth_small, tmp_path, capsys):
+    from service.cli import main
+
+    data = load_dataset(synth_small)
+    vocab = Vocabulary.build(c for r in data.images for c in r.captions)
+    torch.manual_seed(0)
+    save_model(build_model(tiny_config(decoder=STT), vocab), tmp_path / "m.pt")
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt"), "--data", str(synth_small), "--split", "test",
+                 "--out", str(out), "--workers", "0", "--no-meteor", "--quiet"]) == 0
+    result = json.loads(out.read_text())
+    n_test = data.split("test").n_images
+    assert result["captioning"]["n"] == n_test and result["paraphrasing"]["n"] == 5 * n_test
+    for task in ("captioning", "paraphrasing"):
+        row = result[task]
+        assert all(0 <= row[m] <= 1 for m in ("bleu1", "bleu2", "bleu3", "bleu4"))
+        assert row["cider"] >= 0 and row["meteor"] is None and row["skipped"] == {"meteor": "not requested"}
+    assert result["examples"][0]["caption"] and "rsum" in result
+    assert "captioning" in capsys.readouterr().out
+
+    save_model(build_model(tiny_config(), vocab), tmp_path / "plain.pt")   # retrieval-only: no such keys
+    assert main(["evaluate", "--model", str(tmp_path / "plain.pt"), "--data", str(synth_small), "--split", "test",
+                 "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    assert "captioning" not in json.loads(out.read_text())

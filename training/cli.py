@@ -1,4 +1,5 @@
-"""``jointspace synth | train | evaluate`` — the training package's commands (assembled in service/cli.py)."""
+"""``jointspace synth | train | evaluate | caption | paraphrase`` — the training package's commands (assembled in
+service/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", help="write a Recall@K plot (PNG) here")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no-generation", action="store_true",
+                   help="skip captioning/paraphrasing scores of a model with a decoder")
+    p.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    for name, what, target in (("caption", "caption images with an STT model (STT eq. 10)", "IMAGE"),
+                               ("paraphrase", "paraphrase sentences with an STT model (STT eq. 11)", "SENTENCE")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--model", required=True, help="model.pt trained with a decoder")
+        p.add_argument("inputs", nargs="+", metavar=target)
+        p.add_argument("-n", type=int, default=1, help="results per input (default 1)")
+        p.add_argument("--beam-size", type=int, help="default: the model's decoder.beam_size")
+        p.add_argument("--max-len", type=int, help="default: the model's decoder.max_len")
+        p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+        p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        p.set_defaults(func=cmd_generate, task=name)
 
 
 def cmd_synth(args) -> int:
@@ -67,7 +83,8 @@ def cmd_evaluate(args) -> int:
         print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
         return 2
     result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
-                            amp=device.type == "cuda")
+                            amp=device.type == "cuda", generation=not args.no_generation,
+                            meteor=not args.no_meteor)
     print(format_table(result))
     out = public(result)
     out.update({"split": args.split, "data": str(args.data), "model": str(args.model),
@@ -78,4 +95,32 @@ def cmd_evaluate(args) -> int:
     if args.plot:
         plot_recall(result, args.plot, title=f"{Path(args.model).parent.name} on {args.split}")
         print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .generate import caption_images, paraphrase_texts
+    from .model import load_model
+    from .train import resolve_device
+
+    if args.n < 1:
+        print(f"error: -n must be at least 1, got {args.n}", file=sys.stderr)
+        return 2
+    model = load_model(args.model, resolve_device(args.device))
+    if args.task == "caption":
+        missing = [p for p in args.inputs if not Path(p).is_file()]
+        if missing:
+            print(f"error: no such image file: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        results = caption_images(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len)
+    else:
+        results = paraphrase_texts(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len)
+    if args.json:
+        print(json.dumps([{"input": inp, "results": [{"text": t, "score": round(s, 4)} for t, s in res]}
+                          for inp, res in zip(args.inputs, results)], indent=2))
+        return 0
+    for inp, res in zip(args.inputs, results):
+        print(inp)
+        for text, score in res:
+            print(f"  {score:8.3f}  {text}")
     return 0

@@ -1,4 +1,4 @@
-"""Run configuration: YAML files with sections ``data image text model loss train``.
+"""Run configuration: YAML files with sections ``data image text model loss train decoder attention``.
 
 Every key has a default here, so a config file names only what it changes. A key that is not in the
 defaults is an error (a typo must not silently train the wrong model), and ``--set a.b=value`` overrides
@@ -78,6 +78,27 @@ DEFAULTS: dict[str, Any] = {
                                     # image: every image once per epoch with one random caption of it
                                     # minimal_pairs: image, with each minimal pair in one batch (hard negatives)
         "max_steps_per_epoch": None,  # cap for smoke runs
+    },
+    "decoder": {                    # STT §3.2: a sentence decoder trained jointly on the common space
+        "enabled": False,           # False: retrieval only (no decoder in the model)
+        "rnn": "gru",               # gru | lstm
+        "word_dim": 300,
+        "hidden": 1024,
+        "layers": 1,
+        "dropout": 0.0,
+        "lambda_ic": 1.0,           # λ1 of eq. 12: image captioning loss (eq. 10)
+        "lambda_para": 1.0,         # λ2 of eq. 12: sentence paraphrasing loss (eq. 11)
+        "lambda_sim": 1.0,          # λ3 of eq. 12: the ranking loss of the loss section (eq. 7)
+        "beam_size": 3,             # inference defaults (CLI, evaluation, service); 1 = greedy
+        "max_len": 20,              # words generated at most
+        "length_penalty": 1.0,      # hypotheses ranked by log P / steps**length_penalty (0 = raw log P)
+        "no_repeat": True,          # never emit the same word twice in a row
+    },
+    "attention": {                  # STT-ATT §3.3: region-word attention similarity (eqs. 13-17)
+        "enabled": False,
+        "grid": 0,                  # regions = CNN feature-map cells, average-pooled to grid x grid (0: as is)
+        "temperature": 9.0,         # λ of eq. 15 (softmax temperature over the words)
+        "pooled_weight": 1.0,       # ranking loss on the pooled vectors too (they feed the decoder and index)
     },
 }
 
@@ -178,6 +199,15 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"train.sampling must be caption, image or minimal_pairs, got {t['sampling']!r}")
     if t["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
+    d = cfg["decoder"]
+    if d["rnn"] not in ("gru", "lstm"):
+        raise ConfigError(f"decoder.rnn must be gru or lstm, got {d['rnn']!r}")
+    if any(d[k] < 0 for k in ("lambda_ic", "lambda_para", "lambda_sim")):
+        raise ConfigError("decoder.lambda_ic, lambda_para and lambda_sim must be >= 0")
+    if not isinstance(d["beam_size"], int) or d["beam_size"] < 1:
+        raise ConfigError(f"decoder.beam_size must be a positive integer, got {d['beam_size']!r}")
+    if cfg["attention"]["enabled"] and (cfg["model"]["similarity"] != "cosine" or cfg["text"]["encoder"] != "gru"):
+        raise ConfigError("attention (STT-ATT) needs model.similarity: cosine and text.encoder: gru")
 
 
 def dump_config(cfg: dict) -> str:

@@ -150,13 +150,27 @@ def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
 
 
 def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
-                   amp: bool = False) -> dict:
-    """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``)."""
-    from .embed import embed_split
+                   amp: bool = False, generation: bool = True, meteor: bool = True) -> dict:
+    """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
-    img, cap, cap_to_img = embed_split(model, dataset, device=device, cache_dir=cache_dir, workers=workers,
-                                       progress=progress, amp=amp)
+    A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; ``generation``
+    turns them off); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the pooled
+    vectors' metrics under ``pooled``."""
+    from .embed import embed_split, image_source
+
+    source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
+                          workers=workers, progress=progress, amp=amp)
+    img, cap, cap_to_img = embed_split(model, dataset, device=device, workers=workers, amp=amp, source=source)
     result = full_evaluation(img, cap, cap_to_img, model.similarity)
+    if getattr(model, "attention", None) is not None:
+        from .attention import attention_retrieval
+
+        pooled = {k: result[k] for k in ("i2t", "t2i", "rsum")}
+        result = {**attention_retrieval(model, dataset, source, device=device), "pooled": pooled}
+    if generation and getattr(model, "decoder", None) is not None:
+        from .caption_eval import generation_metrics
+
+        result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress))
     pairs = minimal_pairs_of(dataset)
     if pairs:
         result["minimal_pairs"] = minimal_pair_accuracy(img, cap, cap_to_img, pairs, model.similarity)
@@ -172,4 +186,10 @@ def format_table(result: dict) -> str:
     if result.get("minimal_pairs", {}).get("n"):
         mp = result["minimal_pairs"]
         lines.append(f"minimal pairs: {100 * mp['accuracy']:.1f}% correct of {mp['n']} captions (chance 50%)")
+    if "pooled" in result:
+        lines.append(f"(attention similarity; pooled vectors: R-sum {result['pooled']['rsum']:.1f})")
+    if "captioning" in result:
+        from .caption_eval import format_generation
+
+        lines.append(format_generation(result))
     return "\n".join(lines)

@@ -1,5 +1,7 @@
 """Decode images in worker processes, and precompute frozen-backbone features once, cached on disk.
 
+The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions.
+
 The cache is a memory-mapped ``.npy`` per (backbone weights, preprocessing, exact file list) plus a JSON
 manifest. The cache key hashes all of these, including each file's size and modification time, so a
 changed image, backbone or crop setting never reuses stale features. Files are written under temporary
@@ -73,8 +75,11 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Pr
     for p in paths:
         st = os.stat(p)
         files.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
-    return {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
-            "files_sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(), "n": len(files)}
+    manifest = {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
+                "files_sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(), "n": len(files)}
+    if getattr(backbone, "n_regions", None):   # STT-ATT grid features (regions.GridRegions), not pooled ones
+        manifest["regions"] = [backbone.n_regions, backbone.region_dim, backbone.grid]
+    return manifest
 
 
 @torch.no_grad()

@@ -1,7 +1,9 @@
 """The joint embedding model and its self-contained checkpoint (``model.pt``).
 
 ``JointEmbedding`` = image backbone → image projection, text encoder → text projection, and a similarity
-that also decides the normalisation (STT §3.1, Fig. 10). ``model.pt`` holds the config, the vocabulary,
+that also decides the normalisation (STT §3.1, Fig. 10). Optional parts: ``decoder`` (STT §3.2, a sentence
+decoder reading the common space; ``None`` unless ``decoder.enabled``) and ``attention`` (STT-ATT §3.3:
+grid-cell regions, region-word attention; ``None`` unless ``attention.enabled``). ``model.pt`` holds the config, the vocabulary,
 every weight (the backbone's too) and the preprocessing, so loading needs no other file and no download.
 """
 from __future__ import annotations
@@ -14,10 +16,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .attention import RegionWordAttention
 from .backbones import Backbone, build_backbone
+from .decoder import build_decoder
 from .fileio import atomic_path
 from .preprocess import Preprocess
 from .projection import build_projection
+from .regions import GridRegions
 from .similarity import build_similarity
 from .text_encoders import build_text_encoder
 from .vocab import Vocabulary, pad_batch
@@ -35,10 +40,19 @@ class JointEmbedding(nn.Module):
         self.backbone_pretrained = backbone.pretrained
         self.feature_dim = backbone.dim
         self.preprocess: Preprocess = backbone.preprocess
-        self.image_proj = build_projection(cfg["model"], backbone.dim)
+        att = cfg.get("attention", {})
+        self.attention = None
+        region_dim = backbone.dim
+        if att.get("enabled"):   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
+            self.backbone = GridRegions(backbone.name, backbone.module, cfg["image"]["image_size"], att["grid"])
+            self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
+            self.attention = RegionWordAttention(att["temperature"])
+        self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
         self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim)
         self.similarity = build_similarity(cfg["model"]["similarity"])
+        # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
+        self.decoder = build_decoder(cfg, len(vocab)) if cfg.get("decoder", {}).get("enabled") else None
         if cfg["image"].get("channels_last", True):
             self.backbone.to(memory_format=torch.channels_last)
 
@@ -55,7 +69,14 @@ class JointEmbedding(nn.Module):
 
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → common space."""
+        if self.attention is not None:   # STT-ATT §3.3: average pooling of the region embeddings
+            return self.similarity.normalize(self.embed_regions(features).mean(1))
         return self.similarity.normalize(self.image_proj(features.float()))
+
+    def embed_regions(self, features: torch.Tensor) -> torch.Tensor:
+        """STT-ATT: flattened grid features ``(B, R·C)`` → region embeddings ``(B, R, E)`` (not normalised)."""
+        regions = features.float().view(features.shape[0], self.backbone.n_regions, self.backbone.region_dim)
+        return self.image_proj(regions.flatten(0, 1)).view(regions.shape[0], regions.shape[1], -1)
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         return self.embed_features(self.image_features(images))

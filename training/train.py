@@ -128,6 +128,7 @@ class Trainer:
                                  min_count=cfg["data"]["min_word_count"])
         self.model = build_model(cfg, vocab).to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
+        self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
         self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_rsum = float("-inf")
@@ -143,6 +144,32 @@ class Trainer:
         img, cap, cap_to_img = embed_split(self.model, self.val_set, device=self.device, amp=self.amp,
                                            workers=self.cfg["train"]["workers"], source=source)
         return public(retrieval_metrics(img, cap, cap_to_img, self.model.similarity))
+
+    def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
+        """Batches of ``(images, caption ids, lengths, image index)`` for one epoch."""
+        t = self.cfg["train"]
+        pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
+        if t["sampling"] == "caption":
+            sampler = torch.utils.data.RandomSampler(pairs, generator=generator)
+        else:
+            groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
+            sampler = OneCaptionPerImage(self.train_cap_to_img, generator, groups)
+        return DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
+                          drop_last=len(sampler) > stage.batch_size,
+                          num_workers=t["workers"] if train_source.kind == "files" else 0)
+
+    def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool) -> torch.Tensor:
+        return (self.warmup_loss if warm else self.loss_fn)(sim, img_idx)
+
+    def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
+        images, ids, lengths, img_idx = batch
+        img_emb = image_inputs_to_embedding(self.model, kind, images.to(self.device))
+        cap_emb = self.model.embed_texts(ids.to(self.device), lengths.to(self.device))
+        return self.ranking_loss(self.model.score(img_emb, cap_emb), img_idx.to(self.device), warm)
+
+    def epoch_log(self) -> dict:
+        """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here)."""
+        return {}
 
     def run(self) -> dict:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,17 +196,8 @@ class Trainer:
         optimizer = torch.optim.Adam(params, lr=stage.lr, weight_decay=t["weight_decay"])
         # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
         scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
-        pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
-        if t["sampling"] == "caption":
-            sampler = torch.utils.data.RandomSampler(pairs, generator=generator)
-        else:
-            groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
-            sampler = OneCaptionPerImage(self.train_cap_to_img, generator, groups)
-        loader = DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
-                            drop_last=len(sampler) > stage.batch_size,
-                            num_workers=t["workers"] if train_source.kind == "files" else 0)
-        warmup_loss = build_loss({**self.cfg["loss"], "name": "sum", "options": {}})
+        loader = self.make_loader(stage, train_source, generator)
         bad_epochs = 0
         for epoch in range(1, stage.epochs + 1):
             model.train()
@@ -188,15 +206,12 @@ class Trainer:
             losses = []
             bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
                        unit="batch", leave=False)
-            for step, (images, ids, lengths, img_idx) in enumerate(bar):
+            warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
+            for step, batch in enumerate(bar):
                 if t["max_steps_per_epoch"] and step >= t["max_steps_per_epoch"]:
                     break
                 with autocast(self.device, self.amp):
-                    img_emb = image_inputs_to_embedding(model, train_source.kind, images.to(self.device))
-                    cap_emb = model.embed_texts(ids.to(self.device), lengths.to(self.device))
-                    warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
-                    loss_fn = warmup_loss if warm else self.loss_fn
-                    loss = loss_fn(model.score(img_emb, cap_emb), img_idx.to(self.device))
+                    loss = self.batch_loss(batch, train_source.kind, warm)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if t["grad_clip"]:
@@ -207,10 +222,10 @@ class Trainer:
             scheduler.step()
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
                       "loss": round(float(np.mean(losses)), 5) if losses else None,
-                      "elapsed_s": round(time.time() - start, 1)}
+                      "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
                 val = self.validate(val_source)
-                record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum")}
+                record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
                 if val["rsum"] > self.best_rsum:
                     self.best_rsum, bad_epochs = val["rsum"], 0
                     record["best"] = True
@@ -231,4 +246,8 @@ class Trainer:
 
 
 def train(cfg: dict, data, out_dir, progress: bool = True, log=print) -> dict:
+    if cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled"):
+        from .stt import STTTrainer   # STT §3.2-3.3: (image, caption A, caption B) samples, eq. 12
+
+        return STTTrainer(cfg, data, out_dir, progress=progress, log=log).run()
     return Trainer(cfg, data, out_dir, progress=progress, log=log).run()

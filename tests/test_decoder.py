@@ -1,0 +1,96 @@
+"""The STT sentence decoder: teacher forcing, greedy and beam search (STT §3.2)."""
+import pytest
+import torch
+
+from training.decoder import SentenceDecoder
+from training.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
+
+
+def make_decoder(vocab_size=30, embed_dim=12, end_bias=0.0, rnn="gru", seed=0):
+    torch.manual_seed(seed)
+    dec = SentenceDecoder(vocab_size, embed_dim, word_dim=8, hidden=16, rnn=rnn).eval()
+    with torch.no_grad():
+        dec.out.bias[END_ID] += end_bias      # some rows finish early, some run to max_len
+    return dec
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+@pytest.mark.parametrize("end_bias,no_repeat", [(0.0, True), (0.4, False), (0.4, True)])
+def test_beam_of_one_is_greedy(rnn, end_bias, no_repeat):
+    dec = make_decoder(end_bias=end_bias, rnn=rnn)
+    z = torch.randn(16, 12)
+    greedy = dec.greedy(z, max_len=9, length_penalty=0.7, no_repeat=no_repeat)
+    beam = dec.beam_search(z, beam_size=1, n=1, max_len=9, length_penalty=0.7, no_repeat=no_repeat)
+    if end_bias:      # both kinds of rows are exercised: closed by <end>, and cut at max_len
+        assert {h.finished for h in greedy} == {True, False}
+    for g, (b,) in zip(greedy, beam):
+        assert g.ids == b.ids and g.finished == b.finished
+        assert g.logprob == pytest.approx(b.logprob, abs=1e-5) and g.score == pytest.approx(b.score, abs=1e-5)
+
+
+def teacher_forced_logprob(dec, z, ids):
+    """log P(ids <end> | z) from the training path, for checking search scores."""
+    with torch.no_grad():
+        nll = dec(z.view(1, -1), torch.tensor([ids]), torch.tensor([len(ids)]))
+    return -nll.sum().item()
+
+
+def test_beam_results_are_sorted_valid_and_scored_like_training():
+    dec = make_decoder(end_bias=0.4)
+    z = torch.randn(5, 12)
+    results = dec.generate(z, beam_size=4, n=4, max_len=8, length_penalty=1.0, no_repeat=True)
+    assert [len(r) for r in results] == [4] * 5
+    for row, hyps in enumerate(results):
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.ids) for h in hyps}) == len(hyps)               # distinct hypotheses
+        for h in hyps:
+            assert 1 <= len(h.ids) <= 8
+            assert not {PAD_ID, START_ID, END_ID, UNK_ID} & set(h.ids)
+            assert all(a != b for a, b in zip(h.ids, h.ids[1:]))          # no immediate repeats
+            steps = len(h.ids) + int(h.finished)
+            assert h.score == pytest.approx(h.logprob / steps, abs=1e-6)
+            if h.finished:
+                assert h.logprob == pytest.approx(teacher_forced_logprob(dec, z[row], h.ids), abs=1e-4)
+    assert any(h.finished for hyps in results for h in hyps)
+
+
+def test_generate_rejects_bad_settings():
+    dec = make_decoder()
+    with pytest.raises(ValueError, match="n <= beam_size"):
+        dec.generate(torch.randn(1, 12), beam_size=2, n=3)
+    with pytest.raises(ValueError, match="max_len"):
+        dec.generate(torch.randn(1, 12), max_len=0)
+
+
+def test_teacher_forcing_ignores_padding():
+    dec = make_decoder()
+    z = torch.randn(2, 12)
+    ids = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    nll = dec(z, ids, torch.tensor([3, 5]))
+    alone = dec(z[:1], torch.tensor([[5, 6, 7]]), torch.tensor([3]))
+    assert nll.shape == (2, 6)
+    assert torch.allclose(nll[0, :4], alone[0], atol=1e-5) and (nll[0, 4:] == 0).all()
+    assert (nll[1] > 0).all()      # five words and <end> all scored
+
+
+def test_overfit_decoder_reproduces_its_captions():
+    """Five captions, each tied to its own vector: after training, greedy and beam search write them back."""
+    captions = ["a red circle left of a blue square", "a small green star", "there is a big yellow triangle",
+                "a purple disc above an orange star on the right", "an image of a tiny blue diamond"]
+    vocab = Vocabulary.build(captions)
+    torch.manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(len(captions), 16), dim=-1)
+    dec = SentenceDecoder(len(vocab), 16, word_dim=16, hidden=48)
+    from training.vocab import pad_batch
+    ids, lengths = pad_batch([vocab.encode(c) for c in captions])
+    opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = dec(z, ids, lengths).sum() / (lengths + 1).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dec.eval()
+    greedy = [vocab.decode(h[0].ids) for h in dec.generate(z, beam_size=1, max_len=15)]
+    beam = [vocab.decode(h[0].ids) for h in dec.generate(z, beam_size=3, max_len=15)]
+    assert greedy == captions and beam == captions

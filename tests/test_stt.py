@@ -1,0 +1,242 @@
+"""Show, Translate and Tell: eq. 12, STT training samples, the model with a decoder (save/load, inference API,
+CLI) and STT-ATT's attention similarity (STT §3.2-3.3)."""
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from training.attention import RegionWordAttention
+from training.caption_eval import CocoScorer, coco_scores, java_available
+from training.data import load_dataset
+from training.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
+from training.model import build_model, load_model, save_model
+from training.stt import STTLoss, STTTrainer, ordered_pairs
+from training.train import Stage
+from training.vocab import Vocabulary, tokenize
+
+STT = {"enabled": True, "word_dim": 16, "hidden": 32, "max_len": 12}
+
+
+def quiet(*_):
+    pass
+
+
+def test_ordered_pairs_are_the_twenty_per_image():
+    triples = ordered_pairs([0] * 5 + [1] * 5 + [2])
+    per_image = {img: [(a, b) for i, a, b in triples if i == img] for img in (0, 1, 2)}
+    assert len(per_image[0]) == len(per_image[1]) == 20                   # STT Tables 2-3
+    assert len(set(per_image[0])) == 20 and all(a != b for a, b in per_image[0])
+    assert all(0 <= a < 5 and 0 <= b < 5 for a, b in per_image[0])
+    assert per_image[2] == [(10, 10)]                                   # a lone caption is its own target
+
+
+def batch_of(trainer):
+    src = trainer.source(trainer.train_set, trainable=True)
+    loader = trainer.make_loader(Stage("main", 1, 1e-3, 16, True), src, torch.Generator().manual_seed(0))
+    return next(iter(loader)), src.kind
+
+
+def test_eq12_without_decoder_terms_is_exactly_the_retrieval_loss(synth_small, tmp_path):
+    cfg = tiny_config(decoder={**STT, "lambda_ic": 0.0, "lambda_para": 0.0})
+    trainer = STTTrainer(cfg, synth_small, tmp_path, progress=False, log=quiet)
+    batch, kind = batch_of(trainer)
+    images, ids_a, len_a, ids_b, len_b, img_idx = batch
+    assert not torch.equal(ids_a, ids_b)                                 # caption B is another caption
+    model = trainer.model
+    loss = trainer.batch_loss(batch, kind, warm=False)
+    img = model.embed_images(model.preprocess.normalize(images))
+    retrieval = trainer.loss_fn(model.score(img, model.embed_texts(ids_a, len_a)), img_idx)
+    assert torch.equal(loss, retrieval)
+    loss.backward()
+    assert all(p.grad is None for p in model.decoder.parameters())      # the decoder is not even run
+
+    # with λ1, λ2 > 0 the same batch adds the decoder's per-word NLLs, weighted (eq. 12)
+    model.zero_grad()
+    trainer.stt_loss = STTLoss(0.5, 2.0, 3.0)
+    mixed = trainer.batch_loss(batch, kind, warm=False)
+    parts = trainer._parts[-1]
+    assert mixed.item() == pytest.approx(3.0 * parts["sim"] + 0.5 * parts["ic"] + 2.0 * parts["para"], rel=1e-5)
+    assert parts["sim"] == pytest.approx(retrieval.item(), rel=1e-5) and parts["ic"] > 0 and parts["para"] > 0
+    mixed.backward()
+    assert all(p.grad is not None for p in model.decoder.parameters())
+
+
+def test_stt_training_saves_a_self_contained_model_with_decoder(synth_small, tmp_path):
+    cfg = tiny_config(decoder=STT, train={"epochs": 1, "sampling": "image"})
+    from training.train import train
+
+    train(cfg, synth_small, tmp_path / "run", progress=False, log=quiet)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert set(log[0]["loss_parts"]) == {"sim", "ic", "para"} and set(log[0]["val"]["nll"]) == {"ic", "para"}
+    model = load_model(tmp_path / "run" / "model.pt")
+    again = load_model(tmp_path / "run" / "model.pt")
+    assert model.decoder is not None and model.fingerprint == again.fingerprint
+    z = model.embed_sentences(["a red circle left of a blue square"])
+    assert caption_embeddings(model, z, n=2, beam_size=2) == caption_embeddings(again, z, n=2, beam_size=2)
+
+
+def test_inference_api_returns_ranked_well_formed_sentences(synth_small, tmp_path):
+    data = load_dataset(synth_small)
+    vocab = Vocabulary.build(c for r in data.images for c in r.captions)
+    torch.manual_seed(0)
+    model = build_model(tiny_config(decoder=STT), vocab).eval()
+    save_model(model, tmp_path / "m.pt")
+    model = load_model(tmp_path / "m.pt")
+    paths = [r.path for r in data.images[:3]]
+    caps = caption_images(model, paths, n=3, beam_size=2)               # the beam widens to n
+    assert len(caps) == 3 and all(len(c) == 3 for c in caps)
+    for results in caps:
+        scores = [s for _, s in results]
+        assert scores == sorted(scores, reverse=True) and all(s <= 0 for s in scores)
+        for text, _ in results:
+            words = text.split()
+            assert 1 <= len(words) <= STT["max_len"] and all(w in vocab for w in words) and "<unk>" not in words
+    sentences = ["a red circle left of a blue square", "a big green star"]
+    paras = paraphrase_texts(model, sentences, n=2)
+    assert [len(p) for p in paras] == [2, 2]
+    for src, results in zip(sentences, paras):
+        assert all(text != " ".join(tokenize(src)) for text, _ in results)
+    with pytest.raises(ValueError, match="n must be"):
+        caption_embeddings(model, torch.zeros(1, 32), n=0)
+
+    plain = build_model(tiny_config(), vocab)                           # retrieval-only: no decoder
+    assert plain.decoder is None
+    with pytest.raises(NoDecoderError, match="no sentence decoder"):
+        paraphrase_texts(plain, ["a red circle"])
+
+
+def test_cli_caption_and_paraphrase(synth_small, tmp_path, capsys):
+    from service.cli import main
+
+    data = load_dataset(synth_small)
+    vocab = Vocabulary.build(c for r in data.images for c in r.captions)
+    torch.manual_seed(0)
+    save_model(build_model(tiny_config(decoder=STT), vocab), tmp_path / "m.pt")
+    assert main(["caption", "--model", str(tmp_path / "m.pt"), str(data.images[0].path), "-n", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out[0]["input"] == str(data.images[0].path) and len(out[0]["results"]) == 2
+    assert main(["paraphrase", "--model", str(tmp_path / "m.pt"), "a red circle", "a blue star"]) == 0
+    assert capsys.readouterr().out.count("\n") == 4                     # two inputs, one result each
+    assert main(["caption", "--model", str(tmp_path / "m.pt"), str(tmp_path / "missing.jpg")]) == 2
+    save_model(build_model(tiny_config(), vocab), tmp_path / "plain.pt")
+    assert main(["paraphrase", "--model", str(tmp_path / "plain.pt"), "a red circle"]) == 2
+    assert "no sentence decoder" in capsys.readouterr().err
+
+
+def test_attention_similarity_follows_eqs_13_to_17():
+    torch.manual_seed(0)
+    regions, words = torch.randn(3, 4, 8), torch.randn(2, 5, 8)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    att = RegionWordAttention(temperature=4.0, max_elements=50)          # forces several image blocks
+    got = att(regions, words, mask)
+    want = torch.empty(3, 2)
+    for i in range(3):
+        for m in range(2):
+            v = torch.nn.functional.normalize(regions[i], dim=-1)
+            e = torch.nn.functional.normalize(words[m][mask[m]], dim=-1)
+            s = v @ e.t()                                                 # eq. 13
+            a = torch.softmax(4.0 * s, dim=1) @ e                         # eqs. 14-15
+            want[i, m] = torch.cosine_similarity(v, a, dim=1).mean()      # eqs. 16-17
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
+    from training.train import train
+
+    cfg = tiny_config(decoder=STT, attention={"enabled": True}, train={"epochs": 1, "sampling": "image"})
+    train(cfg, synth_small, tmp_path / "run", progress=False, log=quiet)
+    log = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])
+    assert "pooled" in log["val"] and log["val"]["rsum"] >= 0
+    model = load_model(tmp_path / "run" / "model.pt")
+    assert model.backbone.n_regions == 16                                 # the small CNN's 4 x 4 grid
+    images = torch.randn(2, 3, 32, 32)
+    feats = model.image_features(images)
+    assert feats.shape == (2, 16 * model.backbone.region_dim)
+    pooled = model.embed_features(feats)                                  # §3.3: the regions' average pool
+    assert torch.allclose(pooled, torch.nn.functional.normalize(model.embed_regions(feats).mean(1), dim=-1))
+    assert len(caption_embeddings(model, pooled, n=1)[0]) == 1
+
+
+def test_coco_scores_match_known_values_or_report_skips():
+    refs = {1: ["a dog runs on the grass", "a brown dog is running"], 2: ["two men play football"]}
+    perfect = coco_scores(refs, {1: "a dog runs on the grass", 2: "two men play football"}, meteor=False)
+    wrong = coco_scores(refs, {1: "a cat sleeps", 2: "a bowl of soup"}, meteor=False)
+    assert perfect["bleu1"] == pytest.approx(1.0, abs=1e-6) and wrong["bleu4"] < 1e-3
+    assert perfect["cider"] > wrong["cider"] and perfect["skipped"] == {"meteor": "not requested"}
+    assert perfect["tokenizer"] == ("ptb" if java_available() else "jointspace")
+    with pytest.raises(ValueError, match="same keys"):
+        coco_scores(refs, {1: "a dog"})
+
+
+def test_meteor_is_scored_with_java_or_reported_skipped(monkeypatch):
+    refs = {1: ["a dog runs on the grass"], 2: ["two men play football"]}
+    cands = {1: "a dog runs on grass", 2: "men play soccer"}
+    with CocoScorer() as scorer:
+        res = scorer.score(refs, cands)
+    if java_available():
+        assert 0 < res["meteor"] < 1 and "meteor" not in res["skipped"]
+    else:
+        assert res["meteor"] is None and "java" in res["skipped"]["meteor"]
+    monkeypatch.setattr("training.caption_eval.java_available", lambda: False)   # a machine without Java
+    with CocoScorer() as scorer:
+        res = scorer.score(refs, cands)
+    assert res["meteor"] is None and "java not found" in res["skipped"]["meteor"]
+    assert res["tokenizer"] == "jointspace" and res["bleu1"] > 0
+
+
+@pytest.mark.slow
+def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
+    """A small STT model on 1,500 synthetic images (~1 min of CPU): its beam-search captions of the test
+    images score a higher BLEU-4 than the nearest-caption baseline of the same model — for each test image,
+    the training caption closest to it in the common space (retrieval as captioning)."""
+    from training.embed import embed_split
+    from training.synth import generate
+    from training.train import train
+
+    data = tmp_path_factory.mktemp("synth_stt")
+    generate(data, n_images=1500, seed=3, image_size=32, progress=False)
+    cfg = tiny_config(image={"options": {"width": 8, "out_dim": 256}}, text={"word_dim": 32, "hidden": 64},
+                      model={"embed_dim": 64}, decoder={"enabled": True, "word_dim": 32, "hidden": 64},
+                      train={"epochs": 20, "batch_size": 64, "lr": 2e-3, "lr_decay_epochs": 16, "sampling": "image",
+                             "eval_every": 5, "patience": 100})
+    run = tmp_path_factory.mktemp("run_stt")
+    train(cfg, data, run, progress=False, log=quiet)
+    model = load_model(run / "model.pt")
+    dataset = load_dataset(data)
+    test, train_split = dataset.split("test"), dataset.split("train")
+    img, _, _ = embed_split(model, test, progress=False, workers=0)
+    _, train_caps_emb, _ = embed_split(model, train_split, progress=False, workers=0)
+    train_caps = [c for r in train_split.images for c in r.captions]
+    nearest = model.score(img, train_caps_emb).argmax(1).tolist()
+    refs = {r.image_id: list(r.captions) for r in test.images}
+    generated = caption_embeddings(model, img, n=1, beam_size=3)
+    stt = coco_scores(refs, {i: g[0][0] for i, g in enumerate(generated)}, meteor=False)
+    baseline = coco_scores(refs, {i: train_caps[j] for i, j in enumerate(nearest)}, meteor=False)
+    assert stt["bleu4"] > baseline["bleu4"] + 0.02, (stt, baseline)
+
+
+def test_evaluate_json_gains_captioning_and_paraphrasing(synth_small, tmp_path, capsys):
+    from service.cli import main
+
+    data = load_dataset(synth_small)
+    vocab = Vocabulary.build(c for r in data.images for c in r.captions)
+    torch.manual_seed(0)
+    save_model(build_model(tiny_config(decoder=STT), vocab), tmp_path / "m.pt")
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt"), "--data", str(synth_small), "--split", "test",
+                 "--out", str(out), "--workers", "0", "--no-meteor", "--quiet"]) == 0
+    result = json.loads(out.read_text())
+    n_test = data.split("test").n_images
+    assert result["captioning"]["n"] == n_test and result["paraphrasing"]["n"] == 5 * n_test
+    for task in ("captioning", "paraphrasing"):
+        row = result[task]
+        assert all(0 <= row[m] <= 1 for m in ("bleu1", "bleu2", "bleu3", "bleu4"))
+        assert row["cider"] >= 0 and row["meteor"] is None and row["skipped"] == {"meteor": "not requested"}
+    assert result["examples"][0]["caption"] and "rsum" in result
+    assert "captioning" in capsys.readouterr().out
+
+    save_model(build_model(tiny_config(), vocab), tmp_path / "plain.pt")   # retrieval-only: no such keys
+    assert main(["evaluate", "--model", str(tmp_path / "plain.pt"), "--data", str(synth_small), "--split", "test",
+                 "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    assert "captioning" not in json.loads(out.read_text())

@@ -1,0 +1,102 @@
+"""STT-ATT (STT §3.3): the region–word attention similarity of eqs. 13–17, and the fine-grained embeddings
+it compares (image regions, caption words).
+
+For an image with region embeddings ``v_1 … v_k`` and a caption with word embeddings ``e_1 … e_n``:
+
+* ``s_ij = cos(v_i, e_j)``                                  (eq. 13)
+* ``α_ij = softmax_j(λ · s_ij)``, ``a_i = Σ_j α_ij e_j``     (eqs. 14, 15) — each region attends over the words
+* ``S(I, T) = 1/k · Σ_i cos(v_i, a_i)``                     (eqs. 16, 17)
+
+With unit-norm ``v_i`` and ``e_j``, ``v_i · a_i = Σ_j α_ij s_ij`` and ``‖a_i‖² = α_iᵀ G α_i`` with ``G`` the
+caption's word Gram matrix, so the attended vectors are never built: memory is ``O(N·M·k·n)``, not
+``O(N·M·k·E)``. Regions are grid cells of the CNN map (see ``regions.py``); words are the text GRU's
+per-step outputs through the text projection.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .vocab import pad_batch
+
+
+class RegionWordAttention(torch.nn.Module):
+    """``S(I, T)`` of eqs. 13–17 between every image and every caption: ``(N, k, E) × (M, n, E) → (N, M)``."""
+
+    def __init__(self, temperature: float = 9.0, max_elements: int = 1 << 25):
+        super().__init__()
+        self.temperature = float(temperature)    # λ of eq. 15 (a softmax temperature; SCAN uses 9)
+        self.max_elements = max_elements         # bounds the (images, M, k, n) blocks
+
+    def forward(self, regions: torch.Tensor, words: torch.Tensor, word_mask: torch.Tensor) -> torch.Tensor:
+        v = F.normalize(regions.float(), dim=-1)
+        e = F.normalize(words.float(), dim=-1) * word_mask.unsqueeze(-1)         # padding words are zero
+        gram = e @ e.transpose(1, 2)                                             # (M, n, n)
+        out = []
+        block = max(1, self.max_elements // max(1, e.shape[0] * v.shape[1] * e.shape[1]))
+        for start in range(0, v.shape[0], block):
+            s = torch.einsum("ike,mne->imkn", v[start:start + block], e)          # eq. 13
+            logits = (self.temperature * s).masked_fill(~word_mask[None, :, None, :], float("-inf"))
+            alpha = logits.softmax(-1)                                           # eq. 15
+            dot = (alpha * s).sum(-1)                                            # v_i · a_i, eq. 14
+            norm2 = (alpha * torch.einsum("imkn,mnp->imkp", alpha, gram)).sum(-1)  # ‖a_i‖²
+            out.append((dot / norm2.clamp(min=1e-12).sqrt()).mean(-1))           # eqs. 17, 16
+        return torch.cat(out) if out else v.new_zeros(0, e.shape[0])
+
+
+def word_states(encoder: torch.nn.Module, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-word outputs ``(B, T, H)`` of a recurrent text encoder (zero on padding)."""
+    if not hasattr(encoder, "rnn") or not hasattr(encoder, "embed"):
+        raise ValueError(f"STT-ATT needs a recurrent text encoder (text.encoder: gru), not {type(encoder).__name__}")
+    x = encoder.dropout(encoder.embed(ids))
+    packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+    out, _ = encoder.rnn(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
+    if getattr(encoder, "bidirectional", False):
+        half = out.shape[-1] // 2
+        out = (out[..., :half] + out[..., half:]) / 2
+    return out
+
+
+def embed_words(model, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word embeddings ``(B, T, E)`` in the common space (unit norm, zero on padding) and the mask ``(B, T)``."""
+    mask = torch.arange(ids.shape[1], device=ids.device).view(1, -1) < lengths.to(ids.device).view(-1, 1)
+    words = F.normalize(model.text_proj(word_states(model.text_encoder, ids, lengths)), dim=-1)
+    return words * mask.unsqueeze(-1), mask
+
+
+@torch.no_grad()
+def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128):
+    """Region embeddings ``(N, k, E)`` of a split's images (from ``source``, an ImageSource of grid features
+    or pixels), word embeddings ``(M, T, E)`` and mask ``(M, T)`` of its captions, and ``cap_to_img``."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    if source.kind == "files":
+        batches = (pixels for _, pixels in torch.utils.data.DataLoader(source.data, batch_size=batch_size))
+    else:
+        batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
+    regions = []
+    for batch in batches:
+        batch = batch.to(device)
+        feats = batch if source.kind == "features" else model.image_features(model.preprocess.normalize(batch))
+        regions.append(model.embed_regions(feats).float().cpu())
+    ids_all = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
+    ids, lengths = pad_batch(ids_all)
+    words, masks = [], []
+    for start in range(0, len(ids_all), batch_size):
+        w, m = embed_words(model, ids[start:start + batch_size].to(device), lengths[start:start + batch_size])
+        words.append(w.float().cpu())
+        masks.append(m.cpu())
+    cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
+    model.train(was_training)
+    return torch.cat(regions), torch.cat(words), torch.cat(masks), cap_to_img
+
+
+def attention_retrieval(model, dataset, source, device="cpu") -> dict:
+    """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
+    from .evaluate import retrieval_metrics
+
+    regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
+    return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))

@@ -1,0 +1,168 @@
+"""Captioning and paraphrasing scores (STT §4.5, Tables 10–11, 14–15, 20–21, 24–25) with the COCO caption
+toolkit ``pycocoevalcap``: BLEU-1..4, METEOR and CIDEr(-D), the numbers the paper reports.
+
+* captioning: the caption generated for each image against the image's reference captions;
+* paraphrasing: the paraphrase of every caption A against the *other* captions of its image.
+
+The toolkit tokenises with the Stanford PTB tokenizer and scores METEOR with ``meteor-1.5.jar``, both
+shipped in the wheel and run with Java (no download; SPICE, which fetches Stanford CoreNLP, is not used).
+Without Java, METEOR is reported as skipped (``null`` plus ``skipped``) and sentences are tokenised with
+jointspace's own tokenizer, which the result names under ``tokenizer``.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Hashable
+
+import torch
+
+from .vocab import tokenize
+
+METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "cider")
+
+
+def java_available() -> bool:
+    java = shutil.which("java")
+    if java is None:
+        return False
+    try:
+        return subprocess.run([java, "-version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class CocoScorer:
+    """Scores candidate sentences against references; keeps one METEOR process for several calls."""
+
+    def __init__(self, meteor: bool = True):
+        self.java = java_available()
+        self.want_meteor = meteor
+        self._meteor = None
+
+    def close(self) -> None:
+        if self._meteor is not None:
+            try:
+                self._meteor.meteor_p.stdin.close()
+                self._meteor.meteor_p.kill()
+                self._meteor.meteor_p.wait()
+            except Exception:  # pragma: no cover - best effort
+                pass
+            self._meteor = None
+
+    def __enter__(self) -> CocoScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _tokenize(self, sentences: dict[Hashable, list[str]]) -> tuple[dict, str]:
+        if self.java:
+            try:
+                from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+                return PTBTokenizer().tokenize({k: [{"caption": s} for s in v] for k, v in sentences.items()}), "ptb"
+            except Exception as err:     # e.g. the package folder is read-only (the tokenizer writes there)
+                self.ptb_error = f"PTB tokenizer failed: {err}"
+        return {k: [" ".join(tokenize(s)) for s in v] for k, v in sentences.items()}, "jointspace"
+
+    def score(self, references: dict[Hashable, list[str]], candidates: dict[Hashable, str]) -> dict:
+        """``references[key]``: reference sentences; ``candidates[key]``: one generated sentence.
+        Returns ``bleu1..bleu4, meteor, cider`` (``None`` where skipped), ``n``, ``tokenizer`` and
+        ``skipped`` (metric → reason)."""
+        if set(references) != set(candidates):
+            raise ValueError("references and candidates must have the same keys")
+        out: dict = {m: None for m in METRICS}
+        out.update({"n": len(candidates), "tokenizer": None, "skipped": {}})
+        if not candidates:
+            out["skipped"] = {m: "no sentences" for m in METRICS}
+            return out
+        try:
+            from pycocoevalcap.bleu.bleu import Bleu
+            from pycocoevalcap.cider.cider import Cider
+        except ImportError as err:
+            out["skipped"] = {m: f"pycocoevalcap not installed ({err})" for m in METRICS}
+            return out
+        keys = list(candidates)
+        refs, out["tokenizer"] = self._tokenize({k: references[k] for k in keys})
+        cands, _ = self._tokenize({k: [candidates[k]] for k in keys})
+        bleu, _ = Bleu(4).compute_score(refs, cands, verbose=0)
+        for i, value in enumerate(bleu):
+            out[f"bleu{i + 1}"] = round(float(value), 4)
+        out["cider"] = round(float(Cider().compute_score(refs, cands)[0]), 4)
+        if not self.want_meteor:
+            out["skipped"]["meteor"] = "not requested"
+        elif not self.java:
+            out["skipped"]["meteor"] = "java not found (METEOR runs meteor-1.5.jar)"
+        else:
+            try:
+                if self._meteor is None:
+                    from pycocoevalcap.meteor.meteor import Meteor
+
+                    self._meteor = Meteor()
+                out["meteor"] = round(float(self._meteor.compute_score(refs, cands)[0]), 4)
+            except Exception as err:
+                self.close()
+                out["skipped"]["meteor"] = f"METEOR failed: {err}"
+        return out
+
+
+def coco_scores(references: dict[Hashable, list[str]], candidates: dict[Hashable, str], meteor: bool = True) -> dict:
+    """One-off :meth:`CocoScorer.score`."""
+    with CocoScorer(meteor=meteor) as scorer:
+        return scorer.score(references, candidates)
+
+
+def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
+                       cap_to_img: torch.Tensor, meteor: bool = True, examples: int = 5, progress: bool = True,
+                       **decode) -> dict:
+    """``captioning`` and ``paraphrasing`` scores of a split, from its embedded images and captions
+    (``embed.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them)."""
+    from tqdm.auto import tqdm
+
+    from .generate import caption_embeddings, decode_settings
+
+    settings = decode_settings(model, **decode)
+    captions = [c for r in dataset.images for c in r.captions]
+    chunk = 256
+
+    def decode_all(emb, desc, exclude=None):
+        out = []
+        for s in tqdm(range(0, emb.shape[0], chunk), desc=desc, disable=not progress, unit="batch", leave=False):
+            ex = exclude[s:s + chunk] if exclude is not None else None
+            out += caption_embeddings(model, emb[s:s + chunk], n=1, exclude=ex, **settings)
+        return [r[0][0] if r else "" for r in out]
+
+    generated = decode_all(image_emb, "captioning")
+    # the paraphraser's output as a user gets it: a copy of the input sentence is not a paraphrase
+    paraphrases = decode_all(caption_emb, "paraphrasing", exclude=[[" ".join(tokenize(c))] for c in captions])
+    cap_refs = {r.image_id: list(r.captions) for r in dataset.images}
+    by_image: dict[int, list[int]] = {}
+    for j, img in enumerate(cap_to_img.tolist()):
+        by_image.setdefault(img, []).append(j)
+    para_refs, para_cands = {}, {}
+    for img, caps in by_image.items():
+        for j in caps:
+            others = [captions[k] for k in caps if k != j]
+            if others:
+                para_refs[j], para_cands[j] = others, paraphrases[j]
+    with CocoScorer(meteor=meteor) as scorer:
+        cap_scores = scorer.score(cap_refs, {r.image_id: generated[i] for i, r in enumerate(dataset.images)})
+        para_scores = scorer.score(para_refs, para_cands)
+    shown = [{"image": str(r.path), "caption": generated[i], "references": list(r.captions),
+              "paraphrase_of": captions[by_image[r.image_id][0]], "paraphrase": paraphrases[by_image[r.image_id][0]]}
+             for i, r in enumerate(dataset.images[:examples]) if r.image_id in by_image]
+    return {"captioning": cap_scores, "paraphrasing": para_scores, "decoding": settings, "examples": shown}
+
+
+def format_generation(result: dict) -> str:
+    """The captioning/paraphrasing rows of ``jointspace evaluate``'s table."""
+    lines = [f"{'':14}" + "".join(f"{m.upper():>8}" for m in ("b1", "b2", "b3", "b4", "meteor", "cider"))]
+    for task in ("captioning", "paraphrasing"):
+        if task in result:
+            row = result[task]
+            lines.append(f"{task:14}" + "".join(f"{row[m]:8.3f}" if row[m] is not None else f"{'—':>8}"
+                                                for m in METRICS))
+            if row.get("skipped"):
+                lines.append("  skipped: " + "; ".join(f"{k}: {v}" for k, v in row["skipped"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Inference API of the STT decoder: captions from images or image embeddings, paraphrases from sentences.
+
+Every function is batched (one decoder batch per ``batch_size`` inputs) and returns, for each input, a list
+of ``(text, score)`` best first, ``score`` being the length-normalised log-probability the hypotheses are
+ranked by (``log P / steps ** length_penalty``; ≤ 0, higher is better). Decoding settings default to the
+model's ``decoder`` config section. A model without a decoder raises :class:`NoDecoderError`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from PIL import Image
+
+from .preprocess import open_image
+from .vocab import tokenize
+
+Result = list[tuple[str, float]]
+
+
+class NoDecoderError(ValueError):
+    """The model was trained without a decoder (``decoder.enabled: false``): it can only retrieve."""
+
+
+def require_decoder(model) -> None:
+    if getattr(model, "decoder", None) is None:
+        raise NoDecoderError("this model has no sentence decoder (it was trained with decoder.enabled: false); "
+                             "captions and paraphrases need an STT model, e.g. configs/stt.yaml")
+
+
+def decode_settings(model, beam_size: int | None = None, max_len: int | None = None,
+                    length_penalty: float | None = None, no_repeat: bool | None = None) -> dict:
+    """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
+    d = model.cfg.get("decoder", {})
+    out = {"beam_size": d.get("beam_size", 3) if beam_size is None else beam_size,
+           "max_len": d.get("max_len", 20) if max_len is None else max_len,
+           "length_penalty": d.get("length_penalty", 1.0) if length_penalty is None else length_penalty,
+           "no_repeat": d.get("no_repeat", True) if no_repeat is None else no_repeat}
+    if not isinstance(out["beam_size"], int) or out["beam_size"] < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {out['beam_size']!r}")
+    if not isinstance(out["max_len"], int) or out["max_len"] < 1:
+        raise ValueError(f"max_len must be a positive integer, got {out['max_len']!r}")
+    return out
+
+
+@torch.no_grad()
+def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: int | None = None,
+                       max_len: int | None = None, length_penalty: float | None = None,
+                       no_repeat: bool | None = None, batch_size: int = 64,
+                       exclude: Sequence[Sequence[str]] | None = None) -> list[Result]:
+    """Decodes common-space vectors ``(B, E)`` into sentences: image embeddings (``model.embed_images``, or
+    vectors read back from an index) give captions (STT eq. 10), sentence embeddings give paraphrases
+    (eq. 11). ``n`` results per row (the beam is widened to ``n`` when smaller). ``exclude[i]``: normalised
+    texts (``" ".join(tokenize(t))``) never returned for row ``i``."""
+    require_decoder(model)
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    opts = decode_settings(model, beam_size, max_len, length_penalty, no_repeat)
+    extra = 1 if exclude is not None else 0         # room for one excluded hypothesis (the input sentence)
+    want = n + extra
+    beam = max(opts["beam_size"], want)
+    decoder = model.decoder
+    device = next(decoder.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[Result] = []
+    for start in range(0, embeddings.shape[0], batch_size):
+        z = embeddings[start:start + batch_size].to(device)
+        hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts["max_len"],
+                                length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"])
+        for row, row_hyps in enumerate(hyps):
+            banned = set(exclude[start + row]) if exclude is not None else set()
+            texts = [(model.vocab.decode(h.ids), h.score) for h in row_hyps]
+            out.append([(t, float(s)) for t, s in texts if t not in banned][:n])
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def embed_image_inputs(model, images: Sequence[str | Path | Image.Image], batch_size: int = 32) -> torch.Tensor:
+    """Image files or PIL images → common-space vectors, preprocessed as in training."""
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(images), batch_size):
+        batch = [im if isinstance(im, Image.Image) else open_image(im) for im in images[start:start + batch_size]]
+        pixels = torch.stack([model.preprocess.pixels(im) for im in batch]).to(device)
+        out.append(model.embed_images(model.preprocess.normalize(pixels)))
+    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device)
+
+
+def caption_images(model, images: Sequence[str | Path | Image.Image], n: int = 1, **options) -> list[Result]:
+    """Captions for image files or PIL images (STT eq. 10)."""
+    require_decoder(model)
+    was_training = model.training
+    model.eval()
+    emb = embed_image_inputs(model, images)
+    model.train(was_training)
+    return caption_embeddings(model, emb, n=n, **options)
+
+
+def paraphrase_texts(model, texts: Sequence[str], n: int = 1, drop_identical: bool = True,
+                     **options) -> list[Result]:
+    """Paraphrases of sentences (STT eq. 11): each sentence is embedded by the text encoder and decoded.
+    With ``drop_identical`` a hypothesis that only repeats the input (same words) is left out."""
+    require_decoder(model)
+    was_training = model.training
+    model.eval()
+    emb = model.embed_sentences(list(texts))
+    model.train(was_training)
+    exclude = [[" ".join(tokenize(t))] for t in texts] if drop_identical else None
+    return caption_embeddings(model, emb, n=n, exclude=exclude, **options)

@@ -1,0 +1,78 @@
+"""Image regions for STT-ATT (STT §3.3) as the cells of a CNN's last spatial feature map.
+
+The paper's regions are the 36 best Faster R-CNN proposals, each cropped and encoded by ResNet-152. Region
+detectors are not available offline, so jointspace uses the backbone's spatial grid instead: each cell of the
+last convolutional map (7 × 7 for EfficientNet-Lite0 and ResNets at 224 px, 4 × 4 for the small CNN) is one
+region, with that cell's channel vector as its feature. ``attention.grid`` optionally average-pools the map
+to a coarser grid first.
+
+:class:`GridRegions` wraps a backbone so that it returns the grid flattened to ``(B, R · C)``: to the rest of
+the training package (the feature cache, the image sources) it is simply a backbone with a wider feature, so
+grid features are cached exactly like pooled ones.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .registry import Registry
+
+FEATURE_MAPS: Registry[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = Registry("region grid")
+
+
+@FEATURE_MAPS.register("efficientnet_lite0")
+def _timm_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return net.forward_features(x)                  # (B, 1280, 7, 7) at 224 px
+
+
+def _resnet_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+    return net.layer4(net.layer3(net.layer2(net.layer1(x))))   # (B, 2048, 7, 7) for resnet50+ at 224 px
+
+
+def _vgg_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return net.features(x)                          # (B, 512, 7, 7) at 224 px
+
+
+for _name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
+    FEATURE_MAPS.register(_name)(_resnet_map)
+for _name in ("vgg16", "vgg19"):
+    FEATURE_MAPS.register(_name)(_vgg_map)
+
+
+@FEATURE_MAPS.register("smallcnn")
+def _smallcnn_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return net.features(x)                          # (B, 4·width, 4, 4)
+
+
+class GridRegions(nn.Module):
+    """A backbone returning its feature-map cells as regions, flattened: images → ``(B, R · C)``."""
+
+    def __init__(self, backbone_name: str, net: nn.Module, image_size: int, grid: int = 0):
+        super().__init__()
+        self.net = net
+        self.feature_map = FEATURE_MAPS.get(backbone_name)
+        self.grid = int(grid)
+        was_training = net.training
+        net.eval()
+        with torch.no_grad():
+            shape = self.regions(torch.zeros(1, 3, image_size, image_size)).shape
+        net.train(was_training)
+        self.n_regions, self.region_dim = int(shape[1]), int(shape[2])
+
+    def regions(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, 3, S, S)`` → regions ``(B, R, C)``, row-major over the grid."""
+        fmap = self.feature_map(self.net, x)
+        if self.grid:
+            fmap = F.adaptive_avg_pool2d(fmap, self.grid)
+        return fmap.flatten(2).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.regions(x).flatten(1)
+
+    @property
+    def dim(self) -> int:
+        return self.n_regions * self.region_dim

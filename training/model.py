@@ -37,7 +37,8 @@ class JointEmbedding(nn.Module):
         self.preprocess: Preprocess = backbone.preprocess
         self.image_proj = build_projection(cfg["model"], backbone.dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
-        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim)
+        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim,
+                                          cfg["model"].get("text_projection") or cfg["model"]["projection"])
         self.similarity = build_similarity(cfg["model"]["similarity"])
         if cfg["image"].get("channels_last", True):
             self.backbone.to(memory_format=torch.channels_last)
@@ -53,20 +54,33 @@ class JointEmbedding(nn.Module):
         feats = self.backbone(flat)
         return feats.view(-1, crops, feats.shape[-1]).mean(1)
 
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone features → the common space, before the similarity's normalisation."""
+        return self.image_proj(features.float())
+
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → common space."""
-        return self.similarity.normalize(self.image_proj(features.float()))
+        return self.similarity.normalize(self.project_features(features))
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         return self.embed_features(self.image_features(images))
 
     # --- text side --------------------------------------------------------------------------------
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts → the id lists the text encoder reads: word ids of ``vocab``, unless the encoder tokenises
+        itself (``encode_text``: n-gram features, WordPiece; see text_encoders.py)."""
         max_len = self.cfg["data"]["max_caption_len"]
+        own = getattr(self.text_encoder, "encode_text", None)
+        if own is not None:
+            return [own(t, self.vocab, max_len) for t in texts]
         return [self.vocab.encode(t, max_len=max_len) for t in texts]
 
+    def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Padded ids → the common space, before the similarity's normalisation."""
+        return self.text_proj(self.text_encoder(ids, lengths))
+
     def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.text_proj(self.text_encoder(ids, lengths)))
+        return self.similarity.normalize(self.project_texts(ids, lengths))
 
     @torch.no_grad()
     def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 The configs are sized for real data (EfficientNet-Lite0 features, 1024-d GRUs); ``SHRINK`` overrides make
 each run seconds long: a small CNN whose 32-d output is also the common space (so W2VV's "no projection"
-still holds) and 32-d hidden layers. Word vectors, n-gram tables and MiniLM weights are the real ones.
+still holds), 32-d hidden layers, one skip-gram epoch for caption-trained word vectors and one RCN recursion
+(routing itself is tested in test_zoo_models.py). GloVe vectors, n-gram tables and MiniLM weights are the real ones.
 """
 import csv
 import json
@@ -15,7 +16,8 @@ from training.zoo import COLUMNS, run_zoo
 ZOO = sorted((Path(__file__).resolve().parents[1] / "configs" / "zoo").glob("*.yaml"))
 SHRINK = ["train.epochs=1", "train.max_steps_per_epoch=2", "train.batch_size=16", "train.workers=0",
           "image.backbone=smallcnn", "image.image_size=32", "image.resize=32", "image.options={width: 4, out_dim: 32}",
-          "model.embed_dim=32", "model.projection_hidden=64", "text.hidden=32", "text.options={out_dim: 32}",
+          "model.embed_dim=32", "model.projection_hidden=64", "text.hidden=32",
+          "text.options={out_dim: 32, word_vector_epochs: 1, recursions: 1}",
           "data.max_caption_len=16"]
 
 

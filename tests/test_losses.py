@@ -77,7 +77,11 @@ def test_every_loss_is_differentiable_and_registered():
     for name in LOSSES.names():
         sim = S.clone().requires_grad_(True)
         cfg = {"name": name, "margin": M, "lambda": 1.0, "reduction": "sum", "k": 2, "options": {}}
-        build_loss(cfg)(sim).backward()
+        loss_fn = build_loss(cfg)
+        if getattr(loss_fn, "on_pairs", False):    # W2VV's mse reads (prediction, target) pairs, not scores
+            loss_fn(sim, S + 1).backward()
+        else:
+            loss_fn(sim).backward()
         assert sim.grad is not None
 
 

@@ -1,5 +1,5 @@
-"""``jointspace synth | train | evaluate | caption | paraphrase`` — the training package's commands (assembled in
-service/cli.py)."""
+"""``jointspace synth | train | evaluate | caption | paraphrase | zoo | compose`` — the training package's
+commands (assembled in service/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,70 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
         p.set_defaults(func=cmd_generate, task=name)
+    add_zoo_commands(sub)
+
+
+def add_zoo_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("zoo", help="train and evaluate several configs; write a Markdown/CSV table and a plot")
+    p.add_argument("--data", required=True)
+    p.add_argument("--configs", nargs="+", required=True, help="YAML configs, e.g. configs/zoo/*.yaml")
+    p.add_argument("--out", required=True, help="directory: one run per config, zoo.md, zoo.csv, zoo.png")
+    p.add_argument("--split", default="val", choices=["train", "val", "test"], help="evaluation split")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every config, e.g. --set train.epochs=1 (repeatable)")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that already have metrics")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_zoo)
+
+    p = sub.add_parser("compose", help="multimodal query: an image plus/minus words (W2VV §IV-C), "
+                                       "ranked against a data split's images")
+    p.add_argument("--model", required=True)
+    p.add_argument("--image", required=True, help="query image file")
+    p.add_argument("--add", action="append", default=[], metavar="WORDS", help="words to add (repeatable)")
+    p.add_argument("--subtract", action="append", default=[], metavar="WORDS", help="words to subtract")
+    p.add_argument("--data", required=True, help="data set whose images are searched")
+    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--out", help="write the ranking as JSON here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_compose)
+
+
+def cmd_zoo(args) -> int:
+    from .zoo import markdown_table, run_zoo
+
+    rows = run_zoo(args.data, args.configs, args.out, overrides=args.overrides, split=args.split,
+                   progress=not args.quiet, fresh=args.fresh)
+    print(markdown_table(rows))
+    print(f"wrote {Path(args.out) / 'zoo.md'}, zoo.csv, zoo.png")
+    return 0
+
+
+def cmd_compose(args) -> int:
+    from .compose import compose_query, image_features_of
+    from .data import load_dataset
+    from .embed import embed_image_source, image_source
+    from .fileio import write_json
+    from .model import load_model
+
+    model = load_model(args.model)
+    dataset = load_dataset(args.data, split=args.split).split(args.split)
+    if dataset.n_images == 0:
+        print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
+        return 2
+    query = compose_query(model, image_features_of(model, args.image), args.add, args.subtract)
+    gallery = embed_image_source(model, image_source(model, [r.path for r in dataset.images],
+                                                     progress=not args.quiet))
+    scores = model.score(gallery, query.view(1, -1)).view(-1)
+    top = scores.topk(min(args.top, len(scores)))
+    ranking = [{"rank": i + 1, "score": round(float(s), 5), "image": str(dataset.images[j].path),
+                "caption": dataset.images[j].captions[0] if dataset.images[j].captions else ""}
+               for i, (s, j) in enumerate(zip(top.values.tolist(), top.indices.tolist()))]
+    for r in ranking:
+        print(f"{r['rank']:3d}  {r['score']:.4f}  {r['image']}  {r['caption']}")
+    if args.out:
+        write_json(args.out, {"image": args.image, "add": args.add, "subtract": args.subtract, "ranking": ranking})
+    return 0
 
 
 def cmd_synth(args) -> int:

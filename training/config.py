@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "data": {
         "min_word_count": 1,        # STT §4.2 uses > 3 on COCO; 1 keeps every word of small sets
         "max_caption_len": 50,      # tokens; longer captions are truncated
+        "max_words": None,          # keep only the N most frequent training words (RCN §IV-A: 5000); None = all
     },
     "image": {
         "backbone": "resnet152",    # STT §4.2 / RCN: ResNet-152 pooled features
@@ -42,7 +43,9 @@ DEFAULTS: dict[str, Any] = {
     },
     "model": {
         "embed_dim": 1024,          # STT Table 4: 1024
-        "projection": "linear",     # linear (STT §3.1: one FC) | two_branch (two-branch §3.1)
+        "projection": "linear",     # linear (STT §3.1: one FC) | two_branch (two-branch §3.1) | mlp (BiR §5.2:
+                                    # FC-ReLU-FC) | none (W2VV §III: the visual feature space itself)
+        "text_projection": None,    # the text side's projection when it differs; None = same as projection
         "projection_hidden": 2048,  # two_branch: width of the hidden FC layer
         "projection_dropout": 0.0,
         "similarity": "cosine",     # cosine (STT eq. 8) | order (STT eq. 9)
@@ -78,6 +81,14 @@ DEFAULTS: dict[str, Any] = {
                                     # image: every image once per epoch with one random caption of it
                                     # minimal_pairs: image, with each minimal pair in one batch (hard negatives)
         "max_steps_per_epoch": None,  # cap for smoke runs
+        "optimizer": "adam",        # adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3: no momentum)
+        "optimizer_options": {},    # extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop
+        "lr_schedule": "step",      # step: x lr_decay_factor once after lr_decay_epochs (STT §4.2)
+                                    # plateau: x lr_decay_factor after lr_plateau_patience epochs without a
+                                    #   better val R-sum (W2VV §III-B) | linear: down to lr_final_factor at
+                                    #   lr_decay_epochs (BiR §6.3)
+        "lr_plateau_patience": 3,
+        "lr_final_factor": 0.01,
     },
     "decoder": {                    # STT §3.2: a sentence decoder trained jointly on the common space
         "enabled": False,           # False: retrieval only (no decoder in the model)
@@ -102,7 +113,7 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-_OPEN_MAPS = {("text", "options"), ("image", "options"), ("loss", "options")}
+_OPEN_MAPS = {("text", "options"), ("image", "options"), ("loss", "options"), ("train", "optimizer_options")}
 
 
 class ConfigError(ValueError):
@@ -197,6 +208,10 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"loss.reduction must be 'sum' or 'mean', got {cfg['loss']['reduction']!r}")
     if t["sampling"] not in ("caption", "image", "minimal_pairs"):
         raise ConfigError(f"train.sampling must be caption, image or minimal_pairs, got {t['sampling']!r}")
+    if t["optimizer"] not in ("adam", "rmsprop", "sgd"):
+        raise ConfigError(f"train.optimizer must be adam, rmsprop or sgd, got {t['optimizer']!r}")
+    if t["lr_schedule"] not in ("step", "plateau", "linear"):
+        raise ConfigError(f"train.lr_schedule must be step, plateau or linear, got {t['lr_schedule']!r}")
     if t["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
     d = cfg["decoder"]

@@ -1,4 +1,5 @@
-"""Retrieval evaluation (STT §4.3): R@K, median and mean rank in both directions, R-sum.
+"""Retrieval evaluation (STT §4.3): R@K, median and mean rank in both directions, R-sum; W2VV's mean inverted
+rank (``mir``) and BiR's R@K variants and rPrecision(5) (``rk_variants``, ``rprecision5``, §6.2).
 
 * image → text: an image query is a hit at K when *any* of its captions is in the top K; its rank is the
   rank of its best-ranked caption.
@@ -57,9 +58,89 @@ def retrieval_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to
                                  cap_to_img)
     res = {"i2t": summarize(i2t), "t2i": summarize(t2i)}
     res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
+    res["mir"] = {"i2t": mean_inverted_rank(i2t), "t2i": mean_inverted_rank(t2i)}
     res["n_images"], res["n_captions"] = int(image_emb.shape[0]), int(caption_emb.shape[0])
     res["_ranks"] = {"i2t": i2t, "t2i": t2i}
     return res
+
+
+def mean_inverted_rank(ranks: torch.Tensor) -> float:
+    """W2VV §IV-D (TrecVid): the mean over queries of 1 / rank of the (first) relevant item; 1 is perfect."""
+    return round((1.0 / ranks.double()).mean().item(), 6) if len(ranks) else 0.0
+
+
+BIR_KS = (1, 2, 5, 10)      # BiR tables 6.3-6.10 report k = 1, 2, 5, 10
+
+
+def caption_positions(cap_to_img: torch.Tensor) -> torch.Tensor:
+    """For each caption, its position among its image's captions (0 = the image's first caption)."""
+    seen: dict[int, int] = {}
+    out = []
+    for img in cap_to_img.tolist():
+        out.append(seen.get(img, 0))
+        seen[img] = out[-1] + 1
+    return torch.tensor(out, dtype=torch.long)
+
+
+def bir_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor, similarity,
+                seed: int = 0) -> dict:
+    """BiR §6.2: the R@K variants and rPrecision(5).
+
+    ``1st_txt``, ``rnd_txt`` and ``avg_txt`` rank a gallery holding one sentence per image: its first
+    sentence, one drawn at random (``seed``), or each position in turn with the recalls averaged over the
+    positions. ``any_txt`` (image annotation only) ranks all sentences and counts a hit when any of the
+    image's sentences is in the top K, i.e. the usual i2t recall. rPrecision(5): the percentage of the
+    image's own sentences among the top 5 of all sentences (image annotation; §6.2).
+    """
+    cap_to_img = cap_to_img.long().cpu()
+    pos = caption_positions(cap_to_img)
+    n_images = image_emb.shape[0]
+    g = torch.Generator().manual_seed(seed)
+
+    def one_per_image(choice: torch.Tensor) -> dict:
+        """``choice[img]``: the caption index kept for image img (-1: none). R@K of that 1-to-1 gallery."""
+        imgs = (choice >= 0).nonzero().view(-1)
+        caps = choice[imgs]
+        sub_cap_to_img = torch.arange(len(imgs))
+        i2t, t2i = ranks_from_scores(lambda rows: similarity(image_emb[imgs[rows]], caption_emb[caps]),
+                                     len(imgs), sub_cap_to_img)
+        return {d: {f"r{k}": 100.0 * (r <= k).double().mean().item() for k in BIR_KS}
+                for d, r in (("i2t", i2t), ("t2i", t2i))}
+
+    def choice_at(position: int) -> torch.Tensor:
+        choice = torch.full((n_images,), -1, dtype=torch.long)
+        sel = (pos == position).nonzero().view(-1)
+        choice[cap_to_img[sel]] = sel
+        return choice
+
+    first = one_per_image(choice_at(0))
+    random_pick = torch.full((n_images,), -1, dtype=torch.long)
+    for img in range(n_images):
+        own = (cap_to_img == img).nonzero().view(-1)
+        if len(own):
+            random_pick[img] = own[torch.randint(len(own), (1,), generator=g)].item()
+    rnd = one_per_image(random_pick)
+    per_position = [one_per_image(choice_at(p)) for p in range(int(pos.max()) + 1)] if len(pos) else []
+    avg = {d: {f"r{k}": float(np.mean([p[d][f"r{k}"] for p in per_position])) for k in BIR_KS}
+           for d in ("i2t", "t2i")} if per_position else {}
+
+    # any_txt and rPrecision(5) on the full gallery of sentences
+    hits = torch.zeros(n_images)
+    any_best = torch.empty(n_images, dtype=torch.long)
+    for start in range(0, n_images, 1024):
+        rows = slice(start, min(start + 1024, n_images))
+        s = similarity(image_emb[rows], caption_emb).float().cpu()
+        own = cap_to_img.view(1, -1) == torch.arange(rows.start, rows.stop).view(-1, 1)
+        top = s.topk(min(5, s.shape[1]), dim=1).indices
+        hits[rows] = own.gather(1, top).float().sum(1)
+        best_own = s.masked_fill(~own, float("-inf")).max(1).values
+        any_best[rows] = (s > best_own.view(-1, 1)).sum(1) + 1
+    r = lambda x: round(x, 4)  # noqa: E731
+    variants = {"i2t": {"1st_txt": first["i2t"], "rnd_txt": rnd["i2t"], "avg_txt": avg.get("i2t", {}),
+                        "any_txt": {f"r{k}": 100.0 * (any_best <= k).double().mean().item() for k in BIR_KS}},
+                "t2i": {"1st_txt": first["t2i"], "rnd_txt": rnd["t2i"], "avg_txt": avg.get("t2i", {})}}
+    variants = {d: {v: {k: r(x) for k, x in m.items()} for v, m in vs.items()} for d, vs in variants.items()}
+    return {"rk_variants": variants, "rprecision5": r(100.0 * (hits / 5).mean().item()) if n_images else 0.0}
 
 
 def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
@@ -162,6 +243,7 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
                           workers=workers, progress=progress, amp=amp)
     img, cap, cap_to_img = embed_split(model, dataset, device=device, workers=workers, amp=amp, source=source)
     result = full_evaluation(img, cap, cap_to_img, model.similarity)
+    result.update(bir_metrics(img, cap, cap_to_img, model.similarity))
     if getattr(model, "attention", None) is not None:
         from .attention import attention_retrieval
 
@@ -183,6 +265,12 @@ def format_table(result: dict) -> str:
         m = result[d]
         lines.append(f"{label:14}{m['r1']:8.1f}{m['r5']:8.1f}{m['r10']:8.1f}{m['medr']:7.0f}{m['meanr']:9.1f}")
     lines.append(f"R-sum {result['rsum']:.1f}   ({result['n_images']} images, {result['n_captions']} captions)")
+    if "mir" in result:
+        lines.append(f"MIR image→text {result['mir']['i2t']:.4f}   text→image {result['mir']['t2i']:.4f}")
+    if "rprecision5" in result:
+        avg = result["rk_variants"]["i2t"]["avg_txt"]
+        lines.append(f"BiR: rPrecision(5) {result['rprecision5']:.2f}   image→text R@1/5/10 avg_txt "
+                     f"{avg.get('r1', 0):.1f}/{avg.get('r5', 0):.1f}/{avg.get('r10', 0):.1f}")
     if result.get("minimal_pairs", {}).get("n"):
         mp = result["minimal_pairs"]
         lines.append(f"minimal pairs: {100 * mp['accuracy']:.1f}% correct of {mp['n']} captions (chance 50%)")

@@ -121,3 +121,7 @@ def build_loss(cfg: dict) -> RankingLoss:
     """``cfg`` is the config's ``loss`` section."""
     return LOSSES.get(cfg["name"])(margin=cfg["margin"], lam=cfg["lambda"], reduction=cfg["reduction"],
                                    k=cfg["k"], **cfg.get("options", {}))
+
+
+# the papers' other losses register themselves on import
+from . import bir, w2vv  # noqa: E402,F401

@@ -49,7 +49,8 @@ class JointEmbedding(nn.Module):
             self.attention = RegionWordAttention(att["temperature"])
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
-        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim)
+        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim,
+                                          cfg["model"].get("text_projection") or cfg["model"]["projection"])
         self.similarity = build_similarity(cfg["model"]["similarity"])
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
         self.decoder = build_decoder(cfg, len(vocab)) if cfg.get("decoder", {}).get("enabled") else None
@@ -67,11 +68,15 @@ class JointEmbedding(nn.Module):
         feats = self.backbone(flat)
         return feats.view(-1, crops, feats.shape[-1]).mean(1)
 
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone features → the common space, before the similarity's normalisation."""
+        return self.image_proj(features.float())
+
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → common space."""
         if self.attention is not None:   # STT-ATT §3.3: average pooling of the region embeddings
             return self.similarity.normalize(self.embed_regions(features).mean(1))
-        return self.similarity.normalize(self.image_proj(features.float()))
+        return self.similarity.normalize(self.project_features(features))
 
     def embed_regions(self, features: torch.Tensor) -> torch.Tensor:
         """STT-ATT: flattened grid features ``(B, R·C)`` → region embeddings ``(B, R, E)`` (not normalised)."""
@@ -83,11 +88,20 @@ class JointEmbedding(nn.Module):
 
     # --- text side --------------------------------------------------------------------------------
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts → the id lists the text encoder reads: word ids of ``vocab``, unless the encoder tokenises
+        itself (``encode_text``: n-gram features, WordPiece; see text_encoders.py)."""
         max_len = self.cfg["data"]["max_caption_len"]
+        own = getattr(self.text_encoder, "encode_text", None)
+        if own is not None:
+            return [own(t, self.vocab, max_len) for t in texts]
         return [self.vocab.encode(t, max_len=max_len) for t in texts]
 
+    def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Padded ids → the common space, before the similarity's normalisation."""
+        return self.text_proj(self.text_encoder(ids, lengths))
+
     def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.text_proj(self.text_encoder(ids, lengths)))
+        return self.similarity.normalize(self.project_texts(ids, lengths))
 
     @torch.no_grad()
     def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:

@@ -4,8 +4,9 @@ from __future__ import annotations
 from torch import nn
 
 
-def build_projection(cfg_model: dict, in_dim: int) -> nn.Module:
-    kind, out_dim = cfg_model["projection"], cfg_model["embed_dim"]
+def build_projection(cfg_model: dict, in_dim: int, kind: str | None = None) -> nn.Module:
+    """``kind`` defaults to ``model.projection`` (the text side may override it with ``model.text_projection``)."""
+    kind, out_dim = kind or cfg_model["projection"], cfg_model["embed_dim"]
     if kind == "linear":      # STT §3.1: a single fully connected layer
         return nn.Linear(in_dim, out_dim)
     if kind == "two_branch":  # two-branch §3.1: FC → ReLU → dropout → FC → BN (no ReLU after the last FC)
@@ -13,4 +14,13 @@ def build_projection(cfg_model: dict, in_dim: int) -> nn.Module:
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
                              nn.Dropout(cfg_model["projection_dropout"]), nn.Linear(hidden, out_dim),
                              nn.BatchNorm1d(out_dim))
-    raise KeyError(f"unknown model.projection '{kind}'; choose linear or two_branch")
+    if kind == "mlp":         # BiR §5.2: the trainable visual model, FC (1000) → ReLU → FC (n_emb)
+        hidden = cfg_model["projection_hidden"]
+        return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
+                             nn.Dropout(cfg_model["projection_dropout"]), nn.Linear(hidden, out_dim))
+    if kind == "none":        # W2VV §III: no projection, the encoder's output is the space itself
+        if in_dim != out_dim:
+            raise ValueError(f"model.projection 'none' keeps the {in_dim}-d input, but model.embed_dim is "
+                             f"{out_dim}: set model.embed_dim (and the text encoder's output) to {in_dim}")
+        return nn.Identity()
+    raise KeyError(f"unknown model.projection '{kind}'; choose linear, two_branch, mlp or none")

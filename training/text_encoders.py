@@ -3,6 +3,20 @@
 * ``gru`` — word embeddings → 1-layer GRU → last hidden state (STT §3.1 and §4.2: 300-d words, 1024 hidden);
   ``text.options.pooling: mean|max`` pools the states of every step instead (InferSent-style).
 * ``bow`` — bag of words → MLP: word order is invisible to it, which the minimal-pair test exploits.
+* ``mean_wordvec`` — the mean of the words' vectors (two-branch §3.1, W2VV eq. 2).
+* ``ngram`` / ``sse`` (bir.py), ``rcn`` (rcn.py), ``w2vv`` (w2vv.py), ``minilm`` (minilm.py).
+
+Besides ``forward`` and ``out_dim``, an encoder may define (all optional, looked up with ``getattr``):
+
+* ``fit(texts, vocab, log)`` — learn data-dependent state from the training captions before training
+  (an n-gram table, idf weights, word vectors, pretrained weights). Only training calls it; whatever it
+  learns must live in the state dict, so ``load_model`` rebuilds the encoder from ``model.pt`` alone
+  (see encoder_state.py).
+* ``encode_text(text, vocab, max_len) -> list[int]`` — the encoder tokenises raw text itself (n-gram
+  feature ids, WordPiece ids) instead of reading ``vocab`` word ids; ``JointEmbedding.encode_text_ids``
+  defers to it, so batching, ``embed_sentences`` and save/load are unchanged.
+* ``regularizer() -> tensor | None`` — a term the training loss adds, computed in the last forward (RCN
+  eq. 15: λV).
 """
 from __future__ import annotations
 
@@ -37,6 +51,15 @@ class GRUEncoder(nn.Module):
         self.out_dim = hidden
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
 
+    cfg_text: dict | None = None
+
+    def fit(self, texts, vocab, log=print) -> None:
+        """Word-vector initialisation of the embedding (RCN §IV-A, W2VV §III-A), when configured."""
+        if self.cfg_text is not None:
+            from .wordvec import init_embedding
+
+            init_embedding(self.embed.weight, vocab, self.cfg_text, texts, log=log)
+
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed(ids))
         packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
@@ -57,8 +80,10 @@ class GRUEncoder(nn.Module):
 
 @TEXT_ENCODERS.register("gru")
 def _gru(cfg_text: dict, vocab_size: int) -> nn.Module:
-    return GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
-                      cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"].get("pooling", "last"))
+    encoder = GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
+                         cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"].get("pooling", "last"))
+    encoder.cfg_text = cfg_text
+    return encoder
 
 
 class BagOfWordsEncoder(nn.Module):
@@ -85,3 +110,43 @@ class BagOfWordsEncoder(nn.Module):
 def _bow(cfg_text: dict, vocab_size: int) -> nn.Module:
     return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"].get("binary", False)),
                              cfg_text["dropout"])
+
+
+class MeanWordVectors(nn.Module):
+    """Two-branch §3.1 / W2VV eq. 2: s(q) = 1/|q| Σ_{w∈q} v(w), over the words that have a vector.
+
+    ``fit`` loads ``text.options.word_vectors``; with ``trainable: false`` (the papers: fixed GloVe /
+    word2vec features) the vectors stay as loaded."""
+
+    def __init__(self, vocab_size: int, word_dim: int, cfg_text: dict):
+        super().__init__()
+        opts = cfg_text.get("options", {})
+        self.cfg_text = cfg_text
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        # 1 for words that count in the mean; words the vectors lack are left out when fixed vectors are used
+        self.register_buffer("counted", torch.ones(vocab_size))
+        self.counted[:4] = 0
+        self.embed.weight.requires_grad_(bool(opts.get("trainable", True)))
+        self.out_dim = word_dim
+
+    def fit(self, texts, vocab, log=print) -> None:
+        from .wordvec import init_embedding
+
+        found = init_embedding(self.embed.weight, vocab, self.cfg_text, texts, log=log)
+        if found is not None and not self.embed.weight.requires_grad:
+            self.counted.copy_(found.float())
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        weights = self.counted[ids] * (ids != 0)                            # (B, T)
+        total = (self.embed(ids) * weights.unsqueeze(-1)).sum(1)
+        return total / weights.sum(1, keepdim=True).clamp(min=1.0)
+
+
+@TEXT_ENCODERS.register("mean_wordvec")
+def _mean_wordvec(cfg_text: dict, vocab_size: int) -> nn.Module:
+    return MeanWordVectors(vocab_size, cfg_text["word_dim"], cfg_text)
+
+
+# the other papers' encoders register themselves on import
+from . import bir, minilm, rcn, w2vv  # noqa: E402,F401

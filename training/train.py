@@ -27,7 +27,7 @@ from .evaluate import minimal_pairs_of, public, retrieval_metrics
 from .fileio import write_text
 from .losses import build_loss
 from .model import build_model, save_model
-from .vocab import Vocabulary, pad_batch
+from .vocab import SPECIALS, Vocabulary, pad_batch
 
 
 def set_seed(seed: int) -> None:
@@ -124,9 +124,15 @@ class Trainer:
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:
             raise ValueError(f"{dataset.name}: training needs a train and a val split "
                              f"(found train={self.train_set.n_images}, val={self.val_set.n_images})")
-        vocab = Vocabulary.build((c for r in self.train_set.images for c in r.captions),
-                                 min_count=cfg["data"]["min_word_count"])
-        self.model = build_model(cfg, vocab).to(self.device)
+        train_texts = [c for r in self.train_set.images for c in r.captions]
+        max_words = cfg["data"]["max_words"]
+        vocab = Vocabulary.build(train_texts, min_count=cfg["data"]["min_word_count"],
+                                 max_size=max_words + len(SPECIALS) if max_words else None)
+        model = build_model(cfg, vocab)
+        fit = getattr(model.text_encoder, "fit", None)
+        if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
+            fit(train_texts, vocab, log=log)
+        self.model = model.to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
         self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
@@ -162,10 +168,19 @@ class Trainer:
         return (self.warmup_loss if warm else self.loss_fn)(sim, img_idx)
 
     def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
-        images, ids, lengths, img_idx = batch
-        img_emb = image_inputs_to_embedding(self.model, kind, images.to(self.device))
-        cap_emb = self.model.embed_texts(ids.to(self.device), lengths.to(self.device))
-        return self.ranking_loss(self.model.score(img_emb, cap_emb), img_idx.to(self.device), warm)
+        images, ids, lengths, img_idx = (x.to(self.device) for x in batch)
+        model = self.model
+        if getattr(self.loss_fn, "on_pairs", False):
+            # W2VV eqs. 8-9: the loss compares each caption's prediction with its image, un-normalised
+            feats = images if kind == "features" else model.image_features(model.preprocess.normalize(images))
+            loss = self.loss_fn(model.project_texts(ids, lengths), model.project_features(feats))
+        else:
+            img_emb = image_inputs_to_embedding(model, kind, images)
+            cap_emb = model.embed_texts(ids, lengths)
+            loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
+        regularizer = getattr(model.text_encoder, "regularizer", None)
+        extra = regularizer() if regularizer is not None else None
+        return loss if extra is None else loss + extra      # e.g. RCN eq. 15: L' = L + λV
 
     def epoch_log(self) -> dict:
         """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here)."""
@@ -193,9 +208,8 @@ class Trainer:
         train_source = self.source(self.train_set, stage.backbone_trainable)
         val_source = self.source(self.val_set, stage.backbone_trainable)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(params, lr=stage.lr, weight_decay=t["weight_decay"])
-        # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
-        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
+        optimizer = build_optimizer(t, params, stage.lr)
+        scheduler = build_scheduler(t, optimizer)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
         bad_epochs = 0
@@ -219,13 +233,16 @@ class Trainer:
                 optimizer.step()
                 losses.append(loss.item())
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            scheduler.step()
+            if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
                       "loss": round(float(np.mean(losses)), 5) if losses else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
                 val = self.validate(val_source)
                 record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
+                if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    scheduler.step(val["rsum"])
                 if val["rsum"] > self.best_rsum:
                     self.best_rsum, bad_epochs = val["rsum"], 0
                     record["best"] = True
@@ -243,6 +260,28 @@ class Trainer:
                 self.log(f"early stop: no validation R-sum gain in {bad_epochs} epochs")
                 return False
         return True
+
+
+def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:
+    opts = dict(t["optimizer_options"])
+    if t["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
+        return torch.optim.RMSprop(params, lr=lr, weight_decay=t["weight_decay"],
+                                   **{"alpha": 0.9, "eps": 1e-6, **opts})
+    if t["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
+        return torch.optim.SGD(params, lr=lr, weight_decay=t["weight_decay"], **opts)
+    return torch.optim.Adam(params, lr=lr, weight_decay=t["weight_decay"], **opts)
+
+
+def build_scheduler(t: dict, optimizer: torch.optim.Optimizer):
+    if t["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=t["lr_decay_factor"],
+                                                          patience=t["lr_plateau_patience"] - 1)
+    if t["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
+        horizon, final = max(1, t["lr_decay_epochs"]), t["lr_final_factor"]
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
+    # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
 
 
 def train(cfg: dict, data, out_dir, progress: bool = True, log=print) -> dict:

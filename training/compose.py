@@ -1,0 +1,49 @@
+"""Multimodal query composition (W2VV §IV-C, Fig. 5): a query image's vector plus and/or minus the
+predicted vectors of words, e.g. an image of a bicycle street scene − "bicycle" + "motorbike".
+
+In W2VV the space is the visual feature space, so the composed query is φ(x) + Σ r(w_add) − Σ r(w_sub)
+with r the sentence-to-visual-feature network; for any other jointspace model the same sum is taken in its
+common space before normalisation. The result is normalised by the model's similarity, ready to be scored
+against image embeddings (``model.score``) or searched in an index of them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from PIL import Image
+
+from .preprocess import open_image
+from .vocab import pad_batch
+
+
+@torch.no_grad()
+def image_features_of(model, image: str | Path | Image.Image) -> torch.Tensor:
+    """A query image (path or PIL image) → its backbone features ``(D,)``."""
+    picture = image if isinstance(image, Image.Image) else open_image(image)
+    device = next(model.parameters()).device
+    pixels = model.preprocess(picture).unsqueeze(0).to(device)          # (1, crops, 3, S, S)
+    return model.image_features(pixels)[0]
+
+
+@torch.no_grad()
+def compose_query(model, image_features: torch.Tensor, add: Sequence[str] = (),
+                  subtract: Sequence[str] = ()) -> torch.Tensor:
+    """W2VV §IV-C: normalise(proj(φ(x)) + Σ_add r(w) − Σ_subtract r(w)) → ``(E,)``.
+
+    ``image_features``: the query image's backbone features ``(D,)`` (``image_features_of``); each entry of
+    ``add`` / ``subtract`` is a word or phrase, encoded as a sentence. Raises ValueError on an empty word."""
+    for text in [*add, *subtract]:
+        if not text or not text.strip():
+            raise ValueError("query composition words must not be empty")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    query = model.project_features(image_features.to(device).view(1, -1))[0]
+    for texts, sign in ((add, 1.0), (subtract, -1.0)):
+        if texts:
+            ids, lengths = pad_batch(model.encode_text_ids(list(texts)))
+            query = query + sign * model.project_texts(ids.to(device), lengths.to(device)).sum(0)
+    model.train(was_training)
+    return model.similarity.normalize(query.view(1, -1))[0]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 import uvicorn
@@ -183,13 +184,25 @@ def _api(server, path, **kwargs):
     return r.json()["results"]
 
 
+def _same_picture(a: Path, b: Path) -> bool:
+    """Same size and no pixel off by more than a few levels (Chromium's anti-aliasing varies a little run to run)."""
+    with Image.open(a) as x, Image.open(b) as y:
+        if x.size != y.size:
+            return False
+        diff = np.abs(np.asarray(x.convert("RGB"), np.int16) - np.asarray(y.convert("RGB"), np.int16))
+        return int(diff.max()) <= 8
+
+
 def _screenshot(page, tmp_path, name, publish=False):
-    """A PNG of the page under the test's tmp dir; ``publish``: also the copy in docs/screenshots/ (README)."""
+    """A PNG of the page under the test's tmp dir; ``publish``: also the copy in docs/screenshots/ (README), which
+    is rewritten only when the page looks different, so a test run does not churn a committed binary file."""
     path = tmp_path / name
     page.screenshot(path=str(path))
     if publish:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, SCREENSHOTS / name)
+        target = SCREENSHOTS / name
+        if not target.exists() or not _same_picture(path, target):
+            shutil.copyfile(path, target)
     return path
 
 

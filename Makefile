@@ -5,8 +5,10 @@ BIN    := $(VENV)/bin
 DEMO   := demo
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# the browser tests (tests/test_web.py) drive Debian's Chromium with Playwright's Python package
+CHROMIUM_PACKAGES := chromium chromium-driver fonts-dejavu-core
 
-.PHONY: install test demo clean
+.PHONY: install test demo clean chromium
 
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +18,30 @@ $(BIN)/jointspace: pyproject.toml constraints.txt
 
 install: $(BIN)/jointspace  ## create .venv and install the pinned project
 
-test: $(BIN)/jointspace  ## the whole test suite
+test: $(BIN)/jointspace chromium  ## the whole test suite
 	$(BIN)/python -m pytest -q
+
+chromium:  ## Chromium for the browser tests: installed with apt-get when missing (root), else a loud warning
+	@if [ -n "$$JOINTSPACE_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "Chromium is missing: apt-get install $(CHROMIUM_PACKAGES) (for tests/test_web.py)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq -o DPkg::Lock::Timeout=300 \
+		&& apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $(CHROMIUM_PACKAGES) \
+		|| echo "!!!!! Chromium could not be installed: the browser tests (tests/test_web.py) will not run !!!!!"; \
+	else \
+		echo "!!!!! Chromium is not installed and cannot be installed here (needs root and apt-get):"; \
+		echo "!!!!! the browser tests (tests/test_web.py) will be SKIPPED. Install it with:"; \
+		echo "!!!!!     sudo apt-get install $(CHROMIUM_PACKAGES)"; \
+		echo "!!!!! or set JOINTSPACE_CHROMIUM to a Chromium binary."; \
+	fi
 
 demo: $(DEMO)/index/CURRENT $(DEMO)/eval.json  ## synthetic data → train configs/demo.yaml → index → serve on :8000
 	@echo ""
-	@echo "jointspace demo: http://$(HOST):$(PORT)   (API docs: http://$(HOST):$(PORT)/docs, Ctrl-C stops)"
-	@echo "try, from another terminal:"
+	@echo "jointspace demo: open http://$(HOST):$(PORT)/ in a browser to search the demo gallery"
+	@echo "  (API docs: http://$(HOST):$(PORT)/docs; Ctrl-C stops)"
+	@echo "or try the API from another terminal:"
 	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/images -H 'content-type: application/json' \\"
 	@echo "       -d '{\"text\": \"a red circle above a blue square\", \"k\": 5}'"
 	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/captions -F image=@$$(ls $(DEMO)/data/images/* | head -n 1) -F k=5"

@@ -1,8 +1,9 @@
 """The FastAPI application factory: ``create_app(settings)``.
 
 Routes: the ``/v1`` API (service/routes.py), plus ``/healthz`` (process alive), ``/readyz`` (model and index
-loaded) and ``/metrics`` (Prometheus), which stay open when an API key is set. OpenAPI at ``/docs``. ``GET /``
-is left free for the web page. Every error is JSON ``{"detail": "..."}``.
+loaded; also what the web page needs to know) and ``/metrics`` (Prometheus), which stay open when an API key is
+set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/docs``. Every error is JSON
+``{"detail": "..."}``.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .metrics import Metrics, MetricsMiddleware
 from .middleware import BodyLimitMiddleware, InFlightMiddleware
+from .page import add_page
 from .routes import router
 from .schemas import Health, Ready
 from .settings import Settings
@@ -47,6 +49,7 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     app.state.service = state
     app.include_router(router)
     _add_operational_routes(app, state, metrics)
+    add_page(app)
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
     app.add_middleware(InFlightMiddleware, counts=state.inflight)
@@ -67,7 +70,9 @@ def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics)
             return JSONResponse({"status": status, "detail": f"not ready ({status})"}, status_code=503)
         return Ready(status="ready", model_fingerprint=state.model.fingerprint,
                      index_generation=state.gallery.generation, images=state.gallery.images.ntotal,
-                     captions=state.gallery.captions.ntotal, device=str(state.device))
+                     captions=state.gallery.captions.ntotal, device=str(state.device),
+                     decoder=state.has_decoder, api_key_required=state.settings.api_key is not None,
+                     max_k=state.settings.max_k)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
     async def prometheus():

@@ -78,3 +78,7 @@ class Ready(BaseModel):
     images: int | None = None
     captions: int | None = None
     device: str | None = None
+    decoder: bool | None = Field(None, description="the model has a caption/paraphrase decoder, which /v1/captions "
+                                                   "and /v1/paraphrases need (they answer 501 without one)")
+    api_key_required: bool | None = Field(None, description="/v1/* needs the API key (X-API-Key or Bearer)")
+    max_k: int | None = Field(None, description="the largest k a search may ask for")

@@ -43,8 +43,10 @@ def cmd_serve(args) -> int:
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
     gallery = Gallery.load(settings.index, model=model, device=device)     # refuses another model's index
-    print(f"serving {gallery.images.ntotal} images and {gallery.captions.ntotal} captions on "
-          f"http://{settings.host}:{settings.port} (docs: /docs)", flush=True)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
+          f"{gallery.captions.ntotal} captions; API docs: /docs)", flush=True)
     uvicorn.run(create_app(settings, model=model, gallery=gallery), host=settings.host, port=settings.port,
                 log_level=args.log_level, access_log=False)
     return 0

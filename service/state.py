@@ -73,6 +73,11 @@ class ServiceState:
     def ready(self) -> bool:
         return self.engine is not None
 
+    @property
+    def has_decoder(self) -> bool:
+        """The loaded model carries a caption/paraphrase decoder (Show, Translate and Tell)."""
+        return getattr(self.model, "decoder", None) is not None
+
     def _search_texts(self, items):
         return self.engine.search_texts(items)
 

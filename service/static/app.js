@@ -1,0 +1,345 @@
+// The search page: sentence → gallery images, image → ranked (and, with a decoder, generated) captions,
+// sentence → paraphrases. Everything it shows comes from the /v1 API through api.js.
+import { ApiError, auth, imageURL, readiness, request, requestJSON } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+const el = {
+  status: $("status"), error: $("error"), results: $("results"),
+  keyForm: $("key-form"), keyInput: $("api-key"), keyHint: $("key-hint"),
+  textForm: $("text-form"), query: $("query"), k: $("k"), searchButton: $("search-button"),
+  drop: $("drop"), file: $("image-file"),
+  paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
+  dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"),
+  dialogCaptions: $("detail-captions"), dialogError: $("detail-error"), dialogClose: $("detail-close"),
+};
+
+const K_CHOICES = [5, 10, 20, 50, 100];
+const THUMBNAIL = 256;
+const LARGE = 640;
+const DETAIL_CAPTIONS = 5;
+
+const config = { ready: false, decoder: false, keyRequired: false, maxK: 100 };
+let action = null;            // AbortController of the search whose results the page is waiting for
+let releases = [];            // revoke() of every blob: URL the results show
+let detailAction = null;
+let detailOpener = null;
+
+// --- small helpers ---------------------------------------------------------------------------------------------
+
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("data-") || name.startsWith("aria-")) node.setAttribute(name, value);
+    else node[name] = value;
+  }
+  node.append(...children.filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const score = (value) => value.toFixed(3);
+const k = () => Number(el.k.value) || 10;
+const isAbort = (err) => err && err.name === "AbortError";
+
+function message(err) {
+  return err instanceof ApiError ? err.summary : `Unexpected error: ${err.message || err}`;
+}
+
+function showError(err) {
+  el.error.textContent = message(err);
+  el.error.hidden = false;
+}
+
+function clearError() {
+  el.error.hidden = true;
+  el.error.textContent = "";
+}
+
+function releaseImages() {
+  releases.forEach((revoke) => revoke());
+  releases = [];
+}
+
+// Starts a new action: the previous one is cancelled, so late answers never overwrite newer results.
+function begin(label) {
+  action?.abort();
+  action = new AbortController();
+  clearError();
+  releaseImages();
+  el.results.setAttribute("aria-busy", "true");
+  el.results.replaceChildren(h("p", { class: "loading", text: label }));
+  return action.signal;
+}
+
+function end(signal, err) {
+  if (signal.aborted) return;           // a newer action owns the results now
+  el.results.setAttribute("aria-busy", "false");
+  if (err) {
+    el.results.replaceChildren();
+    showError(err);
+  }
+}
+
+async function showImage(img, id, size, signal) {
+  try {
+    const { url, revoke } = await imageURL(id, size, signal);
+    releases.push(revoke);
+    img.src = url;
+  } catch (err) {
+    if (!isAbort(err)) img.alt = `${img.alt} (${message(err)})`;
+  }
+}
+
+// --- readiness and the API key ---------------------------------------------------------------------------------
+
+function setControls(enabled) {
+  el.searchButton.disabled = !enabled;
+  el.file.disabled = !enabled;
+  el.drop.classList.toggle("disabled", !enabled);
+}
+
+function fillK(maxK) {
+  const choices = K_CHOICES.filter((v) => v <= maxK);
+  if (!choices.includes(maxK) && maxK < K_CHOICES.at(-1)) choices.push(maxK);
+  const selected = choices.includes(10) ? 10 : choices.at(-1);
+  el.k.replaceChildren(...choices.map((v) => h("option", { value: String(v), text: String(v), selected: v === selected })));
+}
+
+function configure(ready) {
+  config.ready = true;
+  config.decoder = Boolean(ready.decoder);
+  config.keyRequired = Boolean(ready.api_key_required);
+  config.maxK = ready.max_k || 100;
+  fillK(config.maxK);
+  el.status.textContent = `Ready: ${ready.images} images, ${ready.captions} captions` +
+    (config.decoder ? ", caption generator on" : "");
+  el.paraphraseForm.hidden = !config.decoder;
+  setControls(true);
+  if (config.keyRequired && !auth.key) askForKey("This service needs an API key for searches.");
+}
+
+async function connect() {
+  setControls(false);
+  fillK(100);
+  for (;;) {
+    let ready;
+    try {
+      ready = await readiness();
+    } catch (err) {
+      el.status.textContent = "Cannot reach the service; retrying…";
+      await sleep(2000);
+      continue;
+    }
+    if (ready.ok) return configure(ready.body);
+    const status = String(ready.body.status || "");
+    if (status.startsWith("error")) {
+      el.status.textContent = "The service could not load its model or index.";
+      showError(new ApiError(ready.status, ready.body.detail || status));
+      return;
+    }
+    el.status.textContent = `Loading the model and index… (${ready.body.detail || status})`;
+    await sleep(1000);
+  }
+}
+
+function askForKey(detail) {
+  auth.key = "";
+  el.keyHint.textContent = detail;
+  el.keyForm.hidden = false;
+  el.keyInput.focus();
+}
+
+auth.onUnauthorized = askForKey;
+
+el.keyForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  auth.key = el.keyInput.value.trim();
+  el.keyInput.value = "";
+  el.keyForm.hidden = true;
+  clearError();
+  el.query.focus();
+});
+
+// --- sentence → images -------------------------------------------------------------------------------------------
+
+async function searchText(text) {
+  const signal = begin("Searching…");
+  try {
+    const { results } = await requestJSON("v1/search/images", { json: { text, k: k() }, signal });
+    if (signal.aborted) return;
+    renderImages(text, results, signal);
+    end(signal);
+  } catch (err) {
+    if (!isAbort(err)) end(signal, err);
+  }
+}
+
+function renderImages(text, results, signal) {
+  const heading = h("h2", { text: results.length ? `Top ${results.length} images for “${text}”` : "The gallery is empty." });
+  const grid = h("ul", { class: "grid" });
+  for (const hit of results) {
+    const img = h("img", { alt: `Gallery image ${hit.id}`, width: 160, height: 160 });
+    const button = h("button", { type: "button", class: "hit", "data-id": String(hit.id),
+                                 "aria-label": `Gallery image ${hit.id}, score ${score(hit.score)}: show it larger` },
+                     img, h("span", { class: "score", text: score(hit.score) }));
+    button.addEventListener("click", () => openDetail(hit.id, button));
+    grid.append(h("li", {}, button));
+    showImage(img, hit.id, THUMBNAIL, signal);
+  }
+  el.results.replaceChildren(heading, grid);
+}
+
+el.textForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  searchText(el.query.value);           // sent as typed: the API says what is wrong with it
+});
+
+// --- a gallery image, larger, with its nearest captions -----------------------------------------------------------
+
+function renderCaptionList(list, results) {
+  list.replaceChildren(...results.map((hit) => h("li", {}, h("div", { class: "ranked" },
+    h("span", { class: "caption", text: hit.caption }), h("span", { class: "score", text: score(hit.score) })))));
+  if (!results.length) list.append(h("li", { text: "No captions in the corpus." }));
+}
+
+async function openDetail(id, opener) {
+  detailAction?.abort();
+  detailAction = new AbortController();
+  const signal = detailAction.signal;
+  detailOpener = opener;
+  el.dialogTitle.textContent = `Gallery image ${id}`;
+  el.dialogImage.removeAttribute("src");
+  el.dialogImage.alt = `Gallery image ${id}`;
+  el.dialogError.hidden = true;
+  el.dialogCaptions.replaceChildren(h("li", { class: "loading", text: "Finding captions…" }));
+  el.dialogCaptions.setAttribute("aria-busy", "true");
+  if (!el.dialog.open) el.dialog.showModal();
+  el.dialogClose.focus();
+  showImage(el.dialogImage, id, LARGE, signal);
+  try {
+    const { results } = await requestJSON("v1/search/captions",
+                                          { json: { image_id: id, k: Math.min(DETAIL_CAPTIONS, config.maxK) }, signal });
+    renderCaptionList(el.dialogCaptions, results);
+  } catch (err) {
+    if (isAbort(err)) return;
+    el.dialogCaptions.replaceChildren();
+    el.dialogError.textContent = message(err);
+    el.dialogError.hidden = false;
+  } finally {
+    if (!signal.aborted) el.dialogCaptions.setAttribute("aria-busy", "false");
+  }
+}
+
+el.dialogClose.addEventListener("click", () => el.dialog.close());
+el.dialog.addEventListener("click", (event) => {
+  if (event.target === el.dialog) el.dialog.close();          // a click on the backdrop
+});
+el.dialog.addEventListener("close", () => {
+  detailAction?.abort();
+  detailOpener?.focus();
+});
+
+// --- image → captions ----------------------------------------------------------------------------------------------
+
+function imageForm(file, withK) {
+  const form = new FormData();
+  form.append("image", file, file.name || "image");
+  if (withK) form.append("k", String(k()));
+  return form;
+}
+
+async function searchImage(file) {
+  const signal = begin(`Finding captions for ${file.name || "the image"}…`);
+  const ranked = requestJSON("v1/search/captions", { form: imageForm(file, true), signal });
+  const generated = config.decoder ? requestJSON("v1/captions", { form: imageForm(file, false), signal }) : null;
+  generated?.catch(() => {});           // handled below, after the ranked captions
+  try {
+    const { results } = await ranked;
+    if (signal.aborted) return;
+    const preview = URL.createObjectURL(file);
+    releases.push(() => URL.revokeObjectURL(preview));
+    const slot = generated ? h("p", { class: "generated loading", text: "Generating a caption…" }) : null;
+    const list = h("ol", { class: "captions" });
+    renderCaptionList(list, results);
+    el.results.replaceChildren(
+      h("h2", { text: `Captions for ${file.name || "your image"}` }),
+      h("div", { class: "upload" },
+        h("img", { src: preview, alt: `Your image ${file.name || ""}`.trim(), class: "preview" }),
+        h("div", {}, slot, h("h3", { text: `Nearest ${results.length} captions in the corpus` }), list)));
+    end(signal);
+    if (generated) await showGenerated(generated, slot, signal);
+  } catch (err) {
+    if (!isAbort(err)) end(signal, err);
+  }
+}
+
+async function showGenerated(pending, slot, signal) {
+  try {
+    const { captions } = await pending;
+    slot.classList.remove("loading");
+    slot.replaceChildren(h("strong", { text: "Generated: " }), captions.length ? captions[0] : "(no caption)");
+  } catch (err) {
+    if (isAbort(err) || signal.aborted) return;
+    slot.classList.remove("loading");
+    if (err instanceof ApiError && err.status === 501) {
+      config.decoder = false;           // this service cannot generate: stop offering it
+      slot.classList.add("note");
+      slot.textContent = `Caption generation is not available: ${err.detail}`;
+    } else {
+      slot.classList.add("error");
+      slot.textContent = `Caption generation failed. ${message(err)}`;
+    }
+  }
+}
+
+el.file.addEventListener("change", () => {
+  const [file] = el.file.files;
+  el.file.value = "";                   // choosing the same file again searches again
+  if (file) searchImage(file);
+});
+
+for (const type of ["dragenter", "dragover"]) {
+  el.drop.addEventListener(type, (event) => {
+    event.preventDefault();
+    if (!el.file.disabled) el.drop.classList.add("over");
+  });
+}
+el.drop.addEventListener("dragleave", () => el.drop.classList.remove("over"));
+el.drop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  el.drop.classList.remove("over");
+  if (el.file.disabled) return;
+  const [file] = event.dataTransfer.files;
+  if (file) searchImage(file);
+  else showError(new ApiError(0, "Drop an image file (JPEG, PNG, GIF, WebP, BMP or TIFF)."));
+});
+
+// --- sentence → paraphrases (with a decoder) -------------------------------------------------------------------
+
+el.paraphraseForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = el.paraphraseText.value;
+  const signal = begin("Paraphrasing…");
+  try {
+    const { paraphrases } = await requestJSON("v1/paraphrases", { json: { text, n: 5 }, signal });
+    if (signal.aborted) return;
+    el.results.replaceChildren(h("h2", { text: `Paraphrases of “${text}”` }),
+                               h("ol", { class: "captions" }, ...paraphrases.map((p) => h("li", { text: p }))));
+    end(signal);
+  } catch (err) {
+    if (isAbort(err)) return;
+    if (err instanceof ApiError && err.status === 501) {
+      end(signal);
+      el.results.replaceChildren();
+      for (const control of el.paraphraseForm.elements) control.disabled = true;
+      el.paraphraseNote.textContent = `Paraphrasing is not available: ${err.detail}`;
+      el.paraphraseNote.hidden = false;
+    } else {
+      end(signal, err);
+    }
+  }
+});
+
+connect();

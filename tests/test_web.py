@@ -1,0 +1,400 @@
+"""The web search page at ``GET /``, end to end: the real app served by uvicorn on a localhost port (a real tiny
+model and a real FAISS index, from the session fixtures) and driven in a real headless Chromium — Debian's
+``chromium`` package, driven by Playwright's Python package (its own browser download is not used).
+
+``make test`` installs Chromium with apt-get when it is missing. Where it truly cannot be installed, only the
+browser tests skip, with the reason in the summary; under CI (``CI`` set) they fail instead, because CI must run
+them.
+"""
+import io
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import uvicorn
+from PIL import Image
+
+from index.gallery import Gallery
+from service.app import create_app
+from service.settings import Settings
+from training.data import load_dataset
+from training.model import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
+QUERY = "a red circle above a blue square"
+TIMEOUT_MS = 20_000
+
+
+def _chromium() -> str | None:
+    given = os.environ.get("JOINTSPACE_CHROMIUM")
+    if given:
+        return given
+    if Path("/usr/bin/chromium").is_file():
+        return "/usr/bin/chromium"
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _missing_browser() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package 'playwright' is not installed (it is in the dev extra: pip install -e '.[dev]')"
+    chromium = _chromium()
+    if chromium is not None and not Path(chromium).is_file():
+        return f"JOINTSPACE_CHROMIUM={chromium} is not a file"
+    if chromium is None:
+        return ("Chromium is not installed (Debian: apt-get install chromium chromium-driver, which `make test` "
+                "runs as root; or set JOINTSPACE_CHROMIUM to a Chromium binary)")
+    return None
+
+
+# --- the real app on a localhost port ---------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """``create_app(...)`` served by uvicorn on 127.0.0.1 in a background thread of this process."""
+
+    def __init__(self, app):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def _settings(tiny_model_path, tiny_index_dir, **extra):
+    return Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_k=50,
+                    max_upload_bytes=200_000, **extra)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tiny_index_dir):
+    with LiveServer(create_app(_settings(tiny_model_path, tiny_index_dir))) as live:
+        yield live
+
+
+# --- the browser ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    reason = _missing_browser()
+    if reason is not None:
+        message = f"BROWSER TESTS NOT RUN: {reason}"
+        if os.environ.get("CI"):
+            pytest.fail(message + " — CI must run them", pytrace=False)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")           # a fresh user-data-dir
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=_chromium(), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1100, "height": 820}, device_scale_factor=1, reduced_motion="reduce")
+        context.set_default_timeout(TIMEOUT_MS)
+        yield context
+        context.close()
+
+
+class Tab:
+    """A new tab (its own sessionStorage) that records uncaught script errors and every URL it requested."""
+
+    def __init__(self, context):
+        self.page = context.new_page()
+        self.script_errors, self.requests = [], []
+        self.page.on("pageerror", lambda err: self.script_errors.append(str(err)))
+        self.page.on("request", lambda req: self.requests.append(req.url))
+
+    def open(self, url):
+        self.page.goto(url + "/")
+        return self.page
+
+
+@pytest.fixture
+def tab(browser):
+    t = Tab(browser)
+    yield t
+    t.page.close()
+    assert t.script_errors == [], t.script_errors
+
+
+def _wait_ready(page):
+    page.wait_for_function("() => document.getElementById('status').textContent.startsWith('Ready')")
+
+
+def _wait_error(page, start):
+    page.wait_for_function("start => document.getElementById('error').textContent.startsWith(start)", arg=start)
+
+
+def _images_loaded(page, selector):
+    page.wait_for_function("""selector => {
+        const imgs = [...document.querySelectorAll(selector)];
+        return imgs.length > 0 && imgs.every((img) => img.complete && img.naturalWidth > 0);
+    }""", arg=selector)
+
+
+def _search(page, text, k=None):
+    if k is not None:
+        page.select_option("#k", str(k))
+    page.fill("#query", text)
+    page.press("#query", "Enter")
+
+
+def _hits(page):
+    page.wait_for_selector("#results[aria-busy=false] .hit")
+    return page.eval_on_selector_all(".hit", "els => els.map(e => [Number(e.dataset.id), "
+                                              "Number(e.querySelector('.score').textContent)])")
+
+
+def _captions(page, selector):
+    return page.eval_on_selector_all(f"{selector} li", "els => els.map(e => [e.querySelector('.caption').textContent, "
+                                                       "Number(e.querySelector('.score').textContent)])")
+
+
+def _api(server, path, **kwargs):
+    r = httpx.post(server.url + path, timeout=30, **kwargs)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+def _same_picture(a: Path, b: Path) -> bool:
+    """Same size and no pixel off by more than a few levels (Chromium's anti-aliasing varies a little run to run)."""
+    with Image.open(a) as x, Image.open(b) as y:
+        if x.size != y.size:
+            return False
+        diff = np.abs(np.asarray(x.convert("RGB"), np.int16) - np.asarray(y.convert("RGB"), np.int16))
+        return int(diff.max()) <= 8
+
+
+def _screenshot(page, tmp_path, name, publish=False):
+    """A PNG of the page under the test's tmp dir; ``publish``: also the copy in docs/screenshots/ (README), which
+    is rewritten only when the page looks different, so a test run does not churn a committed binary file."""
+    path = tmp_path / name
+    page.screenshot(path=str(path))
+    if publish:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        target = SCREENSHOTS / name
+        if not target.exists() or not _same_picture(path, target):
+            shutil.copyfile(path, target)
+    return path
+
+
+# --- the page without a browser ------------------------------------------------------------------------------------
+
+def test_page_and_its_assets_are_served_by_the_app(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "http" not in csp                 # nothing from another origin
+    assert "http://" not in page.text and "https://" not in page.text
+    for asset, media in (("app.js", "javascript"), ("api.js", "javascript"), ("style.css", "text/css"),
+                         ("favicon.svg", "image/svg+xml")):
+        r = httpx.get(f"{server.url}/static/{asset}")
+        assert r.status_code == 200 and media in r.headers["content-type"], asset
+        assert "https://" not in r.text.replace("http://www.w3.org/2000/svg", ""), asset
+    assert httpx.get(server.url + "/static/nothing.js").status_code == 404
+    ready = httpx.get(server.url + "/readyz").json()
+    assert ready["decoder"] is False and ready["api_key_required"] is False and ready["max_k"] == 50
+    assert "/" not in httpx.get(server.url + "/openapi.json").json()["paths"]
+
+
+# --- in the browser --------------------------------------------------------------------------------------------------
+
+def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth_small):
+    page = tab.open(server.url)
+    _wait_ready(page)
+    assert page.evaluate("document.activeElement.id") == "query"             # type at once, press Enter
+    page.keyboard.type(QUERY)
+    page.keyboard.press("Enter")
+    hits = _hits(page)
+    expected = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})           # the default k
+    assert [i for i, _ in hits] == [x["id"] for x in expected]
+    assert [s for _, s in hits] == pytest.approx([x["score"] for x in expected], abs=1e-3)
+    assert page.inner_text("#results h2") == f"Top 10 images for “{QUERY}”"
+    _images_loaded(page, ".hit img")
+    assert all(src.endswith("?size=256") for src in page.eval_on_selector_all(".hit img", "els => els.map(e => e.src)"))
+    assert page.is_hidden("#error") and page.is_hidden("#paraphrase-form")  # no decoder in this model
+
+    _search(page, QUERY, k=5)
+    page.wait_for_function("() => document.querySelectorAll('.hit').length === 5")
+    assert [i for i, _ in _hits(page)] == [x["id"] for x in expected[:5]]
+    _images_loaded(page, ".hit img")
+    shot = _screenshot(page, tmp_path, "search.png", publish=True)
+    assert Image.open(shot).size == (1100, 820)
+
+    # keyboard: Enter on a result opens it larger with its nearest captions; Escape closes and returns focus
+    first = page.locator(".hit").first
+    first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li .caption")
+    image_id = expected[0]["id"]
+    assert page.inner_text("#detail-title") == f"Gallery image {image_id}"
+    shown = _captions(page, "#detail-captions")
+    nearest = _api(server, "/v1/search/captions", json={"image_id": image_id, "k": 5})
+    assert [c for c, _ in shown] == [x["caption"] for x in nearest]
+    corpus = {c for r in load_dataset(synth_small).images for c in r.captions}
+    assert all(c in corpus for c, _ in shown)
+    _images_loaded(page, "#detail-image")
+    assert page.get_attribute("#detail-image", "src").endswith("?size=640")
+    _screenshot(page, tmp_path, "detail.png")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#detail", state="hidden")
+    assert page.evaluate("document.activeElement.dataset.id") == str(image_id)
+
+    # everything the page loaded came from the app itself: no CDN, no other origin
+    assert tab.requests and all(url.startswith(server.url + "/") for url in tab.requests), tab.requests
+
+
+def test_an_image_shows_its_ranked_captions(server, tab, tiny_index_dir, tmp_path):
+    page = tab.open(server.url)
+    _wait_ready(page)
+    path = Path(Gallery.load(tiny_index_dir).meta.image(3).path)
+    expected = _api(server, "/v1/search/captions", files={"image": (path.name, path.read_bytes())}, data={"k": "10"})
+
+    page.set_input_files("#image-file", str(path))                          # "Choose an image"
+    page.wait_for_selector("#results[aria-busy=false] .captions li")
+    shown = _captions(page, "#results .captions")
+    assert [c for c, _ in shown] == [x["caption"] for x in expected]
+    assert [s for _, s in shown] == pytest.approx([x["score"] for x in expected], abs=1e-3)
+    assert page.inner_text("#results h2") == f"Captions for {path.name}"
+    _images_loaded(page, "#results img.preview")
+    assert page.query_selector(".generated") is None                        # this model has no decoder
+    _screenshot(page, tmp_path, "captions.png")
+
+    # dropping a file on the drop zone does the same
+    other = Path(Gallery.load(tiny_index_dir).meta.image(5).path)
+    want = _api(server, "/v1/search/captions", files={"image": (other.name, other.read_bytes())}, data={"k": "5"})
+    page.select_option("#k", "5")
+    page.evaluate("""([bytes, name]) => {
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([new Uint8Array(bytes)], name, {type: "image/png"}));
+        document.getElementById("drop").dispatchEvent(new DragEvent("drop", {dataTransfer: transfer, bubbles: true}));
+    }""", [list(other.read_bytes()), other.name])
+    page.wait_for_function("name => document.querySelector('#results h2')?.textContent === `Captions for ${name}`",
+                           arg=other.name)
+    page.wait_for_selector("#results[aria-busy=false] .captions li")
+    assert [c for c, _ in _captions(page, "#results .captions")] == [x["caption"] for x in want]
+
+
+def test_errors_from_the_api_are_shown(server, tab, tmp_path):
+    page = tab.open(server.url)
+    _wait_ready(page)
+    _search(page, "   ")                                                   # only whitespace: the API says 422
+    page.wait_for_selector("#error:not([hidden])")
+    error = page.inner_text("#error")
+    assert error.startswith("Error 422:") and "whitespace" in error, error
+    assert page.get_attribute("#error", "role") == "alert"
+    assert page.eval_on_selector("#results", "e => e.children.length") == 0
+    assert page.get_attribute("#results", "aria-busy") == "false"
+
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("these are words, not pixels")
+    page.set_input_files("#image-file", str(not_an_image))
+    _wait_error(page, "Error 415")
+    assert "not an image" in page.inner_text("#error")
+
+    big = io.BytesIO()
+    Image.effect_noise((400, 400), 100).convert("RGB").save(big, "PNG")     # over max_upload_bytes: 413
+    (tmp_path / "big.png").write_bytes(big.getvalue())
+    page.set_input_files("#image-file", str(tmp_path / "big.png"))
+    _wait_error(page, "Error 413")
+    assert "larger than" in page.inner_text("#error")
+
+    _search(page, QUERY)                                                    # the next good search clears it
+    assert len(_hits(page)) == 10 and page.is_hidden("#error")
+
+
+def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_dir, tab):
+    with LiveServer(create_app(_settings(tiny_model_path, tiny_index_dir, api_key="s3cret"))) as live:
+        page = tab.open(live.url)
+        page.wait_for_selector("#key-form:not([hidden])")
+        assert page.evaluate("document.activeElement.id") == "api-key"
+        page.keyboard.type("wrong")
+        page.keyboard.press("Enter")
+        _search(page, QUERY)
+        _wait_error(page, "Error 401")
+        assert "API key" in page.inner_text("#error")
+        page.wait_for_selector("#key-form:not([hidden])")                   # asked again, with the API's reason
+        assert "API key" in page.inner_text("#key-hint")
+
+        page.fill("#api-key", "s3cret")
+        page.press("#api-key", "Enter")
+        _search(page, QUERY)
+        assert len(_hits(page)) == 10 and page.is_hidden("#error")
+        _images_loaded(page, ".hit img")                                    # fetched with the key header
+        assert all(src.startswith("blob:") for src in page.eval_on_selector_all(".hit img", "els => els.map(e => e.src)"))
+        page.locator(".hit").first.click()
+        page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li .caption")
+        _images_loaded(page, "#detail-image")
+
+
+def test_a_decoder_model_gets_its_features_and_survives_501(tiny_model_path, tiny_index_dir, tab):
+    """A model that carries a decoder turns the page's caption generation and paraphrase box on. Generation is
+    wired into the routes by the Show-Translate-Tell issue; until then this service answers 501 for such a model
+    too, and the page must say so instead of breaking."""
+    model = load_model(tiny_model_path)
+    gallery = Gallery.load(tiny_index_dir, model=model)
+    model.decoder = torch.nn.GRU(32, 32)        # the service only asks whether the model has one
+    settings = _settings(tiny_model_path, tiny_index_dir)
+    with LiveServer(create_app(settings, model=model, gallery=gallery)) as live:
+        assert httpx.get(live.url + "/readyz").json()["decoder"] is True
+        page = tab.open(live.url)
+        _wait_ready(page)
+        assert "caption generator on" in page.inner_text("#status")
+        assert page.is_visible("#paraphrase-form")
+
+        path = Path(gallery.meta.image(0).path)
+        page.set_input_files("#image-file", str(path))
+        page.wait_for_selector("#results .generated.note")
+        assert page.inner_text("#results .generated").startswith("Caption generation is not available")
+        assert "decoder" in page.inner_text("#results .generated")
+        assert len(_captions(page, "#results .captions")) == 10             # the ranked captions still come
+        assert page.is_hidden("#error")
+
+        page.fill("#paraphrase-text", "a red circle")
+        page.press("#paraphrase-text", "Enter")
+        page.wait_for_selector("#paraphrase-note:not([hidden])")
+        assert page.inner_text("#paraphrase-note").startswith("Paraphrasing is not available")
+        assert page.is_disabled("#paraphrase-text") and page.is_hidden("#error")
+
+        page.set_input_files("#image-file", str(path))                     # generation is no longer offered
+        page.wait_for_selector("#results[aria-busy=false] .captions li")
+        assert page.query_selector(".generated") is None
+
+
+def test_a_service_that_cannot_load_says_why(tiny_index_dir, tmp_path, tab):
+    settings = Settings(model=str(tmp_path / "missing.pt"), index=str(tiny_index_dir), reload_interval_s=0)
+    with LiveServer(create_app(settings)) as live:
+        page = tab.open(live.url)
+        page.wait_for_selector("#error:not([hidden])")
+        assert "could not load" in page.inner_text("#status")
+        error = page.inner_text("#error")
+        assert error.startswith("Error 503:") and "missing.pt" in error, error
+        assert page.is_disabled("#search-button")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
-from .losses import LOSSES, RankingLoss
+from .losses import LOSSES, RankingLoss, positive_mask
 from .text_encoders import TEXT_ENCODERS
 from .vocab import SPECIALS, Vocabulary, tokenize
 
@@ -172,11 +172,7 @@ class BiRPairwise(RankingLoss):
 
     def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None) -> torch.Tensor:
         sim = sim.float()
-        n = sim.shape[0]
-        if image_ids is None:
-            positive = torch.eye(n, dtype=torch.bool, device=sim.device)
-        else:
-            positive = image_ids.view(-1, 1) == image_ids.view(1, -1)
+        positive = positive_mask(sim, image_ids)
         total = sim.new_zeros(())
         if self.methodology in ("i2t", "both"):    # img_1 = img_2, txt_1 ≠ txt_2: row i, a random column
             total = total + self.reduce(sim, sim.diag().view(-1, 1), positive)

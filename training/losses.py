@@ -19,6 +19,13 @@ from .registry import Registry
 LOSSES: Registry[type["RankingLoss"]] = Registry("loss")
 
 
+def positive_mask(sim: torch.Tensor, image_ids: torch.Tensor | None) -> torch.Tensor:
+    """``(B, B)`` True where caption j describes image i: the diagonal, plus same-image pairs when known."""
+    if image_ids is None:
+        return torch.eye(sim.shape[0], dtype=torch.bool, device=sim.device)
+    return image_ids.view(-1, 1) == image_ids.view(1, -1)
+
+
 class RankingLoss(torch.nn.Module):
     def __init__(self, margin: float = 0.2, lam: float = 1.0, reduction: str = "sum", k: int = 10, **options):
         super().__init__()
@@ -28,11 +35,7 @@ class RankingLoss(torch.nn.Module):
 
     def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None) -> torch.Tensor:
         sim = sim.float()
-        n = sim.shape[0]
-        if image_ids is None:
-            positive = torch.eye(n, dtype=torch.bool, device=sim.device)
-        else:
-            positive = image_ids.view(-1, 1) == image_ids.view(1, -1)
+        positive = positive_mask(sim, image_ids)
         pos = sim.diag()
         # rows: image anchors against every caption; columns: caption anchors against every image
         by_image = self.reduce(sim, pos.view(-1, 1), positive)

@@ -130,8 +130,10 @@ class Trainer:
                                  max_size=max_words + len(SPECIALS) if max_words else None)
         model = build_model(cfg, vocab)
         fit = getattr(model.text_encoder, "fit", None)
+        fit_start = time.time()
         if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
             fit(train_texts, vocab, log=log)
+        self.fit_seconds = round(time.time() - fit_start, 1)
         self.model = model.to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
@@ -196,7 +198,8 @@ class Trainer:
             if not self.run_stage(stage, log_path, start):
                 break
         summary = {"best_val_rsum": self.best_rsum, "epochs_run": len(self.history),
-                   "train_seconds": round(time.time() - start, 1), "model": str(self.out_dir / "model.pt")}
+                   "train_seconds": round(time.time() - start, 1), "fit_seconds": self.fit_seconds,
+                   "model": str(self.out_dir / "model.pt")}
         self.log(json.dumps(summary))
         return summary
 

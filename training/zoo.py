@@ -39,7 +39,8 @@ def row_of(name: str, metrics: dict) -> dict:
             **{f"{d}_r{k}": round(metrics[d][f"r{k}"], 1) for d in ("i2t", "t2i") for k in (1, 5, 10)},
             "rsum": round(metrics["rsum"], 1), "mir_i2t": round(metrics["mir"]["i2t"], 4),
             "mir_t2i": round(metrics["mir"]["t2i"], 4), "rprecision5": round(metrics.get("rprecision5", 0.0), 2),
-            "train_s": round(metrics["train"]["train_seconds"]), "epochs": metrics["train"]["epochs_run"]}
+            "train_s": round(metrics["train"]["train_seconds"] + metrics["train"].get("fit_seconds", 0.0)),
+            "epochs": metrics["train"]["epochs_run"]}
 
 
 def run_zoo(data: str | Path, configs: Sequence[str | Path], out: str | Path, overrides: Sequence[str] = (),
@@ -106,7 +107,7 @@ def plot_zoo(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows) + 3) * 2, 4.5), dpi=110, sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * max(4.0, 0.7 * len(rows) + 1.5), 4.5), dpi=110, sharey=True)
     x = np.arange(len(rows))
     for ax, d, title in ((axes[0], "i2t", "image → text"), (axes[1], "t2i", "text → image")):
         for j, k in enumerate((1, 5, 10)):

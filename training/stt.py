@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from .attention import attention_retrieval, embed_words
 from .embed import ImageSource, embed_caption_ids, embed_image_source, image_inputs_to_embedding
-from .evaluate import minimal_pairs_of, public
-from .train import OneCaptionPerImage, Stage, Trainer
+from .evaluate import public
+from .train import Stage, Trainer
 from .vocab import pad_batch
 
 
@@ -112,11 +112,7 @@ class STTTrainer(Trainer):
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         t = self.cfg["train"]
         data = TripleDataset(train_source, self.train_ids, self.triples)
-        if t["sampling"] == "caption":
-            sampler = torch.utils.data.RandomSampler(data, generator=generator)
-        else:
-            groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
-            sampler = OneCaptionPerImage([img for img, _, _ in self.triples], generator, groups)
+        sampler = self.sampler(data, [img for img, _, _ in self.triples], generator)
         return DataLoader(data, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_triples,
                           drop_last=len(sampler) > stage.batch_size,
                           num_workers=t["workers"] if train_source.kind == "files" else 0)

@@ -153,15 +153,19 @@ class Trainer:
                                            workers=self.cfg["train"]["workers"], source=source)
         return public(retrieval_metrics(img, cap, cap_to_img, self.model.similarity))
 
+    def sampler(self, data: Dataset, item_to_img: list[int], generator: torch.Generator):
+        """``train.sampling``: every item once (caption), or one item per image (image, minimal_pairs)."""
+        t = self.cfg["train"]
+        if t["sampling"] == "caption":
+            return torch.utils.data.RandomSampler(data, generator=generator)
+        groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
+        return OneCaptionPerImage(item_to_img, generator, groups)
+
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         """Batches of ``(images, caption ids, lengths, image index)`` for one epoch."""
         t = self.cfg["train"]
         pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
-        if t["sampling"] == "caption":
-            sampler = torch.utils.data.RandomSampler(pairs, generator=generator)
-        else:
-            groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
-            sampler = OneCaptionPerImage(self.train_cap_to_img, generator, groups)
+        sampler = self.sampler(pairs, self.train_cap_to_img, generator)
         return DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
                           drop_last=len(sampler) > stage.batch_size,
                           num_workers=t["workers"] if train_source.kind == "files" else 0)

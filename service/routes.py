@@ -1,4 +1,5 @@
-"""The ``/v1`` API: text → images, image → captions, gallery images, and the decoder routes."""
+"""The ``/v1`` API: text → images, image → captions, gallery images, and the decoder routes
+(image → generated captions, sentence → paraphrases)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,8 @@ from starlette.datastructures import UploadFile
 
 from .batcher import QueueFull
 from .images import ImageError, media_type_of, thumbnail, upload_to_pixels
-from .schemas import (MAX_ID, CaptionHit, CaptionResults, Error, GeneratedCaptions, ImageHit, ImageIdSearch,
-                      ImageResults, Paraphrase, Paraphrases, TextSearch)
+from .schemas import (MAX_GENERATED, MAX_ID, CaptionHit, CaptionResults, Error, GeneratedCaptions, GeneratedText,
+                      ImageHit, ImageIdSearch, ImageResults, Paraphrase, Paraphrases, TextSearch)
 from .state import ServiceState
 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="JOINTSPACE_API_KEY, when set")
@@ -98,16 +99,24 @@ async def _read_upload(request: Request, state: ServiceState) -> tuple[bytes, di
     return data, fields
 
 
-def _form_k(fields: dict) -> int:
-    raw = fields.get("k", "10")
+def _form_int(fields, name: str, default: int | None, maximum: int | None = None) -> int | None:
+    """An integer form field from 1 to ``maximum`` (no bound: any positive integer); ``default`` when absent."""
+    raw = fields.get(name)
+    if raw is None:
+        return default
     try:
-        k = int(raw)
+        value = int(raw)
     except ValueError:
-        k = None
-    if k is None or k < 1:
-        raise RequestValidationError([{"type": "int_parsing", "loc": ("body", "k"), "input": raw,
-                                       "msg": "k must be a positive integer"}])
-    return k
+        value = None
+    if value is None or value < 1 or (maximum is not None and value > maximum):
+        bounds = f"an integer from 1 to {maximum}" if maximum is not None else "a positive integer"
+        raise RequestValidationError([{"type": "int_parsing", "loc": ("body", name), "input": raw,
+                                       "msg": f"{name} must be {bounds}"}])
+    return value
+
+
+def _form_k(fields) -> int:
+    return _form_int(fields, "k", 10)
 
 
 async def _pixels(data: bytes, state: ServiceState):
@@ -119,10 +128,21 @@ async def _pixels(data: bytes, state: ServiceState):
         raise HTTPException(err.status, err.detail) from None
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _check_text(text: str, field: str, state: ServiceState, what: str | None = None) -> None:
+    if len(text) > state.settings.max_text_chars:
+        raise RequestValidationError([{"type": "string_too_long", "loc": ("body", field), "input": "…",
+                                       "msg": f"{what or field} must be at most {state.settings.max_text_chars} "
+                                              f"characters"}])
+
+
 @router.post("/search/captions", response_model=CaptionResults, responses=ERRORS, openapi_extra=_IMAGE_BODY,
              summary="Image (upload, or a gallery image id) → captions of the corpus, best first")
 async def search_captions(request: Request, state: ServiceState = Depends(service)):
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = _content_type(request)
     if content_type == "multipart/form-data":
         data, fields = await _read_upload(request, state)
         k = _form_k(fields)
@@ -171,25 +191,46 @@ async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceSt
     return Response(data, media_type=media, headers=headers)
 
 
-def _decoder_or_501(state: ServiceState, what: str):
-    decoder = getattr(state.model, "decoder", None)
-    if decoder is None:
-        raise HTTPException(501, f"{what} needs a model with a caption/paraphrase decoder (Show, Translate and "
-                                 f"Tell); the loaded model '{state.model.cfg.get('name', '')}' has none")
-    # The decoder model and its generation call arrive with the Show-Translate-Tell issue, which wires them here.
-    raise HTTPException(501, f"{what}: this service version cannot run the model's decoder yet")
+def _decoder_or_501(state: ServiceState, what: str) -> None:
+    if not state.has_decoder:
+        raise HTTPException(501, f"{what} needs a model with a sentence decoder (Show, Translate and Tell); the "
+                                 f"loaded model '{state.model.cfg.get('name', '')}' was trained without one "
+                                 f"(decoder.enabled: false): serve an STT model, e.g. one trained with "
+                                 f"configs/stt.yaml")
 
 
-_UPLOAD_BODY = {"requestBody": {"required": True, "content": {
-    "multipart/form-data": _IMAGE_BODY["requestBody"]["content"]["multipart/form-data"]}}}
+def _generated(results) -> list[GeneratedText]:
+    return [GeneratedText(text=text, score=score) for text, score in results]
 
 
-@router.post("/captions", response_model=GeneratedCaptions, responses=ERRORS, summary="Image → generated captions",
-             openapi_extra=_UPLOAD_BODY)
-async def captions(state: ServiceState = Depends(service)):
+_CAPTIONS_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
+        "image": {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, …)"},
+        "n": {"type": "integer", "default": 1, "minimum": 1, "maximum": MAX_GENERATED,
+              "description": "number of captions"},
+        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_GENERATED,
+                      "description": "beam width (default: the model's decoder.beam_size); widened to n when "
+                                     "smaller"}}}}}}}
+
+
+@router.post("/captions", response_model=GeneratedCaptions, responses=ERRORS, openapi_extra=_CAPTIONS_BODY,
+             summary="Image → generated captions, best first (needs a model with a decoder)")
+async def captions(request: Request, state: ServiceState = Depends(service)):
     _decoder_or_501(state, "caption generation")
+    if _content_type(request) != "multipart/form-data":
+        raise HTTPException(415, "send multipart/form-data with an 'image' file (and optional 'n', 'beam_size')")
+    data, fields = await _read_upload(request, state)
+    n = _form_int(fields, "n", 1, MAX_GENERATED)
+    beam_size = _form_int(fields, "beam_size", None, MAX_GENERATED)
+    pixels = await _pixels(data, state)
+    results = await _submit(state.caption_batcher, (pixels, n, beam_size), state)
+    return GeneratedCaptions(captions=_generated(results))
 
 
-@router.post("/paraphrases", response_model=Paraphrases, responses=ERRORS, summary="Sentence → paraphrases")
+@router.post("/paraphrases", response_model=Paraphrases, responses=ERRORS,
+             summary="Sentence → paraphrases, best first, never the sentence itself (needs a model with a decoder)")
 async def paraphrases(body: Paraphrase, state: ServiceState = Depends(service)):
     _decoder_or_501(state, "paraphrase generation")
+    _check_text(body.text, "text", state)
+    results = await _submit(state.paraphrase_batcher, (body.text, body.n, body.beam_size), state)
+    return Paraphrases(paraphrases=_generated(results))

@@ -5,6 +5,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 HARD_MAX_K = 10_000         # schema bound; the configured JOINTSPACE_MAX_K (default 100) is checked per request
 MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
+MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
 
 
 def _not_blank(text: str) -> str:
@@ -29,8 +30,11 @@ class ImageIdSearch(BaseModel):
 
 class Paraphrase(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="the sentence to paraphrase")
-    n: int = Field(5, ge=1, le=50, description="number of paraphrases")
+    text: str = Field(..., description="the sentence to paraphrase", examples=["a red circle left of a blue square"])
+    n: int = Field(5, ge=1, le=MAX_GENERATED, description="number of paraphrases")
+    beam_size: int | None = Field(None, ge=1, le=MAX_GENERATED,
+                                  description="beam width (default: the model's decoder.beam_size); widened to "
+                                              "n + 1 when smaller")
 
     _check_text = field_validator("text")(_not_blank)
 
@@ -55,12 +59,18 @@ class CaptionResults(BaseModel):
     results: list[CaptionHit]
 
 
+class GeneratedText(BaseModel):
+    text: str = Field(..., description="a sentence written by the model's decoder")
+    score: float = Field(..., description="length-normalised log-probability (log P / steps; ≤ 0, higher is "
+                                         "better); sentences come best first")
+
+
 class GeneratedCaptions(BaseModel):
-    captions: list[str]
+    captions: list[GeneratedText]
 
 
 class Paraphrases(BaseModel):
-    paraphrases: list[str]
+    paraphrases: list[GeneratedText] = Field(..., description="never the input sentence itself")
 
 
 class Error(BaseModel):

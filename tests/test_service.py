@@ -147,9 +147,10 @@ def test_gallery_image_and_thumbnail(client, tiny_index_dir):
     ("get", "/v1/images/1?size=4", {}, 422, "size"),
     ("get", "/v1/images/1?size=5000", {}, 422, "at most 1024"),
     ("get", "/v1/nothing-here", {}, 404, "Not Found"),
-    ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 501, "decoder"),
-    ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 501, "decoder"),
+    ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 501, "sentence decoder"),
+    ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 501, "sentence decoder"),
     ("post", "/v1/paraphrases", {"json": {"text": "  "}}, 422, "empty"),
+    ("post", "/v1/paraphrases", {"json": {"text": "a dog", "n": 11}}, 422, "n"),
 ])
 def test_errors_are_clear_json(client, method, url, kwargs, status, message):
     r = getattr(client, method)(url, **kwargs)

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from training.compose import compose_query
 from training.generate import caption_embeddings, decode_settings, identical_to
 
 Generated = list[tuple[str, float]]
@@ -67,6 +68,22 @@ class Engine:
         gallery = self.gallery
         vector = gallery.images.reconstruct(image_id)
         return gallery.search_captions(vector[None, :], k)[0]
+
+    # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int]]
+                       ) -> list[list[tuple[int, float]]]:
+        """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists: the backbone features
+        of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
+        then one index search."""
+        gallery = self.gallery
+        with self._autocast():
+            features = self.model.image_features(self._normalized([p for p, *_ in items])).float()
+            queries = torch.stack([compose_query(self.model, f, add, subtract)
+                                   for f, (_, add, subtract, _) in zip(features, items)])
+        k = max(k for *_, k in items)
+        hits = gallery.search_images(queries.float().cpu().numpy(), k)
+        return [h[:k] for h, (*_, k) in zip(hits, items)]
 
     # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------
     def _decode(self, vectors: torch.Tensor, settings: Sequence[tuple[int, int | None]],

@@ -1,11 +1,12 @@
 """Request and response bodies of the HTTP API (they also make the OpenAPI document at /docs)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 HARD_MAX_K = 10_000         # schema bound; the configured JOINTSPACE_MAX_K (default 100) is checked per request
 MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
 MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
+MAX_TERMS = 16              # most add + subtract words or phrases of one composed query
 
 
 def _not_blank(text: str) -> str:
@@ -26,6 +27,31 @@ class ImageIdSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image_id: int = Field(..., ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
     k: int = Field(10, ge=1, le=HARD_MAX_K)
+
+
+def _terms(terms: list[str]) -> list[str]:
+    if any(not t.strip() for t in terms):
+        raise ValueError("words to add or subtract must not be empty or only whitespace")
+    return terms
+
+
+class ImageIdCompose(BaseModel):
+    """A composed query from a gallery image (W2VV §IV-C): its picture plus and/or minus words."""
+    model_config = ConfigDict(extra="forbid")
+    image_id: int = Field(..., ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
+    add: list[str] = Field([], max_length=MAX_TERMS, description="words or phrases whose meaning to add",
+                           examples=[["motorbike"]])
+    subtract: list[str] = Field([], max_length=MAX_TERMS, description="words or phrases whose meaning to take away",
+                                examples=[["bicycle"]])
+    k: int = Field(10, ge=1, le=HARD_MAX_K, description="number of results")
+
+    _check_terms = field_validator("add", "subtract")(_terms)
+
+    @model_validator(mode="after")
+    def _few_terms(self):
+        if len(self.add) + len(self.subtract) > MAX_TERMS:
+            raise ValueError(f"at most {MAX_TERMS} words or phrases to add and subtract in all")
+        return self
 
 
 class Paraphrase(BaseModel):

@@ -59,9 +59,10 @@ class ServiceState:
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
         # requests on their way to each batcher (InFlightMiddleware)
-        self.inflight = {"text": 0, "image": 0, "caption": 0, "paraphrase": 0}
+        self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0}
         self.text_batcher = self._batcher(self._search_texts, "text")
         self.image_batcher = self._batcher(self._search_pixels, "image")
+        self.compose_batcher = self._batcher(self._compose_search, "compose")
         # created once the model is loaded, only when it has a decoder (the decoder routes answer 501 without)
         self.caption_batcher: DynamicBatcher | None = None
         self.paraphrase_batcher: DynamicBatcher | None = None
@@ -77,7 +78,8 @@ class ServiceState:
 
     @property
     def batchers(self) -> list[DynamicBatcher]:
-        return [b for b in (self.text_batcher, self.image_batcher, self.caption_batcher, self.paraphrase_batcher) if b is not None]
+        return [b for b in (self.text_batcher, self.image_batcher, self.compose_batcher, self.caption_batcher,
+                            self.paraphrase_batcher) if b is not None]
 
     @property
     def ready(self) -> bool:
@@ -93,6 +95,9 @@ class ServiceState:
 
     def _search_pixels(self, items):
         return self.engine.search_pixels(items)
+
+    def _compose_search(self, items):
+        return self.engine.compose_search(items)
 
     def _caption_pixels(self, items):
         return self.engine.caption_pixels(items)

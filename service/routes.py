@@ -146,7 +146,7 @@ async def _json_object(request: Request):
 def _validate(model, obj):
     """``model.model_validate(obj)``, its errors located in the body as FastAPI reports them for a body model."""
     try:
-        return model.model_validate(obj)
+        return model.model_validate(obj, from_attributes=True)     # FastAPI's mode: its message for a non-object
     except ValidationError as err:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in err.errors(include_url=False)]) from None
@@ -195,8 +195,8 @@ async def _gallery_pixels(image_id: int, state: ServiceState):
         raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
     loop = asyncio.get_running_loop()
     try:
-        return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path.read_bytes(),
-                                          state.settings.max_pixels, state.model.preprocess)
+        return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
+                                          state.model.preprocess)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status,
                             f"gallery image {image_id}: {err.detail}") from None

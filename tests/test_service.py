@@ -152,6 +152,31 @@ def test_composed_query_image_plus_minus_words(client, model, tiny_index_dir):
     assert [x["id"] for x in text] == [i for i, _ in gallery.search_images(q, 4)[0]]
 
 
+def test_json_text_search_errors_are_fastapis_own(client):
+    """The route reads its JSON itself now (it also takes a form): for bad JSON bodies it answers what FastAPI
+    answered when the route declared ``body: TextSearch``."""
+    from fastapi import FastAPI
+
+    from service.app import _add_error_handlers
+    from service.schemas import TextSearch
+
+    reference = FastAPI()
+    _add_error_handlers(reference)
+
+    @reference.post("/v1/search/images")
+    async def search(body: TextSearch):
+        return {}
+
+    bodies = [b"", b"{not json", b"null", b"[]", b'"a"', b'{"text": 5}', b'{"k": 3}', b'{"text": " ", "k": 2}',
+              b'{"text": "a", "k": 0}', b'{"text": "a", "k": 1e9}', b'{"text": "a", "extra": 1}', b"\xff\xfe\xfa"]
+    with TestClient(reference) as ref:
+        for body in bodies:
+            for ctype in ("application/json", "application/json; charset=utf-8", "application/problem+json"):
+                want = ref.post("/v1/search/images", content=body, headers={"content-type": ctype})
+                got = client.post("/v1/search/images", content=body, headers={"content-type": ctype})
+                assert want.status_code >= 400 and (got.status_code, got.json()) == (want.status_code, want.json())
+
+
 def test_composition_needs_one_vector_per_image(tiny_model_path, tiny_index_dir):
     """A region-attention model (STT-ATT) has no single image vector to add words to: 501, not a crash."""
     import torch

@@ -1,8 +1,9 @@
-"""One batch of queries → one forward pass of an encoder → one index search. What the batchers run.
+"""One batch of queries → one forward pass of an encoder → one index search, or one decoding call. What the
+batchers run.
 
-Runs on the service's single compute thread (never on the event loop). On CUDA the forward pass runs under
-fp16 autocast (``amp``); on CPU in float32. The index (a :class:`index.gallery.Gallery`) can be swapped for a
-newer generation at any time: each batch reads ``self.gallery`` once.
+Runs on the service's single compute thread (never on the event loop). On CUDA the forward passes (and the
+decoder's) run under fp16 autocast (``amp``); on CPU in float32. The index (a :class:`index.gallery.Gallery`)
+can be swapped for a newer generation at any time: each batch reads ``self.gallery`` once.
 """
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from training.compose import compose_query
+from training.generate import caption_embeddings, decode_settings, identical_to
+
+Generated = list[tuple[str, float]]
 
 
 class Engine:
@@ -21,19 +27,29 @@ class Engine:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
 
-    @torch.inference_mode()
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        with self._autocast():
-            emb = self.model.embed_sentences(list(texts), batch_size=max(len(texts), 1))
-        return emb.float().cpu().numpy()
+    def _normalized(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
+        batch = torch.stack(list(pixels)).to(self.device, non_blocking=True)
+        return self.model.preprocess.normalize(batch)
 
     @torch.inference_mode()
+    def _text_vectors(self, texts: Sequence[str]) -> torch.Tensor:
+        with self._autocast():
+            emb = self.model.embed_sentences(list(texts), batch_size=max(len(texts), 1))
+        return emb.float()
+
+    @torch.inference_mode()
+    def _pixel_vectors(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
+        with self._autocast():
+            emb = self.model.embed_images(self._normalized(pixels))
+        return emb.float()
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Sentences → text embeddings, one forward pass."""
+        return self._text_vectors(texts).cpu().numpy()
+
     def embed_pixels(self, pixels: Sequence[torch.Tensor]) -> np.ndarray:
         """uint8 ``(crops, 3, S, S)`` tensors (``model.preprocess.pixels``) → image embeddings."""
-        batch = torch.stack(list(pixels)).to(self.device, non_blocking=True)
-        with self._autocast():
-            emb = self.model.embed_images(self.model.preprocess.normalize(batch))
-        return emb.float().cpu().numpy()
+        return self._pixel_vectors(pixels).cpu().numpy()
 
     def search_texts(self, items: Sequence[tuple[str, int]]) -> list[list[tuple[int, float]]]:
         """``(text, k)`` queries → best-first ``(image id, score)`` lists."""
@@ -52,3 +68,61 @@ class Engine:
         gallery = self.gallery
         vector = gallery.images.reconstruct(image_id)
         return gallery.search_captions(vector[None, :], k)[0]
+
+    # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int]]
+                       ) -> list[list[tuple[int, float]]]:
+        """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists: the backbone features
+        of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
+        then one index search."""
+        gallery = self.gallery
+        with self._autocast():
+            features = self.model.image_features(self._normalized([p for p, *_ in items])).float()
+            queries = torch.stack([compose_query(self.model, f, add, subtract)
+                                   for f, (_, add, subtract, _) in zip(features, items)])
+        k = max(k for *_, k in items)
+        hits = gallery.search_images(queries.float().cpu().numpy(), k)
+        return [h[:k] for h, (*_, k) in zip(hits, items)]
+
+    # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------
+    def _decode(self, vectors: torch.Tensor, settings: Sequence[tuple[int, int | None]],
+                exclude: Sequence[Sequence[str]] | None = None) -> list[Generated]:
+        """Row ``i`` of ``vectors`` → its ``n`` best sentences, ``settings[i] = (n, beam_size or None)``.
+
+        Rows are decoded together, one ``caption_embeddings`` call per effective beam width: rows with the same
+        ``(n, beam_size)`` always share a call, and so do rows whose settings give the same width (the beam is
+        widened to ``n``, plus one for an excluded sentence). The call asks for the group's largest ``n`` and each
+        row keeps its own first ``n``: a beam's finished hypotheses do not depend on ``n``, so every row gets
+        exactly what it would get decoded alone."""
+        extra = 1 if exclude is not None else 0
+        groups: dict[int, list[int]] = {}
+        for row, (n, beam_size) in enumerate(settings):
+            width = max(decode_settings(self.model, beam_size)["beam_size"], n + extra)
+            groups.setdefault(width, []).append(row)
+        out: list[Generated] = [[] for _ in settings]
+        for width, rows in groups.items():
+            index = torch.tensor(rows, device=vectors.device)
+            with self._autocast():
+                results = caption_embeddings(self.model, vectors.index_select(0, index),
+                                             n=max(settings[r][0] for r in rows), beam_size=width,
+                                             batch_size=len(rows),
+                                             exclude=[exclude[r] for r in rows] if exclude is not None else None)
+            for row, result in zip(rows, results):
+                out[row] = result[:settings[row][0]]
+        return out
+
+    @torch.inference_mode()
+    def caption_pixels(self, items: Sequence[tuple[torch.Tensor, int, int | None]]) -> list[Generated]:
+        """``(pixels, n, beam_size)`` requests → generated captions, best first (STT eq. 10): one forward pass
+        of the image encoder for the whole batch, then :meth:`_decode`."""
+        vectors = self._pixel_vectors([p for p, _, _ in items])
+        return self._decode(vectors, [(n, beam) for _, n, beam in items])
+
+    @torch.inference_mode()
+    def paraphrase_texts(self, items: Sequence[tuple[str, int, int | None]]) -> list[Generated]:
+        """``(text, n, beam_size)`` requests → paraphrases, best first (STT eq. 11), never the input sentence
+        itself: one forward pass of the text encoder for the whole batch, then :meth:`_decode`."""
+        texts = [t for t, _, _ in items]
+        return self._decode(self._text_vectors(texts), [(n, beam) for _, n, beam in items],
+                            exclude=identical_to(texts))

@@ -69,8 +69,9 @@ def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
         raise ImageError(400, f"corrupt or truncated image: {err}") from None
 
 
-def upload_to_pixels(data: bytes, max_pixels: int, preprocess) -> torch.Tensor:
-    """An uploaded file → uint8 ``(crops, 3, S, S)`` pixels, preprocessed exactly as in training."""
+def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess) -> torch.Tensor:
+    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels, preprocessed exactly as in
+    training."""
     return preprocess.pixels(open_checked(data, max_pixels))
 
 

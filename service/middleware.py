@@ -37,9 +37,13 @@ class BodyLimitMiddleware:
 
 
 class InFlightMiddleware:
-    """Counts the requests inside the app that will reach a batcher (``counts["text"]``: text searches,
-    ``counts["image"]``: image uploads), from their first byte until the response starts — parsing and
-    decoding included — so a batcher knows whether more requests are on their way (see ``DynamicBatcher.pending``)."""
+    """Counts the requests inside the app that will reach a batcher (``counts[name]`` for the batcher ``name``:
+    ``text`` searches, ``image`` uploads to caption search, ``compose``d queries uploaded with an image,
+    ``caption`` generation, ``paraphrase`` generation), from their first byte until the response starts — parsing
+    and decoding included — so a batcher knows whether more requests are on their way (see
+    ``DynamicBatcher.pending``). A JSON request to ``/v1/search/images`` counts as a text search even when it
+    composes a query from a gallery image (the body is not read here): at worst a text batch waits
+    ``max_wait_ms`` for it."""
 
     def __init__(self, app: ASGIApp, counts: dict[str, int]):
         self.app, self.counts = app, counts
@@ -47,11 +51,16 @@ class InFlightMiddleware:
     def _batcher(self, scope: Scope) -> str | None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        if scope["path"].endswith("/v1/search/images"):
-            return "text"
-        if scope["path"].endswith("/v1/search/captions"):
-            content_type = dict(scope.get("headers", ())).get(b"content-type", b"")
-            return "image" if content_type.lower().startswith(b"multipart/") else None
+        path = scope["path"]
+        multipart = dict(scope.get("headers", ())).get(b"content-type", b"").lower().startswith(b"multipart/")
+        if path.endswith("/v1/search/images"):
+            return "compose" if multipart else "text"
+        if path.endswith("/v1/search/captions"):
+            return "image" if multipart else None
+        if path.endswith("/v1/captions"):
+            return "caption" if multipart else None
+        if path.endswith("/v1/paraphrases"):
+            return "paraphrase"
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

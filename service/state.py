@@ -58,16 +58,28 @@ class ServiceState:
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
-        self.inflight = {"text": 0, "image": 0}        # requests on their way to each batcher (InFlightMiddleware)
-        max_batch = settings.max_batch if settings.batching else 1
-        max_wait = settings.max_wait_ms if settings.batching else 0.0
-        self.text_batcher = DynamicBatcher(self._search_texts, self.compute_pool, max_batch=max_batch,
-                                           max_wait_ms=max_wait, max_queue=settings.max_queue, name="text",
-                                           metrics=metrics, pending=lambda: self.inflight["text"])
-        self.image_batcher = DynamicBatcher(self._search_pixels, self.compute_pool, max_batch=max_batch,
-                                            max_wait_ms=max_wait, max_queue=settings.max_queue, name="image",
-                                            metrics=metrics, pending=lambda: self.inflight["image"])
+        # requests on their way to each batcher (InFlightMiddleware)
+        self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0}
+        self.text_batcher = self._batcher(self._search_texts, "text")
+        self.image_batcher = self._batcher(self._search_pixels, "image")
+        self.compose_batcher = self._batcher(self._compose_search, "compose")
+        # created once the model is loaded, only when it has a decoder (the decoder routes answer 501 without)
+        self.caption_batcher: DynamicBatcher | None = None
+        self.paraphrase_batcher: DynamicBatcher | None = None
         self._tasks: list[asyncio.Task] = []
+
+    def _batcher(self, fn, name: str) -> DynamicBatcher:
+        """A dynamic batcher with the service's batching settings, running ``fn`` on the compute thread."""
+        batching = self.settings.batching
+        return DynamicBatcher(fn, self.compute_pool, max_batch=self.settings.max_batch if batching else 1,
+                              max_wait_ms=self.settings.max_wait_ms if batching else 0.0,
+                              max_queue=self.settings.max_queue, name=name, metrics=self.metrics,
+                              pending=lambda: self.inflight[name])
+
+    @property
+    def batchers(self) -> list[DynamicBatcher]:
+        return [b for b in (self.text_batcher, self.image_batcher, self.compose_batcher, self.caption_batcher,
+                            self.paraphrase_batcher) if b is not None]
 
     @property
     def ready(self) -> bool:
@@ -84,12 +96,21 @@ class ServiceState:
     def _search_pixels(self, items):
         return self.engine.search_pixels(items)
 
+    def _compose_search(self, items):
+        return self.engine.compose_search(items)
+
+    def _caption_pixels(self, items):
+        return self.engine.caption_pixels(items)
+
+    def _paraphrase_texts(self, items):
+        return self.engine.paraphrase_texts(items)
+
     async def start(self) -> None:
         self._torch_threads = torch.get_num_threads()
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(self.settings.torch_threads))
-        await self.text_batcher.start()
-        await self.image_batcher.start()
+        for batcher in self.batchers:
+            await batcher.start()
         self._tasks.append(asyncio.create_task(self._load(), name="jointspace-load"))
 
     async def stop(self) -> None:
@@ -100,8 +121,8 @@ class ServiceState:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
                 pass
-        await self.text_batcher.stop()
-        await self.image_batcher.stop()
+        for batcher in self.batchers:
+            await batcher.stop()
         self.compute_pool.shutdown(wait=False, cancel_futures=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
         torch.set_num_threads(self._torch_threads)      # the process's setting, as it was before start()
@@ -122,6 +143,11 @@ class ServiceState:
                     raise ValueError("no index: set --index or JOINTSPACE_INDEX")
                 self.gallery = await loop.run_in_executor(self.compute_pool, self._open_gallery,
                                                           self.settings.index)
+            if self.has_decoder:
+                self.caption_batcher = self._batcher(self._caption_pixels, "caption")
+                self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
+                await self.caption_batcher.start()
+                await self.paraphrase_batcher.start()
             self.engine = Engine(self.model, self.gallery, self.device, amp=self.settings.amp)
             self._count_vectors()
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it

@@ -52,21 +52,46 @@ def tiny_model_path(synth_small, tmp_path_factory):
     return out / "model.pt"
 
 
-@pytest.fixture(scope="session")
-def tiny_index_dir(synth_small, tiny_model_path, tmp_path_factory):
-    """A FAISS index of ``synth_small``'s val+test images and their captions, built with ``tiny_model_path``.
-    Read-only: tests that change an index copy it first (``index_copy``)."""
+def build_index(model_path, synth_dir, out):
+    """A FAISS index of ``synth_dir``'s val+test images and their captions, built with ``model_path``."""
     from index.gallery import build
     from training.data import load_dataset
     from training.model import load_model
 
-    model = load_model(tiny_model_path)
-    data = load_dataset(synth_small)
+    model = load_model(model_path)
+    data = load_dataset(synth_dir)
     records = data.split("val").images + data.split("test").images
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    out = tmp_path_factory.mktemp("tiny_index") / "index"
     build(out, model, [r.path for r in records], captions, progress=False, workers=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_index_dir(synth_small, tiny_model_path, tmp_path_factory):
+    """A FAISS index of ``synth_small``'s val+test images and their captions, built with ``tiny_model_path``.
+    Read-only: tests that change an index copy it first (``index_copy``)."""
+    return build_index(tiny_model_path, synth_small, tmp_path_factory.mktemp("tiny_index") / "index")
+
+
+STT_DECODER = {"enabled": True, "word_dim": 16, "hidden": 32, "max_len": 12}
+
+
+@pytest.fixture(scope="session")
+def tiny_stt_model_path(synth_small, tmp_path_factory):
+    """A Show-Translate-Tell model (``tiny_config`` plus a small sentence decoder) trained for a few epochs on
+    ``synth_small`` (about a second): its captions and paraphrases are poor but real decoder output."""
+    from training.train import train
+
+    out = tmp_path_factory.mktemp("tiny_stt_model")
+    train(tiny_config(decoder=STT_DECODER, train={"epochs": 4, "sampling": "image"}), synth_small, out,
+          progress=False, log=lambda *_: None)
+    return out / "model.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_stt_index_dir(synth_small, tiny_stt_model_path, tmp_path_factory):
+    """Like ``tiny_index_dir``, built with ``tiny_stt_model_path``. Read-only."""
+    return build_index(tiny_stt_model_path, synth_small, tmp_path_factory.mktemp("tiny_stt_index") / "index")
 
 
 @pytest.fixture

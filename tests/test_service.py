@@ -20,6 +20,7 @@ from index.embed import embed_texts
 from index.gallery import Gallery, add, remove
 from service.app import create_app
 from service.settings import Settings
+from training.compose import compose_query, image_features_of
 from training.data import load_dataset
 from training.model import load_model
 
@@ -61,9 +62,12 @@ def test_health_ready_docs(client, model):
     ready = client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["model_fingerprint"] == model.fingerprint and ready["images"] > 0
     assert client.get("/docs").status_code == 200
-    paths = set(client.get("/openapi.json").json()["paths"])
+    paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases", "/v1/images/{image_id}",
-            "/healthz", "/readyz", "/metrics"} <= paths
+            "/healthz", "/readyz", "/metrics"} <= set(paths)
+    bodies = paths["/v1/search/images"]["post"]["requestBody"]["content"]               # text, or a composed query
+    assert [b["title"] for b in bodies["application/json"]["schema"]["oneOf"]] == ["TextSearch", "ImageIdCompose"]
+    assert set(bodies["multipart/form-data"]["schema"]["properties"]) == {"image", "add", "subtract", "k"}
 
 
 def test_text_search_returns_the_exact_ranking(client, model, tiny_index_dir):
@@ -107,6 +111,116 @@ def test_gallery_image_and_thumbnail(client, tiny_index_dir):
     assert max(Image.open(io.BytesIO(t.content)).size) == 20
 
 
+def _composed(model, gallery, path, add=(), subtract=(), k=5):
+    """The library's answer for a composed query: ``compose_query`` on the image's features, then the index."""
+    query = compose_query(model, image_features_of(model, path), list(add), list(subtract))
+    return gallery.search_images(query.view(1, -1).numpy(), k)[0]
+
+
+def test_composed_query_image_plus_minus_words(client, model, tiny_index_dir):
+    gallery = Gallery.load(tiny_index_dir, model=model)
+    path = Path(gallery.meta.image(2).path)
+    upload = {"image": ("q.png", path.read_bytes(), "image/png")}
+
+    alone = client.post("/v1/search/images", files=upload, data={"k": "5"})
+    assert alone.status_code == 200, alone.text
+    alone = alone.json()["results"]
+    assert len(alone) == 5 and alone[0]["id"] == 2 and alone[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert all(x["uri"] == f"/v1/images/{x['id']}" for x in alone)
+
+    composed = client.post("/v1/search/images", files=upload,
+                           data={"add": ["green star", "yellow, cross"], "subtract": "red circle", "k": "5"})
+    assert composed.status_code == 200, composed.text
+    composed = composed.json()["results"]
+    want = _composed(model, gallery, path, ["green star", "yellow", "cross"], ["red circle"])
+    assert [x["id"] for x in composed] == [i for i, _ in want]
+    assert np.allclose([x["score"] for x in composed], [s for _, s in want], atol=1e-5)
+    scores = [x["score"] for x in composed]
+    assert len(composed) == 5 and scores == sorted(scores, reverse=True)
+    assert [(x["id"], round(x["score"], 4)) for x in composed] != [(x["id"], round(x["score"], 4)) for x in alone]
+
+    # a gallery image by id composes the same query as its uploaded file
+    by_id = client.post("/v1/search/images", json={"image_id": 2, "add": ["green star", "yellow", "cross"],
+                                                   "subtract": ["red circle"], "k": 5}).json()["results"]
+    assert [x["id"] for x in by_id] == [x["id"] for x in composed]
+    assert np.allclose([x["score"] for x in by_id], scores, atol=1e-5)
+    assert client.post("/v1/search/images", json={"image_id": 2, "k": 3}).json()["results"][0]["id"] == 2
+
+    # the JSON text search is unchanged
+    text = client.post("/v1/search/images", json={"text": "a green star", "k": 4}).json()["results"]
+    q = embed_texts(model, ["a green star"], progress=False)
+    assert [x["id"] for x in text] == [i for i, _ in gallery.search_images(q, 4)[0]]
+
+
+def test_json_text_search_errors_are_fastapis_own(client):
+    """The route reads its JSON itself now (it also takes a form): for bad JSON bodies it answers what FastAPI
+    answered when the route declared ``body: TextSearch``."""
+    from fastapi import FastAPI
+
+    from service.app import _add_error_handlers
+    from service.schemas import TextSearch
+
+    reference = FastAPI()
+    _add_error_handlers(reference)
+
+    @reference.post("/v1/search/images")
+    async def search(body: TextSearch):
+        return {}
+
+    bodies = [b"", b"{not json", b"null", b"[]", b'"a"', b'{"text": 5}', b'{"k": 3}', b'{"text": " ", "k": 2}',
+              b'{"text": "a", "k": 0}', b'{"text": "a", "k": 1e9}', b'{"text": "a", "extra": 1}', b"\xff\xfe\xfa"]
+    with TestClient(reference) as ref:
+        for body in bodies:
+            for ctype in ("application/json", "application/json; charset=utf-8", "application/problem+json"):
+                want = ref.post("/v1/search/images", content=body, headers={"content-type": ctype})
+                got = client.post("/v1/search/images", content=body, headers={"content-type": ctype})
+                assert want.status_code >= 400 and (got.status_code, got.json()) == (want.status_code, want.json())
+
+
+def test_composition_needs_one_vector_per_image(tiny_model_path, tiny_index_dir):
+    """A region-attention model (STT-ATT) has no single image vector to add words to: 501, not a crash."""
+    import torch
+
+    model = load_model(tiny_model_path)
+    gallery = Gallery.load(tiny_index_dir, model=model)
+    model.attention = torch.nn.Identity()       # the route only asks whether the model has one
+    settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
+    with TestClient(create_app(settings, model=model, gallery=gallery)) as c:
+        _wait_ready(c)
+        for kwargs in ({"files": {"image": ("q.png", _png(), "image/png")}, "data": {"add": "red"}},
+                       {"json": {"image_id": 1, "subtract": ["red"]}}):
+            r = c.post("/v1/search/images", **kwargs)
+            assert r.status_code == 501 and "region attention" in r.json()["detail"], r.text
+        assert c.post("/v1/search/images", json={"text": "a red circle"}).status_code == 200
+
+
+def test_composed_queries_are_batched_and_match_sequential(tiny_model_path, tiny_index_dir):
+    meta = Gallery.load(tiny_index_dir).meta
+    images = [Path(meta.image(i).path).read_bytes() for i in range(6)]
+    words = [{}, {"add": "red"}, {"subtract": "blue square"}, {"add": ["star", "green"], "subtract": "circle"},
+             {"add": "a big yellow cross"}, {}]
+
+    def request(c, data, form):
+        return c.post("/v1/search/images", files={"image": ("q.png", data, "image/png")}, data={**form, "k": "6"})
+
+    async def concurrent(c):
+        answers = await asyncio.gather(*(request(c, b, w) for b, w in zip(images, words)))
+        return [r.json() for r in answers], (await c.get("/metrics")).text
+
+    async def sequential(c):
+        return [(await request(c, b, w)).json() for b, w in zip(images, words)], (await c.get("/metrics")).text
+
+    common = dict(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
+    batched, b_metrics = asyncio.run(_serve(create_app(Settings(**common, max_wait_ms=200)), concurrent))
+    alone, s_metrics = asyncio.run(_serve(create_app(Settings(**common, batching=False)), sequential))
+    count, total = _batch_stats(b_metrics, "compose")
+    assert total == len(images) and count < total, (count, total)
+    assert _batch_stats(s_metrics, "compose") == (len(images), len(images))
+    for got, want in zip(batched, alone):
+        assert [x["id"] for x in got["results"]] == [x["id"] for x in want["results"]]
+        assert np.allclose([x["score"] for x in got["results"]], [x["score"] for x in want["results"]], atol=1e-5)
+
+
 @pytest.mark.parametrize("method,url,kwargs,status,message", [
     ("post", "/v1/search/images", {"json": {"text": ""}}, 422, "empty"),
     ("post", "/v1/search/images", {"json": {"text": " \t\n "}}, 422, "whitespace"),
@@ -117,6 +231,35 @@ def test_gallery_image_and_thumbnail(client, tiny_index_dir):
     ("post", "/v1/search/images", {"json": {"text": "x" * 1001}}, 422, "at most 1000 characters"),
     ("post", "/v1/search/images", {"content": b"{not json", "headers": {"content-type": "application/json"}},
      422, "JSON"),
+    ("post", "/v1/search/images", {"content": b'{"text": "a"}', "headers": {"content-type": "text/plain"}}, 415,
+     "JSON"),
+    ("post", "/v1/search/images", {"json": {"text": "a cat", "image_id": 1}}, 422, "text"),
+    ("post", "/v1/search/images", {"json": {"image_id": 987654, "add": ["red"]}}, 404, "no gallery image"),
+    ("post", "/v1/search/images", {"json": {"image_id": 1, "add": [" "]}}, 422, "empty"),
+    ("post", "/v1/search/images", {"json": {"image_id": 1, "add": "red"}}, 422, "add"),
+    ("post", "/v1/search/images", {"json": {"image_id": 1, "add": ["a"] * 9, "subtract": ["b"] * 8}}, 422,
+     "at most 16"),
+    ("post", "/v1/search/images", {"json": {"image_id": 1, "add": ["x" * 1001]}}, 422, "at most 1000 characters"),
+    ("post", "/v1/search/images", {"json": {"image_id": 1, "k": 51}}, 422, "at most 50"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")}, "data": {"add": ""}}, 422,
+     "empty"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")}, "data": {"add": "red,"}}, 422,
+     "empty"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")},
+                                   "data": {"subtract": [" ", "blue"]}}, 422, "empty"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")},
+                                   "data": {"add": ",".join(["red"] * 17)}}, 422, "at most 16"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")},
+                                   "data": {"add": ["red"] * 10, "subtract": ["blue"] * 7}}, 422, "at most 16"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")}, "data": {"k": "0"}}, 422,
+     "k must be a positive integer"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", _png(), "image/png")}, "data": {"k": "51"}}, 422,
+     "at most 50"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", b"GIF89a not really", "image/png")}}, 400,
+     "corrupt"),
+    ("post", "/v1/search/images", {"files": {"image": ("a.png", b"", "image/png")}}, 400, "empty"),
+    ("post", "/v1/search/images", {"files": {"other": ("a.png", _png(), "image/png")}, "data": {"add": "red"}}, 422,
+     "'image'"),
     ("post", "/v1/search/captions", {"json": {"image_id": 987654}}, 404, "no gallery image"),
     ("post", "/v1/search/captions", {"json": {"image_id": 1, "k": 999}}, 422, "at most 50"),
     ("post", "/v1/search/captions", {"json": {"image_id": "one"}}, 422, "image_id"),
@@ -147,9 +290,10 @@ def test_gallery_image_and_thumbnail(client, tiny_index_dir):
     ("get", "/v1/images/1?size=4", {}, 422, "size"),
     ("get", "/v1/images/1?size=5000", {}, 422, "at most 1024"),
     ("get", "/v1/nothing-here", {}, 404, "Not Found"),
-    ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 501, "decoder"),
-    ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 501, "decoder"),
+    ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 501, "sentence decoder"),
+    ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 501, "sentence decoder"),
     ("post", "/v1/paraphrases", {"json": {"text": "  "}}, 422, "empty"),
+    ("post", "/v1/paraphrases", {"json": {"text": "a dog", "n": 11}}, 422, "n"),
 ])
 def test_errors_are_clear_json(client, method, url, kwargs, status, message):
     r = getattr(client, method)(url, **kwargs)

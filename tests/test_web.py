@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 import uvicorn
 from PIL import Image
 
@@ -25,7 +24,6 @@ from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
 from training.data import load_dataset
-from training.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = REPO / "docs" / "screenshots"
@@ -355,38 +353,66 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_
         _images_loaded(page, "#detail-image")
 
 
-def test_a_decoder_model_gets_its_features_and_survives_501(tiny_model_path, tiny_index_dir, tab):
-    """A model that carries a decoder turns the page's caption generation and paraphrase box on. Generation is
-    wired into the routes by the Show-Translate-Tell issue; until then this service answers 501 for such a model
-    too, and the page must say so instead of breaking."""
-    model = load_model(tiny_model_path)
-    gallery = Gallery.load(tiny_index_dir, model=model)
-    model.decoder = torch.nn.GRU(32, 32)        # the service only asks whether the model has one
-    settings = _settings(tiny_model_path, tiny_index_dir)
-    with LiveServer(create_app(settings, model=model, gallery=gallery)) as live:
-        assert httpx.get(live.url + "/readyz").json()["decoder"] is True
-        page = tab.open(live.url)
-        _wait_ready(page)
-        assert "caption generator on" in page.inner_text("#status")
-        assert page.is_visible("#paraphrase-form")
+@pytest.fixture(scope="module")
+def stt_server(tiny_stt_model_path, tiny_stt_index_dir):
+    """The app serving a model with a sentence decoder (Show, Translate and Tell)."""
+    with LiveServer(create_app(_settings(tiny_stt_model_path, tiny_stt_index_dir))) as live:
+        yield live
 
-        path = Path(gallery.meta.image(0).path)
-        page.set_input_files("#image-file", str(path))
-        page.wait_for_selector("#results .generated.note")
-        assert page.inner_text("#results .generated").startswith("Caption generation is not available")
-        assert "decoder" in page.inner_text("#results .generated")
-        assert len(_captions(page, "#results .captions")) == 10             # the ranked captions still come
-        assert page.is_hidden("#error")
 
-        page.fill("#paraphrase-text", "a red circle")
-        page.press("#paraphrase-text", "Enter")
-        page.wait_for_selector("#paraphrase-note:not([hidden])")
-        assert page.inner_text("#paraphrase-note").startswith("Paraphrasing is not available")
-        assert page.is_disabled("#paraphrase-text") and page.is_hidden("#error")
+def test_a_decoder_model_shows_generated_captions_and_paraphrases(stt_server, tiny_stt_index_dir, tab):
+    """A model that carries a decoder turns the page's caption generation and paraphrase box on: the page shows
+    the best caption of ``/v1/captions`` above the ranked ones, and the paraphrases of ``/v1/paraphrases``."""
+    assert httpx.get(stt_server.url + "/readyz").json()["decoder"] is True
+    page = tab.open(stt_server.url)
+    _wait_ready(page)
+    assert "caption generator on" in page.inner_text("#status")
+    assert page.is_visible("#paraphrase-form")
 
-        page.set_input_files("#image-file", str(path))                     # generation is no longer offered
-        page.wait_for_selector("#results[aria-busy=false] .captions li")
-        assert page.query_selector(".generated") is None
+    path = Path(Gallery.load(tiny_stt_index_dir).meta.image(0).path)
+    generated = httpx.post(stt_server.url + "/v1/captions", files={"image": (path.name, path.read_bytes())}).json()
+    page.set_input_files("#image-file", str(path))
+    page.wait_for_selector("#results .generated:not(.loading)")
+    assert page.inner_text("#results .generated") == f"Generated: {generated['captions'][0]['text']}"
+    assert len(_captions(page, "#results .captions")) == 10                 # and the ranked captions
+    assert page.is_hidden("#error")
+
+    paraphrases = httpx.post(stt_server.url + "/v1/paraphrases", json={"text": QUERY, "n": 5}).json()["paraphrases"]
+    page.fill("#paraphrase-text", QUERY)
+    page.press("#paraphrase-text", "Enter")
+    page.wait_for_selector("#results[aria-busy=false] ol.captions li")
+    shown = page.eval_on_selector_all("#results ol.captions li", "els => els.map(e => e.textContent)")
+    assert shown == [p["text"] for p in paraphrases] and len(shown) == 5
+    assert page.is_hidden("#paraphrase-note") and page.is_hidden("#error")
+
+
+def test_the_page_survives_a_501_from_the_decoder_routes(stt_server, tiny_stt_index_dir, tab):
+    """A service that announces a decoder but answers 501 (say, an older version behind a proxy): the page says
+    generation is not available instead of breaking, and stops offering it."""
+    page = tab.open(stt_server.url)
+    _wait_ready(page)
+    refusal = {"status": 501, "content_type": "application/json",
+               "body": '{"detail": "caption generation needs a model with a sentence decoder"}'}
+    page.route("**/v1/captions", lambda route: route.fulfill(**refusal))
+    page.route("**/v1/paraphrases", lambda route: route.fulfill(**refusal))
+
+    path = Path(Gallery.load(tiny_stt_index_dir).meta.image(0).path)
+    page.set_input_files("#image-file", str(path))
+    page.wait_for_selector("#results .generated.note")
+    assert page.inner_text("#results .generated").startswith("Caption generation is not available")
+    assert "decoder" in page.inner_text("#results .generated")
+    assert len(_captions(page, "#results .captions")) == 10             # the ranked captions still come
+    assert page.is_hidden("#error")
+
+    page.fill("#paraphrase-text", "a red circle")
+    page.press("#paraphrase-text", "Enter")
+    page.wait_for_selector("#paraphrase-note:not([hidden])")
+    assert page.inner_text("#paraphrase-note").startswith("Paraphrasing is not available")
+    assert page.is_disabled("#paraphrase-text") and page.is_hidden("#error")
+
+    page.set_input_files("#image-file", str(path))                     # generation is no longer offered
+    page.wait_for_selector("#results[aria-busy=false] .captions li")
+    assert page.query_selector(".generated") is None
 
 
 def test_a_service_that_cannot_load_says_why(tiny_index_dir, tmp_path, tab):

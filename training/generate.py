@@ -99,6 +99,12 @@ def caption_images(model, images: Sequence[str | Path | Image.Image], n: int = 1
     return caption_embeddings(model, emb, n=n, **options)
 
 
+def identical_to(texts: Sequence[str]) -> list[list[str]]:
+    """``exclude`` for :func:`caption_embeddings` that leaves out, for each text, a hypothesis that only repeats
+    it (the same words, as the decoder writes them)."""
+    return [[" ".join(tokenize(t))] for t in texts]
+
+
 def paraphrase_texts(model, texts: Sequence[str], n: int = 1, drop_identical: bool = True,
                      **options) -> list[Result]:
     """Paraphrases of sentences (STT eq. 11): each sentence is embedded by the text encoder and decoded.
@@ -108,5 +114,5 @@ def paraphrase_texts(model, texts: Sequence[str], n: int = 1, drop_identical: bo
     model.eval()
     emb = model.embed_sentences(list(texts))
     model.train(was_training)
-    exclude = [[" ".join(tokenize(t))] for t in texts] if drop_identical else None
+    exclude = identical_to(texts) if drop_identical else None
     return caption_embeddings(model, emb, n=n, exclude=exclude, **options)

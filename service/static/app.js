@@ -279,7 +279,7 @@ async function showGenerated(pending, slot, signal) {
   try {
     const { captions } = await pending;
     slot.classList.remove("loading");
-    slot.replaceChildren(h("strong", { text: "Generated: " }), captions.length ? captions[0] : "(no caption)");
+    slot.replaceChildren(h("strong", { text: "Generated: " }), captions.length ? captions[0].text : "(no caption)");
   } catch (err) {
     if (isAbort(err) || signal.aborted) return;
     slot.classList.remove("loading");
@@ -326,7 +326,7 @@ el.paraphraseForm.addEventListener("submit", async (event) => {
     const { paraphrases } = await requestJSON("v1/paraphrases", { json: { text, n: 5 }, signal });
     if (signal.aborted) return;
     el.results.replaceChildren(h("h2", { text: `Paraphrases of “${text}”` }),
-                               h("ol", { class: "captions" }, ...paraphrases.map((p) => h("li", { text: p }))));
+                               h("ol", { class: "captions" }, ...paraphrases.map((p) => h("li", { text: p.text }))));
     end(signal);
   } catch (err) {
     if (isAbort(err)) return;

@@ -114,6 +114,20 @@ def test_minimal_pairs_are_mutual_same_split_and_bag_of_words_equivalent(dataset
         assert not np.array_equal(load_pixels(dataset_path, ra), load_pixels(dataset_path, rb))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_pair_fraction_sets_the_share_of_paired_two_object_images(tmp_path: Path, fraction: float) -> None:
+    data = json.loads(generate(tmp_path, n_images=200, seed=2, image_size=32, pair_fraction=fraction,
+                               progress=False).read_text())
+    two = [r for r in data["images"] if len(r["scene"]) == 2]
+    paired = [r for r in two if r["minimal_pair"] is not None]
+    assert len(paired) == round(len(two) * fraction / 2) * 2
+
+
+def test_pair_fraction_out_of_range_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="pair_fraction"):
+        generate(tmp_path, n_images=20, pair_fraction=1.5, progress=False)
+
+
 def test_minimal_pair_scenes_differ_only_by_the_swap(dataset: dict, by_id: dict[int, dict]) -> None:
     for a, b in minimal_pairs(dataset):
         (a0, a1), (b0, b1) = by_id[a]["scene"], by_id[b]["scene"]

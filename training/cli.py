@@ -14,6 +14,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--images", type=int, default=3000, help="number of images (default 3000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-size", type=int, default=128, help="side of the square images in pixels")
+    p.add_argument("--pair-fraction", type=float, default=0.4,
+                   help="share of the two-object images generated as minimal pairs (default 0.4)")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("train", help="train a joint image-sentence embedding from a YAML config")
@@ -119,7 +121,8 @@ def cmd_compose(args) -> int:
 def cmd_synth(args) -> int:
     from .synth import generate
 
-    path = generate(args.out, n_images=args.images, seed=args.seed, image_size=args.image_size)
+    path = generate(args.out, n_images=args.images, seed=args.seed, image_size=args.image_size,
+                    pair_fraction=args.pair_fraction)
     print(f"wrote {path}")
     return 0
 

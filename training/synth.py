@@ -80,7 +80,7 @@ _SUPERSAMPLE = 2
 _JPEG_QUALITY = 90
 _CAPTIONS_PER_IMAGE = 5
 _ONE, _TWO, _THREE = 0.20, 0.65, 0.15     # scene mix
-_PAIRED_FRACTION = 0.4                    # of the two-object images
+PAIR_FRACTION = 0.4                       # default share of the two-object images that come as minimal pairs
 
 _DIRECTION = {"left": (-1, 0), "right": (1, 0), "above": (0, -1), "below": (0, 1)}
 _INVERSE = {"left": "right", "right": "left", "above": "below", "below": "above"}
@@ -425,15 +425,15 @@ def _split_sizes(n_images: int, val_fraction: float, test_fraction: float) -> tu
     return n_val, n_test
 
 
-def _unit_plan(n_images: int, n_val: int, n_test: int,
-               rng: np.random.Generator) -> list[tuple[int, str | None]]:
+def _unit_plan(n_images: int, n_val: int, n_test: int, rng: np.random.Generator,
+               pair_fraction: float = PAIR_FRACTION) -> list[tuple[int, str | None]]:
     """(objects per image, pair kind or None) for each unit, shuffled.
 
     Enough single images are kept (n_val + n_test + 1) that val and test can be filled exactly.
     """
     n_one, n_three = round(n_images * _ONE), round(n_images * _THREE)
     n_two = n_images - n_one - n_three
-    n_pairs = min(round(n_two * _PAIRED_FRACTION / 2), (n_images - n_val - n_test - 1) // 2)
+    n_pairs = min(round(n_two * pair_fraction / 2), (n_images - n_val - n_test - 1) // 2)
     kinds = [list(_PAIR_MAKERS)[i % 2] for i in range(n_pairs)]
     plan = [(1, None)] * n_one + [(3, None)] * n_three + [(2, None)] * (n_two - 2 * n_pairs)
     plan += [(2, kind) for kind in kinds]
@@ -485,8 +485,11 @@ def _record(imgid: int, scene: Scene, captions: list[str], split: str,
 
 
 def generate(out_dir: str | Path, n_images: int = 3000, seed: int = 0, image_size: int = 128,
-             val_fraction: float = 0.1, test_fraction: float = 0.1, progress: bool = True) -> Path:
+             val_fraction: float = 0.1, test_fraction: float = 0.1, progress: bool = True,
+             pair_fraction: float = PAIR_FRACTION) -> Path:
     """Writes out_dir/images/*.jpg and out_dir/dataset.json; returns the path of dataset.json.
+
+    ``pair_fraction``: the share of the two-object images (65 % of all) generated as minimal pairs.
 
     Each record is a Karpathy record (filename, filepath, imgid, split, sentids, sentences) plus
     ``scene`` (objects: shape, colour, size, x, y), ``relations`` ({"subject": i, "relation": "left of",
@@ -497,9 +500,11 @@ def generate(out_dir: str | Path, n_images: int = 3000, seed: int = 0, image_siz
         raise ValueError("n_images must be at least 3 (one image per split)")
     if image_size < 16:
         raise ValueError("image_size must be at least 16")
+    if not 0 <= pair_fraction <= 1:
+        raise ValueError(f"pair_fraction must be in [0, 1], got {pair_fraction}")
     n_val, n_test = _split_sizes(n_images, val_fraction, test_fraction)
     rng = np.random.default_rng(seed)
-    plan = _unit_plan(n_images, n_val, n_test, rng)
+    plan = _unit_plan(n_images, n_val, n_test, rng, pair_fraction)
     units = [_make_unit(n_objects, pair_kind, rng) for n_objects, pair_kind in plan]
     _assign_splits(units, n_val, n_test, rng)
 

@@ -254,7 +254,7 @@ def test_concurrent_requests_decode_in_shared_batches_and_match_alone(tiny_stt_m
         assert np.allclose([x["score"] for x in g], [x["score"] for x in w], atol=1e-5)
 
 
-def test_no_input_produces_a_500(client):
+def test_malformed_requests_never_produce_a_500(client):
     """Seeded random bodies and content types against the decoder routes: a success or a JSON error."""
     rng = np.random.default_rng(1)
     png = _png()

@@ -185,14 +185,20 @@ def _no_composition_501(state: ServiceState) -> None:
                                  "vector; the loaded model uses region attention (STT-ATT)")
 
 
-async def _gallery_pixels(image_id: int, state: ServiceState):
-    """A gallery image's file, decoded and preprocessed like an upload; 404 when unknown or gone."""
+def _gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
+    """The file of a gallery image; 404 when the id is unknown or the file is gone."""
     row = state.gallery.meta.image(image_id)
     if row is None:
         raise HTTPException(404, f"no gallery image with id {image_id}")
     path = pathlib.Path(row.path)
     if not path.is_file():
         raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
+    return path
+
+
+async def _gallery_pixels(image_id: int, state: ServiceState):
+    """A gallery image's file, decoded and preprocessed like an upload; 404 when unknown or gone."""
+    path = _gallery_file(image_id, state)
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
@@ -291,12 +297,7 @@ async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceSt
     if size is not None and size > state.settings.max_thumbnail:
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
                                        "msg": f"size must be at most {state.settings.max_thumbnail}"}])
-    row = state.gallery.meta.image(image_id)
-    if row is None:
-        raise HTTPException(404, f"no gallery image with id {image_id}")
-    path = pathlib.Path(row.path)
-    if not path.is_file():
-        raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
+    path = _gallery_file(image_id, state)
     headers = {"Cache-Control": "public, max-age=3600"}
     if size is None:
         return FileResponse(path, media_type=media_type_of(path), headers=headers)

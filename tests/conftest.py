@@ -99,3 +99,30 @@ def index_copy(tiny_index_dir, tmp_path):
     import shutil
 
     return Path(shutil.copytree(tiny_index_dir, tmp_path / "index"))
+
+
+# --- service helpers shared by the service test modules ------------------------------------------------------
+
+async def serve_app(app, work):
+    """Runs ``app`` (lifespan included) in process, waits until /readyz says ready, then ``await work(client)``."""
+    import asyncio
+
+    import httpx
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+            for _ in range(1200):
+                if (await c.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            return await work(c)
+
+
+def batch_stats(metrics_text: str, name: str) -> tuple[float, float]:
+    """(number of batches, requests in them) of batcher ``name``, read from the /metrics text."""
+    import re
+
+    count = float(re.search(rf'jointspace_batch_size_count{{batcher="{name}"}} (\S+)', metrics_text).group(1))
+    total = float(re.search(rf'jointspace_batch_size_sum{{batcher="{name}"}} (\S+)', metrics_text).group(1))
+    return count, total

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from conftest import batch_stats, serve_app
 from index.embed import embed_texts
 from index.gallery import Gallery, add, remove
 from service.app import create_app
@@ -211,11 +212,11 @@ def test_composed_queries_are_batched_and_match_sequential(tiny_model_path, tiny
         return [(await request(c, b, w)).json() for b, w in zip(images, words)], (await c.get("/metrics")).text
 
     common = dict(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
-    batched, b_metrics = asyncio.run(_serve(create_app(Settings(**common, max_wait_ms=200)), concurrent))
-    alone, s_metrics = asyncio.run(_serve(create_app(Settings(**common, batching=False)), sequential))
-    count, total = _batch_stats(b_metrics, "compose")
+    batched, b_metrics = asyncio.run(serve_app(create_app(Settings(**common, max_wait_ms=200)), concurrent))
+    alone, s_metrics = asyncio.run(serve_app(create_app(Settings(**common, batching=False)), sequential))
+    count, total = batch_stats(b_metrics, "compose")
     assert total == len(images) and count < total, (count, total)
-    assert _batch_stats(s_metrics, "compose") == (len(images), len(images))
+    assert batch_stats(s_metrics, "compose") == (len(images), len(images))
     for got, want in zip(batched, alone):
         assert [x["id"] for x in got["results"]] == [x["id"] for x in want["results"]]
         assert np.allclose([x["score"] for x in got["results"]], [x["score"] for x in want["results"]], atol=1e-5)
@@ -362,23 +363,6 @@ def test_not_ready_and_mismatched_index_answer_503_not_500(tiny_model_path, tiny
 
 # --- dynamic batching --------------------------------------------------------------------------------------------
 
-async def _serve(app, work):
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-            for _ in range(600):
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            return await work(c)
-
-
-def _batch_stats(metrics_text, name):
-    count = float(re.search(rf'jointspace_batch_size_count{{batcher="{name}"}} (\S+)', metrics_text).group(1))
-    total = float(re.search(rf'jointspace_batch_size_sum{{batcher="{name}"}} (\S+)', metrics_text).group(1))
-    return count, total
-
-
 QUERIES = [f"a {c} {s} {p} a {c2} {s2}" for c, s, p, c2, s2 in [
     ("red", "circle", "above", "blue", "square"), ("green", "star", "left of", "yellow", "cross"),
     ("purple", "square", "below", "red", "star"), ("orange", "cross", "right of", "green", "circle")]] * 6
@@ -402,14 +386,14 @@ def test_concurrent_requests_are_batched_and_match_sequential(tiny_model_path, t
     common = dict(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
     batched = create_app(Settings(**common, max_batch=64, max_wait_ms=100))
     unbatched = create_app(Settings(**common, batching=False))
-    b_text, b_img, b_metrics = asyncio.run(_serve(batched, concurrent))
-    s_text, s_img, s_metrics = asyncio.run(_serve(unbatched, sequential))
+    b_text, b_img, b_metrics = asyncio.run(serve_app(batched, concurrent))
+    s_text, s_img, s_metrics = asyncio.run(serve_app(unbatched, sequential))
 
-    count, total = _batch_stats(b_metrics, "text")
+    count, total = batch_stats(b_metrics, "text")
     assert total == len(QUERIES) and count < total / 2, (count, total)          # mean batch size > 2
-    count, total = _batch_stats(b_metrics, "image")
+    count, total = batch_stats(b_metrics, "image")
     assert total == 2 * len(images) and count < total, (count, total)
-    assert _batch_stats(s_metrics, "text") == (len(QUERIES), len(QUERIES))       # off: one request per pass
+    assert batch_stats(s_metrics, "text") == (len(QUERIES), len(QUERIES))       # off: one request per pass
 
     for got, want in zip(b_text + b_img, s_text + s_img):
         g, w = got["results"], want["results"]
@@ -425,7 +409,7 @@ def test_full_queue_answers_503_with_retry_after(tiny_model_path, tiny_index_dir
     async def flood(c):
         return await asyncio.gather(*(c.post("/v1/search/images", json={"text": q}) for q in QUERIES))
 
-    responses = asyncio.run(_serve(app, flood))
+    responses = asyncio.run(serve_app(app, flood))
     codes = [r.status_code for r in responses]
     assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
     busy = next(r for r in responses if r.status_code == 503)

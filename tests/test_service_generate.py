@@ -4,17 +4,16 @@ training package's inference API, batched decoding across concurrent requests, v
 decoder."""
 import asyncio
 import io
-import re
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
 import service.engine
+from conftest import batch_stats, serve_app
 from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
@@ -177,23 +176,6 @@ def test_openapi_describes_the_decoder_routes(client):
 
 # --- batched decoding -----------------------------------------------------------------------------------------
 
-async def _serve(app, work):
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
-            for _ in range(1200):
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            return await work(c)
-
-
-def _batch_stats(metrics_text, name):
-    count = float(re.search(rf'jointspace_batch_size_count{{batcher="{name}"}} (\S+)', metrics_text).group(1))
-    total = float(re.search(rf'jointspace_batch_size_sum{{batcher="{name}"}} (\S+)', metrics_text).group(1))
-    return count, total
-
-
 # (n, beam_size) per request: identical settings, and different ones that make the same beam width (n=2 with
 # the model's default beam 3, n=3 with beam 3), share a decoding call
 CAPTION_SETTINGS = [(2, None), (3, 3), (2, None), (1, 1), (3, 5), (2, None), (1, 1), (3, 3)]
@@ -234,15 +216,15 @@ def test_concurrent_requests_decode_in_shared_batches_and_match_alone(tiny_stt_m
         return caps, paras, (await c.get("/metrics")).text
 
     common = _settings(tiny_stt_model_path, tiny_stt_index_dir).model_dump()
-    b_caps, b_paras, b_metrics = asyncio.run(_serve(create_app(Settings(**{**common, "max_batch": 64,
+    b_caps, b_paras, b_metrics = asyncio.run(serve_app(create_app(Settings(**{**common, "max_batch": 64,
                                                                              "max_wait_ms": 200})), concurrent))
     batched_calls, calls[:] = list(calls), []
-    s_caps, s_paras, s_metrics = asyncio.run(_serve(create_app(Settings(**{**common, "batching": False})), alone))
+    s_caps, s_paras, s_metrics = asyncio.run(serve_app(create_app(Settings(**{**common, "batching": False})), alone))
 
     for name, requests in (("caption", len(CAPTION_SETTINGS)), ("paraphrase", len(PARAPHRASE_SETTINGS))):
-        count, total = _batch_stats(b_metrics, name)
+        count, total = batch_stats(b_metrics, name)
         assert total == requests and count < requests, (name, count, total)           # batches of several
-        assert _batch_stats(s_metrics, name) == (requests, requests)                  # one request per batch
+        assert batch_stats(s_metrics, name) == (requests, requests)                  # one request per batch
     # one decoding call per distinct beam width of a batch, never one per request
     assert sum(batched_calls) == 16 and len(batched_calls) < 16 and max(batched_calls) > 1, batched_calls
     assert calls == [1] * 16

@@ -62,6 +62,30 @@ def test_eq12_without_decoder_terms_is_exactly_the_retrieval_loss(synth_small, t
     assert all(p.grad is not None for p in model.decoder.parameters())
 
 
+def test_decoder_writes_vocabulary_words_when_the_text_encoder_tokenises_itself(synth_small, tmp_path):
+    """An encoder with its own ids (here BiR's n-gram features; MiniLM's WordPiece alike) reads caption A in
+    those ids, while the decoder's target caption B is in the vocabulary's word ids it writes."""
+    text = {"encoder": "ngram", "hidden": 32, "options": {"n": 2, "values": "binary"}}
+    cfg = tiny_config(text=text, decoder=STT, train={"epochs": 1, "sampling": "image"})
+    trainer = STTTrainer(cfg, synth_small, tmp_path, progress=False, log=quiet)
+    model = trainer.model
+    texts = [c for r in trainer.train_set.images for c in r.captions]
+    assert trainer.train_ids[0] != model.vocab.encode(texts[0])          # the encoder's ids are not words
+    sample = trainer.make_loader(Stage("main", 1, 1e-3, 16, True), trainer.source(trainer.train_set, True),
+                                 torch.Generator().manual_seed(0)).dataset
+    _, enc_a, target_b, img = sample[0]
+    _, a, b = sample.triples[0]
+    assert enc_a == trainer.train_ids[a] and target_b == model.vocab.encode(texts[b])
+    assert model.vocab.decode(target_b) == " ".join(tokenize(texts[b]))
+    trainer.run()
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    nll = log[0]["val"]["nll"]
+    assert 0 < nll["ic"] < 10 and 0 < nll["para"] < 10                    # ~log |vocab| at the start, finite
+    hyps = paraphrase_texts(load_model(tmp_path / "model.pt"), ["a red circle left of a blue square"], n=2)[0]
+    words = set(model.vocab.idx2word)
+    assert hyps and all(set(t.split()) <= words for t, _ in hyps)
+
+
 def test_stt_training_saves_a_self_contained_model_with_decoder(synth_small, tmp_path):
     cfg = tiny_config(decoder=STT, train={"epochs": 1, "sampling": "image"})
     from training.train import train

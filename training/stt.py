@@ -44,10 +44,15 @@ def ordered_pairs(cap_to_img: list[int]) -> list[tuple[int, int, int]]:
 
 
 class TripleDataset(Dataset):
-    """``(image input, ids of caption A, ids of caption B, image index)`` for each triple."""
+    """``(image input, encoder ids of caption A, decoder word ids of caption B, image index)`` for each triple.
 
-    def __init__(self, source: ImageSource, caption_ids: list[list[int]], triples: list[tuple[int, int, int]]):
+    ``caption_ids`` are what the text encoder reads, ``target_ids`` the vocabulary word ids the decoder writes;
+    they are the same lists unless the encoder tokenises text itself (MiniLM's WordPiece, BiR's n-grams)."""
+
+    def __init__(self, source: ImageSource, caption_ids: list[list[int]], triples: list[tuple[int, int, int]],
+                 target_ids: list[list[int]] | None = None):
         self.source, self.caption_ids, self.triples = source, caption_ids, triples
+        self.target_ids = caption_ids if target_ids is None else target_ids
 
     def __len__(self) -> int:
         return len(self.triples)
@@ -55,7 +60,7 @@ class TripleDataset(Dataset):
     def __getitem__(self, i: int):
         img, a, b = self.triples[i]
         image = self.source.data[img][1] if self.source.kind == "files" else self.source.data[img]
-        return image, self.caption_ids[a], self.caption_ids[b], img
+        return image, self.caption_ids[a], self.target_ids[b], img
 
 
 def collate_triples(batch):
@@ -106,12 +111,21 @@ class STTTrainer(Trainer):
         super().__init__(cfg, data, out_dir, progress=progress, log=log)
         self.stt_loss = build_stt_loss(cfg)
         self.triples = ordered_pairs(self.train_cap_to_img)
+        self.target_ids = self.decoder_ids([c for r in self.train_set.images for c in r.captions], self.train_ids)
         self._parts: list[dict] = []
+
+    def decoder_ids(self, texts: list[str], encoder_ids: list[list[int]]) -> list[list[int]]:
+        """The vocabulary word ids the decoder writes for ``texts``: ``encoder_ids`` themselves unless the text
+        encoder tokenises text its own way (``encode_text``: WordPiece, n-gram features)."""
+        model = self.model
+        if getattr(model.text_encoder, "encode_text", None) is None:
+            return encoder_ids
+        return [model.vocab.encode(t, max_len=self.cfg["data"]["max_caption_len"]) for t in texts]
 
     # --- training ----------------------------------------------------------------------------------
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         t = self.cfg["train"]
-        data = TripleDataset(train_source, self.train_ids, self.triples)
+        data = TripleDataset(train_source, self.train_ids, self.triples, self.target_ids)
         sampler = self.sampler(data, [img for img, _, _ in self.triples], generator)
         return DataLoader(data, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_triples,
                           drop_last=len(sampler) > stage.batch_size,
@@ -166,8 +180,10 @@ class STTTrainer(Trainer):
         model.eval()
         img_emb = embed_image_source(model, source, device=self.device, amp=self.amp,
                                      workers=self.cfg["train"]["workers"]).to(self.device)
-        caps = [model.encode_text_ids([c])[0] for r in self.val_set.images for c in r.captions]
+        texts = [c for r in self.val_set.images for c in r.captions]
+        caps = model.encode_text_ids(texts)
         cap_emb = embed_caption_ids(model, caps, device=self.device, amp=self.amp)
+        targets = self.decoder_ids(texts, caps)
         pairs = []
         start = 0
         for r in self.val_set.images:
@@ -177,7 +193,7 @@ class STTTrainer(Trainer):
         sums, words = {"ic": 0.0, "para": 0.0}, 0
         for s in range(0, len(pairs), batch_size):
             chunk = pairs[s:s + batch_size]
-            ids, lengths = pad_batch([caps[b] for _, _, b in chunk])
+            ids, lengths = pad_batch([targets[b] for _, _, b in chunk])
             ids, lengths = ids.to(self.device), lengths.to(self.device)
             img = img_emb[torch.tensor([i for i, _, _ in chunk], device=self.device)]
             cap = cap_emb[torch.tensor([a for _, a, _ in chunk], device=self.device)]

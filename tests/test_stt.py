@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_config
 from training.attention import RegionWordAttention
+from training.config import ConfigError
 from training.caption_eval import CocoScorer, coco_scores, java_available
 from training.data import load_dataset
 from training.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
@@ -98,6 +99,34 @@ def test_stt_training_saves_a_self_contained_model_with_decoder(synth_small, tmp
     assert model.decoder is not None and model.fingerprint == again.fingerprint
     z = model.embed_sentences(["a red circle left of a blue square"])
     assert caption_embeddings(model, z, n=2, beam_size=2) == caption_embeddings(again, z, n=2, beam_size=2)
+
+
+@pytest.mark.parametrize("select_on, best_epoch", [("nll", 4), ("rsum", 2)])
+def test_select_on_picks_the_checkpoint_and_stops_early(synth_small, tmp_path, monkeypatch, select_on, best_epoch):
+    """``train.select_on``: the saved checkpoint and early stopping follow the validation R-sum, or the
+    decoder's validation NLL (λ-weighted mean of captioning and paraphrasing), which keeps falling after the
+    R-sum peaks. Validation returns scripted numbers; training is real."""
+    script = iter([(10.0, 4.0, 4.0), (30.0, 3.0, 3.0), (20.0, 2.0, 2.5), (5.0, 2.6, 2.0), (4.0, 3.0, 3.0), (3.0, 1.0, 1.0)])
+
+    def scripted_validation(self, source):
+        rsum, ic, para = next(script)
+        return {"i2t": {}, "t2i": {}, "rsum": rsum, "nll": {"ic": ic, "para": para}}
+
+    monkeypatch.setattr(STTTrainer, "validate", scripted_validation)
+    cfg = tiny_config(decoder={**STT, "lambda_ic": 1.0, "lambda_para": 3.0},     # weighted NLL: 4, 3, 2.375, 2.15
+                      train={"epochs": 6, "patience": 1 if select_on == "nll" else 2, "sampling": "image",
+                             "select_on": select_on})
+    summary = STTTrainer(cfg, synth_small, tmp_path, progress=False, log=quiet).run()
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log if r.get("best")][-1] == best_epoch
+    assert load_model(tmp_path / "model.pt").extra["epoch"] == best_epoch
+    assert summary["best_val_rsum"] == [10.0, 30.0, 20.0, 5.0][best_epoch - 1]
+    assert len(log) == (5 if select_on == "nll" else 4)                 # stopped after one / two epochs without a gain
+
+    with pytest.raises(ConfigError, match="select_on"):
+        tiny_config(train={"select_on": "nll"})                          # no decoder: nothing to select on
+    with pytest.raises(ConfigError, match="select_on"):
+        tiny_config(decoder=STT, train={"select_on": "bleu"})
 
 
 def test_inference_api_returns_ranked_well_formed_sentences(synth_small, tmp_path):

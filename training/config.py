@@ -68,7 +68,9 @@ DEFAULTS: dict[str, Any] = {
         "lr_decay_factor": 0.1,
         "weight_decay": 0.0,
         "grad_clip": 2.0,
-        "patience": 10,             # early stopping on validation R-sum (epochs without improvement)
+        "patience": 10,             # early stopping (epochs without a better select_on value)
+        "select_on": "rsum",        # best checkpoint + early stopping: rsum (validation R-sum) | nll (the
+                                    # decoder's validation NLL per word: captions keep improving after R-sum)
         "seed": 0,
         "device": "auto",           # auto | cpu | cuda
         "amp": "auto",              # auto (bf16 autocast on CUDA) | off
@@ -212,6 +214,11 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"train.optimizer must be adam, rmsprop or sgd, got {t['optimizer']!r}")
     if t["lr_schedule"] not in ("step", "plateau", "linear"):
         raise ConfigError(f"train.lr_schedule must be step, plateau or linear, got {t['lr_schedule']!r}")
+    if t["select_on"] not in ("rsum", "nll"):
+        raise ConfigError(f"train.select_on must be rsum or nll, got {t['select_on']!r}")
+    if t["select_on"] == "nll" and not (cfg["decoder"]["enabled"]
+                                        and cfg["decoder"]["lambda_ic"] + cfg["decoder"]["lambda_para"] > 0):
+        raise ConfigError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
     if t["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
     d = cfg["decoder"]

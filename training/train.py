@@ -139,7 +139,7 @@ class Trainer:
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
         self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
-        self.best_rsum = float("-inf")
+        self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
 
     def source(self, dataset: CaptionDataset, trainable: bool) -> ImageSource:
@@ -147,6 +147,16 @@ class Trainer:
         return image_source(self.model, [r.path for r in dataset.images], trainable=trainable,
                             cache_dir=self.cfg["image"]["cache_dir"], device=self.device, workers=t["workers"],
                             progress=self.progress, amp=self.amp)
+
+    def selection_score(self, val: dict) -> float:
+        """``train.select_on``: what the best checkpoint, early stopping and the plateau schedule follow (higher
+        is better): the validation R-sum, or the decoder's teacher-forced validation NLL per word (negated;
+        captioning and paraphrasing weighted by λ1 and λ2 of eq. 12)."""
+        if self.cfg["train"]["select_on"] == "nll":
+            d = self.cfg["decoder"]
+            weights = {"ic": d["lambda_ic"], "para": d["lambda_para"]}
+            return -sum(w * val["nll"][k] for k, w in weights.items()) / sum(weights.values())
+        return val["rsum"]
 
     def validate(self, source: ImageSource) -> dict:
         img, cap, cap_to_img = embed_split(self.model, self.val_set, device=self.device, amp=self.amp,
@@ -248,10 +258,11 @@ class Trainer:
             if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
                 val = self.validate(val_source)
                 record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
+                score = self.selection_score(val)
                 if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                    scheduler.step(val["rsum"])
-                if val["rsum"] > self.best_rsum:
-                    self.best_rsum, bad_epochs = val["rsum"], 0
+                    scheduler.step(score)
+                if score > self.best_score:
+                    self.best_score, self.best_rsum, bad_epochs = score, val["rsum"], 0
                     record["best"] = True
                     save_model(model, self.out_dir / "model.pt",
                                extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
@@ -264,7 +275,7 @@ class Trainer:
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
                      f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
             if bad_epochs >= t["patience"]:
-                self.log(f"early stop: no validation R-sum gain in {bad_epochs} epochs")
+                self.log(f"early stop: no validation {t['select_on']} gain in {bad_epochs} epochs")
                 return False
         return True
 

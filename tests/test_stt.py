@@ -287,7 +287,16 @@ def test_evaluate_json_gains_captioning_and_paraphrasing(synth_small, tmp_path, 
         assert all(0 <= row[m] <= 1 for m in ("bleu1", "bleu2", "bleu3", "bleu4"))
         assert row["cider"] >= 0 and row["meteor"] is None and row["skipped"] == {"meteor": "not requested"}
     assert result["examples"][0]["caption"] and "rsum" in result
+    assert result["decoding"]["beam_size"] == STT.get("beam_size", 3)
     assert "captioning" in capsys.readouterr().out
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt"), "--data", str(synth_small), "--split", "test",
+                 "--out", str(out), "--workers", "0", "--no-meteor", "--quiet", "--beam-size", "1",
+                 "--length-penalty", "0"]) == 0
+    greedy = json.loads(out.read_text())
+    assert greedy["decoding"]["beam_size"] == 1 and greedy["decoding"]["length_penalty"] == 0
+    example = greedy["examples"][0]
+    model = load_model(tmp_path / "m.pt")
+    assert example["caption"] == caption_images(model, [example["image"]], beam_size=1, length_penalty=0)[0][0][0]
 
     save_model(build_model(tiny_config(), vocab), tmp_path / "plain.pt")   # retrieval-only: no such keys
     assert main(["evaluate", "--model", str(tmp_path / "plain.pt"), "--data", str(synth_small), "--split", "test",

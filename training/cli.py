@@ -38,6 +38,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-generation", action="store_true",
                    help="skip captioning/paraphrasing scores of a model with a decoder")
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
+    p.add_argument("--beam-size", type=int, help="decoding for the captioning/paraphrasing scores "
+                                                 "(default: the model's decoder.beam_size)")
+    p.add_argument("--length-penalty", type=float, help="default: the model's decoder.length_penalty")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
@@ -151,7 +154,8 @@ def cmd_evaluate(args) -> int:
         return 2
     result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
                             amp=device.type == "cuda", generation=not args.no_generation,
-                            meteor=not args.no_meteor)
+                            meteor=not args.no_meteor,
+                            decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty})
     print(format_table(result))
     out = public(result)
     out.update({"split": args.split, "data": str(args.data), "model": str(args.model),

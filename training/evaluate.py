@@ -231,11 +231,12 @@ def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
 
 
 def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
-                   amp: bool = False, generation: bool = True, meteor: bool = True) -> dict:
+                   amp: bool = False, generation: bool = True, meteor: bool = True,
+                   decode: dict | None = None) -> dict:
     """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
     A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; ``generation``
-    turns them off); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the pooled
+    turns them off; ``decode`` overrides the model's decoding settings, e.g. ``{"beam_size": 5}``); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the pooled
     vectors' metrics under ``pooled``."""
     from .embed import embed_split, image_source
 
@@ -252,7 +253,8 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
     if generation and getattr(model, "decoder", None) is not None:
         from .caption_eval import generation_metrics
 
-        result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress))
+        result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
+                                         **(decode or {})))
     pairs = minimal_pairs_of(dataset)
     if pairs:
         result["minimal_pairs"] = minimal_pair_accuracy(img, cap, cap_to_img, pairs, model.similarity)

@@ -106,7 +106,8 @@ def test_select_on_picks_the_checkpoint_and_stops_early(synth_small, tmp_path, m
     """``train.select_on``: the saved checkpoint and early stopping follow the validation R-sum, or the
     decoder's validation NLL (λ-weighted mean of captioning and paraphrasing), which keeps falling after the
     R-sum peaks. Validation returns scripted numbers; training is real."""
-    script = iter([(10.0, 4.0, 4.0), (30.0, 3.0, 3.0), (20.0, 2.0, 2.5), (5.0, 2.6, 2.0), (4.0, 3.0, 3.0), (3.0, 1.0, 1.0)])
+    script = iter([(10.0, 4.0, 4.0), (30.0, 3.0, 3.0), (20.0, 2.0, 2.5), (5.0, 2.6, 2.0), (4.0, 3.0, 3.0),
+                   (3.0, 1.0, 1.0)])                  # (R-sum, NLL ic, NLL para) of epochs 1-6
 
     def scripted_validation(self, source):
         rsum, ic, para = next(script)

@@ -90,11 +90,14 @@ class JointEmbedding(nn.Module):
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts → the id lists the text encoder reads: word ids of ``vocab``, unless the encoder tokenises
         itself (``encode_text``: n-gram features, WordPiece; see text_encoders.py)."""
-        max_len = self.cfg["data"]["max_caption_len"]
         own = getattr(self.text_encoder, "encode_text", None)
         if own is not None:
-            return [own(t, self.vocab, max_len) for t in texts]
-        return [self.vocab.encode(t, max_len=max_len) for t in texts]
+            return [own(t, self.vocab, self.cfg["data"]["max_caption_len"]) for t in texts]
+        return self.encode_word_ids(texts)
+
+    def encode_word_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts → word ids of ``vocab``: what the sentence decoder writes, whatever the text encoder reads."""
+        return [self.vocab.encode(t, max_len=self.cfg["data"]["max_caption_len"]) for t in texts]
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Padded ids → the common space, before the similarity's normalisation."""

@@ -117,10 +117,9 @@ class STTTrainer(Trainer):
     def decoder_ids(self, texts: list[str], encoder_ids: list[list[int]]) -> list[list[int]]:
         """The vocabulary word ids the decoder writes for ``texts``: ``encoder_ids`` themselves unless the text
         encoder tokenises text its own way (``encode_text``: WordPiece, n-gram features)."""
-        model = self.model
-        if getattr(model.text_encoder, "encode_text", None) is None:
+        if getattr(self.model.text_encoder, "encode_text", None) is None:
             return encoder_ids
-        return [model.vocab.encode(t, max_len=self.cfg["data"]["max_caption_len"]) for t in texts]
+        return self.model.encode_word_ids(texts)
 
     # --- training ----------------------------------------------------------------------------------
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:

@@ -303,3 +303,50 @@ def test_evaluate_json_gains_captioning_and_paraphrasing(synth_small, tmp_path, 
     assert main(["evaluate", "--model", str(tmp_path / "plain.pt"), "--data", str(synth_small), "--split", "test",
                  "--out", str(out), "--workers", "0", "--quiet"]) == 0
     assert "captioning" not in json.loads(out.read_text())
+
+
+def test_decoder_trained_on_a_frozen_retrieval_space_keeps_its_retrieval(synth_small, tmp_path):
+    """``train.init_from`` + ``train.freeze``: an STT decoder trained on the common space of a finished
+    retrieval model leaves every retrieval tensor, and so the retrieval metrics, exactly as they were."""
+    from training.evaluate import evaluate_model
+    from training.train import train
+
+    train(tiny_config(train={"epochs": 1}), synth_small, tmp_path / "retrieval", progress=False, log=quiet)
+    base = load_model(tmp_path / "retrieval" / "model.pt")
+    frozen = ["backbone", "image_proj", "text_encoder", "text_proj"]
+    cfg = tiny_config(decoder={**STT, "lambda_sim": 0.0},
+                      train={"epochs": 2, "sampling": "image", "select_on": "nll",
+                             "init_from": str(tmp_path / "retrieval" / "model.pt"), "freeze": frozen})
+    train(cfg, synth_small, tmp_path / "stt", progress=False, log=quiet)
+    stt = load_model(tmp_path / "stt" / "model.pt")
+    before, after = base.state_dict(), stt.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)          # every retrieval tensor unchanged
+    fresh = build_model(cfg, stt.vocab, load_weights=False).decoder.state_dict()
+    assert any(not torch.equal(fresh[k], v) for k, v in stt.decoder.state_dict().items())   # ... the decoder trained
+    data = load_dataset(synth_small).split("val")
+    r0 = evaluate_model(base, data, progress=False, generation=False)
+    r1 = evaluate_model(stt, data, progress=False, generation=False)
+    assert (r1["i2t"], r1["t2i"], r1["rsum"]) == (r0["i2t"], r0["t2i"], r0["rsum"])
+    log = [json.loads(line) for line in (tmp_path / "stt" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["val"]["nll"]["ic"] > log[-1]["val"]["nll"]["ic"]      # the captioner learns
+
+
+def test_init_from_and_freeze_refuse_what_cannot_work(synth_small, tmp_path):
+    from training.train import train
+
+    train(tiny_config(train={"epochs": 1}), synth_small, tmp_path / "r", progress=False, log=quiet)
+    ckpt = str(tmp_path / "r" / "model.pt")
+    with pytest.raises(ValueError, match="no module"):
+        train(tiny_config(train={"freeze": ["image_projection"]}), synth_small, tmp_path / "a", progress=False,
+              log=quiet)
+    with pytest.raises(ValueError, match="shapes differ"):                # another width of the text GRU
+        train(tiny_config(text={"hidden": 48}, train={"init_from": ckpt}), synth_small, tmp_path / "b",
+              progress=False, log=quiet)
+    with pytest.raises(ValueError, match="vocabulary differs"):           # word ids would mean other words
+        train(tiny_config(data={"min_word_count": 50}, train={"init_from": ckpt}), synth_small, tmp_path / "c",
+              progress=False, log=quiet)
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(tiny_config(train={"freeze": ["backbone", "image_proj", "text_encoder", "text_proj"]}), synth_small,
+              tmp_path / "d", progress=False, log=quiet)
+    with pytest.raises(ConfigError, match="freeze"):
+        tiny_config(train={"freeze": "decoder"})

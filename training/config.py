@@ -91,6 +91,9 @@ DEFAULTS: dict[str, Any] = {
                                     #   lr_decay_epochs (BiR §6.3)
         "lr_plateau_patience": 3,
         "lr_final_factor": 0.01,
+        "init_from": None,          # a model.pt whose same-named tensors start this run (e.g. a retrieval
+                                    # model's projections under a new STT decoder)
+        "freeze": [],               # top-level modules not trained: image_proj, text_encoder, text_proj, decoder
     },
     "decoder": {                    # STT §3.2: a sentence decoder trained jointly on the common space
         "enabled": False,           # False: retrieval only (no decoder in the model)
@@ -219,6 +222,10 @@ def validate(cfg: dict) -> None:
     if t["select_on"] == "nll" and not (cfg["decoder"]["enabled"]
                                         and cfg["decoder"]["lambda_ic"] + cfg["decoder"]["lambda_para"] > 0):
         raise ConfigError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
+    if not isinstance(t["freeze"], list) or not all(isinstance(m, str) for m in t["freeze"]):
+        raise ConfigError(f"train.freeze must be a list of module names, got {t['freeze']!r}")
+    if t["init_from"] is not None and not isinstance(t["init_from"], str):
+        raise ConfigError(f"train.init_from must be a model.pt path, got {t['init_from']!r}")
     if t["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
     d = cfg["decoder"]

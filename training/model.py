@@ -166,6 +166,46 @@ def load_checkpoint(path: str | Path) -> dict:
     return payload
 
 
+def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> list[str]:
+    """Copies into ``model`` every tensor of the checkpoint at ``path`` that ``model`` has under the same name
+    (``train.init_from``: e.g. a retrieval model's encoders under a new STT decoder). Returns the names loaded.
+
+    Raises ``ValueError`` when a shared tensor has another shape, when nothing is shared, or when the two
+    vocabularies differ while the text encoder reads vocabulary ids (its word embeddings would mean other
+    words)."""
+    payload = load_checkpoint(path)
+    ours = model.state_dict()
+    theirs = payload["state_dict"]
+    shared = [k for k in theirs if k in ours]
+    if not shared:
+        raise ValueError(f"train.init_from {path}: no tensor of that checkpoint exists in this model")
+    reads_vocab_ids = getattr(model.text_encoder, "encode_text", None) is None
+    by_word = [k for k in shared if k.startswith("decoder.") or (reads_vocab_ids and k.startswith("text_encoder."))]
+    if by_word and payload["vocab"] != model.vocab.to_dict():
+        raise ValueError(f"train.init_from {path}: its vocabulary differs from this run's, and {by_word[0]} is "
+                         "indexed by word (same data, data.min_word_count and data.max_words are needed)")
+    wrong = [f"{k} {tuple(theirs[k].shape)} vs {tuple(ours[k].shape)}" for k in shared
+             if theirs[k].shape != ours[k].shape]
+    if wrong:
+        raise ValueError(f"train.init_from {path}: shapes differ: {'; '.join(wrong[:5])}")
+    model.load_state_dict({**ours, **{k: theirs[k] for k in shared}})
+    fresh = sorted({k.split(".")[0] for k in ours if k not in theirs})
+    log(f"init_from {path}: {len(shared)} tensors loaded" + (f"; new: {', '.join(fresh)}" if fresh else ""))
+    return shared
+
+
+def freeze_modules(model: JointEmbedding, names) -> list[str]:
+    """``train.freeze``: the named top-level modules (e.g. ``image_proj``, ``text_encoder``, ``text_proj``)
+    get no gradients (the trainer also keeps them in eval mode: no dropout)."""
+    known = {name for name, _ in model.named_children()}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"train.freeze: no module {', '.join(unknown)} (modules: {', '.join(sorted(known))})")
+    for name in names:
+        getattr(model, name).requires_grad_(False)
+    return list(names)
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding:
     """Rebuilds the model from ``model.pt`` alone (no pretrained-weight files are read) in eval mode."""
     payload = load_checkpoint(path)

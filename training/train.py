@@ -26,7 +26,7 @@ from .embed import ImageSource, autocast, embed_split, image_inputs_to_embedding
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
 from .fileio import write_text
 from .losses import build_loss
-from .model import build_model, save_model
+from .model import build_model, freeze_modules, init_from_checkpoint, save_model
 from .vocab import SPECIALS, Vocabulary, pad_batch
 
 
@@ -134,6 +134,9 @@ class Trainer:
         if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
             fit(train_texts, vocab, log=log)
         self.fit_seconds = round(time.time() - fit_start, 1)
+        if t["init_from"]:
+            init_from_checkpoint(model, t["init_from"], log=log)
+        freeze_modules(model, t["freeze"])
         self.model = model.to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
@@ -222,9 +225,12 @@ class Trainer:
         t = self.cfg["train"]
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
+        freeze_modules(model, t["freeze"])
         train_source = self.source(self.train_set, stage.backbone_trainable)
         val_source = self.source(self.val_set, stage.backbone_trainable)
         params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"nothing to train: train.freeze {t['freeze']} leaves no trainable parameter")
         optimizer = build_optimizer(t, params, stage.lr)
         scheduler = build_scheduler(t, optimizer)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
@@ -234,6 +240,8 @@ class Trainer:
             model.train()
             if not stage.backbone_trainable:
                 model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
+            for name in t["freeze"]:
+                getattr(model, name).eval()
             losses = []
             bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
                        unit="batch", leave=False)

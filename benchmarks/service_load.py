@@ -142,7 +142,8 @@ def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_w
            str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--log-level", "warning"]
     if not batching:
         cmd.append("--no-batching")
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)   # keep the caller's
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": path})
     deadline = time.time() + 120
     while time.time() < deadline:
         try:

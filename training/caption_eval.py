@@ -7,12 +7,17 @@ toolkit ``pycocoevalcap``: BLEU-1..4, METEOR and CIDEr(-D), the numbers the pape
 The toolkit tokenises with the Stanford PTB tokenizer and scores METEOR with ``meteor-1.5.jar``, both
 shipped in the wheel and run with Java (no download; SPICE, which fetches Stanford CoreNLP, is not used).
 Without Java, METEOR is reported as skipped (``null`` plus ``skipped``) and sentences are tokenised with
-jointspace's own tokenizer, which the result names under ``tokenizer``.
+jointspace's own tokenizer, which the result names under ``tokenizer``. To get the toolkit's numbers for
+sentences generated on a machine without Java, ``jointspace evaluate --generations FILE`` writes them and
+``jointspace score-generations FILE`` scores them where Java is (:func:`load_generations`,
+:func:`score_generations`).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Hashable
 
 import torch
@@ -113,11 +118,60 @@ def coco_scores(references: dict[Hashable, list[str]], candidates: dict[Hashable
         return scorer.score(references, candidates)
 
 
+TASKS = ("captioning", "paraphrasing")
+
+
+def score_generations(generations: dict, meteor: bool = True) -> dict:
+    """``captioning`` and ``paraphrasing`` scores of generated sentences, each task a list of
+    ``{"key", "candidate", "references", ...}`` (``generation_metrics``' ``_generations``, or a file written by
+    ``jointspace evaluate --generations``); one scorer, so one METEOR process, for both tasks."""
+    with CocoScorer(meteor=meteor) as scorer:
+        return {task: scorer.score({e["key"]: list(e["references"]) for e in generations[task]},
+                                   {e["key"]: e["candidate"] for e in generations[task]})
+                for task in TASKS}
+
+
+def load_generations(path: str | Path) -> dict:
+    """Reads and checks a ``jointspace evaluate --generations`` file; ``ValueError`` says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no such generations file: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a JSON file: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object with 'captioning' and 'paraphrasing' lists")
+    for task in TASKS:
+        entries = data.get(task)
+        if not isinstance(entries, list):
+            raise ValueError(f"{path}: '{task}' is missing or not a list (write the file with "
+                             f"`jointspace evaluate --generations`)")
+        seen = set()
+        for i, e in enumerate(entries):
+            where = f"{path}: {task}[{i}]"
+            if not isinstance(e, dict) or not {"key", "candidate", "references"} <= set(e):
+                raise ValueError(f"{where}: expected an object with 'key', 'candidate' and 'references'")
+            if not isinstance(e["key"], (int, str)) or isinstance(e["key"], bool):
+                raise ValueError(f"{where}: 'key' must be an integer or a string")
+            if e["key"] in seen:
+                raise ValueError(f"{where}: duplicate key {e['key']!r}")
+            seen.add(e["key"])
+            if not isinstance(e["candidate"], str):
+                raise ValueError(f"{where}: 'candidate' must be a string")
+            refs = e["references"]
+            if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
+                raise ValueError(f"{where}: 'references' must be a non-empty list of strings")
+    return data
+
+
 def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
                        cap_to_img: torch.Tensor, meteor: bool = True, examples: int = 5, progress: bool = True,
                        **decode) -> dict:
     """``captioning`` and ``paraphrasing`` scores of a split, from its embedded images and captions
-    (``embed.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them)."""
+    (``embed.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them). The scored
+    sentences are under ``_generations`` (``{"captioning": [...], "paraphrasing": [...]}``, see
+    :func:`score_generations`)."""
     from tqdm.auto import tqdm
 
     from .generate import caption_embeddings, decode_settings
@@ -136,23 +190,25 @@ def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: tor
     generated = decode_all(image_emb, "captioning")
     # the paraphraser's output as a user gets it: a copy of the input sentence is not a paraphrase
     paraphrases = decode_all(caption_emb, "paraphrasing", exclude=[[" ".join(tokenize(c))] for c in captions])
-    cap_refs = {r.image_id: list(r.captions) for r in dataset.images}
+    # the sentences exactly as scored: ``jointspace evaluate --generations`` writes them for re-scoring elsewhere
+    captioning = [{"key": r.image_id, "image": str(r.path), "candidate": generated[i],
+                   "references": list(r.captions)} for i, r in enumerate(dataset.images)]
     by_image: dict[int, list[int]] = {}
     for j, img in enumerate(cap_to_img.tolist()):
         by_image.setdefault(img, []).append(j)
-    para_refs, para_cands = {}, {}
+    paraphrasing = []
     for img, caps in by_image.items():
         for j in caps:
             others = [captions[k] for k in caps if k != j]
-            if others:
-                para_refs[j], para_cands[j] = others, paraphrases[j]
-    with CocoScorer(meteor=meteor) as scorer:
-        cap_scores = scorer.score(cap_refs, {r.image_id: generated[i] for i, r in enumerate(dataset.images)})
-        para_scores = scorer.score(para_refs, para_cands)
+            if others:      # a lone caption has nothing to be scored against
+                paraphrasing.append({"key": j, "source": captions[j], "candidate": paraphrases[j],
+                                     "references": others})
+    generations = {"captioning": captioning, "paraphrasing": paraphrasing}
+    scores = score_generations(generations, meteor=meteor)
     shown = [{"image": str(r.path), "caption": generated[i], "references": list(r.captions),
               "paraphrase_of": captions[by_image[r.image_id][0]], "paraphrase": paraphrases[by_image[r.image_id][0]]}
              for i, r in enumerate(dataset.images[:examples]) if r.image_id in by_image]
-    return {"captioning": cap_scores, "paraphrasing": para_scores, "decoding": settings, "examples": shown}
+    return {**scores, "decoding": settings, "examples": shown, "_generations": generations}
 
 
 def format_generation(result: dict) -> str:

@@ -1,5 +1,5 @@
-"""``jointspace synth | train | evaluate | caption | paraphrase | zoo | compose`` — the training package's
-commands (assembled in service/cli.py)."""
+"""``jointspace synth | train | evaluate | score-generations | caption | paraphrase | zoo | compose`` — the
+training package's commands (assembled in service/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -41,8 +41,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, help="decoding for the captioning/paraphrasing scores "
                                                  "(default: the model's decoder.beam_size)")
     p.add_argument("--length-penalty", type=float, help="default: the model's decoder.length_penalty")
+    p.add_argument("--generations", metavar="FILE",
+                   help="write the generated captions and paraphrases with their references as JSON here, "
+                        "to re-score them with `jointspace score-generations` (e.g. where Java is)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("score-generations", help="captioning/paraphrasing scores (BLEU, METEOR, CIDEr) of a file "
+                                                 "written by `jointspace evaluate --generations`")
+    p.add_argument("file", metavar="FILE", help="the --generations JSON file")
+    p.add_argument("--out", help="write the scores as JSON here")
+    p.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
+    p.set_defaults(func=cmd_score_generations)
 
     for name, what, target in (("caption", "caption images with an STT model (STT eq. 10)", "IMAGE"),
                                ("paraphrase", "paraphrase sentences with an STT model (STT eq. 11)", "SENTENCE")):
@@ -146,8 +156,16 @@ def cmd_evaluate(args) -> int:
     from .model import load_model
     from .train import resolve_device
 
+    if args.generations and args.no_generation:
+        print("error: --generations needs the captioning/paraphrasing run that --no-generation turns off",
+              file=sys.stderr)
+        return 2
     device = resolve_device(args.device)
     model = load_model(args.model, device)
+    if args.generations and getattr(model, "decoder", None) is None:
+        print(f"error: --generations: {args.model} has no sentence decoder (a retrieval-only model generates "
+              f"no captions)", file=sys.stderr)
+        return 2
     dataset = load_dataset(args.data, split=args.split).split(args.split)
     if dataset.n_images == 0:
         print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
@@ -163,9 +181,30 @@ def cmd_evaluate(args) -> int:
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out}")
+    if args.generations:
+        write_json(args.generations, {"model": str(args.model), "data": str(args.data), "split": args.split,
+                                       "decoding": result["decoding"], **result["_generations"]})
+        print(f"wrote {args.generations}")
     if args.plot:
         plot_recall(result, args.plot, title=f"{Path(args.model).parent.name} on {args.split}")
         print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_score_generations(args) -> int:
+    from .caption_eval import format_generation, load_generations, score_generations
+    from .fileio import write_json
+
+    try:
+        generations = load_generations(args.file)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    scores = score_generations(generations, meteor=not args.no_meteor)
+    print(format_generation(scores))
+    if args.out:
+        write_json(args.out, {**scores, "source": str(args.file)})
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -235,9 +235,10 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
                    decode: dict | None = None) -> dict:
     """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
-    A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; ``generation``
-    turns them off; ``decode`` overrides the model's decoding settings, e.g. ``{"beam_size": 5}``); an STT-ATT
-    model is ranked with its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
+    A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; the scored sentences
+    under ``_generations``; ``generation`` turns them off; ``decode`` overrides the model's decoding settings,
+    e.g. ``{"beam_size": 5}``); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the
+    pooled vectors' metrics under ``pooled``."""
     from .embed import embed_split, image_source
 
     source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,

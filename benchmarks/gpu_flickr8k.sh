@@ -97,6 +97,21 @@ generations)
             --device cuda --no-meteor --quiet --out "$R/$run/eval_gen.json" --generations "$R/$run/generations.json") \
             > "$R/logs/gen_$run.log" 2>&1 && tail -n 12 "$R/logs/gen_$run.log" || tail -n 5 "$R/logs/gen_$run.log"
     done ;;
+finish)   # the device time is running out: stop the jobs, evaluate what was cut short, write the generations
+    pkill -f "gpu_flickr8k.sh __lib"; pkill -f "xargs -P"; pkill -f "service.cli (zoo|train|evaluate)"; sleep 3
+    for m in "$R"/zoo/*/model.pt; do       # in parallel: the GPU is free now
+        d=$(dirname "$m"); [ -e "$d/metrics.json" ] && continue
+        (cd "$(pwd)" && timeout 300 python3 -m service.cli evaluate --model "$m" --data "$D" --split val --device cuda \
+            --quiet --no-generation --out "$d/eval_partial.json") > "$d/eval_partial.log" 2>&1 &
+    done
+    for run in stt_frozen stt_frozen_lstm stt_joint; do
+        [ -e "$R/$run/model.pt" ] || continue
+        (cd "$(pwd)" && timeout 400 python3 -m service.cli evaluate --model "$R/$run/model.pt" --data "$D" --split val \
+            --device cuda --no-meteor --out "$R/$run/eval.json" --generations "$R/$run/generations.json") \
+            > "$R/logs/gen_$run.log" 2>&1 &
+    done
+    wait
+    ls "$R"/zoo/*/eval_partial.json "$R"/*/generations.json ;;
 bench)
     source "$JS/benchmarks/gpu_flickr8k.sh" __lib
     job service_bench service_bench; tail -n 30 "$R/logs/service_bench.log" ;;

@@ -1,5 +1,6 @@
 """``jointspace evaluate --generations`` and ``jointspace score-generations``: the sentences an evaluation
 generated, written to a file and re-scored elsewhere (e.g. where Java is) to the same numbers."""
+import gzip
 import json
 
 import pytest
@@ -76,6 +77,12 @@ def test_score_generations_reproduces_the_evaluate_scores(evaluated, tmp_path, c
         assert {m: scores[task][m] for m in METRICS} == {m: result[task][m] for m in METRICS}
         assert scores[task]["n"] == result[task]["n"] and scores[task]["tokenizer"] == result[task]["tokenizer"]
         assert scores[task]["meteor"] is None and scores[task]["skipped"] == {"meteor": "not requested"}
+
+    gz = tmp_path / "generations.json.gz"              # the same file gzipped scores the same
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert main(["score-generations", str(gz), "--out", str(tmp_path / "gz.json"), "--no-meteor"]) == 0
+    again = json.loads((tmp_path / "gz.json").read_text())
+    assert all(again[t] == scores[t] for t in ("captioning", "paraphrasing"))
 
 
 def test_score_generations_scores_meteor_with_java_or_reports_it_skipped(tmp_path, capsys):

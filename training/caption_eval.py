@@ -14,6 +14,7 @@ sentences generated on a machine without Java, ``jointspace evaluate --generatio
 """
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -136,9 +137,9 @@ def load_generations(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no such generations file: {path}")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    try:   # a .gz file is read through gzip (generations of a whole split compress ~10x)
+        data = json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not a JSON file: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object with 'captioning' and 'paraphrasing' lists")

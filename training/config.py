@@ -93,7 +93,7 @@ DEFAULTS: dict[str, Any] = {
         "lr_final_factor": 0.01,
         "init_from": None,          # a model.pt whose same-named tensors start this run (e.g. a retrieval
                                     # model's projections under a new STT decoder)
-        "freeze": [],               # top-level modules not trained: image_proj, text_encoder, text_proj, decoder
+        "freeze": [],               # top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder
     },
     "decoder": {                    # STT §3.2: a sentence decoder trained jointly on the common space
         "enabled": False,           # False: retrieval only (no decoder in the model)

@@ -8,8 +8,7 @@
 #   benchmarks/gpu_flickr8k.sh launch         start everything in the background (setsid), return at once
 #   benchmarks/gpu_flickr8k.sh bench          the service benchmark (batched CUDA inference), in the foreground:
 #                                             run it when the training jobs are done, on a quiet machine
-#   benchmarks/gpu_flickr8k.sh generations RUN...  write RUN/generations.json (every caption and paraphrase) with
-#                                             this working tree's code, to score METEOR where Java is
+#   benchmarks/gpu_flickr8k.sh finish         device time running out: stop the jobs, evaluate what was cut short
 #   benchmarks/gpu_flickr8k.sh status         one line per job: running / done / failed, last log line
 #   benchmarks/gpu_flickr8k.sh collect DIR    metrics, logs, generations and tables as DIR/results.tgz
 #
@@ -35,8 +34,24 @@ job() {   # job NAME CMD...: run CMD with its log in $R/logs/NAME.log and a .don
 stt_job() {   # stt_job NAME CONFIG [--set ...]: train, then evaluate on dev with every generation written
     local name=$1 config=$2; shift 2
     js train --config "$config" --data "$D" --out "$R/$name" --quiet --set train.device=cuda "$@" &&
-    js evaluate --model "$R/$name/model.pt" --data "$D" --split val --device cuda --no-meteor --quiet \
-        --out "$R/$name/eval.json"
+    stt_eval "$name"
+}
+
+stt_eval() {  # stt_eval NAME: dev metrics + every generated sentence (no Java here: METEOR is scored elsewhere)
+    js evaluate --model "$R/$1/model.pt" --data "$D" --split val --device cuda --no-meteor --quiet \
+        --out "$R/$1/eval.json" --generations "$R/$1/generations.json"
+}
+
+retrieval_job() {   # the retrieval model; it has no decoder, so it writes no generations
+    js train --config "$JS/configs/flickr8k.yaml" --data "$D" --out "$R/f8k" --quiet --set train.device=cuda \
+        --set train.workers=8 &&
+    js evaluate --model "$R/f8k/model.pt" --data "$D" --split val --device cuda --quiet --out "$R/f8k/eval.json"
+}
+
+service_bench() {   # batched CUDA inference behind HTTP: the retrieval model, a FAISS index of the dev images
+    js index build --model "$R/f8k/model.pt" --data "$D" --split val --out "$R/index" &&
+    (cd "$JS" && python3 benchmarks/service_load.py --model "$R/f8k/model.pt" --index "$R/index" --data "$D" \
+        --out "$R/service_load_cuda.json")
 }
 
 zoo_job() {   # zoo_job CONFIG [--set ...]
@@ -66,7 +81,7 @@ launch)
     setsid bash -c "
         source '$JS/benchmarks/gpu_flickr8k.sh' __lib
         # the retrieval model first: it extracts the cached GPU features every other job reads
-        job f8k stt_job_retrieval
+        job f8k retrieval_job
         (job stt_frozen stt_job stt_frozen $JS/configs/stt_flickr8k_frozen.yaml --set train.init_from=$R/f8k/model.pt) &
         (job stt_frozen_lstm stt_job stt_frozen_lstm $JS/configs/stt_flickr8k_frozen.yaml \
             --set train.init_from=$R/f8k/model.pt --set decoder.rnn=lstm --set decoder.hidden=1024 \
@@ -90,30 +105,21 @@ status)
         printf '%-26s %-8s %s\n' "$n" "$s" "$(tr '\r' '\n' < "$f" | grep -v '^\s*$' | tail -n 1 | cut -c1-150)"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
-generations)
-    shift
-    for run in "$@"; do
-        (cd "$(pwd)" && python3 -m service.cli evaluate --model "$R/$run/model.pt" --data "$D" --split val \
-            --device cuda --no-meteor --quiet --out "$R/$run/eval_gen.json" --generations "$R/$run/generations.json") \
-            > "$R/logs/gen_$run.log" 2>&1 && tail -n 12 "$R/logs/gen_$run.log" || tail -n 5 "$R/logs/gen_$run.log"
-    done ;;
-finish)   # the device time is running out: stop the jobs, evaluate what was cut short, write the generations
+finish)   # the device time is running out: stop the jobs, evaluate what was cut short
     pkill -f "gpu_flickr8k.sh __lib"; pkill -f "xargs -P"; pkill -f "service.cli (zoo|train|evaluate)"; sleep 3
     for m in "$R"/zoo/*/model.pt; do       # in parallel: the GPU is free now
         d=$(dirname "$m"); [ -e "$d/metrics.json" ] && continue
-        (cd "$(pwd)" && timeout 300 python3 -m service.cli evaluate --model "$m" --data "$D" --split val --device cuda \
-            --quiet --no-generation --out "$d/eval_partial.json") > "$d/eval_partial.log" 2>&1 &
+        js evaluate --model "$m" --data "$D" --split val --device cuda --quiet --no-generation \
+            --out "$d/eval_partial.json" > "$d/eval_partial.log" 2>&1 &
     done
-    for run in stt_frozen stt_frozen_lstm stt_joint; do
-        [ -e "$R/$run/model.pt" ] || continue
-        (cd "$(pwd)" && timeout 400 python3 -m service.cli evaluate --model "$R/$run/model.pt" --data "$D" --split val \
-            --device cuda --no-meteor --out "$R/$run/eval.json" --generations "$R/$run/generations.json") \
-            > "$R/logs/gen_$run.log" 2>&1 &
+    for run in stt_frozen stt_frozen_lstm stt_joint; do   # trained but stopped before their own evaluation
+        if [ -e "$R/$run/model.pt" ] && [ ! -e "$R/$run/generations.json" ]; then
+            stt_eval "$run" > "$R/logs/eval_$run.log" 2>&1 &
+        fi
     done
     wait
     ls "$R"/zoo/*/eval_partial.json "$R"/*/generations.json ;;
 bench)
-    source "$JS/benchmarks/gpu_flickr8k.sh" __lib
     job service_bench service_bench; tail -n 30 "$R/logs/service_bench.log" ;;
 collect)
     mkdir -p "$2"
@@ -129,18 +135,7 @@ EOF
     (cd "$R" && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.png' -o -name 'zoo.*' \
         -o -name 'config.yaml' -o -name '*.md' \) -print0 | tar --null -czf "$2/results.tgz" -T -)
     ls -la "$2" ;;
-__lib)
-    stt_job_retrieval() {
-        js train --config "$JS/configs/flickr8k.yaml" --data "$D" --out "$R/f8k" --quiet --set train.device=cuda \
-            --set train.workers=8 &&
-        js evaluate --model "$R/f8k/model.pt" --data "$D" --split val --device cuda --quiet --out "$R/f8k/eval.json"
-    }
-    service_bench() {   # batched CUDA inference behind HTTP: the retrieval model, a FAISS index of the dev images
-        js index build --model "$R/f8k/model.pt" --data "$D" --split val --out "$R/index" &&
-        (cd "$JS" && python3 benchmarks/service_load.py --model "$R/f8k/model.pt" --index "$R/index" --data "$D" \
-            --out "$R/service_load_cuda.json")
-    }
-    ;;
+__lib) ;;                 # sourced by the background jobs: the functions above, nothing else
 *)
-    sed -n 2,20p "$0"; exit 2 ;;
+    sed -n 2,19p "$0"; exit 2 ;;
 esac

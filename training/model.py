@@ -194,7 +194,7 @@ def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> 
     return shared
 
 
-def freeze_modules(model: JointEmbedding, names) -> list[str]:
+def freeze_modules(model: JointEmbedding, names) -> None:
     """``train.freeze``: the named top-level modules (e.g. ``image_proj``, ``text_encoder``, ``text_proj``)
     get no gradients (the trainer also keeps them in eval mode: no dropout)."""
     known = {name for name, _ in model.named_children()}
@@ -203,7 +203,6 @@ def freeze_modules(model: JointEmbedding, names) -> list[str]:
         raise ValueError(f"train.freeze: no module {', '.join(unknown)} (modules: {', '.join(sorted(known))})")
     for name in names:
         getattr(model, name).requires_grad_(False)
-    return list(names)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding:

@@ -199,3 +199,32 @@ def test_minilm_matches_sentence_transformers_and_saves_self_contained(tmp_path,
     import training.minilm as minilm
     monkeypatch.setattr(minilm, "package_dir", lambda: (_ for _ in ()).throw(AssertionError("package read")))
     torch.testing.assert_close(load_model(tmp_path / "model.pt").embed_sentences(sentences), before)
+
+
+def test_sgd_gives_the_ngram_layer_sparse_gradients_with_the_same_training(synth_small, tmp_path, monkeypatch):
+    """BiR §6.3 (plain SGD): the 1+2-gram first layer is trained with sparse gradients, which must give exactly
+    the model dense gradients give — only cheaper."""
+    import training.train as train_mod
+
+    cfg = tiny_config(text={"encoder": "ngram", "hidden": 32, "options": {"n": 2}},
+                      train={"optimizer": "sgd", "lr": 0.5, "max_steps_per_epoch": 4, "grad_clip": 1.0,
+                             "freeze": ["backbone"]})
+    messages = []
+    sparse = train_mod.Trainer(cfg, synth_small, tmp_path / "sparse", progress=False, log=messages.append)
+    assert sparse.model.text_encoder.layer.sparse
+    assert any("sparse gradients" in m for m in messages)
+    initial = sparse.model.text_encoder.layer.weight.detach().clone()
+    sparse.run()
+    moved = (initial - sparse.model.text_encoder.layer.weight).abs().max().item()
+    assert moved > 1e-3                                  # the first layer did train, far beyond the tolerance
+
+    monkeypatch.setattr(train_mod, "use_sparse_gradients", lambda model, t: [])
+    dense = train_mod.Trainer(cfg, synth_small, tmp_path / "dense", progress=False, log=lambda *_: None)
+    assert not dense.model.text_encoder.layer.sparse
+    dense.run()
+    for name, value in sparse.model.state_dict().items():
+        torch.testing.assert_close(value, dense.model.state_dict()[name], rtol=1e-4, atol=1e-5, msg=name)
+
+    adam = train_mod.Trainer(tiny_config(text={"encoder": "ngram", "hidden": 32}), synth_small,
+                             tmp_path / "adam", progress=False, log=lambda *_: None)
+    assert not adam.model.text_encoder.layer.sparse          # Adam's moments touch every row: stays dense

@@ -137,6 +137,9 @@ class Trainer:
         if t["init_from"]:
             init_from_checkpoint(model, t["init_from"], log=log)
         freeze_modules(model, t["freeze"])
+        self.sparse_layers = use_sparse_gradients(model, t)
+        if self.sparse_layers:
+            log(f"sparse gradients for {self.sparse_layers} (plain SGD updates only the rows a batch uses)")
         self.model = model.to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
@@ -286,6 +289,20 @@ class Trainer:
                 self.log(f"early stop: no validation {t['select_on']} gain in {bad_epochs} epochs")
                 return False
         return True
+
+
+def use_sparse_gradients(model: torch.nn.Module, t: dict) -> list[str]:
+    """With plain SGD and no weight decay (BiR §6.3), lookup layers (the n-gram EmbeddingBag, 50,000 × 1,000)
+    get sparse gradients: a step then touches the rows of the batch's features instead of the whole matrix,
+    with the same update. Adam/RMSprop keep dense gradients (their state decays every row each step)."""
+    if t["optimizer"] != "sgd" or t["weight_decay"]:
+        return []
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.weight.requires_grad:
+            module.sparse = True
+            names.append(name)
+    return names
 
 
 def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:

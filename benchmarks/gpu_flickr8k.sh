@@ -127,7 +127,8 @@ finish)   # the device time is running out: stop the jobs, evaluate what was cut
     wait
     ls "$R"/zoo/*/eval_partial.json "$R"/*/generations.json ;;
 bench)
-    job service_bench service_bench; tail -n 30 "$R/logs/service_bench.log" ;;
+    job service_bench service_bench; tail -n 30 "$R/logs/service_bench.log"
+    (cd "$JS" && python3 benchmarks/rcn_speed.py --device cuda) | tee "$R/rcn_speed_cuda.md" ;;
 collect)
     mkdir -p "$2"
     (cd "$R" && python3 - <<'EOF'

@@ -9,7 +9,7 @@ from training.compose import compose_query
 from training.config import build_config
 from training.losses import build_loss
 from training.model import build_model, load_model, save_model
-from training.rcn import CapsuleGRUs, RecurrentCapsuleNetwork
+from training.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise
 from training.text_encoders import TEXT_ENCODERS
 from training.vocab import Vocabulary, pad_batch
 
@@ -131,21 +131,6 @@ def test_capsule_gru_is_a_gru():
     assert (CapsuleGRUs(2, 5, 7, "sigmoid")(x.unsqueeze(0).repeat(2, 1, 1, 1), lengths) >= 0).all()
 
 
-def capsule_gru_by_the_equations(caps: CapsuleGRUs, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """RCN eqs. 1–4 step by step, as written (z, r, h̃; x @ W), for every capsule at once."""
-    hid = caps.hidden
-    act = torch.sigmoid if caps.sigmoid else torch.tanh
-    gates_x = torch.einsum("cbti,cih->cbth", x, caps.w_x) + caps.b_x.unsqueeze(2)
-    h = x.new_zeros(x.shape[0], x.shape[1], hid)
-    for t in range(x.shape[2]):
-        gx, gh = gates_x[:, :, t], torch.baddbmm(caps.b_h, h, caps.w_h)
-        z = torch.sigmoid(gx[..., :hid] + gh[..., :hid])                                  # eq. 1
-        r = torch.sigmoid(gx[..., hid:2 * hid] + gh[..., hid:2 * hid])                    # eq. 2
-        cand = act(gx[..., 2 * hid:] + r * gh[..., 2 * hid:])                             # eq. 3
-        h = torch.where((t < lengths).view(1, -1, 1), (1 - z) * h + z * cand, h)          # eq. 4
-    return h
-
-
 @pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
 def test_fused_capsule_grus_follow_the_equations(activation):
     """The fused-kernel capsules (sigmoid candidates through g = 2h − 1) give eqs. 1–4's states and gradients,
@@ -154,7 +139,7 @@ def test_fused_capsule_grus_follow_the_equations(activation):
     caps = CapsuleGRUs(3, 5, 7, activation)
     x = torch.randn(3, 4, 6, 5, requires_grad=True)
     lengths = torch.tensor([6, 2, 0, 4])
-    fused, ref = caps(x, lengths), capsule_gru_by_the_equations(caps, x, lengths)
+    fused, ref = caps(x, lengths), capsule_grus_stepwise(caps, x, lengths)
     torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
     assert (fused[:, 2] == 0).all()                                  # an empty sentence keeps h⁽⁰⁾ = 0
     weights = torch.randn_like(ref)

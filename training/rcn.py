@@ -88,6 +88,23 @@ class CapsuleGRUs(nn.Module):
         return torch.where((lengths == 0).view(1, b, 1).to(h.device), torch.zeros_like(h), h)
 
 
+def capsule_grus_stepwise(caps: CapsuleGRUs, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """RCN eqs. 1–4 written out step by step (z, r, h̃; ``x @ W``) for every capsule at once: the reference the
+    fused ``CapsuleGRUs.forward`` is tested and benchmarked against (``benchmarks/rcn_speed.py``)."""
+    hid = caps.hidden
+    act = torch.sigmoid if caps.sigmoid else torch.tanh
+    gates_x = torch.einsum("cbti,cih->cbth", x, caps.w_x) + caps.b_x.unsqueeze(2)
+    h = x.new_zeros(x.shape[0], x.shape[1], hid)
+    for t in range(x.shape[2]):
+        gx, gh = gates_x[:, :, t], torch.baddbmm(caps.b_h, h, caps.w_h)
+        z = torch.sigmoid(gx[..., :hid] + gh[..., :hid])                                  # eq. 1
+        r = torch.sigmoid(gx[..., hid:2 * hid] + gh[..., hid:2 * hid])                    # eq. 2
+        cand = act(gx[..., 2 * hid:] + r * gh[..., 2 * hid:])                             # eq. 3
+        valid = (t < lengths).view(1, -1, 1).to(h.device)
+        h = torch.where(valid, (1 - z) * h + z * cand, h)                                 # eq. 4
+    return h
+
+
 def _safe(denominator: torch.Tensor) -> torch.Tensor:
     sign = torch.where(denominator >= 0, 1.0, -1.0)
     return sign * denominator.abs().clamp(min=EPS)

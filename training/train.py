@@ -137,9 +137,9 @@ class Trainer:
         if t["init_from"]:
             init_from_checkpoint(model, t["init_from"], log=log)
         freeze_modules(model, t["freeze"])
-        self.sparse_layers = use_sparse_gradients(model, t)
-        if self.sparse_layers:
-            log(f"sparse gradients for {self.sparse_layers} (plain SGD updates only the rows a batch uses)")
+        sparse = use_sparse_gradients(model, t)
+        if sparse:
+            log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
         self.model = model.to(self.device)
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})

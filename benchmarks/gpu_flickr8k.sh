@@ -6,7 +6,8 @@
 #   benchmarks/gpu_flickr8k.sh unpack TAR     add one carried tar (data set images, wheels) to $G
 #   benchmarks/gpu_flickr8k.sh setup          install the carried wheels into /tmp/site, snapshot the repo
 #   benchmarks/gpu_flickr8k.sh launch         start everything in the background (setsid), return at once
-#   benchmarks/gpu_flickr8k.sh bench          the service benchmark (batched CUDA inference), in the foreground:
+#   benchmarks/gpu_flickr8k.sh bench          the service benchmark (batched CUDA inference), rcn_speed and
+#                                             pairing_leak_check on CUDA, in the foreground:
 #                                             run it when the training jobs are done, on a quiet machine
 #   benchmarks/gpu_flickr8k.sh finish         device time running out: stop the jobs, evaluate what was cut short
 #   benchmarks/gpu_flickr8k.sh status         one line per job: running / done / failed, last log line
@@ -128,7 +129,8 @@ finish)   # the device time is running out: stop the jobs, evaluate what was cut
     ls "$R"/zoo/*/eval_partial.json "$R"/*/generations.json ;;
 bench)
     job service_bench service_bench; tail -n 30 "$R/logs/service_bench.log"
-    (cd "$JS" && python3 benchmarks/rcn_speed.py --device cuda) | tee "$R/rcn_speed_cuda.md" ;;
+    (cd "$JS" && python3 benchmarks/rcn_speed.py --device cuda) | tee "$R/rcn_speed_cuda.md"
+    (cd "$JS" && python3 benchmarks/pairing_leak_check.py --device cuda) | tee "$R/pairing_leak_check_cuda.md" ;;
 collect)
     mkdir -p "$2"
     (cd "$R" && python3 - <<'EOF'

@@ -1,7 +1,19 @@
 """Projection of an encoder's output into the common space (normalisation is the similarity's job)."""
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+
+class Float32BatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d that normalises in float32 under autocast (mixed-precision practice for normalisation
+    layers: batch statistics of bf16 activations lose precision); same parameters and state_dict keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
 
 
 def build_projection(cfg_model: dict, in_dim: int, kind: str | None = None) -> nn.Module:
@@ -13,7 +25,7 @@ def build_projection(cfg_model: dict, in_dim: int, kind: str | None = None) -> n
         hidden = cfg_model["projection_hidden"]
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
                              nn.Dropout(cfg_model["projection_dropout"]), nn.Linear(hidden, out_dim),
-                             nn.BatchNorm1d(out_dim))
+                             Float32BatchNorm1d(out_dim))
     if kind == "mlp":         # BiR §5.2: the trainable visual model, FC (1000) → ReLU → FC (n_emb)
         hidden = cfg_model["projection_hidden"]
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),

@@ -94,3 +94,29 @@ def test_overfit_decoder_reproduces_its_captions():
     greedy = [vocab.decode(h[0].ids) for h in dec.generate(z, beam_size=1, max_len=15)]
     beam = [vocab.decode(h[0].ids) for h in dec.generate(z, beam_size=3, max_len=15)]
     assert greedy == captions and beam == captions
+
+
+def test_conditioning_dropout_acts_in_training_only():
+    torch.manual_seed(0)
+    plain = SentenceDecoder(20, 16, word_dim=8, hidden=12)
+    dropped = SentenceDecoder(20, 16, word_dim=8, hidden=12, cond_dropout=0.5)
+    dropped.load_state_dict(plain.state_dict())
+    z, ids, lengths = torch.randn(6, 16), torch.randint(4, 20, (6, 5)), torch.full((6,), 5)
+    plain.eval(), dropped.eval()
+    assert torch.equal(plain(z, ids, lengths), dropped(z, ids, lengths))       # inference: no effect
+    assert plain.generate(z, beam_size=2) == dropped.generate(z, beam_size=2)
+    dropped.train()
+    torch.manual_seed(1)
+    first = dropped(z, ids, lengths)
+    torch.manual_seed(2)
+    assert not torch.allclose(first, dropped(z, ids, lengths))                # training: a new mask each call
+    # each training row is decoded from a copy of z with about half of its units dropped (the rest scaled by 2)
+    c, _ = dropped.condition(z)
+    zeroed = (c == 0).float().mean().item()
+    assert 0.35 < zeroed < 0.65
+
+
+def test_decoder_dropouts_are_validated():
+    from training.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="cond_dropout"):
+        load_config(None, overrides=["decoder.cond_dropout=1.0"])

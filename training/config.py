@@ -101,7 +101,8 @@ DEFAULTS: dict[str, Any] = {
         "word_dim": 300,
         "hidden": 1024,
         "layers": 1,
-        "dropout": 0.0,
+        "dropout": 0.0,             # on the word embeddings and the RNN outputs
+        "cond_dropout": 0.0,        # on the conditioning vector (image or sentence embedding), training only
         "lambda_ic": 1.0,           # λ1 of eq. 12: image captioning loss (eq. 10)
         "lambda_para": 1.0,         # λ2 of eq. 12: sentence paraphrasing loss (eq. 11)
         "lambda_sim": 1.0,          # λ3 of eq. 12: the ranking loss of the loss section (eq. 7)
@@ -231,6 +232,9 @@ def validate(cfg: dict) -> None:
     d = cfg["decoder"]
     if d["rnn"] not in ("gru", "lstm"):
         raise ConfigError(f"decoder.rnn must be gru or lstm, got {d['rnn']!r}")
+    if not all(isinstance(d[k], (int, float)) and 0 <= d[k] < 1 for k in ("dropout", "cond_dropout")):
+        raise ConfigError(f"decoder.dropout and decoder.cond_dropout must be in [0, 1), got {d['dropout']!r} and "
+                          f"{d['cond_dropout']!r}")
     if any(d[k] < 0 for k in ("lambda_ic", "lambda_para", "lambda_sim")):
         raise ConfigError("decoder.lambda_ic, lambda_para and lambda_sim must be >= 0")
     if not isinstance(d["beam_size"], int) or d["beam_size"] < 1:

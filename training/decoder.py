@@ -34,7 +34,7 @@ class SentenceDecoder(nn.Module):
     """GRU or LSTM language model conditioned on a common-space embedding (STT Fig. 13)."""
 
     def __init__(self, vocab_size: int, embed_dim: int, word_dim: int = 300, hidden: int = 1024, layers: int = 1,
-                 rnn: str = "gru", dropout: float = 0.0):
+                 rnn: str = "gru", dropout: float = 0.0, cond_dropout: float = 0.0):
         super().__init__()
         if rnn not in ("gru", "lstm"):
             raise ValueError(f"decoder.rnn must be 'gru' or 'lstm', got {rnn!r}")
@@ -47,13 +47,16 @@ class SentenceDecoder(nn.Module):
         self.rnn = cls(word_dim + embed_dim, hidden, num_layers=layers, batch_first=True,
                        dropout=dropout if layers > 1 else 0.0)
         self.dropout = nn.Dropout(dropout)
+        # training only: drops units of the conditioning vector, so the decoder cannot key on one training
+        # image's exact embedding (its captions are all seen 4 × 5 times an epoch, Tables 2-3)
+        self.cond_dropout = nn.Dropout(cond_dropout)
         self.out = nn.Linear(hidden, vocab_size)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
 
     # --- pieces -------------------------------------------------------------------------------------
     def condition(self, z: torch.Tensor):
         """``z`` (B, E) → (normalised z, initial RNN state)."""
-        c = self.cond_norm(z.float())
+        c = self.cond_dropout(self.cond_norm(z.float()))
         h0 = torch.tanh(self.init_state(c)).view(z.shape[0], -1, self.layers, self.hidden).permute(1, 2, 0, 3)
         state = h0[0].contiguous() if self.kind == "gru" else (h0[0].contiguous(), h0[1].contiguous())
         return c, state
@@ -200,4 +203,5 @@ def build_decoder(cfg: dict, vocab_size: int) -> SentenceDecoder:
     """``cfg`` is the whole config; the decoder reads the common space of size ``model.embed_dim``."""
     d = cfg["decoder"]
     return SentenceDecoder(vocab_size, cfg["model"]["embed_dim"], word_dim=d["word_dim"], hidden=d["hidden"],
-                           layers=d["layers"], rnn=d["rnn"], dropout=d["dropout"])
+                           layers=d["layers"], rnn=d["rnn"], dropout=d["dropout"],
+                           cond_dropout=d.get("cond_dropout", 0.0))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from service.cli import main
+from training.config import ConfigError, load_config
 from training.train import build_optimizer, build_scheduler, train
 
 from conftest import tiny_config
@@ -60,6 +61,21 @@ def test_plateau_schedule_halves_after_three_flat_epochs():
         sched.step(rsum)
         lrs.append(opt.param_groups[0]["lr"])
     assert lrs == pytest.approx([1e-4, 1e-4, 1e-4, 1e-4, 5e-5, 5e-5])
+
+
+def test_plateau_patience_below_one_is_rejected():
+    # torch's patience is ours - 1: 0 would drop the lr after every epoch, improving or not
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ConfigError, match="lr_plateau_patience"):
+            load_config(None, overrides=[f"train.lr_plateau_patience={bad}"])
+    t = tiny_config(train={"lr_schedule": "plateau", "lr_decay_factor": 0.5, "lr_plateau_patience": 1})["train"]
+    opt = build_optimizer(t, [torch.nn.Parameter(torch.zeros(1))], 1e-4)
+    sched = build_scheduler(t, opt)
+    lrs = []
+    for rsum in [10, 11, 12, 12, 13]:
+        sched.step(rsum)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([1e-4, 1e-4, 1e-4, 5e-5, 5e-5])     # only the flat epoch drops it
 
 
 def test_linear_schedule_reaches_final_factor():

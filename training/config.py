@@ -218,6 +218,9 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"train.optimizer must be adam, rmsprop or sgd, got {t['optimizer']!r}")
     if t["lr_schedule"] not in ("step", "plateau", "linear"):
         raise ConfigError(f"train.lr_schedule must be step, plateau or linear, got {t['lr_schedule']!r}")
+    if not isinstance(t["lr_plateau_patience"], int) or t["lr_plateau_patience"] < 1:
+        raise ConfigError(f"train.lr_plateau_patience counts epochs without a validation gain before the lr drops: "
+                          f"an integer >= 1 (1 = at the first such epoch), got {t['lr_plateau_patience']!r}")
     if t["select_on"] not in ("rsum", "nll"):
         raise ConfigError(f"train.select_on must be rsum or nll, got {t['select_on']!r}")
     if t["select_on"] == "nll" and not (cfg["decoder"]["enabled"]

@@ -36,15 +36,14 @@ from training.similarity import build_similarity  # noqa: E402
 
 
 def plain_bn(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with every Float32BatchNorm1d replaced by a plain nn.BatchNorm1d (same state)."""
-    module = copy.deepcopy(module)
+    """``module`` with every Float32BatchNorm1d replaced in place by a plain nn.BatchNorm1d (same state)."""
     for name, child in list(module.named_children()):
         if isinstance(child, Float32BatchNorm1d):
             bn = nn.BatchNorm1d(child.num_features, child.eps, child.momentum).to(child.weight.device)
             bn.load_state_dict(child.state_dict())
             setattr(module, name, bn)
         else:
-            setattr(module, name, plain_bn(child))
+            plain_bn(child)
     return module
 
 
@@ -104,21 +103,20 @@ def main() -> int:
     device = torch.device(args.device)
     cfg = load_config(args.config)
     batch, txt_dim = cfg["train"]["batch_size"], args.text_dim or cfg["text"]["word_dim"]
-    torch.manual_seed(0)
-    img0 = build_projection(cfg["model"], args.image_dim).to(device)
-    txt0 = build_projection(cfg["model"], txt_dim).to(device)
     if cfg["loss"]["name"] not in BOUNDED_LOSSES:
         ap.error(f"loss '{cfg['loss']['name']}' selects its triplets, so it has no floor; use a config whose loss "
                  f"is one of {', '.join(BOUNDED_LOSSES)} (e.g. with --config and the same model section)")
+    torch.manual_seed(0)
+    img0 = build_projection(cfg["model"], args.image_dim).to(device)
+    txt0 = build_projection(cfg["model"], txt_dim).to(device)
     floor = equal_similarity_loss(cfg, batch)
     print(f"{args.config} on {device}: batch {batch}, {args.steps} steps of unpaired random inputs; "
           f"floor (all similarities equal) {floor:.1f}")
     print("| variant | loss, first 20 steps | loss, last 20 steps | last / floor | batch-order error |")
     print("|---|---|---|---|---|")
+    on_cpu = " (CPU autocast)" if device.type == "cpu" else ""
     variants = [("float32", False, lambda m: m), ("bf16 autocast, BatchNorm in float32", True, lambda m: m),
-                ("bf16 autocast, plain nn.BatchNorm1d", True, plain_bn)]
-    if device.type == "cpu":
-        variants = variants[:2] + [(variants[2][0] + " (CPU autocast)", True, plain_bn)]
+                ("bf16 autocast, plain nn.BatchNorm1d" + on_cpu, True, plain_bn)]
     for name, amp, convert in variants:
         img, txt = convert(copy.deepcopy(img0)), convert(copy.deepcopy(txt0))
         err = max(order_equivariance_error(img, args.image_dim, batch, amp, device),

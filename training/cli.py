@@ -19,11 +19,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("train", help="train a joint image-sentence embedding from a YAML config")
-    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("--config", help="YAML config (see configs/); not with --resume")
     p.add_argument("--data", required=True, help="Karpathy JSON / Flickr8k folder / COCO captions json")
-    p.add_argument("--out", required=True, help="run directory: model.pt, log.jsonl, config.yaml")
+    p.add_argument("--out", required=True, help="run directory: model.pt, log.jsonl, config.yaml, last.pt")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key by dotted path, e.g. --set train.epochs=1 (repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --out from its last.pt (its own config; --set may "
+                        "change it, e.g. train.epochs to train longer)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
@@ -141,11 +144,17 @@ def cmd_synth(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .config import load_config
-    from .train import train
+    from .config import build_config, load_config
+    from .train import load_train_state, train
 
-    cfg = load_config(args.config, args.overrides)
-    train(cfg, args.data, args.out, progress=not args.quiet)
+    if args.resume and args.config:
+        raise ValueError("--resume continues with the run's own config (in its last.pt); drop --config "
+                         "(--set still overrides keys)")
+    if not args.resume and not args.config:
+        raise ValueError("--config is required (unless --resume)")
+    cfg = (build_config(load_train_state(args.out)["config"], args.overrides) if args.resume
+           else load_config(args.config, args.overrides))
+    train(cfg, args.data, args.out, progress=not args.quiet, resume=args.resume)
     return 0
 
 

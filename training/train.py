@@ -5,6 +5,8 @@ Stage 1 trains the projections and the text encoder on precomputed features of a
 backbone (or, for a backbone trained from scratch, everything on pixels). Optional stage 2
 (``train.finetune_epochs``) unfreezes the pretrained backbone and trains end to end at ``finetune_lr``.
 Training reads only the train split and selects on val; the test split is never touched here.
+After every epoch ``RUN_DIR/last.pt`` holds the whole training state, so ``jointspace train --resume``
+continues an interrupted run exactly where it stopped (:func:`load_train_state`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from .config import dump_config
 from .data import CaptionDataset, load_dataset
 from .embed import ImageSource, autocast, embed_split, image_inputs_to_embedding, image_source
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
-from .fileio import write_text
+from .fileio import atomic_path, write_text
 from .losses import build_loss
 from .model import build_model, freeze_modules, init_from_checkpoint, save_model
 from .vocab import SPECIALS, Vocabulary, pad_batch
@@ -208,23 +210,36 @@ class Trainer:
         """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here)."""
         return {}
 
-    def run(self) -> dict:
+    def run(self, resume: bool = False) -> dict:
+        """Trains every stage; ``resume`` continues from ``RUN_DIR/last.pt`` (written after every epoch) with the
+        model, optimiser, schedule, sampler and random-number states it holds, so an interrupted run ends as
+        the uninterrupted one would."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
         log_path = self.out_dir / "log.jsonl"
-        log_path.write_text("")
-        start = time.time()
-        for stage in plan_stages(self.cfg, self.model.backbone_pretrained):
-            if not self.run_stage(stage, log_path, start):
+        state = load_train_state(self.out_dir) if resume else None
+        write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
+        if state is None:
+            log_path.write_text("")
+        else:
+            self.model.load_state_dict(state["model"])
+            self.history, self.best_score, self.best_rsum = state["history"], state["best_score"], state["best_rsum"]
+            write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
+            self.log(f"resuming {self.out_dir} after {state['stage']} epoch {state['epoch']}")
+        start = time.time() - (state["elapsed_s"] if state else 0.0)
+        for index, stage in enumerate(plan_stages(self.cfg, self.model.backbone_pretrained)):
+            if state is not None and index < state["stage_index"]:
+                continue
+            here = state if state is not None and index == state["stage_index"] else None
+            if not self.run_stage(stage, log_path, start, index, here):
                 break
-        summary = {"best_val_rsum": self.best_rsum, "epochs_run": len(self.history),
-                   "train_seconds": round(time.time() - start, 1), "fit_seconds": self.fit_seconds,
-                   "model": str(self.out_dir / "model.pt")}
+        summary = {"best_val_rsum": self.best_rsum if self.best_rsum > float("-inf") else None,
+                   "epochs_run": len(self.history), "train_seconds": round(time.time() - start, 1),
+                   "fit_seconds": self.fit_seconds, "model": str(self.out_dir / "model.pt")}
         self.log(json.dumps(summary))
         return summary
 
-    def run_stage(self, stage: Stage, log_path: Path, start: float) -> bool:
-        """Returns False when early stopping ended training."""
+    def run_stage(self, stage: Stage, log_path: Path, start: float, index: int = 0, state: dict | None = None) -> bool:
+        """Returns False when early stopping ended training. ``state``: a ``last.pt`` saved inside this stage."""
         t = self.cfg["train"]
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
@@ -238,8 +253,15 @@ class Trainer:
         scheduler = build_scheduler(t, optimizer)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
-        bad_epochs = 0
-        for epoch in range(1, stage.epochs + 1):
+        first, bad_epochs = 1, 0
+        if state is not None:
+            if state["stopped"]:
+                return False
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            restore_rng(state["rng"], generator)
+            first, bad_epochs = state["epoch"] + 1, state["bad_epochs"]
+        for epoch in range(first, stage.epochs + 1):
             model.train()
             if not stage.backbone_trainable:
                 model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
@@ -282,13 +304,60 @@ class Trainer:
             self.history.append(record)
             with open(log_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            stop = bad_epochs >= t["patience"]
+            self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
                      f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
-            if bad_epochs >= t["patience"]:
+            if stop:
                 self.log(f"early stop: no validation {t['select_on']} gain in {bad_epochs} epochs")
                 return False
         return True
+
+    def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
+                   stopped: bool, start: float) -> None:
+        """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write)."""
+        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": stage.name, "stage_index": index,
+                 "epoch": epoch, "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": rng_state(generator), "history": self.history, "best_score": self.best_score,
+                 "best_rsum": self.best_rsum, "bad_epochs": bad_epochs, "stopped": stopped,
+                 "elapsed_s": time.time() - start}
+        with atomic_path(self.out_dir / STATE_FILE) as tmp:
+            torch.save(state, tmp)
+
+
+STATE_FORMAT = "jointspace-train-state/1"
+STATE_FILE = "last.pt"
+
+
+def load_train_state(run_dir: str | Path) -> dict:
+    """The ``last.pt`` of a run directory (``jointspace train --resume``)."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: nothing to resume (a run writes it after its first epoch)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path} is not a jointspace training state (expected format {STATE_FORMAT})")
+    return state
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    """The sampler's generator and the global generators (dropout, shuffles) at an epoch's end."""
+    out = {"sampler": generator.get_state(), "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+           "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def restore_rng(state: dict, generator: torch.Generator) -> None:
+    generator.set_state(state["sampler"])
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def use_sparse_gradients(model: torch.nn.Module, t: dict) -> list[str]:
@@ -327,9 +396,10 @@ def build_scheduler(t: dict, optimizer: torch.optim.Optimizer):
     return torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
 
 
-def train(cfg: dict, data, out_dir, progress: bool = True, log=print) -> dict:
+def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
+    """Trains ``cfg`` on ``data`` into ``out_dir``; ``resume`` continues the run's ``last.pt``."""
     if cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled"):
         from .stt import STTTrainer   # STT §3.2-3.3: (image, caption A, caption B) samples, eq. 12
 
-        return STTTrainer(cfg, data, out_dir, progress=progress, log=log).run()
-    return Trainer(cfg, data, out_dir, progress=progress, log=log).run()
+        return STTTrainer(cfg, data, out_dir, progress=progress, log=log).run(resume=resume)
+    return Trainer(cfg, data, out_dir, progress=progress, log=log).run(resume=resume)

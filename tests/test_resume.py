@@ -1,0 +1,62 @@
+"""``jointspace train --resume``: an interrupted run continues from ``last.pt`` and ends as if never stopped."""
+import json
+
+import pytest
+import torch
+
+from conftest import STT_DECODER, tiny_config
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_after(epoch_text):
+    def log(message):
+        if str(message).startswith(epoch_text):
+            raise Interrupt(message)
+    return log
+
+
+def records(run):
+    out = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    for r in out:
+        r.pop("elapsed_s")
+    return out
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
+    from training.model import load_checkpoint
+    from training.train import load_train_state, train
+
+    # dropout (global RNG), a step schedule that changes the lr mid-run, and a shuffling sampler all carry state
+    cfg = tiny_config(decoder={**STT_DECODER, "dropout": 0.3},
+                      train={"epochs": 3, "lr_decay_epochs": 2, "sampling": "image", "patience": 5})
+    quiet = lambda *_: None  # noqa: E731
+    straight = train(cfg, synth_small, tmp_path / "straight", progress=False, log=quiet)
+    with pytest.raises(Interrupt):
+        train(cfg, synth_small, tmp_path / "cut", progress=False, log=stop_after("[main 1/3]"))
+    assert load_train_state(tmp_path / "cut")["epoch"] == 1
+    resumed = train(cfg, synth_small, tmp_path / "cut", progress=False, log=quiet, resume=True)
+    assert resumed["epochs_run"] == straight["epochs_run"] == 3
+    assert records(tmp_path / "cut") == records(tmp_path / "straight")
+    a = load_checkpoint(tmp_path / "straight" / "model.pt")["state_dict"]
+    b = load_checkpoint(tmp_path / "cut" / "model.pt")["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    la, lb = (load_train_state(tmp_path / r)["model"] for r in ("straight", "cut"))
+    assert all(torch.equal(la[k], lb[k]) for k in la)       # the last epoch's weights too, not only the best
+    # a finished run resumed trains nothing more
+    again = train(cfg, synth_small, tmp_path / "cut", progress=False, log=quiet, resume=True)
+    assert again["epochs_run"] == 3 and records(tmp_path / "cut") == records(tmp_path / "straight")
+
+
+def test_resume_cli_refuses_what_it_cannot_do(synth_small, tmp_path, capsys):
+    from service.cli import main
+
+    assert main(["train", "--data", str(synth_small), "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert main(["train", "--config", "configs/demo.yaml", "--data", str(synth_small), "--out", str(tmp_path),
+                 "--resume"]) == 2
+    assert "drop --config" in capsys.readouterr().err
+    assert main(["train", "--data", str(synth_small), "--out", str(tmp_path)]) == 2
+    assert "--config is required" in capsys.readouterr().err

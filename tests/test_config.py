@@ -13,7 +13,7 @@ def test_every_shipped_config_loads():
     assert files
     for f in files:
         cfg = load_config(f)
-        assert cfg["train"]["epochs"] >= 1, f
+        assert cfg["train"]["epochs"] >= 1 or cfg["scst"]["steps"] >= 1, f     # every config trains something
 
 
 def test_override_by_dotted_path_parses_yaml_values():

@@ -1,4 +1,4 @@
-"""Run configuration: YAML files with sections ``data image text model loss train decoder attention``.
+"""Run configuration: YAML files with sections ``data image text model loss train decoder attention scst``.
 
 Every key has a default here, so a config file names only what it changes. A key that is not in the
 defaults is an error (a typo must not silently train the wrong model), and ``--set a.b=value`` overrides
@@ -116,6 +116,14 @@ DEFAULTS: dict[str, Any] = {
         "grid": 0,                  # regions = CNN feature-map cells, average-pooled to grid x grid (0: as is)
         "temperature": 9.0,         # λ of eq. 15 (softmax temperature over the words)
         "pooled_weight": 1.0,       # ranking loss on the pooled vectors too (they feed the decoder and index)
+    },
+    "scst": {                       # self-critical sequence training (Rennie et al. 2017; not in STT): after the
+                                    # eq. 12 stages, the decoder alone learns to maximise CIDEr-D (training/scst.py)
+        "steps": 0,                 # updates; 0 = off
+        "lr": 5.0e-5,               # Adam (Rennie et al. §5: 5e-5)
+        "images_per_batch": 16,     # training images per update (captioning; paraphrasing one caption of each)
+        "samples": 5,               # sentences sampled per input; each one's baseline is the others' mean reward
+        "eval_every": 100,          # updates between val CIDEr-D (greedy) checks; the best checkpoint is kept
     },
 }
 
@@ -242,6 +250,14 @@ def validate(cfg: dict) -> None:
         raise ConfigError("decoder.lambda_ic, lambda_para and lambda_sim must be >= 0")
     if not isinstance(d["beam_size"], int) or d["beam_size"] < 1:
         raise ConfigError(f"decoder.beam_size must be a positive integer, got {d['beam_size']!r}")
+    sc = cfg["scst"]
+    for key, low in (("steps", 0), ("images_per_batch", 1), ("samples", 2), ("eval_every", 1)):
+        if not isinstance(sc[key], int) or isinstance(sc[key], bool) or sc[key] < low:
+            raise ConfigError(f"scst.{key} must be an integer >= {low}, got {sc[key]!r}")
+    if not sc["lr"] > 0:
+        raise ConfigError(f"scst.lr must be > 0, got {sc['lr']!r}")
+    if sc["steps"] and not (d["enabled"] and d["lambda_ic"] + d["lambda_para"] > 0):
+        raise ConfigError("scst.steps > 0 needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
     if cfg["attention"]["enabled"] and (cfg["model"]["similarity"] != "cosine" or cfg["text"]["encoder"] != "gru"):
         raise ConfigError("attention (STT-ATT) needs model.similarity: cosine and text.encoder: gru")
 

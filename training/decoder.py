@@ -116,6 +116,45 @@ class SentenceDecoder(nn.Module):
             logp.scatter_(1, words.view(-1, 1), NEG_INF)    # no immediate repeat (never bans <end>: not an input)
         return logp, state
 
+    def sample(self, z: torch.Tensor, n: int = 1, max_len: int = 20, no_repeat: bool = True,
+               generator: torch.Generator | None = None) -> tuple[list[list[int]], torch.Tensor]:
+        """Draws ``n`` sentences per row of ``z`` (B, E) from the decoder's own distribution, with gradients.
+
+        The self-critical stage's samples ``w^s`` (Rennie et al. 2017, eq. 7): the same word bans as
+        :meth:`generate` (no ``<unk>``/``<pad>``/``<start>``, no empty sentence, optional no immediate repeat), the
+        distribution renormalised over the allowed words. Returns the ``B·n`` word-id lists (row ``i``'s samples
+        at ``i·n … i·n + n − 1``, without ``<end>``) and their log-probabilities ``log p(w^s)`` (``B·n``,
+        differentiable): the sum over the words and the closing ``<end>`` when one was drawn.
+        """
+        if n < 1 or max_len < 1:
+            raise ValueError(f"need n >= 1 and max_len >= 1, got n={n}, max_len={max_len}")
+        rows = z.shape[0] * n
+        c, state = self.condition(z.repeat_interleave(n, 0))
+        words = torch.full((rows,), START_ID, dtype=torch.long, device=z.device)
+        alive = torch.ones(rows, dtype=torch.bool, device=z.device)
+        total = torch.zeros(rows, dtype=torch.float32, device=z.device)
+        banned = torch.zeros(self.vocab_size, dtype=torch.bool, device=z.device)
+        banned[[PAD_ID, START_ID, UNK_ID]] = True
+        out: list[list[int]] = [[] for _ in range(rows)]
+        for step in range(max_len):
+            hidden, state = self._run(c, words.unsqueeze(1), state)
+            logits = self.out(self.dropout(hidden[:, 0])).float()
+            mask = banned.expand(rows, -1).clone()
+            if step == 0:
+                mask[:, END_ID] = True                                      # no empty sentence
+            elif no_repeat:
+                mask.scatter_(1, words.view(-1, 1), True)
+            logp = F.log_softmax(logits.masked_fill(mask, NEG_INF), dim=-1)
+            drawn = torch.multinomial(logp.detach().exp(), 1, generator=generator).view(-1)
+            total = total + torch.where(alive, logp.gather(1, drawn.view(-1, 1)).view(-1), torch.zeros_like(total))
+            for i in (alive & (drawn != END_ID)).nonzero().view(-1).tolist():
+                out[i].append(int(drawn[i]))
+            alive = alive & (drawn != END_ID)
+            if not alive.any():
+                break
+            words = drawn
+        return out, total
+
     @staticmethod
     def _normalise(logprob: float, steps: int, length_penalty: float) -> float:
         return logprob / (steps ** length_penalty) if length_penalty else logprob

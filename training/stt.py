@@ -18,6 +18,8 @@
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -25,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from .attention import attention_retrieval, embed_words
 from .embed import ImageSource, embed_caption_ids, embed_image_source, image_inputs_to_embedding
 from .evaluate import public
+from .model import load_checkpoint
 from .train import Stage, Trainer
 from .vocab import pad_batch
 
@@ -159,6 +162,20 @@ class STTTrainer(Trainer):
         if not parts:
             return {}
         return {"loss_parts": {k: round(float(np.mean([p[k] for p in parts if k in p])), 5) for k in parts[0]}}
+
+    def run(self, resume: bool = False) -> dict:
+        """The eq. 12 stages, then (``scst.steps > 0``) the self-critical stage from their best checkpoint (a
+        resumed run resumes the eq. 12 stages; the self-critical stage starts over)."""
+        summary = super().run(resume=resume)
+        if self.cfg["scst"]["steps"] > 0:
+            from .scst import SelfCriticalStage
+
+            if self.best_score > float("-inf"):         # this run saved a best eq. 12 checkpoint: start there
+                self.model.load_state_dict(load_checkpoint(self.out_dir / "model.pt")["state_dict"])
+            stage = SelfCriticalStage(self)
+            summary.update(stage.run(self.out_dir, self.out_dir / "log.jsonl", progress=self.progress, log=self.log))
+            self.log(json.dumps(summary))
+        return summary
 
     # --- validation ---------------------------------------------------------------------------------
     def validate(self, source: ImageSource) -> dict:

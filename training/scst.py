@@ -1,0 +1,212 @@
+"""Self-critical sequence training (SCST; Rennie et al., CVPR 2017): a decoder-only stage after eq. 12.
+
+Not in the STT paper. Teacher forcing (STT eqs. 10–11) trains the decoder on ground-truth prefixes and scores
+it per word; the evaluation scores whole generated sentences with CIDEr. SCST closes that gap with
+REINFORCE on the metric itself: for each conditioning vector it samples ``k`` sentences ``w^s`` from the
+decoder, rewards each with its CIDEr-D ``r(w^s)`` against the references, and descends
+
+    ∇L = −(r(w^s) − b) ∇ log p(w^s)                                    (Rennie et al. eq. 7)
+
+with the baseline ``b`` of each sample the mean reward of the other ``k − 1`` samples of the same input (Luo,
+"A better variant of self-critical sequence training", 2020), which needs no extra greedy decode.
+
+Both STT tasks train this way, weighted by λ1 and λ2 of eq. 12: captioning rewards a sample against the
+image's captions (eq. 10); paraphrasing writes from the embedding of one caption A and rewards against the
+image's *other* captions, a copy of A earning 0 (eq. 11, and :func:`training.caption_eval.generation_metrics`
+never scores a copy of the input as a paraphrase).
+
+The common space is frozen in this stage: embeddings are computed once with the encoders in eval mode and
+only the decoder learns, so the retrieval metrics are exactly those of the model the stage starts from.
+Validation greedy-decodes the val split and computes CIDEr-D of both tasks with :class:`training.cider.CiderD`
+(document frequencies from the val references, as the toolkit does); the stage keeps the best checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .cider import CiderD
+from .embed import embed_caption_ids, embed_image_source
+from .model import save_model
+from .vocab import tokenize
+
+
+def leave_one_out_advantage(rewards: torch.Tensor) -> torch.Tensor:
+    """``rewards`` (B, k), k ≥ 2 samples per input → ``r − mean(other k − 1 rewards of the same input)``."""
+    k = rewards.shape[1]
+    if k < 2:
+        raise ValueError("the self-critical baseline needs at least 2 samples per input (scst.samples)")
+    baseline = (rewards.sum(1, keepdim=True) - rewards) / (k - 1)
+    return rewards - baseline
+
+
+def scst_loss(logprobs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """Rennie et al. eq. 7 with the leave-one-out baseline: ``logprobs`` (B·k,) of the samples (row-major:
+    input i's samples at i·k … i·k + k − 1), ``rewards`` (B, k). Mean over the samples."""
+    advantage = leave_one_out_advantage(rewards).reshape(-1).to(logprobs.device, logprobs.dtype)
+    return -(advantage * logprobs).mean()
+
+
+class _Split:
+    """One split's conditioning vectors and reference sets for both tasks."""
+
+    def __init__(self, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor):
+        self.captions = [tokenize(c) for r in dataset.images for c in r.captions]
+        self.cap_to_img = [r.image_id for r in dataset.images for _ in r.captions]
+        self.image_caps: dict[int, list[int]] = {}
+        for j, img in enumerate(self.cap_to_img):
+            self.image_caps.setdefault(img, []).append(j)
+        self.image_emb, self.caption_emb = image_emb, caption_emb
+        # captioning: an image against all its captions; paraphrasing: caption j against its image's others
+        self.caption_refs = {img: [self.captions[j] for j in caps] for img, caps in self.image_caps.items()}
+        self.para_keys = [j for caps in self.image_caps.values() if len(caps) > 1 for j in caps]
+        self.para_refs = {j: [self.captions[o] for o in self.image_caps[self.cap_to_img[j]] if o != j]
+                          for j in self.para_keys}
+        self.caption_cider = CiderD(self.caption_refs)
+        self.para_cider = CiderD(self.para_refs) if self.para_refs else None
+
+
+class SelfCriticalStage:
+    """Runs ``scst.steps`` updates of the decoder of an :class:`training.stt.STTTrainer`'s model."""
+
+    def __init__(self, trainer):
+        self.trainer, self.cfg = trainer, trainer.cfg
+        self.s, self.d = self.cfg["scst"], self.cfg["decoder"]
+        model, device = trainer.model, trainer.device
+        self.model, self.device = model, device
+        self.splits = {}
+        for name, dataset in (("train", trainer.train_set), ("val", trainer.val_set)):
+            source = trainer.source(dataset, trainable=False)
+            img = embed_image_source(model, source, device=device, amp=trainer.amp,
+                                     workers=self.cfg["train"]["workers"])
+            caps = model.encode_text_ids([c for r in dataset.images for c in r.captions])
+            cap = embed_caption_ids(model, caps, device=device, amp=trainer.amp)
+            self.splits[name] = _Split(dataset, img.to(device), cap.to(device))
+        self.words = model.vocab
+
+    # --- one update ---------------------------------------------------------------------------------
+    def _rewards(self, ids: list[list[int]], keys: list, cider: CiderD, copies: list | None) -> torch.Tensor:
+        k = self.s["samples"]
+        out = np.zeros((len(keys), k), dtype=np.float32)
+        for i, key in enumerate(keys):
+            for j in range(k):
+                tokens = [self.words.idx2word[w] for w in ids[i * k + j]]
+                if copies is None or tokens != copies[i]:
+                    out[i, j] = cider.score(key, tokens)
+        return torch.from_numpy(out)
+
+    def step(self, generator: torch.Generator, sample_generator: torch.Generator | None) -> dict:
+        split, decoder, k = self.splits["train"], self.model.decoder, self.s["samples"]
+        images = torch.randperm(len(split.image_caps), generator=generator)[:self.s["images_per_batch"]].tolist()
+        tasks = []
+        if self.d["lambda_ic"] > 0:
+            tasks.append(("ic", self.d["lambda_ic"], split.image_emb[images], images, split.caption_cider, None))
+        if self.d["lambda_para"] > 0 and split.para_cider is not None:
+            caps = [split.image_caps[i] for i in images if len(split.image_caps[i]) > 1]
+            picks = [c[int(torch.randint(len(c), (1,), generator=generator))] for c in caps]
+            tasks.append(("para", self.d["lambda_para"], split.caption_emb[picks], picks, split.para_cider,
+                          [split.captions[j] for j in picks]))
+        # both tasks in one decoder batch, as in eq. 12's teacher-forced training
+        z = torch.cat([t[2] for t in tasks])
+        ids, logprobs = decoder.sample(z, n=k, max_len=self.d["max_len"], no_repeat=self.d["no_repeat"],
+                                       generator=sample_generator)
+        loss, parts, start = 0.0, {}, 0
+        for name, lam, emb, keys, cider, copies in tasks:
+            rows = len(keys) * k
+            rewards = self._rewards(ids[start:start + rows], keys, cider, copies)
+            loss = loss + lam * scst_loss(logprobs[start:start + rows], rewards)
+            parts[name] = float(rewards.mean())
+            start += rows
+        return {"loss": loss, "reward": parts}
+
+    # --- validation: greedy CIDEr-D of both tasks on val ------------------------------------------
+    @torch.no_grad()
+    def validate(self, batch_size: int = 500) -> dict:
+        split, decoder = self.splits["val"], self.model.decoder
+        was_training = self.model.training
+        self.model.eval()
+
+        def greedy(emb: torch.Tensor) -> list[list[str]]:
+            out = []
+            for s in range(0, emb.shape[0], batch_size):
+                hyps = decoder.greedy(emb[s:s + batch_size], self.d["max_len"], self.d["length_penalty"],
+                                      self.d["no_repeat"])
+                out += [[self.words.idx2word[w] for w in h.ids] for h in hyps]
+            return out
+
+        images = sorted(split.image_caps)
+        captions = greedy(split.image_emb[images])
+        val = {"cider_ic": split.caption_cider.corpus_score(dict(zip(images, captions)))}
+        if split.para_cider is not None:
+            para = greedy(split.caption_emb[split.para_keys])
+            scores = [0.0 if p == split.captions[j] else split.para_cider.score(j, p)
+                      for j, p in zip(split.para_keys, para)]
+            val["cider_para"] = float(np.mean(scores))
+        self.model.train(was_training)
+        return {k: round(v, 5) for k, v in val.items()}
+
+    def selection_score(self, val: dict) -> float:
+        weights = {"cider_ic": self.d["lambda_ic"], "cider_para": self.d["lambda_para"]}
+        used = {k: w for k, w in weights.items() if k in val and w > 0}
+        return sum(w * val[k] for k, w in used.items()) / sum(used.values())
+
+    # --- the loop -----------------------------------------------------------------------------------
+    def run(self, out_dir: Path, log_path: Path, progress: bool = True, log=print) -> dict:
+        s, t = self.s, self.cfg["train"]
+        model, decoder = self.model, self.model.decoder
+        params = [p for p in decoder.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("scst: the decoder has no trainable parameter (is 'decoder' in train.freeze?)")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        optimizer = torch.optim.Adam(params, lr=s["lr"])
+        generator = torch.Generator().manual_seed(t["seed"])
+        sample_generator = (torch.Generator(device=self.device).manual_seed(t["seed"] + 1))
+        start = time.time()
+        val = self.validate()
+        best = self.selection_score(val)
+        save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": 0})
+        record = {"stage": "scst", "step": 0, "val": val, "best": True, "elapsed_s": round(time.time() - start, 1)}
+        _append(log_path, record)
+        log(f"[scst 0/{s['steps']}] val CIDEr-D (greedy) {val}")
+        model.eval()                  # encoders frozen: no dropout there
+        decoder.train()               # the samples come from the training-mode decoder (its dropout on)
+        rewards, losses = [], []
+        bar = tqdm(range(1, s["steps"] + 1), desc="scst", disable=not progress, unit="step")
+        for step in bar:
+            out = self.step(generator, sample_generator)
+            optimizer.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            if t["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
+            optimizer.step()
+            losses.append(float(out["loss"].detach()))
+            rewards.append(out["reward"])
+            bar.set_postfix({f"r_{k}": f"{v:.3f}" for k, v in out["reward"].items()})
+            if step % s["eval_every"] == 0 or step == s["steps"]:
+                val = self.validate()
+                decoder.train()
+                score = self.selection_score(val)
+                record = {"stage": "scst", "step": step, "loss": round(float(np.mean(losses)), 5),
+                          "reward": {k: round(float(np.mean([r[k] for r in rewards])), 5) for k in rewards[0]},
+                          "val": val, "elapsed_s": round(time.time() - start, 1)}
+                rewards, losses = [], []
+                if score > best:
+                    best, record["best"] = score, True
+                    save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": step})
+                _append(log_path, record)
+                log(f"[scst {step}/{s['steps']}] train reward {record['reward']} val {val}"
+                    f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
+        return {"scst_best_val_cider": round(best, 5), "scst_seconds": round(time.time() - start, 1)}
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")

@@ -120,3 +120,38 @@ def test_decoder_dropouts_are_validated():
     from training.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="cond_dropout"):
         load_config(None, overrides=["decoder.cond_dropout=1.0"])
+
+
+def repeats_an_ngram(ids, m):
+    grams = [tuple(ids[i:i + m]) for i in range(len(ids) - m + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_no_repeat_ngram_blocks_every_repeated_m_gram(m):
+    """A small vocabulary and long sentences make repeats likely; with the ban none is left, in greedy and beam."""
+    dec = make_decoder(vocab_size=10, seed=3)
+    z = torch.randn(24, 12)
+    plain = dec.generate(z, beam_size=3, n=3, max_len=12, no_repeat=False)
+    assert any(repeats_an_ngram(h.ids, m) for hyps in plain for h in hyps)      # the ban has work to do
+    for beam in (1, 3):
+        results = dec.generate(z, beam_size=beam, n=beam, max_len=12, no_repeat=False, no_repeat_ngram=m)
+        hyps = [h for row in results for h in row]
+        assert hyps and all(not repeats_an_ngram(h.ids, m) for h in hyps)
+        assert all(len(h.ids) >= 1 for h in hyps)
+    # beam 1 is still greedy with the ban
+    greedy = dec.greedy(z, max_len=12, no_repeat=False, no_repeat_ngram=m)
+    beam1 = dec.beam_search(z, 1, 1, 12, 1.0, False, no_repeat_ngram=m)
+    assert [g.ids for g in greedy] == [b[0].ids for b in beam1]
+
+
+def test_no_repeat_ngram_only_bans_what_completes_a_repeat():
+    from training.decoder import ban_repeated_ngrams
+
+    history = torch.tensor([[5, 6, 7, 5, 6], [5, 6, 7, 8, 9]])
+    logp = torch.zeros(2, 12)
+    ban_repeated_ngrams(logp, history, 3)            # row 0 ends "5 6", seen before followed by 7
+    assert torch.isinf(logp[0]).nonzero().view(-1).tolist() == [PAD_ID, 7]
+    assert torch.isinf(logp[1]).nonzero().view(-1).tolist() == [PAD_ID]
+    with pytest.raises(ValueError, match="no_repeat_ngram"):
+        make_decoder().generate(torch.randn(1, 12), no_repeat_ngram=-1)

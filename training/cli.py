@@ -44,6 +44,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, help="decoding for the captioning/paraphrasing scores "
                                                  "(default: the model's decoder.beam_size)")
     p.add_argument("--length-penalty", type=float, help="default: the model's decoder.length_penalty")
+    p.add_argument("--no-repeat-ngram", type=int, metavar="M",
+                   help="no M-gram twice in a sentence, 0 = off (default: the model's decoder.no_repeat_ngram)")
     p.add_argument("--generations", metavar="FILE",
                    help="write the generated captions and paraphrases with their references as JSON here, "
                         "to re-score them with `jointspace score-generations` (e.g. where Java is)")
@@ -65,6 +67,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("-n", type=int, default=1, help="results per input (default 1)")
         p.add_argument("--beam-size", type=int, help="default: the model's decoder.beam_size")
         p.add_argument("--max-len", type=int, help="default: the model's decoder.max_len")
+        p.add_argument("--no-repeat-ngram", type=int, metavar="M",
+                       help="no M-gram twice in a sentence, 0 = off (default: the model's decoder.no_repeat_ngram)")
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
         p.set_defaults(func=cmd_generate, task=name)
@@ -182,7 +186,8 @@ def cmd_evaluate(args) -> int:
     result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
                             amp=device.type == "cuda", generation=not args.no_generation,
                             meteor=not args.no_meteor,
-                            decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty})
+                            decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty,
+                                    "no_repeat_ngram": args.no_repeat_ngram})
     print(format_table(result))
     out = public(result)
     out.update({"split": args.split, "data": str(args.data), "model": str(args.model),
@@ -231,9 +236,11 @@ def cmd_generate(args) -> int:
         if missing:
             print(f"error: no such image file: {', '.join(missing)}", file=sys.stderr)
             return 2
-        results = caption_images(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len)
+        results = caption_images(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len,
+                                 no_repeat_ngram=args.no_repeat_ngram)
     else:
-        results = paraphrase_texts(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len)
+        results = paraphrase_texts(model, args.inputs, n=args.n, beam_size=args.beam_size, max_len=args.max_len,
+                                   no_repeat_ngram=args.no_repeat_ngram)
     if args.json:
         print(json.dumps([{"input": inp, "results": [{"text": t, "score": round(s, 4)} for t, s in res]}
                           for inp, res in zip(args.inputs, results)], indent=2))

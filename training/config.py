@@ -110,6 +110,7 @@ DEFAULTS: dict[str, Any] = {
         "max_len": 20,              # words generated at most
         "length_penalty": 1.0,      # hypotheses ranked by log P / steps**length_penalty (0 = raw log P)
         "no_repeat": True,          # never emit the same word twice in a row
+        "no_repeat_ngram": 0,       # m > 0: no m-gram twice in one sentence ("on a bike on a bike"); 0 = off
     },
     "attention": {                  # STT-ATT §3.3: region-word attention similarity (eqs. 13-17)
         "enabled": False,
@@ -248,6 +249,8 @@ def validate(cfg: dict) -> None:
                           f"{d['cond_dropout']!r}")
     if any(d[k] < 0 for k in ("lambda_ic", "lambda_para", "lambda_sim")):
         raise ConfigError("decoder.lambda_ic, lambda_para and lambda_sim must be >= 0")
+    if not isinstance(d["no_repeat_ngram"], int) or isinstance(d["no_repeat_ngram"], bool) or d["no_repeat_ngram"] < 0:
+        raise ConfigError(f"decoder.no_repeat_ngram must be an integer >= 0 (0 = off), got {d['no_repeat_ngram']!r}")
     if not isinstance(d["beam_size"], int) or d["beam_size"] < 1:
         raise ConfigError(f"decoder.beam_size must be a positive integer, got {d['beam_size']!r}")
     sc = cfg["scst"]

@@ -90,23 +90,29 @@ class SentenceDecoder(nn.Module):
     # --- inference ----------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, z: torch.Tensor, beam_size: int = 3, n: int = 1, max_len: int = 20,
-                 length_penalty: float = 1.0, no_repeat: bool = True) -> list[list[Hypothesis]]:
+                 length_penalty: float = 1.0, no_repeat: bool = True,
+                 no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
         """Decodes every row of ``z`` (B, E); ``beam_size == 1`` is greedy decoding.
 
         Returns for each row its ``n`` best hypotheses (``n <= beam_size``), best first by
         ``score = logprob / steps ** length_penalty`` (steps = words + the closing ``<end>``; 0 = raw sum
         of log-probabilities, 1 = mean per step). ``<unk>``, ``<pad>`` and ``<start>`` are never emitted,
-        ``<end>`` not as the first word, and with ``no_repeat`` no word directly follows itself.
+        ``<end>`` not as the first word, with ``no_repeat`` no word directly follows itself, and with
+        ``no_repeat_ngram = m > 0`` no m-gram occurs twice in a sentence ("on a skateboard on a skateboard").
         """
+        if not isinstance(no_repeat_ngram, int) or no_repeat_ngram < 0:
+            raise ValueError(f"no_repeat_ngram must be an integer >= 0, got {no_repeat_ngram!r}")
         if beam_size < 1 or not 1 <= n <= beam_size:
             raise ValueError(f"need 1 <= n <= beam_size, got n={n}, beam_size={beam_size}")
         if max_len < 1:
             raise ValueError(f"max_len must be at least 1, got {max_len}")
         if beam_size == 1:
-            return [[h] for h in self.greedy(z, max_len, length_penalty, no_repeat)]
-        return self.beam_search(z, beam_size, n, max_len, length_penalty, no_repeat)
+            return [[h] for h in self.greedy(z, max_len, length_penalty, no_repeat, no_repeat_ngram)]
+        return self.beam_search(z, beam_size, n, max_len, length_penalty, no_repeat, no_repeat_ngram)
 
-    def _step_logprobs(self, c, words, state, step: int, no_repeat: bool):
+    def _step_logprobs(self, c, words, state, step: int, no_repeat: bool, history: torch.Tensor | None = None,
+                       no_repeat_ngram: int = 0):
+        """Next-word log-probabilities with the bans applied; ``history`` (rows, step) the words so far."""
         hidden, state = self._run(c, words.unsqueeze(1), state)
         logp = F.log_softmax(self.out(hidden[:, 0]).float(), dim=-1)
         logp[:, [PAD_ID, START_ID, UNK_ID]] = NEG_INF
@@ -114,6 +120,8 @@ class SentenceDecoder(nn.Module):
             logp[:, END_ID] = NEG_INF                       # no empty sentence
         elif no_repeat:
             logp.scatter_(1, words.view(-1, 1), NEG_INF)    # no immediate repeat (never bans <end>: not an input)
+        if no_repeat_ngram and history is not None and history.shape[1] >= no_repeat_ngram:
+            ban_repeated_ngrams(logp, history, no_repeat_ngram)
         return logp, state
 
     def sample(self, z: torch.Tensor, n: int = 1, max_len: int = 20, no_repeat: bool = True,
@@ -161,16 +169,18 @@ class SentenceDecoder(nn.Module):
 
     @torch.no_grad()
     def greedy(self, z: torch.Tensor, max_len: int = 20, length_penalty: float = 1.0,
-               no_repeat: bool = True) -> list[Hypothesis]:
+               no_repeat: bool = True, no_repeat_ngram: int = 0) -> list[Hypothesis]:
         b = z.shape[0]
         c, state = self.condition(z)
         words = torch.full((b,), START_ID, dtype=torch.long, device=z.device)
         out = [[] for _ in range(b)]
         total = torch.zeros(b, dtype=torch.float64, device=z.device)
         done = torch.zeros(b, dtype=torch.bool, device=z.device)
+        history = torch.zeros(b, 0, dtype=torch.long, device=z.device)
         for step in range(max_len):
-            logp, state = self._step_logprobs(c, words, state, step, no_repeat)
+            logp, state = self._step_logprobs(c, words, state, step, no_repeat, history, no_repeat_ngram)
             best, words = logp.max(1)
+            history = torch.cat([history, words.unsqueeze(1)], dim=1)
             total += torch.where(done, torch.zeros_like(total), best.double())
             for i in (~done).nonzero().view(-1).tolist():
                 if words[i].item() != END_ID:
@@ -184,7 +194,7 @@ class SentenceDecoder(nn.Module):
 
     @torch.no_grad()
     def beam_search(self, z: torch.Tensor, beam_size: int, n: int, max_len: int, length_penalty: float,
-                    no_repeat: bool) -> list[list[Hypothesis]]:
+                    no_repeat: bool, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
         """Batched beam search: the B × K beams advance as one RNN batch.
 
         A beam that emits ``<end>`` is moved to its row's finished list and its slot scored −inf, so the next
@@ -203,7 +213,8 @@ class SentenceDecoder(nn.Module):
         finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         done = [False] * b
         for step in range(max_len):
-            logp, state = self._step_logprobs(c, words, state, step, no_repeat)
+            logp, state = self._step_logprobs(c, words, state, step, no_repeat, history.reshape(b * k, history.shape[2]),
+                                              no_repeat_ngram)
             cand = (scores.unsqueeze(-1) + logp.double().view(b, k, -1)).view(b, -1)     # (B, K·V)
             top, idx = cand.topk(k, dim=1)
             beam, word = idx // self.vocab_size, idx % self.vocab_size
@@ -236,6 +247,17 @@ class SentenceDecoder(nn.Module):
                                                         self._normalise(lp, history.shape[2], length_penalty),
                                                         False))
         return [sorted(hyps, key=lambda h: -h.score)[:n] for hyps in finished]
+
+
+def ban_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, m: int) -> None:
+    """Sets to −inf, in place, each row's next words that would complete an m-gram already in its ``history``
+    (rows, t): the m-grams of the history whose first m − 1 words equal its last m − 1 words."""
+    windows = history.unfold(1, m, 1)                                   # (rows, t − m + 1, m)
+    prefix = history[:, history.shape[1] - (m - 1):]                    # the last m − 1 words
+    match = (windows[:, :, :m - 1] == prefix.unsqueeze(1)).all(-1)
+    # <pad> is banned already: a harmless target for the windows that do not match
+    logp.scatter_(1, torch.where(match, windows[:, :, -1], torch.full_like(match, PAD_ID, dtype=torch.long)),
+                  NEG_INF)
 
 
 def build_decoder(cfg: dict, vocab_size: int) -> SentenceDecoder:

@@ -30,24 +30,28 @@ def require_decoder(model) -> None:
 
 
 def decode_settings(model, beam_size: int | None = None, max_len: int | None = None,
-                    length_penalty: float | None = None, no_repeat: bool | None = None) -> dict:
+                    length_penalty: float | None = None, no_repeat: bool | None = None,
+                    no_repeat_ngram: int | None = None) -> dict:
     """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
     d = model.cfg.get("decoder", {})
     out = {"beam_size": d.get("beam_size", 3) if beam_size is None else beam_size,
            "max_len": d.get("max_len", 20) if max_len is None else max_len,
            "length_penalty": d.get("length_penalty", 1.0) if length_penalty is None else length_penalty,
-           "no_repeat": d.get("no_repeat", True) if no_repeat is None else no_repeat}
+           "no_repeat": d.get("no_repeat", True) if no_repeat is None else no_repeat,
+           "no_repeat_ngram": d.get("no_repeat_ngram", 0) if no_repeat_ngram is None else no_repeat_ngram}
     if not isinstance(out["beam_size"], int) or out["beam_size"] < 1:
         raise ValueError(f"beam_size must be a positive integer, got {out['beam_size']!r}")
     if not isinstance(out["max_len"], int) or out["max_len"] < 1:
         raise ValueError(f"max_len must be a positive integer, got {out['max_len']!r}")
+    if not isinstance(out["no_repeat_ngram"], int) or out["no_repeat_ngram"] < 0:
+        raise ValueError(f"no_repeat_ngram must be an integer >= 0, got {out['no_repeat_ngram']!r}")
     return out
 
 
 @torch.no_grad()
 def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: int | None = None,
                        max_len: int | None = None, length_penalty: float | None = None,
-                       no_repeat: bool | None = None, batch_size: int = 64,
+                       no_repeat: bool | None = None, no_repeat_ngram: int | None = None, batch_size: int = 64,
                        exclude: Sequence[Sequence[str]] | None = None) -> list[Result]:
     """Decodes common-space vectors ``(B, E)`` into sentences: image embeddings (``model.embed_images``, or
     vectors read back from an index) give captions (STT eq. 10), sentence embeddings give paraphrases
@@ -56,7 +60,7 @@ def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: i
     require_decoder(model)
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    opts = decode_settings(model, beam_size, max_len, length_penalty, no_repeat)
+    opts = decode_settings(model, beam_size, max_len, length_penalty, no_repeat, no_repeat_ngram)
     extra = 1 if exclude is not None else 0         # room for one excluded hypothesis (the input sentence)
     want = n + extra
     beam = max(opts["beam_size"], want)
@@ -68,7 +72,8 @@ def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: i
     for start in range(0, embeddings.shape[0], batch_size):
         z = embeddings[start:start + batch_size].to(device)
         hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts["max_len"],
-                                length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"])
+                                length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"],
+                                no_repeat_ngram=opts["no_repeat_ngram"])
         for row, row_hyps in enumerate(hyps):
             banned = set(exclude[start + row]) if exclude is not None else set()
             texts = [(model.vocab.decode(h.ids), h.score) for h in row_hyps]

@@ -61,6 +61,7 @@ class _Split:
         self.image_caps: dict[int, list[int]] = {}
         for j, img in enumerate(self.cap_to_img):
             self.image_caps.setdefault(img, []).append(j)
+        self.images = sorted(self.image_caps)            # the images with captions
         self.image_emb, self.caption_emb = image_emb, caption_emb
         # captioning: an image against all its captions; paraphrasing: caption j against its image's others
         self.caption_refs = {img: [self.captions[j] for j in caps] for img, caps in self.image_caps.items()}
@@ -102,7 +103,8 @@ class SelfCriticalStage:
 
     def step(self, generator: torch.Generator, sample_generator: torch.Generator | None) -> dict:
         split, decoder, k = self.splits["train"], self.model.decoder, self.s["samples"]
-        images = torch.randperm(len(split.image_caps), generator=generator)[:self.s["images_per_batch"]].tolist()
+        order = torch.randperm(len(split.images), generator=generator)[:self.s["images_per_batch"]].tolist()
+        images = [split.images[i] for i in order]
         tasks = []
         if self.d["lambda_ic"] > 0:
             tasks.append(("ic", self.d["lambda_ic"], split.image_emb[images], images, split.caption_cider, None))
@@ -139,7 +141,7 @@ class SelfCriticalStage:
                 out += [[self.words.idx2word[w] for w in h.ids] for h in hyps]
             return out
 
-        images = sorted(split.image_caps)
+        images = split.images
         captions = greedy(split.image_emb[images])
         val = {"cider_ic": split.caption_cider.corpus_score(dict(zip(images, captions)))}
         if split.para_cider is not None:

@@ -164,8 +164,9 @@ class STTTrainer(Trainer):
         return {"loss_parts": {k: round(float(np.mean([p[k] for p in parts if k in p])), 5) for k in parts[0]}}
 
     def run(self, resume: bool = False) -> dict:
-        """The eq. 12 stages, then (``scst.steps > 0``) the self-critical stage from their best checkpoint (a
-        resumed run resumes the eq. 12 stages; the self-critical stage starts over)."""
+        """The eq. 12 stages, then (``scst.steps > 0``) the self-critical stage from their best checkpoint. A
+        resumed run resumes the eq. 12 stages; the self-critical stage then starts again from ``model.pt``, its
+        own best checkpoint if it had saved one."""
         summary = super().run(resume=resume)
         if self.cfg["scst"]["steps"] > 0:
             from .scst import SelfCriticalStage

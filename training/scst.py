@@ -101,18 +101,22 @@ class SelfCriticalStage:
                     out[i, j] = cider.score(key, tokens)
         return torch.from_numpy(out)
 
-    def step(self, generator: torch.Generator, sample_generator: torch.Generator | None) -> dict:
+    def step(self, generator: torch.Generator, sample_generator: torch.Generator | None) -> dict | None:
+        """One update's loss and mean rewards; None when the batch gives no task anything to do."""
         split, decoder, k = self.splits["train"], self.model.decoder, self.s["samples"]
         order = torch.randperm(len(split.images), generator=generator)[:self.s["images_per_batch"]].tolist()
         images = [split.images[i] for i in order]
-        tasks = []
+        tasks, picks = [], []
         if self.d["lambda_ic"] > 0:
             tasks.append(("ic", self.d["lambda_ic"], split.image_emb[images], images, split.caption_cider, None))
         if self.d["lambda_para"] > 0 and split.para_cider is not None:
             caps = [split.image_caps[i] for i in images if len(split.image_caps[i]) > 1]
             picks = [c[int(torch.randint(len(c), (1,), generator=generator))] for c in caps]
+        if picks:                                       # none when every image drawn has a single caption
             tasks.append(("para", self.d["lambda_para"], split.caption_emb[picks], picks, split.para_cider,
                           [split.captions[j] for j in picks]))
+        if not tasks:
+            return None
         # both tasks in one decoder batch, as in eq. 12's teacher-forced training
         z = torch.cat([t[2] for t in tasks])
         ids, logprobs = decoder.sample(z, n=k, max_len=self.d["max_len"], no_repeat=self.d["no_repeat"],
@@ -184,20 +188,23 @@ class SelfCriticalStage:
         bar = tqdm(range(1, s["steps"] + 1), desc="scst", disable=not progress, unit="step")
         for step in bar:
             out = self.step(generator, sample_generator)
-            optimizer.zero_grad(set_to_none=True)
-            out["loss"].backward()
-            if t["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
-            optimizer.step()
-            losses.append(float(out["loss"].detach()))
-            rewards.append(out["reward"])
-            bar.set_postfix({f"r_{k}": f"{v:.3f}" for k, v in out["reward"].items()})
+            if out is not None:
+                optimizer.zero_grad(set_to_none=True)
+                out["loss"].backward()
+                if t["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
+                optimizer.step()
+                losses.append(float(out["loss"].detach()))
+                rewards.append(out["reward"])
+                bar.set_postfix({f"r_{k}": f"{v:.3f}" for k, v in out["reward"].items()})
             if step % s["eval_every"] == 0 or step == s["steps"]:
                 val = self.validate()
                 decoder.train()
                 score = self.selection_score(val)
-                record = {"stage": "scst", "step": step, "loss": round(float(np.mean(losses)), 5),
-                          "reward": {k: round(float(np.mean([r[k] for r in rewards])), 5) for k in rewards[0]},
+                record = {"stage": "scst", "step": step,
+                          "loss": round(float(np.mean(losses)), 5) if losses else None,
+                          "reward": {k: round(float(np.mean([r[k] for r in rewards])), 5)
+                                     for k in (rewards[0] if rewards else {})},
                           "val": val, "elapsed_s": round(time.time() - start, 1)}
                 rewards, losses = [], []
                 if score > best:

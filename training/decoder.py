@@ -115,14 +115,21 @@ class SentenceDecoder(nn.Module):
         """Next-word log-probabilities with the bans applied; ``history`` (rows, step) the words so far."""
         hidden, state = self._run(c, words.unsqueeze(1), state)
         logp = F.log_softmax(self.out(hidden[:, 0]).float(), dim=-1)
-        logp[:, [PAD_ID, START_ID, UNK_ID]] = NEG_INF
-        if step == 0:
-            logp[:, END_ID] = NEG_INF                       # no empty sentence
-        elif no_repeat:
-            logp.scatter_(1, words.view(-1, 1), NEG_INF)    # no immediate repeat (never bans <end>: not an input)
+        logp.masked_fill_(self._banned(words, step, no_repeat), NEG_INF)
         if no_repeat_ngram and history is not None and history.shape[1] >= no_repeat_ngram:
             ban_repeated_ngrams(logp, history, no_repeat_ngram)
         return logp, state
+
+    def _banned(self, words: torch.Tensor, step: int, no_repeat: bool) -> torch.Tensor:
+        """(rows, V) words never emitted after ``words``: the specials, ``<end>`` first (no empty sentence) and,
+        with ``no_repeat``, the previous word (never ``<end>``: it is not an input)."""
+        mask = torch.zeros(words.shape[0], self.vocab_size, dtype=torch.bool, device=words.device)
+        mask[:, [PAD_ID, START_ID, UNK_ID]] = True
+        if step == 0:
+            mask[:, END_ID] = True
+        elif no_repeat:
+            mask.scatter_(1, words.view(-1, 1), True)
+        return mask
 
     def sample(self, z: torch.Tensor, n: int = 1, max_len: int = 20, no_repeat: bool = True,
                generator: torch.Generator | None = None) -> tuple[list[list[int]], torch.Tensor]:
@@ -141,18 +148,11 @@ class SentenceDecoder(nn.Module):
         words = torch.full((rows,), START_ID, dtype=torch.long, device=z.device)
         alive = torch.ones(rows, dtype=torch.bool, device=z.device)
         total = torch.zeros(rows, dtype=torch.float32, device=z.device)
-        banned = torch.zeros(self.vocab_size, dtype=torch.bool, device=z.device)
-        banned[[PAD_ID, START_ID, UNK_ID]] = True
         out: list[list[int]] = [[] for _ in range(rows)]
         for step in range(max_len):
             hidden, state = self._run(c, words.unsqueeze(1), state)
             logits = self.out(self.dropout(hidden[:, 0])).float()
-            mask = banned.expand(rows, -1).clone()
-            if step == 0:
-                mask[:, END_ID] = True                                      # no empty sentence
-            elif no_repeat:
-                mask.scatter_(1, words.view(-1, 1), True)
-            logp = F.log_softmax(logits.masked_fill(mask, NEG_INF), dim=-1)
+            logp = F.log_softmax(logits.masked_fill(self._banned(words, step, no_repeat), NEG_INF), dim=-1)
             drawn = torch.multinomial(logp.detach().exp(), 1, generator=generator).view(-1)
             total = total + torch.where(alive, logp.gather(1, drawn.view(-1, 1)).view(-1), torch.zeros_like(total))
             for i in (alive & (drawn != END_ID)).nonzero().view(-1).tolist():

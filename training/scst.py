@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .cider import CiderD
-from .embed import embed_caption_ids, embed_image_source
+from .embed import embed_split
 from .model import save_model
 from .vocab import tokenize
 
@@ -82,11 +82,9 @@ class SelfCriticalStage:
         self.model, self.device = model, device
         self.splits = {}
         for name, dataset in (("train", trainer.train_set), ("val", trainer.val_set)):
-            source = trainer.source(dataset, trainable=False)
-            img = embed_image_source(model, source, device=device, amp=trainer.amp,
-                                     workers=self.cfg["train"]["workers"])
-            caps = model.encode_text_ids([c for r in dataset.images for c in r.captions])
-            cap = embed_caption_ids(model, caps, device=device, amp=trainer.amp)
+            img, cap, _ = embed_split(model, dataset, device=device, amp=trainer.amp,
+                                      workers=self.cfg["train"]["workers"],
+                                      source=trainer.source(dataset, trainable=False))
             self.splits[name] = _Split(dataset, img.to(device), cap.to(device))
         self.words = model.vocab
 

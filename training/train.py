@@ -240,6 +240,8 @@ class Trainer:
 
     def run_stage(self, stage: Stage, log_path: Path, start: float, index: int = 0, state: dict | None = None) -> bool:
         """Returns False when early stopping ended training. ``state``: a ``last.pt`` saved inside this stage."""
+        if stage.epochs == 0:           # e.g. straight to the self-critical stage: no features, no optimiser
+            return True
         t = self.cfg["train"]
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)

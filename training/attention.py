@@ -74,7 +74,8 @@ def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128
     was_training = model.training
     model.eval()
     if source.kind == "files":
-        batches = (pixels for _, pixels in torch.utils.data.DataLoader(source.data, batch_size=batch_size))
+        loader = torch.utils.data.DataLoader(source.data, batch_size=batch_size, generator=torch.Generator())
+        batches = (pixels for _, pixels in loader)
     else:
         batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
     regions = []

@@ -28,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
         "image_size": 224,          # network input side
         "resize": 256,              # shorter side before cropping (ignored when crops == 1 and resize == image_size)
         "crops": 1,                 # 1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged
+        "train_crops": 0,           # view augmentation of a frozen backbone's training features: 0 (off), 5 or 10
+                                    # crops of the image resized to train_resize; each training sample reads one
+                                    # random view among the evaluation view and these crops (embed.view_source)
+        "train_resize": 256,
         "cache_dir": None,          # feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace
         "channels_last": True,      # faster CPU convolutions
         "options": {},              # backbone-specific (e.g. smallcnn width)
@@ -217,6 +221,14 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"train.{key} must be a positive integer, got {t[key]!r}")
     if cfg["image"]["crops"] not in (1, 5, 10):
         raise ConfigError(f"image.crops must be 1, 5 or 10, got {cfg['image']['crops']!r}")
+    im = cfg["image"]
+    if im["train_crops"] not in (0, 5, 10) or isinstance(im["train_crops"], bool):
+        raise ConfigError(f"image.train_crops must be 0 (off), 5 or 10, got {im['train_crops']!r}")
+    if not isinstance(im["train_resize"], int) or im["train_resize"] < im["image_size"]:
+        raise ConfigError(f"image.train_resize must be an integer >= image.image_size ({im['image_size']}), "
+                          f"got {im['train_resize']!r}")
+    if im["train_crops"] and cfg.get("attention", {}).get("enabled"):
+        raise ConfigError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
     if cfg["model"]["similarity"] not in ("cosine", "order"):
         raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
     if cfg["loss"]["reduction"] not in ("sum", "mean"):

@@ -4,11 +4,14 @@ An :class:`ImageSource` is what an image index turns into for the model:
 
 * ``features`` — precomputed features of a frozen pretrained backbone (``features.extract_features``);
 * ``pixels``   — all images decoded once into a uint8 tensor (small sets, trainable backbones);
-* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone).
+* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone);
+* ``views``    — view augmentation for training (``image.train_crops``): ``(N, 1 + crops, D)`` features, view 0
+  the evaluation view and the others crops of the image; each training sample reads one random view
+  (:func:`random_view`), while embedding the source (validation, SCST's reference) uses view 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -23,7 +26,7 @@ PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory befor
 
 @dataclass
 class ImageSource:
-    kind: str                                  # features | pixels | files
+    kind: str                                  # features | pixels | files | views
     data: torch.Tensor | ImageFiles
 
     def __len__(self) -> int:
@@ -42,10 +45,38 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
     return ImageSource("files", ImageFiles(paths, pre))
 
 
-def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
-    """A batch from a source (features, or uint8 pixels) → embeddings."""
+def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
+                workers: int = 2, progress: bool = True, amp: bool = False) -> ImageSource:
+    """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
+    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
+    if base.kind != "features":
+        raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
+    pre = replace(model.preprocess, crops=crops, resize=resize)
+    views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
+                             amp=amp, preprocess=pre, per_view=True)
+    return ImageSource("views", torch.cat([base.data[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
+
+
+def random_view(batch: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``(B, V, ...)`` → ``(B, ...)``: one uniformly drawn view per row (the global RNG unless ``generator``)."""
+    pick = torch.randint(batch.shape[1], (batch.shape[0],), generator=generator,
+                         device=batch.device if generator is None else generator.device).to(batch.device)
+    return batch[torch.arange(batch.shape[0], device=batch.device), pick]
+
+
+def batch_features(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
+    """A training batch from a source → backbone features (a random view of each image for ``views``)."""
     if kind == "features":
-        return model.embed_features(batch)
+        return batch
+    if kind == "views":
+        return random_view(batch)
+    return model.image_features(model.preprocess.normalize(batch))
+
+
+def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
+    """A training batch from a source (features, views, or uint8 pixels) → embeddings."""
+    if kind in ("features", "views"):
+        return model.embed_features(batch_features(model, kind, batch))
     return model.embed_images(model.preprocess.normalize(batch))
 
 
@@ -60,16 +91,34 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, device
     was_training = model.training
     model.eval()
     out = []
+    kind = "features" if source.kind == "views" else source.kind
     if source.kind == "files":
-        loader = DataLoader(source.data, batch_size=batch_size, num_workers=workers)
+        loader = DataLoader(source.data, batch_size=batch_size, num_workers=workers,
+                            generator=torch.Generator())      # leaves the global RNG alone (features.image_loader)
         batches = (pixels for _, pixels in loader)
     else:
-        batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
+        data = source.data[:, 0] if source.kind == "views" else source.data     # views: the evaluation view
+        batches = (data[i:i + batch_size] for i in range(0, len(source), batch_size))
     for batch in batches:
         with autocast(device, amp):
-            out.append(image_inputs_to_embedding(model, source.kind, batch.to(device)).float())
+            out.append(image_inputs_to_embedding(model, kind, batch.to(device)).float())
     model.train(was_training)
     return torch.cat(out)
+
+
+@torch.no_grad()
+def embed_views(model, source: ImageSource, batch_size: int = 128, device="cpu", amp: bool = False) -> torch.Tensor:
+    """Every view of a ``views`` source → embeddings ``(N, V, E)``."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    flat = source.data.flatten(0, 1)
+    out = []
+    for i in range(0, len(flat), batch_size):
+        with autocast(device, amp):
+            out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
+    model.train(was_training)
+    return torch.cat(out).view(source.data.shape[0], source.data.shape[1], -1)
 
 
 @torch.no_grad()

@@ -43,8 +43,10 @@ class ImageFiles(Dataset):
 
 def image_loader(paths, preprocess: Preprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
     workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
+    # its own generator: iterating a loader draws a seed, which must not come from the global RNG (a warm or
+    # a cold feature cache would otherwise give the training that follows different random numbers)
     return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, num_workers=workers,
-                      persistent_workers=False)
+                      persistent_workers=False, generator=torch.Generator())
 
 
 def load_pixels(paths, preprocess: Preprocess, workers: int = 2, progress: bool = True,
@@ -70,13 +72,16 @@ def _weights_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Preprocess, paths) -> dict:
+def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Preprocess, paths,
+                   per_view: bool = False) -> dict:
     files = []
     for p in paths:
         st = os.stat(p)
         files.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
     manifest = {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
                 "files_sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(), "n": len(files)}
+    if per_view:        # one feature per crop (view augmentation), not their average
+        manifest["per_view"] = True
     if getattr(backbone, "n_regions", None):   # STT-ATT grid features (regions.GridRegions), not pooled ones
         manifest["regions"] = [backbone.n_regions, backbone.region_dim, backbone.grid]
     return manifest
@@ -85,29 +90,36 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Pr
 @torch.no_grad()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
                      batch_size: int = 64, device: str | torch.device = "cpu", workers: int = 2,
-                     progress: bool = True, amp: bool = False) -> np.ndarray:
-    """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid."""
+                     progress: bool = True, amp: bool = False, preprocess: Preprocess | None = None,
+                     per_view: bool = False) -> np.ndarray:
+    """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
+
+    ``preprocess`` replaces the model's own (e.g. other crops); ``per_view`` keeps each crop's feature,
+    ``(N, crops, D)``, instead of their average."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    manifest = cache_manifest(model.backbone_name, model.backbone, model.preprocess, paths)
+    pre = preprocess or model.preprocess
+    manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     array_path, manifest_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
+    shape = (len(paths), pre.crops, model.feature_dim) if per_view else (len(paths), model.feature_dim)
     if manifest_path.exists() and array_path.exists():
         stored = json.loads(manifest_path.read_text())
         feats = np.load(array_path, mmap_mode="r")
-        if stored == manifest and feats.shape == (len(paths), model.feature_dim):
+        if stored == manifest and feats.shape == shape:
             return feats
     cache_dir.mkdir(parents=True, exist_ok=True)
     was_training = model.backbone.training
     model.backbone.eval()
     device = torch.device(device)
     with atomic_path(array_path) as tmp:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(paths), model.feature_dim))
-        loader = image_loader(paths, model.preprocess, batch_size=batch_size, workers=workers)
-        for idx, pixels in tqdm(loader, desc=f"{model.backbone_name} features", disable=not progress,
-                                unit="batch"):
-            images = model.preprocess.normalize(pixels.to(device))
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+        loader = image_loader(paths, pre, batch_size=max(1, batch_size // pre.crops) if per_view else batch_size,
+                              workers=workers)
+        desc = f"{model.backbone_name} features" + (f" ({pre.crops} views)" if per_view else "")
+        for idx, pixels in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
+            images = pre.normalize(pixels.to(device))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-                out[idx.numpy()] = model.image_features(images).float().cpu().numpy()
+                out[idx.numpy()] = model.image_features(images, pool=not per_view).float().cpu().numpy()
         out.flush()
         del out
     write_json(manifest_path, manifest)

@@ -58,15 +58,16 @@ class JointEmbedding(nn.Module):
             self.backbone.to(memory_format=torch.channels_last)
 
     # --- image side -------------------------------------------------------------------------------
-    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+    def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
         """Normalised images ``(B, 3, S, S)`` or multi-crop ``(B, C, 3, S, S)`` → backbone features ``(B, D)``
-        (crop features averaged)."""
+        (crop features averaged), or ``(B, C, D)`` with ``pool=False``."""
         crops = images.shape[1] if images.dim() == 5 else 1
         flat = images.flatten(0, 1) if images.dim() == 5 else images
         if self.cfg["image"].get("channels_last", True):
             flat = flat.contiguous(memory_format=torch.channels_last)
         feats = self.backbone(flat)
-        return feats.view(-1, crops, feats.shape[-1]).mean(1)
+        feats = feats.view(-1, crops, feats.shape[-1])
+        return feats.mean(1) if pool else feats
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → the common space, before the similarity's normalisation."""

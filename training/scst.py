@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .cider import CiderD
-from .embed import embed_split
+from .embed import embed_split, embed_views, random_view
 from .model import save_model
 from .vocab import tokenize
 
@@ -63,6 +63,7 @@ class _Split:
             self.image_caps.setdefault(img, []).append(j)
         self.images = sorted(self.image_caps)            # the images with captions
         self.image_emb, self.caption_emb = image_emb, caption_emb
+        self.image_views: torch.Tensor | None = None      # (N, V, E) for view augmentation (image.train_crops)
         # captioning: an image against all its captions; paraphrasing: caption j against its image's others
         self.caption_refs = {img: [self.captions[j] for j in caps] for img, caps in self.image_caps.items()}
         self.para_keys = [j for caps in self.image_caps.values() if len(caps) > 1 for j in caps]
@@ -82,10 +83,12 @@ class SelfCriticalStage:
         self.model, self.device = model, device
         self.splits = {}
         for name, dataset in (("train", trainer.train_set), ("val", trainer.val_set)):
+            source = trainer.source(dataset, trainable=False, augment=name == "train")
             img, cap, _ = embed_split(model, dataset, device=device, amp=trainer.amp,
-                                      workers=self.cfg["train"]["workers"],
-                                      source=trainer.source(dataset, trainable=False))
+                                      workers=self.cfg["train"]["workers"], source=source)
             self.splits[name] = _Split(dataset, img.to(device), cap.to(device))
+            if source.kind == "views":      # image.train_crops: each update reads a random view of each image
+                self.splits[name].image_views = embed_views(model, source, device=device, amp=trainer.amp)
         self.words = model.vocab
 
     # --- one update ---------------------------------------------------------------------------------
@@ -106,7 +109,9 @@ class SelfCriticalStage:
         images = [split.images[i] for i in order]
         tasks, picks = [], []
         if self.d["lambda_ic"] > 0:
-            tasks.append(("ic", self.d["lambda_ic"], split.image_emb[images], images, split.caption_cider, None))
+            emb = (split.image_emb[images] if split.image_views is None
+                   else random_view(split.image_views[images], generator))
+            tasks.append(("ic", self.d["lambda_ic"], emb, images, split.caption_cider, None))
         if self.d["lambda_para"] > 0 and split.para_cider is not None:
             caps = [split.image_caps[i] for i in images if len(split.image_caps[i]) > 1]
             picks = [c[int(torch.randint(len(c), (1,), generator=generator))] for c in caps]

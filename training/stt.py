@@ -25,7 +25,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .attention import attention_retrieval, embed_words
-from .embed import ImageSource, embed_caption_ids, embed_image_source, image_inputs_to_embedding
+from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_source,
+                    image_inputs_to_embedding)
 from .evaluate import public
 from .model import load_checkpoint
 from .train import Stage, Trainer
@@ -140,7 +141,7 @@ class STTTrainer(Trainer):
         if model.attention is None:
             img_emb = image_inputs_to_embedding(model, kind, images)
             return img_emb, cap_emb, self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
-        feats = images if kind == "features" else model.image_features(model.preprocess.normalize(images))
+        feats = batch_features(model, kind, images)
         regions = model.embed_regions(feats)
         img_emb = model.similarity.normalize(regions.mean(1))           # §3.3 average pooling
         words, mask = embed_words(model, ids_a, len_a)

@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 
 from .config import dump_config
 from .data import CaptionDataset, load_dataset
-from .embed import ImageSource, autocast, embed_split, image_inputs_to_embedding, image_source
+from .embed import (ImageSource, autocast, batch_features, embed_split, image_inputs_to_embedding, image_source,
+                    view_source)
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
 from .fileio import atomic_path, write_text
 from .losses import build_loss
@@ -150,11 +151,17 @@ class Trainer:
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
 
-    def source(self, dataset: CaptionDataset, trainable: bool) -> ImageSource:
-        t = self.cfg["train"]
-        return image_source(self.model, [r.path for r in dataset.images], trainable=trainable,
-                            cache_dir=self.cfg["image"]["cache_dir"], device=self.device, workers=t["workers"],
-                            progress=self.progress, amp=self.amp)
+    def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
+        """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
+        views to precomputed features (not to a trainable backbone's pixels)."""
+        t, im = self.cfg["train"], self.cfg["image"]
+        paths = [r.path for r in dataset.images]
+        common = dict(cache_dir=im["cache_dir"], device=self.device, workers=t["workers"], progress=self.progress,
+                      amp=self.amp)
+        source = image_source(self.model, paths, trainable=trainable, **common)
+        if augment and im["train_crops"] and source.kind == "features":
+            source = view_source(self.model, paths, source, im["train_crops"], im["train_resize"], **common)
+        return source
 
     def selection_score(self, val: dict) -> float:
         """``train.select_on``: what the best checkpoint, early stopping and the plateau schedule follow (higher
@@ -196,7 +203,7 @@ class Trainer:
         model = self.model
         if getattr(self.loss_fn, "on_pairs", False):
             # W2VV eqs. 8-9: the loss compares each caption's prediction with its image, un-normalised
-            feats = images if kind == "features" else model.image_features(model.preprocess.normalize(images))
+            feats = batch_features(model, kind, images)
             loss = self.loss_fn(model.project_texts(ids, lengths), model.project_features(feats))
         else:
             img_emb = image_inputs_to_embedding(model, kind, images)
@@ -246,7 +253,7 @@ class Trainer:
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
         freeze_modules(model, t["freeze"])
-        train_source = self.source(self.train_set, stage.backbone_trainable)
+        train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
         val_source = self.source(self.val_set, stage.backbone_trainable)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:

@@ -50,6 +50,30 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(synth_small, tmp
     assert again["epochs_run"] == 3 and records(tmp_path / "cut") == records(tmp_path / "straight")
 
 
+def test_an_interrupted_self_critical_stage_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
+    """One eq. 12 epoch, then 6 SCST updates validated every 2; cut after update 4 and resumed."""
+    from training.model import load_checkpoint
+    from training.train import load_train_state, train
+
+    cfg = tiny_config(decoder={**STT_DECODER, "dropout": 0.3}, train={"epochs": 1, "sampling": "image"},
+                      scst={"steps": 6, "eval_every": 2, "images_per_batch": 4, "samples": 3})
+    quiet = lambda *_: None  # noqa: E731
+    straight = train(cfg, synth_small, tmp_path / "straight", progress=False, log=quiet)
+    with pytest.raises(Interrupt):
+        train(cfg, synth_small, tmp_path / "cut", progress=False, log=stop_after("[scst 4/6]"))
+    state = load_train_state(tmp_path / "cut")
+    assert state["stage"] == "scst" and state["scst"]["step"] == 4
+    resumed = train(cfg, synth_small, tmp_path / "cut", progress=False, log=quiet, resume=True)
+    assert resumed["scst_best_val_cider"] == straight["scst_best_val_cider"]
+    got, want = records(tmp_path / "cut"), records(tmp_path / "straight")
+    assert [r.get("step") for r in got] == [None, 0, 2, 4, 6] and got == want
+    a = load_checkpoint(tmp_path / "straight" / "model.pt")["state_dict"]
+    b = load_checkpoint(tmp_path / "cut" / "model.pt")["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    la, lb = (load_train_state(tmp_path / r)["model"] for r in ("straight", "cut"))
+    assert all(torch.equal(la[k], lb[k]) for k in la)       # the weights after update 6, not only the best
+
+
 def test_resume_cli_refuses_what_it_cannot_do(synth_small, tmp_path, capsys):
     from service.cli import main
 

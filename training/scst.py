@@ -32,7 +32,9 @@ from tqdm.auto import tqdm
 
 from .cider import CiderD
 from .embed import embed_split, embed_views, random_view
+from .fileio import atomic_path
 from .model import save_model
+from .train import STATE_FILE, STATE_FORMAT, plan_stages, restore_rng, rng_state
 from .vocab import tokenize
 
 
@@ -165,7 +167,24 @@ class SelfCriticalStage:
         return sum(w * val[k] for k, w in used.items()) / sum(used.values())
 
     # --- the loop -----------------------------------------------------------------------------------
-    def run(self, out_dir: Path, log_path: Path, progress: bool = True, log=print) -> dict:
+    def save_state(self, out_dir: Path, step: int, optimizer, generator, sample_generator, best: float,
+                   records: list[dict], elapsed: float) -> None:
+        """``RUN_DIR/last.pt`` after an update's validation: the weights, the decoder's optimiser, both sampling
+        generators and the global RNGs (dropout), the best score and the stage's log records so far."""
+        trainer = self.trainer
+        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": "scst",
+                 "stage_index": len(plan_stages(self.cfg, self.model.backbone_pretrained)), "epoch": step,
+                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "history": trainer.history, "best_score": trainer.best_score, "best_rsum": trainer.best_rsum,
+                 "elapsed_s": elapsed,
+                 "scst": {"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(generator),
+                          "sample_generator": sample_generator.get_state(), "best": best, "records": records,
+                          "elapsed_s": elapsed}}
+        with atomic_path(out_dir / STATE_FILE) as tmp:
+            torch.save(state, tmp)
+
+    def run(self, out_dir: Path, log_path: Path, progress: bool = True, log=print, state: dict | None = None) -> dict:
+        """The stage; ``state`` (a ``last.pt``'s ``scst`` part) continues it after that update."""
         s, t = self.s, self.cfg["train"]
         model, decoder = self.model, self.model.decoder
         params = [p for p in decoder.parameters() if p.requires_grad]
@@ -178,17 +197,29 @@ class SelfCriticalStage:
         optimizer = torch.optim.Adam(params, lr=s["lr"])
         generator = torch.Generator().manual_seed(t["seed"])
         sample_generator = (torch.Generator(device=self.device).manual_seed(t["seed"] + 1))
-        start = time.time()
-        val = self.validate()
-        best = self.selection_score(val)
-        save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": 0})
-        record = {"stage": "scst", "step": 0, "val": val, "best": True, "elapsed_s": round(time.time() - start, 1)}
-        _append(log_path, record)
-        log(f"[scst 0/{s['steps']}] val CIDEr-D (greedy) {val}")
+        if state is None:
+            start = time.time()
+            val = self.validate()
+            best = self.selection_score(val)
+            save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": 0})
+            record = {"stage": "scst", "step": 0, "val": val, "best": True,
+                      "elapsed_s": round(time.time() - start, 1)}
+            records, first = [record], 1
+            _append(log_path, record)
+            log(f"[scst 0/{s['steps']}] val CIDEr-D (greedy) {val}")
+        else:                         # the weights are already the state's (Trainer.run loaded them)
+            optimizer.load_state_dict(state["optimizer"])
+            restore_rng(state["rng"], generator)
+            sample_generator.set_state(state["sample_generator"])
+            best, records, first = state["best"], list(state["records"]), state["step"] + 1
+            start = time.time() - state["elapsed_s"]
+            for record in records:    # Trainer.run rewrote log.jsonl with the eq. 12 records only
+                _append(log_path, record)
         model.eval()                  # encoders frozen: no dropout there
         decoder.train()               # the samples come from the training-mode decoder (its dropout on)
         rewards, losses = [], []
-        bar = tqdm(range(1, s["steps"] + 1), desc="scst", disable=not progress, unit="step")
+        bar = tqdm(range(first, s["steps"] + 1), desc="scst", disable=not progress, unit="step",
+                   initial=first - 1, total=s["steps"])
         for step in bar:
             out = self.step(generator, sample_generator)
             if out is not None:
@@ -214,6 +245,9 @@ class SelfCriticalStage:
                     best, record["best"] = score, True
                     save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": step})
                 _append(log_path, record)
+                records.append(record)
+                self.save_state(out_dir, step, optimizer, generator, sample_generator, best, records,
+                                time.time() - start)
                 log(f"[scst {step}/{s['steps']}] train reward {record['reward']} val {val}"
                     f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
         return {"scst_best_val_cider": round(best, 5), "scst_seconds": round(time.time() - start, 1)}

@@ -29,7 +29,7 @@ from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_
                     image_inputs_to_embedding)
 from .evaluate import public
 from .model import load_checkpoint
-from .train import Stage, Trainer
+from .train import Stage, Trainer, load_train_state
 from .vocab import pad_batch
 
 
@@ -166,16 +166,19 @@ class STTTrainer(Trainer):
 
     def run(self, resume: bool = False) -> dict:
         """The eq. 12 stages, then (``scst.steps > 0``) the self-critical stage from their best checkpoint. A
-        resumed run resumes the eq. 12 stages; the self-critical stage then starts again from ``model.pt``, its
-        own best checkpoint if it had saved one."""
+        resumed run goes on where its ``last.pt`` was written: in an eq. 12 stage, or in the self-critical
+        stage (which writes it at every validation) with its decoder, optimiser and random-number states."""
         summary = super().run(resume=resume)
         if self.cfg["scst"]["steps"] > 0:
             from .scst import SelfCriticalStage
 
-            if self.best_score > float("-inf"):         # this run saved a best eq. 12 checkpoint: start there
+            state = load_train_state(self.out_dir) if resume else None
+            scst_state = state.get("scst") if state is not None and state["stage"] == "scst" else None
+            if scst_state is None and self.best_score > float("-inf"):   # a best eq. 12 checkpoint: start there
                 self.model.load_state_dict(load_checkpoint(self.out_dir / "model.pt")["state_dict"])
             stage = SelfCriticalStage(self)
-            summary.update(stage.run(self.out_dir, self.out_dir / "log.jsonl", progress=self.progress, log=self.log))
+            summary.update(stage.run(self.out_dir, self.out_dir / "log.jsonl", progress=self.progress, log=self.log,
+                                     state=scst_state))
             self.log(json.dumps(summary))
         return summary
 

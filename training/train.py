@@ -231,7 +231,8 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.history, self.best_score, self.best_rsum = state["history"], state["best_score"], state["best_rsum"]
             write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
-            self.log(f"resuming {self.out_dir} after {state['stage']} epoch {state['epoch']}")
+            unit = "update" if state["stage"] == "scst" else "epoch"
+            self.log(f"resuming {self.out_dir} after {state['stage']} {unit} {state['epoch']}")
         start = time.time() - (state["elapsed_s"] if state else 0.0)
         for index, stage in enumerate(plan_stages(self.cfg, self.model.backbone_pretrained)):
             if state is not None and index < state["stage_index"]:

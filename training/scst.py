@@ -32,9 +32,8 @@ from tqdm.auto import tqdm
 
 from .cider import CiderD
 from .embed import embed_split, embed_views, random_view
-from .fileio import atomic_path
 from .model import save_model
-from .train import STATE_FILE, STATE_FORMAT, plan_stages, restore_rng, rng_state
+from .train import plan_stages, restore_rng, rng_state
 from .vocab import tokenize
 
 
@@ -57,7 +56,8 @@ def scst_loss(logprobs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
 class _Split:
     """One split's conditioning vectors and reference sets for both tasks."""
 
-    def __init__(self, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor):
+    def __init__(self, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
+                 image_views: torch.Tensor | None = None):
         self.captions = [tokenize(c) for r in dataset.images for c in r.captions]
         self.cap_to_img = [r.image_id for r in dataset.images for _ in r.captions]
         self.image_caps: dict[int, list[int]] = {}
@@ -65,7 +65,7 @@ class _Split:
             self.image_caps.setdefault(img, []).append(j)
         self.images = sorted(self.image_caps)            # the images with captions
         self.image_emb, self.caption_emb = image_emb, caption_emb
-        self.image_views: torch.Tensor | None = None      # (N, V, E) for view augmentation (image.train_crops)
+        self.image_views = image_views                    # (N, V, E) for view augmentation (image.train_crops)
         # captioning: an image against all its captions; paraphrasing: caption j against its image's others
         self.caption_refs = {img: [self.captions[j] for j in caps] for img, caps in self.image_caps.items()}
         self.para_keys = [j for caps in self.image_caps.values() if len(caps) > 1 for j in caps]
@@ -88,9 +88,9 @@ class SelfCriticalStage:
             source = trainer.source(dataset, trainable=False, augment=name == "train")
             img, cap, _ = embed_split(model, dataset, device=device, amp=trainer.amp,
                                       workers=self.cfg["train"]["workers"], source=source)
-            self.splits[name] = _Split(dataset, img.to(device), cap.to(device))
-            if source.kind == "views":      # image.train_crops: each update reads a random view of each image
-                self.splits[name].image_views = embed_views(model, source, device=device, amp=trainer.amp)
+            # image.train_crops: each update reads a random view of each training image
+            views = embed_views(model, source, device=device, amp=trainer.amp) if source.kind == "views" else None
+            self.splits[name] = _Split(dataset, img.to(device), cap.to(device), views)
         self.words = model.vocab
 
     # --- one update ---------------------------------------------------------------------------------
@@ -167,24 +167,18 @@ class SelfCriticalStage:
         return sum(w * val[k] for k, w in used.items()) / sum(used.values())
 
     # --- the loop -----------------------------------------------------------------------------------
-    def save_state(self, out_dir: Path, step: int, optimizer, generator, sample_generator, best: float,
-                   records: list[dict], elapsed: float) -> None:
+    def save_state(self, step: int, optimizer, generator, sample_generator, best: float, records: list[dict],
+                   elapsed: float) -> None:
         """``RUN_DIR/last.pt`` after an update's validation: the weights, the decoder's optimiser, both sampling
         generators and the global RNGs (dropout), the best score and the stage's log records so far."""
-        trainer = self.trainer
-        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": "scst",
-                 "stage_index": len(plan_stages(self.cfg, self.model.backbone_pretrained)), "epoch": step,
-                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                 "history": trainer.history, "best_score": trainer.best_score, "best_rsum": trainer.best_rsum,
-                 "elapsed_s": elapsed,
-                 "scst": {"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(generator),
-                          "sample_generator": sample_generator.get_state(), "best": best, "records": records,
-                          "elapsed_s": elapsed}}
-        with atomic_path(out_dir / STATE_FILE) as tmp:
-            torch.save(state, tmp)
+        index = len(plan_stages(self.cfg, self.model.backbone_pretrained))      # after every eq. 12 stage
+        self.trainer.write_state("scst", index, step, elapsed,
+                                 scst={"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(generator),
+                                       "sample_generator": sample_generator.get_state(), "best": best,
+                                       "records": records})
 
     def run(self, out_dir: Path, log_path: Path, progress: bool = True, log=print, state: dict | None = None) -> dict:
-        """The stage; ``state`` (a ``last.pt``'s ``scst`` part) continues it after that update."""
+        """The stage; ``state`` (a ``last.pt`` written by :meth:`save_state`) continues it after that update."""
         s, t = self.s, self.cfg["train"]
         model, decoder = self.model, self.model.decoder
         params = [p for p in decoder.parameters() if p.requires_grad]
@@ -208,10 +202,11 @@ class SelfCriticalStage:
             _append(log_path, record)
             log(f"[scst 0/{s['steps']}] val CIDEr-D (greedy) {val}")
         else:                         # the weights are already the state's (Trainer.run loaded them)
-            optimizer.load_state_dict(state["optimizer"])
-            restore_rng(state["rng"], generator)
-            sample_generator.set_state(state["sample_generator"])
-            best, records, first = state["best"], list(state["records"]), state["step"] + 1
+            own = state["scst"]
+            optimizer.load_state_dict(own["optimizer"])
+            restore_rng(own["rng"], generator)
+            sample_generator.set_state(own["sample_generator"])
+            best, records, first = own["best"], list(own["records"]), own["step"] + 1
             start = time.time() - state["elapsed_s"]
             for record in records:    # Trainer.run rewrote log.jsonl with the eq. 12 records only
                 _append(log_path, record)
@@ -246,8 +241,7 @@ class SelfCriticalStage:
                     save_model(model, out_dir / "model.pt", extra={"val": val, "stage": "scst", "step": step})
                 _append(log_path, record)
                 records.append(record)
-                self.save_state(out_dir, step, optimizer, generator, sample_generator, best, records,
-                                time.time() - start)
+                self.save_state(step, optimizer, generator, sample_generator, best, records, time.time() - start)
                 log(f"[scst {step}/{s['steps']}] train reward {record['reward']} val {val}"
                     f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
         return {"scst_best_val_cider": round(best, 5), "scst_seconds": round(time.time() - start, 1)}

@@ -29,7 +29,7 @@ from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_
                     image_inputs_to_embedding)
 from .evaluate import public
 from .model import load_checkpoint
-from .train import Stage, Trainer, load_train_state
+from .train import Stage, Trainer
 from .vocab import pad_batch
 
 
@@ -172,8 +172,8 @@ class STTTrainer(Trainer):
         if self.cfg["scst"]["steps"] > 0:
             from .scst import SelfCriticalStage
 
-            state = load_train_state(self.out_dir) if resume else None
-            scst_state = state.get("scst") if state is not None and state["stage"] == "scst" else None
+            state = self.resumed_state
+            scst_state = state if state is not None and state["stage"] == "scst" else None
             if scst_state is None and self.best_score > float("-inf"):   # a best eq. 12 checkpoint: start there
                 self.model.load_state_dict(load_checkpoint(self.out_dir / "model.pt")["state_dict"])
             stage = SelfCriticalStage(self)

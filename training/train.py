@@ -224,6 +224,7 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.out_dir / "log.jsonl"
         state = load_train_state(self.out_dir) if resume else None
+        self.resumed_state = state          # subclasses' later stages (STT's self-critical one) go on from it
         write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
         if state is None:
             log_path.write_text("")
@@ -327,12 +328,17 @@ class Trainer:
     def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
                    stopped: bool, start: float) -> None:
         """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write)."""
-        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": stage.name, "stage_index": index,
-                 "epoch": epoch, "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "rng": rng_state(generator), "history": self.history, "best_score": self.best_score,
-                 "best_rsum": self.best_rsum, "bad_epochs": bad_epochs, "stopped": stopped,
-                 "elapsed_s": time.time() - start}
+        self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
+                         scheduler=scheduler.state_dict(), rng=rng_state(generator), bad_epochs=bad_epochs,
+                         stopped=stopped)
+
+    def write_state(self, stage: str, index: int, epoch: int, elapsed: float, **parts) -> None:
+        """Writes ``RUN_DIR/last.pt`` atomically: the run's config, weights and history at ``epoch`` (or update)
+        of stage ``index``, plus the stage's own ``parts`` (optimiser, random states, ...)."""
+        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": stage, "stage_index": index, "epoch": epoch,
+                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "history": self.history, "best_score": self.best_score, "best_rsum": self.best_rsum,
+                 "elapsed_s": elapsed, **parts}
         with atomic_path(self.out_dir / STATE_FILE) as tmp:
             torch.save(state, tmp)
 

@@ -150,6 +150,7 @@ class Trainer:
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
+        self.resumed_state: dict | None = None     # the last.pt that run(resume=True) goes on from
 
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
@@ -229,7 +230,7 @@ class Trainer:
         if state is None:
             log_path.write_text("")
         else:
-            self.model.load_state_dict(state["model"])
+            self.model.load_state_dict(state.pop("model"))      # not kept twice in memory for the whole run
             self.history, self.best_score, self.best_rsum = state["history"], state["best_score"], state["best_rsum"]
             write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
             unit = "update" if state["stage"] == "scst" else "epoch"

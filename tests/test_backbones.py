@@ -1,6 +1,8 @@
 """Image feature extractors: offline EfficientNet-Lite0, torchvision weights from a local file, multi-crop,
 and the on-disk feature cache (never stale)."""
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,8 +90,19 @@ def test_feature_cache_is_reused_and_never_stale(tmp_path):
     assert isinstance(again, np.memmap) and np.array_equal(first, again)
     assert sorted(os.listdir(cache)) == files                               # reused, nothing new written
 
-    Image.new("RGB", (40, 40), (0, 0, 255)).save(paths[2])                 # an image changes...
-    os.utime(paths[2], ns=(1, 1))
+    moved = tmp_path / "elsewhere"                                          # the same images copied elsewhere,
+    moved.mkdir()                                                           # with new mtimes (a re-mount)...
+    copies = [Path(shutil.copy(p, moved / p.name)) for p in paths]
+    for c in copies:
+        os.utime(c, ns=(10**18, 10**18))
+    assert np.array_equal(extract_features(model, copies, cache_dir=cache, workers=0, progress=False), first)
+    assert sorted(os.listdir(cache)) == files                               # ...still find their features
+    reordered = np.array(extract_features(model, copies[::-1], cache_dir=cache, workers=0, progress=False))
+    assert np.allclose(reordered, first[::-1], atol=1e-6)                   # rows follow the order of paths
+
+    stat = os.stat(paths[2])
+    Image.new("RGB", (40, 40), (0, 0, 255)).save(paths[2])                 # an image changes, even with its
+    os.utime(paths[2], ns=(stat.st_atime_ns, stat.st_mtime_ns))             # old mtime kept...
     changed = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False))
     assert not np.array_equal(changed[2], first[2]) and np.allclose(changed[0], first[0], atol=1e-6)
     torch.nn.init.zeros_(model.backbone.fc[1].weight)                       # ...or the backbone changes

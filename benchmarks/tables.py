@@ -1,0 +1,409 @@
+"""The docs' tables of numbers, rendered from the result files in benchmarks/results/.
+
+    python benchmarks/tables.py            # rewrite every table in README.md and docs/*.md in place
+    python benchmarks/tables.py --check    # exit 1, naming each table that differs from what its data gives
+
+A table lives in a Markdown file between two marker comments,
+
+    <!-- table:NAME -->
+    ...generated text...
+    <!-- /table:NAME -->
+
+and NAME is a key of TABLES: the function that renders it and the data file it reads. A result says its
+hardware, date and commit: from the row, else from the file's top-level keys, else "unknown"; when every row of
+a table shares them they follow the table as one line, otherwise they are a column.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PROVENANCE = ("hardware", "date", "commit")
+MARKER = re.compile(r"<!-- table:([\w.-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
+OPEN_MARKER = re.compile(r"<!-- (/?)table:([\w.-]+) -->")
+
+
+# ------------------------------------------------------------------ data
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def provenance(row: dict, data: dict, file: str | None = None) -> tuple[str, str, str]:
+    """(hardware, date, commit) of a row: the row's own keys, else the file's, else provenance.json's."""
+    side: dict = {}
+    if file is not None and (RESULTS / "provenance.json").exists():
+        side = next((r for r in load("provenance.json")["rows"] if r["file"] == file), {})
+    out = []
+    for key in PROVENANCE:
+        value = row.get(key) or data.get(key) or side.get(key)
+        out.append(str(value) if value else f"{key} unknown")
+    return tuple(out)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def f(x: Any, digits: int = 1) -> str:
+    """a number with `digits` decimals; None as an em dash; strings as they are."""
+    if x is None:
+        return "—"
+    if isinstance(x, str):
+        return x
+    return f"{x:.{digits}f}"
+
+
+def join(values: list | None, digits: int = 1) -> str:
+    if values is None:
+        return "—"
+    return " / ".join(f(v, digits) for v in values)
+
+
+def md_table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    rule = ["---:" if i in right else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(rule) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def with_provenance(headers: list[str], cells: list[list[str]], rows: list[dict], data: dict,
+                    file: str | None = None, column: bool = False, right: set[int] = frozenset()) -> str:
+    """The table, and its hardware/date/commit: one line after it when all rows share them, else a column."""
+    prov = [provenance(r, data, file) for r in rows]
+    if not rows:
+        return md_table(headers, [["no rows yet"] + [""] * (len(headers) - 1)], right)
+    if column or len(set(prov)) > 1:
+        headers = headers + ["hardware, date, commit"]
+        cells = [c + ["; ".join(p)] for c, p in zip(cells, prov)]
+        return md_table(headers, cells, right)
+    hw, date, commit = prov[0]
+    return md_table(headers, cells, right) + f"\n\nHardware: {hw}; date: {date}; commit: {commit}."
+
+
+# ------------------------------------------------------------------ tables
+
+RECALL_HEADERS = ["i2t R@1 / R@5 / R@10", "t2i R@1 / R@5 / R@10", "R-sum"]
+SCORE_HEADERS = ["captioning B1 / B2 / B3 / B4 / METEOR / CIDEr",
+                 "paraphrasing B1 / B2 / B3 / B4 / METEOR / CIDEr"]
+
+
+def recall_cells(r: dict) -> list[str]:
+    return [join(r["i2t"]), join(r.get("t2i")), f(r["rsum"])]
+
+
+def t_flickr8k_dev() -> str:
+    data = load("flickr8k_dev.json")
+    headers = ["name", "lever", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum", "wall (min)", "peak (GiB)"]
+    cells = [[r["name"], r["lever"], join(r["i2t"]), join(r["t2i"]), f(r["rsum"]), f(r.get("wall_min")),
+              f(r.get("peak_gib"))] for r in data["rows"]]
+    if not data["rows"]:
+        headers = headers + ["hardware, date, commit"]
+    return with_provenance(headers, cells, data["rows"], data, column=True)
+
+
+def t_synthetic_demo() -> str:
+    data = load("synthetic_demo.json")
+    rows = data["rows"]
+    cells = [[r["name"], *recall_cells(r), f(r["minimal_pairs"]) + " %", r["train_wall"]] for r in rows]
+    return with_provenance(["model", *RECALL_HEADERS, "minimal pairs", "train wall"], cells, rows, data)
+
+
+def t_minimal_pairs_ablation() -> str:
+    data = load("minimal_pairs_ablation.json")
+    rows = data["rows"]
+    cells = [[r["text_encoder"], r["batches"], r["loss"], f(r["colour_swap"]) + " %",
+              f(r["position_swap"]) + " %", f(r["all"]) + " %", f(r["val_rsum"])] for r in rows]
+    return with_provenance(["text encoder", "batches", "loss", "colour swap", "position swap", "all", "val R-sum"],
+                           cells, rows, data)
+
+
+def t_flickr8k_text_branch() -> str:
+    data = load("flickr8k_text_branch.json")
+    rows = data["rows"]
+    cells = [[r["name"], r["loss"], *recall_cells(r), r["train_wall"]] for r in rows]
+    return with_provenance(["text branch", "loss", *RECALL_HEADERS, "train wall"], cells, rows, data)
+
+
+def t_papers_flickr8k() -> str:
+    rows = load("papers_flickr8k.json")["rows"]
+    cells = []
+    for r in rows:
+        rsum = sum(r["i2t"]) + sum(r["t2i"]) if r["t2i"] else None
+        cells.append([f'{r["model"]} ({r["source"]})', join(r["i2t"]), join(r["t2i"]), f(rsum), r["setting"]])
+    return md_table(["model (source)", "i2t R@1 / R@5 / R@10", "t2i R@1 / R@5 / R@10", "R-sum", "setting"], cells)
+
+
+def zoo_epochs(r: dict) -> str:
+    e, budget, best = r["epochs"], r.get("budget_epochs"), r.get("best_epoch")
+    best_s = f" ({best})" if best is not None else ""
+    if r.get("stopped") == "cut":
+        return f"*cut* at {e} of {budget}{best_s}"
+    if r.get("stopped"):
+        return f"{e}{best_s}, {r['stopped']}"
+    return (f"{e} of {budget}" if budget else f"{e}") + best_s
+
+
+def zoo_table(file: str, run_as: bool = False) -> str:
+    data = load(file)
+    rows = data["rows"]
+    headers = ["config"] + (["run as"] if run_as else []) + [
+        "epochs run (best)" if not run_as else "epochs", "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10",
+        "R-sum", "MIR i2t / t2i", "rPrec(5)", "train s"]
+    cells = []
+    for r in rows:
+        name = f'`{r["config"]}`' + (f', {r["overrides"]}' if r["overrides"] and not run_as else "")
+        cells.append([name] + ([r["overrides"]] if run_as else []) + [
+            zoo_epochs(r), *(f(x) for x in r["i2t"]), *(f(x) for x in r["t2i"]), f(r["rsum"]),
+            join(r["mir"], 3), f(r["rprecision5"], 2), f(r["train_s"], 0)])
+    first_num = 3 if run_as else 2
+    return with_provenance(headers, cells, rows, data, right=set(range(first_num, len(headers))))
+
+
+def stt_row_cells(r: dict) -> list[str]:
+    return [join(r.get("caption"), 3), join(r.get("paraphrase"), 3)]
+
+
+def t_stt_gpu_h100() -> str:
+    data = load("stt_gpu_h100.json")
+    rows = data["rows"]
+    cells = [[r["name"], f'{f(r["rsum"])} ({join(r["i2t"])}; {join(r["t2i"])})', *stt_row_cells(r), r["train"]]
+             for r in rows]
+    return with_provenance(["model", "R-sum (i2t R@1/5/10; t2i R@1/5/10)", *SCORE_HEADERS, "train"], cells, rows,
+                           data)
+
+
+def t_stt_synthetic() -> str:
+    data = load("stt_synthetic.json")
+    rows = data["rows"]
+    cells = [[r["name"], *recall_cells(r), *stt_row_cells(r), r["train_wall"]] for r in rows]
+    return with_provenance(["model", *RECALL_HEADERS, *SCORE_HEADERS, "train wall"], cells, rows, data)
+
+
+def t_stt_cpu_teacher_forced() -> str:
+    data = load("stt_cpu_teacher_forced.json")
+    rows = data["rows"]
+    cells = [[r["name"], r["steps"], join(r["nll"], 3), f'{f(r["rsum"])} ({join(r["i2t"])}; {join(r["t2i"])})',
+              *stt_row_cells(r), r["train_wall"]] for r in rows]
+    return with_provenance(["decoder", "steps (lr)", "val NLL ic / para", "R-sum (i2t; t2i)", *SCORE_HEADERS,
+                            "train wall"], cells, rows, data)
+
+
+def t_stt_cpu_scst() -> str:
+    data = load("stt_cpu_scst.json")
+    rows = data["rows"]
+    cells = [[r["model"], r["decoding"], *stt_row_cells(r)] for r in rows]
+    return with_provenance(["model", "decoding", *SCORE_HEADERS], cells, rows, data)
+
+
+def t_stt_cpu_scst_curve() -> str:
+    data = load("stt_cpu_scst_curve.json")
+    rows = data["rows"]
+    cells = [[r["run"], r["task"], *("" if v is None else f(v, 3) for v in r["values"])] for r in rows]
+    headers = ["run", "series"] + [f"{u:,}" for u in data["updates"]]
+    return with_provenance(headers, cells, rows, data, right=set(range(2, len(headers))))
+
+
+def t_stt_cpu_nll_curve() -> str:
+    data = load("stt_cpu_nll_curve.json")
+    rows = data["rows"]
+    cells = [[r["series"], *("" if v is None else f(v, 3) for v in r["values"])] for r in rows]
+    headers = ["NLL per word, captioning"] + [f"{s:,}" for s in data["steps"]]
+    return with_provenance(headers, cells, rows, data, right=set(range(1, len(headers))))
+
+
+def t_stt_decoding_sweep() -> str:
+    data = load("stt_decoding_sweep.json")
+    rows = data["rows"]
+    cells = [[str(r["beam"]), f"{r['length_penalty']:g}", f(r["mean_words"]), f(r["bleu4"], 3), f(r["cider"], 3)]
+             for r in rows]
+    return with_provenance(["beam", "length penalty", "mean caption length (words)", "BLEU-4", "CIDEr"], cells,
+                           rows, data, right={0, 1, 2, 3, 4})
+
+
+def _service_pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    on = {(r["route"], r["concurrency"]): r for r in rows if r["batching"]}
+    off = {(r["route"], r["concurrency"]): r for r in rows if not r["batching"]}
+    return [(on[k], off[k]) for k in on if k in off]
+
+
+def _service_cells(a: dict, b: dict) -> list[str]:
+    ratio = f"{a['rps'] / b['rps']:.2f}×" if a["rps"] and b["rps"] else "—"
+    return [a["route"], str(a["concurrency"]), f(a["rps"], 0), f(a["p50_ms"]), f(a["p99_ms"]), f(a["mean_batch"]),
+            f(b["rps"], 0), f(b["p50_ms"]), f(b["p99_ms"]), ratio]
+
+
+SERVICE_HEADERS = ["route", "concurrency", "batching on: req/s", "p50 ms", "p99 ms", "mean batch",
+                   "batching off: req/s", "p50 ms", "p99 ms", "on/off"]
+
+
+def t_service_load_cpu() -> str:
+    data = load("service_load_cpu.json")
+    pairs = _service_pairs(data["rows"])
+    cells = []
+    for a, b in pairs:
+        raw = a.get("raw_limit")
+        cells.append(_service_cells(a, b) + [f(raw, 0), f"{100 * a['rps'] / raw:.0f}%" if raw else "—",
+                                             f(data["http_ceiling"].get(str(a["concurrency"])), 0)])
+    headers = SERVICE_HEADERS + ["raw limit (items/s, batch = concurrency)", "on/raw",
+                                 "HTTP ceiling (GET /healthz, req/s)"]
+    return with_provenance(headers, cells, [{}] * len(cells), {}, file="service_load_cpu.json",
+                           right=set(range(1, len(headers))))
+
+
+LINE = re.compile(r"^(\w+)\s+c=(\d+)\s+batching=(on|off)\s+([\d.]+) req/s .*?p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms"
+                  r"\s+mean batch\s+([\d.]+)")
+
+
+def read_service_txt(name: str) -> dict:
+    """the lines benchmarks/service_load.py prints, as the rows of its JSON output"""
+    rows, ceiling = [], {}
+    for line in (RESULTS / name).read_text().splitlines():
+        if line.startswith("HTTP ceiling"):
+            ceiling = {c: float(v) for c, v in re.findall(r"c=(\d+) ([\d.]+)/s", line)}
+        m = LINE.match(line)
+        if m:
+            route, c, batching, rps, p50, p99, batch = m.groups()
+            rows.append({"route": route, "concurrency": int(c), "batching": batching == "on", "rps": float(rps),
+                         "p50_ms": float(p50), "p99_ms": float(p99), "mean_batch": float(batch)})
+    return {"rows": rows, "http_ceiling": ceiling}
+
+
+def t_service_load_cuda_h100() -> str:
+    name = "service_load_cuda_h100.txt"
+    data = read_service_txt(name)
+    pairs = _service_pairs(data["rows"])
+    cells = [_service_cells(a, b) + [f(data["http_ceiling"].get(str(a["concurrency"])), 0)] for a, b in pairs]
+    headers = SERVICE_HEADERS + ["HTTP ceiling (req/s)"]
+    return with_provenance(headers, cells, [{}] * len(cells), {}, file=name, right=set(range(1, len(headers))))
+
+
+def t_index_recall_cpu() -> str:
+    data = load("index_recall_cpu.json")
+    rows = data["rows"]
+    cells = [[r["factory"], "-" if r["nprobe"] is None else str(r["nprobe"]), f(r["build_s"]), f(r["search_ms"], 3),
+              f(r["recall10"], 3), r.get("note", "")] for r in rows]
+    return with_provenance(["factory", "nprobe", "build s", "search ms/query", "recall@10", "note"], cells, rows,
+                           data, right={1, 2, 3, 4})
+
+
+def t_rcn_speed_cpu() -> str:
+    data = load("rcn_speed_cpu.json")
+    rows = data["rows"]
+    cells = [[r["what"], f(r["fused_s"], 4), f(r["stepwise_s"], 4), f(r["stepwise_s"] / r["fused_s"], 2)]
+             for r in rows]
+    return with_provenance(["what", "fused s", "step by step s", "step by step / fused"], cells, rows, data,
+                           right={1, 2, 3})
+
+
+def t_pairing_leak_check_cpu() -> str:
+    data = load("pairing_leak_check_cpu.json")
+    rows = data["rows"]
+    cells = [[r["variant"], f(r["first20"], 2), f(r["last20"], 2), f(r["last20"] / data["floor"], 3),
+              f"{r['batch_order_error']:.2e}"] for r in rows]
+    return with_provenance(["variant", "loss, first 20 steps", "loss, last 20 steps", "last / floor",
+                            "batch-order error"], cells, rows, data, right={1, 2, 3, 4})
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "flickr8k_dev": t_flickr8k_dev,
+    "synthetic_demo": t_synthetic_demo,
+    "minimal_pairs_ablation": t_minimal_pairs_ablation,
+    "flickr8k_text_branch": t_flickr8k_text_branch,
+    "papers_flickr8k": t_papers_flickr8k,
+    "zoo_gpu_h100": lambda: zoo_table("zoo_gpu_h100.json"),
+    "zoo_cpu_full": lambda: zoo_table("zoo_cpu_full.json"),
+    "zoo_cpu_reduced": lambda: zoo_table("zoo_cpu_reduced.json", run_as=True),
+    "stt_gpu_h100": t_stt_gpu_h100,
+    "stt_synthetic": t_stt_synthetic,
+    "stt_cpu_teacher_forced": t_stt_cpu_teacher_forced,
+    "stt_cpu_scst": t_stt_cpu_scst,
+    "stt_cpu_scst_curve": t_stt_cpu_scst_curve,
+    "stt_cpu_nll_curve": t_stt_cpu_nll_curve,
+    "stt_decoding_sweep": t_stt_decoding_sweep,
+    "service_load_cpu": t_service_load_cpu,
+    "service_load_cuda_h100": t_service_load_cuda_h100,
+    "index_recall_cpu": t_index_recall_cpu,
+    "rcn_speed_cpu": t_rcn_speed_cpu,
+    "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
+}
+
+
+# ------------------------------------------------------------------ rewriting the docs
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render(name: str) -> str:
+    return "\n" + TABLES[name]().rstrip("\n") + "\n"
+
+
+def process(text: str, path: str, errors: list[str]) -> tuple[str, list[str]]:
+    """(the text with every table regenerated, the names of the tables that differed)"""
+    opened = [m.group(2) for m in OPEN_MARKER.finditer(text) if not m.group(1)]
+    closed = [m.group(2) for m in OPEN_MARKER.finditer(text) if m.group(1)]
+    paired = [m.group(1) for m in MARKER.finditer(text)]
+    for name in sorted(set(opened + closed)):
+        if opened.count(name) != closed.count(name) or opened.count(name) != paired.count(name):
+            errors.append(f"{path}: unmatched or nested markers for table {name}")
+    differ: list[str] = []
+
+    def replace(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in TABLES:
+            errors.append(f"{path}: unknown table {name} (known: {', '.join(TABLES)})")
+            return m.group(0)
+        try:
+            new = render(name)
+        except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError) as e:
+            errors.append(f"{path}: table {name}: its data could not be rendered: {type(e).__name__}: {e}")
+            return m.group(0)
+        if new != m.group(2):
+            differ.append(name)
+        return f"<!-- table:{name} -->{new}<!-- /table:{name} -->"
+
+    return MARKER.sub(replace, text), differ
+
+
+def run(check: bool, root: Path = ROOT) -> int:
+    errors: list[str] = []
+    used: set[str] = set()
+    for path in doc_files(root):
+        if not path.exists():
+            continue
+        text = path.read_text()
+        used |= {m.group(1) for m in MARKER.finditer(text)}
+        new, differ = process(text, str(path.relative_to(root)), errors)
+        for name in differ:
+            if check:
+                errors.append(f"{path.relative_to(root)}: table {name} differs from its data "
+                              f"(python benchmarks/tables.py rewrites it)")
+        if not check and new != text:
+            path.write_text(new)
+            print(f"{path.relative_to(root)}: rewrote {', '.join(differ)}")
+    for name in TABLES:
+        if name not in used:
+            errors.append(f"table {name} is in no document (README.md, docs/*.md)")
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 naming every table that differs from its data")
+    args = ap.parse_args(argv)
+    return run(args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

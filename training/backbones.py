@@ -149,3 +149,50 @@ def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     net = SmallCNN(width=int(opts.get("width", 32)), out_dim=out_dim, image_size=cfg_image["image_size"])
     return Backbone("smallcnn", net, out_dim, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
                     pretrained=False)
+
+
+# --- partial fine-tuning: the frozen bottom and the trained top of a CNN ---------------------------------
+
+class SplitCNN:
+    """An EfficientNet cut into units — the stem, each MBConv block, the 1x1 head convolution — so that the
+    last ``train_blocks`` units train over cached activations of the units below them (``image.train_blocks``).
+    It holds no weights of its own: it walks the timm network's modules, so ``model.pt`` keeps timm's names."""
+
+    def __init__(self, net: nn.Module, train_blocks: int):
+        if not all(hasattr(net, a) for a in ("conv_stem", "bn1", "blocks", "conv_head", "bn2")):
+            raise ValueError("image.train_blocks and image.pooling: gpo need an EfficientNet backbone "
+                             f"(efficientnet_lite0/1/2), not {type(net).__name__}")
+        self.net = net
+        self.units: list[nn.Module] = [nn.Sequential(net.conv_stem, net.bn1),
+                                       *[block for stage in net.blocks for block in stage],
+                                       nn.Sequential(net.conv_head, net.bn2)]
+        if not 0 <= train_blocks < len(self.units):
+            raise ValueError(f"image.train_blocks must be in 0..{len(self.units) - 1} for this backbone "
+                             f"({len(self.units) - 2} MBConv blocks and the head convolution), got {train_blocks}")
+        self.cut = len(self.units) - train_blocks
+
+    def top_modules(self) -> list[nn.Module]:
+        return self.units[self.cut:]
+
+    def bottom(self, images: torch.Tensor) -> torch.Tensor:
+        """Images → the activations entering the first trained unit ``(B, C, H, W)``."""
+        x = images
+        for unit in self.units[:self.cut]:
+            x = unit(x)
+        return x
+
+    def top(self, x: torch.Tensor) -> torch.Tensor:
+        """Those activations → the final feature grid ``(B, D, h, w)``."""
+        for unit in self.units[self.cut:]:
+            x = unit(x)
+        return x
+
+    def bottom_shape(self, image_size: int) -> tuple[int, int, int]:
+        with torch.no_grad():
+            probe = next(self.net.parameters())
+            was = self.net.training
+            self.net.eval()
+            shape = tuple(self.bottom(torch.zeros(1, 3, image_size, image_size, dtype=probe.dtype,
+                                                  device=probe.device)).shape[1:])
+            self.net.train(was)
+        return shape

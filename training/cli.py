@@ -72,6 +72,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
         p.set_defaults(func=cmd_generate, task=name)
+    p = sub.add_parser("ensemble", help="combine trained models into one model.pt (weighted concatenation of their "
+                                        "normalised embeddings) that evaluate, index and serve take as any model")
+    p.add_argument("--models", nargs="+", required=True, metavar="MODEL", help="two or more model.pt files")
+    p.add_argument("--weights", nargs="+", type=float, metavar="W", help="one positive weight per model (default 1)")
+    p.add_argument("--out", required=True, help="the ensemble's model.pt")
+    p.set_defaults(func=cmd_ensemble)
     add_zoo_commands(sub)
 
 
@@ -249,4 +255,30 @@ def cmd_generate(args) -> int:
         print(inp)
         for text, score in res:
             print(f"  {score:8.3f}  {text}")
+    return 0
+
+
+def cmd_ensemble(args) -> int:
+    from .ensemble import EnsembleEmbedding
+    from .model import load_model, save_model
+
+    if args.weights is not None and len(args.weights) != len(args.models):
+        print(f"error: --weights needs one weight per model ({len(args.models)}), got {len(args.weights)}",
+              file=sys.stderr)
+        return 2
+    for path in args.models:
+        if not Path(path).is_file():
+            print(f"error: no model file {path}", file=sys.stderr)
+            return 2
+    try:
+        members = [load_model(path) for path in args.models]
+        if any(isinstance(m, EnsembleEmbedding) for m in members):
+            raise ValueError("a member is itself an ensemble: list its members instead")
+        ensemble = EnsembleEmbedding(members, args.weights or [1.0] * len(members), [Path(p).name for p in args.models])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    fp = save_model(ensemble, args.out, extra={"members": [str(p) for p in args.models]})
+    print(json.dumps({"out": args.out, "members": args.models, "weights": ensemble.weights,
+                      "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp}))
     return 0

@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
         "train_resize": 256,
         "cache_dir": None,          # feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace
         "channels_last": True,      # faster CPU convolutions
+        "train_blocks": 0,          # partial fine-tuning of a pretrained EfficientNet: its last k units (the head
+                                    # convolution, then MBConv blocks from the top) train over cached activations
+                                    # of the frozen units below them; 0 = frozen backbone
+        "pooling": "mean",          # over the final feature grid: mean (global average pooling) | gpo (VSE∞)
         "options": {},              # backbone-specific (e.g. smallcnn width)
     },
     "text": {
@@ -92,8 +96,14 @@ DEFAULTS: dict[str, Any] = {
         "lr_schedule": "step",      # step: x lr_decay_factor once after lr_decay_epochs (STT §4.2)
                                     # plateau: x lr_decay_factor after lr_plateau_patience epochs without a
                                     #   better val R-sum (W2VV §III-B) | linear: down to lr_final_factor at
-                                    #   lr_decay_epochs (BiR §6.3)
+                                    #   lr_decay_epochs (BiR §6.3) | cosine: per update, warm-up, then a
+                                    #   half cosine down to lr_final_factor at the last epoch (SGDR, VSE∞)
         "lr_plateau_patience": 3,
+        "warmup_steps": 0,          # cosine: linear warm-up over this many updates first
+        "encoder_lr_factor": 1.0,   # lr of the pretrained encoder weights being trained (text.options.train_layers,
+                                    # finetune; image.train_blocks; the finetune stage's backbone) as a multiple
+                                    # of the stage's lr: 0.1 trains them 10x slower than the heads
+        "cache_dtype": "float16",   # stored frozen-bottom activations (train_layers, train_blocks): float16 | float32
         "lr_final_factor": 0.01,
         "init_from": None,          # a model.pt whose same-named tensors start this run (e.g. a retrieval
                                     # model's projections under a new STT decoder)
@@ -229,6 +239,13 @@ def validate(cfg: dict) -> None:
                           f"got {im['train_resize']!r}")
     if im["train_crops"] and cfg.get("attention", {}).get("enabled"):
         raise ConfigError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
+    if isinstance(im["train_blocks"], bool) or not isinstance(im["train_blocks"], int) or im["train_blocks"] < 0:
+        raise ConfigError(f"image.train_blocks must be an integer >= 0, got {im['train_blocks']!r}")
+    if im["pooling"] not in ("mean", "gpo"):
+        raise ConfigError(f"image.pooling must be mean or gpo, got {im['pooling']!r}")
+    if (im["train_blocks"] or im["pooling"] != "mean") and (im["crops"] != 1 or cfg["attention"]["enabled"]):
+        raise ConfigError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention "
+                          "(the cached activations are per view, pooled after the trained top)")
     if cfg["model"]["similarity"] not in ("cosine", "order"):
         raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
     if cfg["loss"]["reduction"] not in ("sum", "mean"):
@@ -237,8 +254,14 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"train.sampling must be caption, image or minimal_pairs, got {t['sampling']!r}")
     if t["optimizer"] not in ("adam", "rmsprop", "sgd"):
         raise ConfigError(f"train.optimizer must be adam, rmsprop or sgd, got {t['optimizer']!r}")
-    if t["lr_schedule"] not in ("step", "plateau", "linear"):
-        raise ConfigError(f"train.lr_schedule must be step, plateau or linear, got {t['lr_schedule']!r}")
+    if t["lr_schedule"] not in ("step", "plateau", "linear", "cosine"):
+        raise ConfigError(f"train.lr_schedule must be step, plateau, linear or cosine, got {t['lr_schedule']!r}")
+    if isinstance(t["warmup_steps"], bool) or not isinstance(t["warmup_steps"], int) or t["warmup_steps"] < 0:
+        raise ConfigError(f"train.warmup_steps must be an integer >= 0, got {t['warmup_steps']!r}")
+    if not isinstance(t["encoder_lr_factor"], (int, float)) or not 0 < t["encoder_lr_factor"] <= 10:
+        raise ConfigError(f"train.encoder_lr_factor must be in (0, 10], got {t['encoder_lr_factor']!r}")
+    if t["cache_dtype"] not in ("float16", "float32"):
+        raise ConfigError(f"train.cache_dtype must be float16 or float32, got {t['cache_dtype']!r}")
     if not isinstance(t["lr_plateau_patience"], int) or t["lr_plateau_patience"] < 1:
         raise ConfigError(f"train.lr_plateau_patience counts epochs without a validation gain before the lr drops: "
                           f"an integer >= 1 (1 = at the first such epoch), got {t['lr_plateau_patience']!r}")

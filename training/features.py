@@ -108,9 +108,13 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     pre = preprocess or model.preprocess
     manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view)
+    split = getattr(model, "image_split", None)
+    if split is not None:       # the activations entering the trained top units (image.train_blocks)
+        manifest["bottom"] = {"cut": split.cut, "shape": list(model.bottom_shape)}
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     array_path, manifest_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
-    shape = (len(paths), pre.crops, model.feature_dim) if per_view else (len(paths), model.feature_dim)
+    dim = getattr(model, "cached_dim", model.feature_dim)
+    shape = (len(paths), pre.crops, dim) if per_view else (len(paths), dim)
     if manifest_path.exists() and array_path.exists():
         stored = json.loads(manifest_path.read_text())
         feats = np.load(array_path, mmap_mode="r")

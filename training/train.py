@@ -11,6 +11,7 @@ continues an interrupted run exactly where it stopped (:func:`load_train_state`)
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -147,6 +148,12 @@ class Trainer:
         self.loss_fn = build_loss(cfg["loss"])
         self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
         self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
+        cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
+        if cache_inputs is not None:    # partial fine-tuning: the frozen bottom runs once (state_cache.py)
+            from .features import default_cache_dir
+
+            cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
+                         dtype=t["cache_dtype"], progress=progress, log=log)
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
@@ -261,10 +268,12 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"nothing to train: train.freeze {t['freeze']} leaves no trainable parameter")
-        optimizer = build_optimizer(t, params, stage.lr)
-        scheduler = build_scheduler(t, optimizer)
+        optimizer = build_optimizer(t, param_groups(model, t["encoder_lr_factor"]), stage.lr)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
+        steps = len(loader) if not t["max_steps_per_epoch"] else min(len(loader), t["max_steps_per_epoch"])
+        scheduler = build_scheduler(t, optimizer, stage.epochs * steps)
+        per_step = t["lr_schedule"] == "cosine"
         first, bad_epochs = 1, 0
         if state is not None:
             if state["stopped"]:
@@ -293,9 +302,11 @@ class Trainer:
                 if t["grad_clip"]:
                     torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
                 optimizer.step()
+                if per_step:
+                    scheduler.step()
                 losses.append(loss.item())
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if not per_step and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 scheduler.step()
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
                       "loss": round(float(np.mean(losses)), 5) if losses else None,
@@ -391,7 +402,26 @@ def use_sparse_gradients(model: torch.nn.Module, t: dict) -> list[str]:
     return names
 
 
+PRETRAINED_PREFIXES = ("backbone.", "text_encoder.bert.")
+
+
+def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]:
+    """The trainable parameters; with ``encoder_lr_factor`` != 1 the pretrained encoder weights (backbone,
+    MiniLM layers) form a second group whose lr is that multiple of the stage's (``lr_scale``)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    pretrained = [p for n, p in named if n.startswith(PRETRAINED_PREFIXES)]
+    if encoder_lr_factor == 1.0 or not pretrained:
+        return [{"params": [p for _, p in named], "lr_scale": 1.0}]
+    heads = [p for n, p in named if not n.startswith(PRETRAINED_PREFIXES)]
+    return [g for g in ({"params": heads, "lr_scale": 1.0}, {"params": pretrained, "lr_scale": encoder_lr_factor})
+            if g["params"]]
+
+
 def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:
+    """``params``: tensors, or groups whose ``lr_scale`` multiplies ``lr``."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        params = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in params]
     opts = dict(t["optimizer_options"])
     if t["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
         return torch.optim.RMSprop(params, lr=lr, weight_decay=t["weight_decay"],
@@ -401,7 +431,20 @@ def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr, weight_decay=t["weight_decay"], **opts)
 
 
-def build_scheduler(t: dict, optimizer: torch.optim.Optimizer):
+def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
+    """Linear warm-up over ``warmup`` updates, then a half cosine from 1 down to ``final`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(t: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
+    """``total_steps``: the stage's updates (the cosine schedule steps per update, the others per epoch)."""
+    if t["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
+        warmup, final = t["warmup_steps"], t["lr_final_factor"]
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: cosine_factor(s, total_steps, warmup, final))
     if t["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
         return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=t["lr_decay_factor"],
                                                           patience=t["lr_plateau_patience"] - 1)

@@ -1,0 +1,99 @@
+"""Ensembles that serve as one model: build → save → load → evaluate → index → serve, ranking by the weighted
+concatenation of the members' normalised embeddings."""
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from fastapi.testclient import TestClient
+
+from conftest import build_index, tiny_config
+from index.embed import embed_image_files, embed_texts
+from index.gallery import Gallery
+from service.app import create_app
+from service.cli import main as cli_main
+from service.settings import Settings
+from training.data import load_dataset
+from training.ensemble import EnsembleEmbedding
+from training.evaluate import evaluate_model
+from training.model import load_model
+from training.train import train
+
+QUERIES = ["a red circle above a blue square", "a small green triangle", "two yellow stars"]
+
+
+@pytest.fixture(scope="module")
+def members(synth_small, tiny_model_path, tmp_path_factory):
+    """The shared tiny model and a second one (other seed, a bag-of-words text side)."""
+    out = tmp_path_factory.mktemp("second")
+    train(tiny_config(train={"epochs": 1, "seed": 3}, text={"encoder": "bow", "hidden": 32}), synth_small, out,
+          progress=False, log=lambda *_: None)
+    return [tiny_model_path, out / "model.pt"]
+
+
+@pytest.fixture(scope="module")
+def ensemble_path(members, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ensemble") / "ensemble.pt"
+    rc = cli_main(["ensemble", "--models", *map(str, members), "--weights", "1", "0.5", "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def _expected(models, weights, images, texts):
+    """The members' normalised embeddings, weighted, concatenated, normalised: (image, text) scores."""
+    img = [torch.from_numpy(embed_image_files(m, images, progress=False, workers=0).vectors) for m in models]
+    txt = [torch.from_numpy(embed_texts(m, texts, progress=False)) for m in models]
+    cat = lambda parts: F.normalize(torch.cat([w * F.normalize(p, dim=-1) for w, p in zip(weights, parts)], 1), dim=-1)
+    return cat(img) @ cat(txt).t()
+
+
+def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensemble_path, synth_small, tmp_path):
+    loaded = load_model(ensemble_path)
+    assert isinstance(loaded, EnsembleEmbedding) and loaded.weights == [1.0, 0.5]
+    assert loaded.cfg["model"]["embed_dim"] == 64 and loaded.fingerprint
+    models = [load_model(p) for p in members]
+    data = load_dataset(synth_small)
+    records = data.split("val").images + data.split("test").images
+    paths = [r.path for r in records]
+    expected = _expected(models, [1.0, 0.5], paths, QUERIES)                       # (images, queries)
+    # Σ w_i² cos_i / Σ w_i²: the weighted mean of the members' cosines
+    cosines = [(torch.from_numpy(embed_image_files(m, paths, progress=False, workers=0).vectors)
+                @ torch.from_numpy(embed_texts(m, QUERIES, progress=False)).t()) for m in models]
+    torch.testing.assert_close(expected, (cosines[0] + 0.25 * cosines[1]) / 1.25, atol=1e-5, rtol=0)
+
+    index_dir = build_index(ensemble_path, synth_small, tmp_path / "index")
+    gallery = Gallery.load(index_dir, model=loaded)
+    q = embed_texts(loaded, QUERIES, progress=False)
+    for row, hits in zip(expected.t(), gallery.search_images(q, 5)):
+        assert [i for i, _ in hits] == torch.argsort(-row)[:5].tolist()
+        assert np.allclose([s for _, s in hits], [row[i].item() for i, _ in hits], atol=1e-5)
+    gallery.close()
+
+    app = create_app(Settings(model=str(ensemble_path), index=str(index_dir), reload_interval_s=0))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        r = client.post("/v1/search/images", json={"text": QUERIES[0], "k": 5})
+        assert r.status_code == 200
+        assert [x["id"] for x in r.json()["results"]] == torch.argsort(-expected[:, 0])[:5].tolist()
+
+
+def test_ensemble_evaluates_as_one_model(members, ensemble_path, synth_small):
+    data = load_dataset(synth_small).split("test")
+    result = evaluate_model(load_model(ensemble_path), data, progress=False, workers=0)
+    assert result["n_images"] == data.n_images and 0 <= result["rsum"] <= 600
+
+
+def test_ensemble_command_rejects_bad_input(members, tmp_path, capsys):
+    out = tmp_path / "e.pt"
+    assert cli_main(["ensemble", "--models", str(members[0]), "--out", str(out)]) == 2
+    assert "at least two" in capsys.readouterr().err
+    assert cli_main(["ensemble", "--models", *map(str, members), "--weights", "1", "--out", str(out)]) == 2
+    assert "one weight per model" in capsys.readouterr().err
+    assert cli_main(["ensemble", "--models", *map(str, members), "--weights", "1", "-1", "--out", str(out)]) == 2
+    assert "positive weight" in capsys.readouterr().err
+    assert cli_main(["ensemble", "--models", str(members[0]), str(tmp_path / "nope.pt"), "--out", str(out)]) == 2
+    assert "no model file" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,126 @@
+"""Ensembles that serve as one model: ``jointspace ensemble --models A.pt B.pt --out E.pt``.
+
+The ensemble's embedding is the concatenation of its members' normalised embeddings, member i scaled by its
+weight w_i, then normalised again (the similarity is cosine). The score of an (image, caption) pair is then
+Σ_i w_i² cos_i / Σ_i w_i², the weighted mean of the members' cosine scores, so one FAISS inner-product search
+over the concatenated vectors ranks by the ensemble's score. :class:`EnsembleEmbedding` offers the methods of
+``JointEmbedding`` that evaluation, indexing, query composition and the service call, so they take an
+ensemble ``model.pt`` unchanged; ``model.save_model`` / ``model.load_model`` write and read it.
+
+Members must read the same pixels (equal preprocessing), so one decoded image feeds them all; each tokenises
+text its own way, so the ensemble's own "token ids" are the text's UTF-8 bytes (+1, 0 is padding), decoded back
+to text and re-tokenised by each member.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .similarity import build_similarity
+from .vocab import Vocabulary, pad_batch
+
+KIND = "ensemble"
+MAX_TEXT_BYTES = 2048
+
+
+class EnsembleEmbedding(nn.Module):
+    """Members' embeddings, normalised, weighted and concatenated (see the module docstring)."""
+
+    def __init__(self, members: Sequence[JointEmbedding], weights: Sequence[float], names: Sequence[str]):
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError("an ensemble needs at least two models")
+        if len(weights) != len(members) or any(not w > 0 for w in weights):
+            raise ValueError(f"an ensemble needs one positive weight per model ({len(members)}), got {list(weights)}")
+        for name, m in zip(names, members):
+            if m.cfg["model"]["similarity"] != "cosine":
+                raise ValueError(f"{name}: ensembles combine cosine-similarity models; it uses "
+                                 f"{m.cfg['model']['similarity']!r}")
+            if m.preprocess.to_dict() != members[0].preprocess.to_dict():
+                raise ValueError(f"{name}: its image preprocessing {m.preprocess.to_dict()} differs from "
+                                 f"{names[0]}'s {members[0].preprocess.to_dict()}; members must read the same pixels")
+        self.members = nn.ModuleList(members)
+        self.weights = [float(w) for w in weights]
+        self.names = list(names)
+        self.cfg = {"name": "ensemble(" + "+".join(m.cfg.get("name", "?") for m in members) + ")",
+                    "ensemble": {"members": self.names, "weights": self.weights},
+                    "data": {"max_caption_len": MAX_TEXT_BYTES}, "image": dict(members[0].cfg["image"]),
+                    "model": {"embed_dim": sum(m.cfg["model"]["embed_dim"] for m in members),
+                              "similarity": "cosine"},
+                    "decoder": {"enabled": False}, "attention": {"enabled": False}}
+        self.vocab = Vocabulary.build([])
+        self.similarity = build_similarity("cosine")
+        self.preprocess = members[0].preprocess
+        self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in members)
+        self.backbone = nn.ModuleList(m.backbone for m in members)
+        self.backbone_pretrained = all(m.backbone_pretrained for m in members)
+        self.feature_dim = sum(m.cached_dim for m in members)
+        self.decoder = None
+        self.attention = None
+
+    @property
+    def cached_dim(self) -> int:
+        return self.feature_dim
+
+    def _combine(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Members' vectors → each normalised, scaled by its weight, concatenated."""
+        return torch.cat([w * F.normalize(p.float(), dim=-1) for w, p in zip(self.weights, parts)], dim=-1)
+
+    # --- image side -------------------------------------------------------------------------------
+    def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
+        return torch.cat([m.image_features(images, pool=pool) for m in self.members], dim=-1)
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        parts, start = [], 0
+        for m in self.members:
+            parts.append(m.project_features(features[..., start:start + m.cached_dim]))
+            start += m.cached_dim
+        return self._combine(parts)
+
+    def embed_features(self, features: torch.Tensor) -> torch.Tensor:
+        return self.similarity.normalize(self.project_features(features))
+
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        return self.embed_features(self.image_features(images))
+
+    # --- text side --------------------------------------------------------------------------------
+    def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        return [[b + 1 for b in t.encode("utf-8", "replace")[:MAX_TEXT_BYTES]] for t in texts]
+
+    def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        texts = [bytes(int(b) - 1 for b in row[:n]).decode("utf-8", "replace")
+                 for row, n in zip(ids.cpu().tolist(), lengths.cpu().tolist())]
+        parts = []
+        for m in self.members:
+            m_ids, m_lengths = pad_batch(m.encode_text_ids(texts))
+            parts.append(m.project_texts(m_ids.to(ids.device), m_lengths.to(ids.device)))
+        return self._combine(parts)
+
+    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.similarity.normalize(self.project_texts(ids, lengths))
+
+    @torch.no_grad()
+    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+        """Raw sentences → common space (inference helper)."""
+        device = next(self.parameters()).device
+        out = [self.embed_texts(*(x.to(device) for x in pad_batch(self.encode_text_ids(texts[i:i + batch_size]))))
+               for i in range(0, len(texts), batch_size)]
+        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
+
+    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
+        return self.similarity(images, captions)
+
+
+def member_payloads(model: EnsembleEmbedding) -> list[dict]:
+    """What ``model.pt`` keeps of each member: its config, vocabulary and every weight."""
+    return [{"config": m.cfg, "vocab": m.vocab.to_dict(),
+             "state_dict": {k: v.detach().cpu() for k, v in m.state_dict().items()}} for m in model.members]
+
+
+def ensemble_from_payload(payload: dict, build_member: Callable[[dict], nn.Module]) -> EnsembleEmbedding:
+    """An ensemble ``model.pt``'s payload → the model; ``build_member`` rebuilds one member's part."""
+    return EnsembleEmbedding([build_member(part) for part in payload["members"]], payload["weights"],
+                             payload["names"])

@@ -25,8 +25,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PROVENANCE = ("hardware", "date", "commit")
-MARKER = re.compile(r"<!-- table:([\w.-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
+MARKER = re.compile(r"<!-- table:([\w.-]+) -->(.*?)<!-- /table:\1 -->", re.S)
 OPEN_MARKER = re.compile(r"<!-- (/?)table:([\w.-]+) -->")
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 
 
 # ------------------------------------------------------------------ data
@@ -346,11 +347,22 @@ def render(name: str) -> str:
     return "\n" + TABLES[name]().rstrip("\n") + "\n"
 
 
+def fences(text: str) -> list[tuple[int, int]]:
+    """spans of the fenced code blocks: markers inside them are examples, not tables"""
+    return [m.span() for m in FENCE.finditer(text)]
+
+
+def markers(pattern: re.Pattern, text: str) -> list[re.Match]:
+    spans = fences(text)
+    return [m for m in pattern.finditer(text) if not any(a <= m.start() < b for a, b in spans)]
+
+
 def process(text: str, path: str, errors: list[str]) -> tuple[str, list[str]]:
     """(the text with every table regenerated, the names of the tables that differed)"""
-    opened = [m.group(2) for m in OPEN_MARKER.finditer(text) if not m.group(1)]
-    closed = [m.group(2) for m in OPEN_MARKER.finditer(text) if m.group(1)]
-    paired = [m.group(1) for m in MARKER.finditer(text)]
+    opened = [m.group(2) for m in markers(OPEN_MARKER, text) if not m.group(1)]
+    closed = [m.group(2) for m in markers(OPEN_MARKER, text) if m.group(1)]
+    paired = [m.group(1) for m in markers(MARKER, text)]
+    spans = fences(text)
     for name in sorted(set(opened + closed)):
         if opened.count(name) != closed.count(name) or opened.count(name) != paired.count(name):
             errors.append(f"{path}: unmatched or nested markers for table {name}")
@@ -358,6 +370,8 @@ def process(text: str, path: str, errors: list[str]) -> tuple[str, list[str]]:
 
     def replace(m: re.Match) -> str:
         name = m.group(1)
+        if any(a <= m.start() < b for a, b in spans):
+            return m.group(0)
         if name not in TABLES:
             errors.append(f"{path}: unknown table {name} (known: {', '.join(TABLES)})")
             return m.group(0)
@@ -380,7 +394,7 @@ def run(check: bool, root: Path = ROOT) -> int:
         if not path.exists():
             continue
         text = path.read_text()
-        used |= {m.group(1) for m in MARKER.finditer(text)}
+        used |= {m.group(1) for m in markers(MARKER, text)}
         new, differ = process(text, str(path.relative_to(root)), errors)
         for name in differ:
             if check:

@@ -64,5 +64,9 @@ $(DEMO)/eval.json: $(DEMO)/run/model.pt
 $(DEMO)/index/CURRENT: $(DEMO)/run/model.pt
 	$(BIN)/jointspace index build --model $(DEMO)/run/model.pt --data $(DEMO)/data --split test --out $(DEMO)/index
 
+.PHONY: docs
+docs: $(BIN)/jointspace  ## rewrite the result tables in README.md and docs/*.md from benchmarks/results/
+	$(BIN)/python benchmarks/tables.py
+
 clean:
 	rm -rf $(DEMO) .pytest_cache

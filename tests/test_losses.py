@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training.losses import LOSSES, build_loss
+from training.factory import LOSSES, build_loss
 from training.similarity import build_similarity
 
 # S[i, j] = S(image_i, caption_j); diagonal = matching pairs

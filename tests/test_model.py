@@ -8,7 +8,7 @@ from conftest import tiny_config
 from training.data import load_dataset
 from training.embed import embed_split
 from training.model import build_model, fingerprint, load_checkpoint, load_model
-from training.text_encoders import TEXT_ENCODERS, build_text_encoder
+from training.factory import TEXT_ENCODERS, build_text_encoder
 from training.train import train
 from training.vocab import pad_batch
 

@@ -7,10 +7,10 @@ import torch
 from training.bir import NGramEncoder, ngram_features
 from training.compose import compose_query
 from training.config import build_config
-from training.losses import build_loss
+from training.factory import build_loss
 from training.model import build_model, load_model, save_model
 from training.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise
-from training.text_encoders import TEXT_ENCODERS
+from training.factory import TEXT_ENCODERS
 from training.vocab import Vocabulary, pad_batch
 
 from conftest import tiny_config
@@ -223,7 +223,7 @@ def test_minilm_matches_sentence_transformers_and_saves_self_contained(tmp_path,
 def test_sgd_gives_the_ngram_layer_sparse_gradients_with_the_same_training(synth_small, tmp_path, monkeypatch):
     """BiR §6.3 (plain SGD): the 1+2-gram first layer is trained with sparse gradients, which must give the
     model dense gradients give (to float rounding) — only cheaper."""
-    import training.train as train_mod
+    import training.trainer as train_mod
 
     cfg = tiny_config(text={"encoder": "ngram", "hidden": 32, "options": {"n": 2}},
                       train={"optimizer": "sgd", "lr": 0.5, "max_steps_per_epoch": 4, "grad_clip": 1.0,

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .ranking import retrieval_metrics
 from .vocab import pad_batch
 
 
@@ -97,7 +98,6 @@ def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128
 
 def attention_retrieval(model, dataset, source, device="cpu") -> dict:
     """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
-    from .evaluate import retrieval_metrics
 
     regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
     return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
-from .losses import LOSSES, RankingLoss, positive_mask
-from .text_encoders import TEXT_ENCODERS
+from .losses import RankingLoss, positive_mask
 from .vocab import SPECIALS, Vocabulary, tokenize
 
 ARTICLES = frozenset({"a", "an", "the"})   # §6.1: filtered out before building features
@@ -120,8 +119,7 @@ class NGramEncoder(nn.Module):
         return self.dropout(x)
 
 
-@TEXT_ENCODERS.register("ngram")
-def _ngram(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_ngram(cfg_text: dict, vocab_size: int) -> nn.Module:
     return NGramEncoder(cfg_text)
 
 
@@ -152,12 +150,10 @@ class SSEEncoder(nn.Module):
         return torch.relu(mean)
 
 
-@TEXT_ENCODERS.register("sse")
-def _sse(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_sse(cfg_text: dict, vocab_size: int) -> nn.Module:
     return SSEEncoder(vocab_size, cfg_text)
 
 
-@LOSSES.register("bir_pairwise")
 class BiRPairwise(RankingLoss):
     """§5.1: error_i = max(0, Δ − S_i,pos + S_i,neg) with one random negative pair per positive pair, the
     negative drawn from the batch by the §5.3 methodology: ``i2t`` replaces the sentence (same image),

@@ -49,6 +49,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--generations", metavar="FILE",
                    help="write the generated captions and paraphrases with their references as JSON here, "
                         "to re-score them with `jointspace score-generations` (e.g. where Java is)")
+    p.add_argument("--querybank-norm", action="store_true",
+                   help="also report the metrics under querybank normalisation (hubness correction) with the train "
+                        "split of --data as the query bank")
+    p.add_argument("--qb-beta", type=float, default=20.0, help="inverse temperature of the inverted softmax (20)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
@@ -189,7 +193,15 @@ def cmd_evaluate(args) -> int:
     if dataset.n_images == 0:
         print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
         return 2
+    bank = None
+    if args.querybank_norm:
+        bank = load_dataset(args.data, split="train").split("train")
+        if bank.n_images == 0 or args.split == "train":
+            print(f"error: --querybank-norm needs a train split of {args.data} other than the evaluated one",
+                  file=sys.stderr)
+            return 2
     result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
+                            querybank=bank, qb_beta=args.qb_beta,
                             amp=device.type == "cuda", generation=not args.no_generation,
                             meteor=not args.no_meteor,
                             decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty,

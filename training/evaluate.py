@@ -18,56 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-KS = (1, 5, 10)
+from .ranking import KS, mean_inverted_rank, ranks_from_scores, retrieval_metrics, summarize
 
-
-def ranks_from_scores(score_fn: Callable[[slice], torch.Tensor], n_images: int, cap_to_img: torch.Tensor,
-                      block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """``score_fn(rows)`` returns ``S[rows, :]`` (images × all captions). Returns 1-based ranks
-    ``(i2t (n_images,), t2i (n_captions,))``."""
-    n_caps = cap_to_img.shape[0]
-    i2t = torch.empty(n_images, dtype=torch.long)
-    gt_score = torch.empty(n_caps)
-    row_blocks = [slice(s, min(s + block, n_images)) for s in range(0, n_images, block)]
-    for rows in row_blocks:                     # pass 1: image queries, and each caption's true score
-        s = score_fn(rows).float().cpu()
-        own = cap_to_img.view(1, -1) == torch.arange(rows.start, rows.stop).view(-1, 1)   # (b, n_caps)
-        best_own = s.masked_fill(~own, float("-inf")).max(1).values
-        i2t[rows] = (s > best_own.view(-1, 1)).sum(1) + 1
-        cols = ((cap_to_img >= rows.start) & (cap_to_img < rows.stop)).nonzero().view(-1)
-        gt_score[cols] = s[cap_to_img[cols] - rows.start, cols]
-    t2i = torch.ones(n_caps, dtype=torch.long)
-    for rows in row_blocks:                     # pass 2: caption queries (blocks recomputed, memory bounded)
-        t2i += (score_fn(rows).float().cpu() > gt_score.view(1, -1)).sum(0)
-    return i2t, t2i
-
-
-def summarize(ranks: torch.Tensor) -> dict:
-    r = ranks.double()
-    out = {f"r{k}": round(100.0 * (r <= k).double().mean().item(), 4) for k in KS}
-    out["medr"] = float(np.floor(np.median(r.numpy() - 1)) + 1)
-    out["meanr"] = round(r.mean().item(), 4)
-    return out
-
-
-def retrieval_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
-                      similarity) -> dict:
-    """Metrics of one gallery; ``similarity(images, captions)`` → score matrix."""
-    cap_to_img = cap_to_img.long().cpu()
-    i2t, t2i = ranks_from_scores(lambda rows: similarity(image_emb[rows], caption_emb), image_emb.shape[0],
-                                 cap_to_img)
-    res = {"i2t": summarize(i2t), "t2i": summarize(t2i)}
-    res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
-    res["mir"] = {"i2t": mean_inverted_rank(i2t), "t2i": mean_inverted_rank(t2i)}
-    res["n_images"], res["n_captions"] = int(image_emb.shape[0]), int(caption_emb.shape[0])
-    res["_ranks"] = {"i2t": i2t, "t2i": t2i}
-    return res
-
-
-def mean_inverted_rank(ranks: torch.Tensor) -> float:
-    """W2VV §IV-D (TrecVid): the mean over queries of 1 / rank of the (first) relevant item; 1 is perfect."""
-    return round((1.0 / ranks.double()).mean().item(), 6) if len(ranks) else 0.0
-
+__all__ = ["KS", "mean_inverted_rank", "ranks_from_scores", "retrieval_metrics", "summarize"]
 
 BIR_KS = (1, 2, 5, 10)      # BiR tables 6.3-6.10 report k = 1, 2, 5, 10
 
@@ -163,6 +116,26 @@ def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_i
     return res
 
 
+def querybank_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
+                      bank_images: torch.Tensor, bank_captions: torch.Tensor, beta: float) -> dict:
+    """Retrieval metrics with querybank normalisation (hubness.py): text→image ranks by s − o_image (offsets
+    from a bank of captions), image→text by s − o_caption (offsets from a bank of images). Cosine models."""
+    from .hubness import item_offsets
+
+    cap_to_img = cap_to_img.long().cpu()
+    image_emb, caption_emb = image_emb.float(), caption_emb.float()
+    off_img = item_offsets(bank_captions, image_emb, beta)
+    off_cap = item_offsets(bank_images, caption_emb, beta)
+    i2t, _ = ranks_from_scores(lambda rows: image_emb[rows] @ caption_emb.t() - off_cap.view(1, -1),
+                               image_emb.shape[0], cap_to_img)
+    _, t2i = ranks_from_scores(lambda rows: image_emb[rows] @ caption_emb.t() - off_img[rows].view(-1, 1),
+                               image_emb.shape[0], cap_to_img)
+    res = {"i2t": summarize(i2t), "t2i": summarize(t2i), "beta": beta,
+           "bank": {"images": int(bank_images.shape[0]), "captions": int(bank_captions.shape[0])}}
+    res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
+    return res
+
+
 def recall_curve(ranks: torch.Tensor, max_k: int) -> list[float]:
     r = ranks.numpy()
     return [float(100.0 * (r <= k).mean()) for k in range(1, max_k + 1)]
@@ -232,12 +205,13 @@ def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
 
 def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
                    amp: bool = False, generation: bool = True, meteor: bool = True,
-                   decode: dict | None = None) -> dict:
+                   decode: dict | None = None, querybank=None, qb_beta: float = 20.0) -> dict:
     """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
     A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; the scored sentences
     under ``_generations``; ``generation`` turns them off; ``decode`` overrides the model's decoding settings,
-    e.g. ``{"beam_size": 5}``); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the
+    e.g. ``{"beam_size": 5}``); ``querybank`` (a CaptionDataset, e.g. the train split) adds the metrics under
+    querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the
     pooled vectors' metrics under ``pooled``."""
     from .embed import embed_split, image_source
 
@@ -256,6 +230,12 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
 
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
                                          **(decode or {})))
+    if querybank is not None:     # QB-Norm (hubness.py): the bank split's images and captions as query banks
+        if model.cfg["model"]["similarity"] != "cosine":
+            raise ValueError("querybank normalisation applies to cosine-similarity models")
+        bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,
+                                            amp=amp)
+        result["qbnorm"] = querybank_metrics(img, cap, cap_to_img, bank_img, bank_cap, qb_beta)
     pairs = minimal_pairs_of(dataset)
     if pairs:
         result["minimal_pairs"] = minimal_pair_accuracy(img, cap, cap_to_img, pairs, model.similarity)
@@ -277,6 +257,11 @@ def format_table(result: dict) -> str:
     if result.get("minimal_pairs", {}).get("n"):
         mp = result["minimal_pairs"]
         lines.append(f"minimal pairs: {100 * mp['accuracy']:.1f}% correct of {mp['n']} captions (chance 50%)")
+    if "qbnorm" in result:
+        q = result["qbnorm"]
+        lines.append(f"querybank-normalised (beta {q['beta']:g}): image→text R@1/5/10 "
+                     f"{q['i2t']['r1']:.1f}/{q['i2t']['r5']:.1f}/{q['i2t']['r10']:.1f}, text→image "
+                     f"{q['t2i']['r1']:.1f}/{q['t2i']['r5']:.1f}/{q['t2i']['r10']:.1f}, R-sum {q['rsum']:.1f}")
     if "pooled" in result:
         lines.append(f"(attention similarity; pooled vectors: R-sum {result['pooled']['rsum']:.1f})")
     if "captioning" in result:

@@ -8,15 +8,12 @@ matching pairs. Two directions are penalised:
 
 and ``L = L_image_anchored + λ · L_caption_anchored`` (two-branch eq. 3). When the batch holds several
 captions of one image, ``image_ids`` marks those off-diagonal pairs as positives so they are never used
-as negatives. The losses differ in which negatives they keep (the mining strategy).
+as negatives. The losses differ in which negatives they keep (the mining strategy). Names map to
+the classes in factory.py.
 """
 from __future__ import annotations
 
 import torch
-
-from .registry import Registry
-
-LOSSES: Registry[type["RankingLoss"]] = Registry("loss")
 
 
 def positive_mask(sim: torch.Tensor, image_ids: torch.Tensor | None) -> torch.Tensor:
@@ -53,7 +50,6 @@ class RankingLoss(torch.nn.Module):
         return per_anchor.sum() if self.reduction == "sum" else per_anchor.mean()
 
 
-@LOSSES.register("sum")
 class SumOfHinges(RankingLoss):
     """STT eq. 7: every negative in the batch contributes its hinge."""
 
@@ -61,7 +57,6 @@ class SumOfHinges(RankingLoss):
         return self.over_anchors(self.hinge(scores, pos, positive).sum(1))
 
 
-@LOSSES.register("max_violation")
 class MaxViolation(RankingLoss):
     """RCN eqs. 11-13 / VSE++: only the hardest negative of each anchor; the positive is never a candidate."""
 
@@ -70,7 +65,6 @@ class MaxViolation(RankingLoss):
         return self.over_anchors((self.margin - pos.view(-1) + hardest).clamp(min=0))
 
 
-@LOSSES.register("khardest")
 class KHardest(RankingLoss):
     """Two-branch §3.3: the K hardest negatives of each anchor."""
 
@@ -96,7 +90,6 @@ class _Selected(RankingLoss):
         return costs.sum() / keep.sum().clamp(min=1)
 
 
-@LOSSES.register("hard_semihard")
 class HardAndSemiHard(_Selected):
     """All hard and semi-hard negatives: every triplet with a non-zero loss."""
 
@@ -104,7 +97,6 @@ class HardAndSemiHard(_Selected):
         return scores > pos - self.margin
 
 
-@LOSSES.register("hard")
 class HardOnly(_Selected):
     """Hard negatives: closer to the anchor than the positive, S(a, n) > S(a, p)."""
 
@@ -112,19 +104,8 @@ class HardOnly(_Selected):
         return scores > pos
 
 
-@LOSSES.register("semihard")
 class SemiHardOnly(_Selected):
     """Semi-hard negatives: S(a, p) − m < S(a, n) ≤ S(a, p), inside the margin but not closer than the positive."""
 
     def select(self, scores, pos):
         return (scores > pos - self.margin) & (scores <= pos)
-
-
-def build_loss(cfg: dict) -> RankingLoss:
-    """``cfg`` is the config's ``loss`` section."""
-    return LOSSES.get(cfg["name"])(margin=cfg["margin"], lam=cfg["lambda"], reduction=cfg["reduction"],
-                                   k=cfg["k"], **cfg.get("options", {}))
-
-
-# the papers' other losses register themselves on import
-from . import bir, w2vv  # noqa: E402,F401

@@ -30,7 +30,6 @@ from torch import nn
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .pooling import POOLINGS, Pool, valid_mask
 from .state_cache import TokenStateCache, build_state_cache, weights_digest
-from .text_encoders import TEXT_ENCODERS
 from .vocab import pad_batch
 
 # all-MiniLM-L6-v2 (config.json): the architecture is fixed by the checkpoint
@@ -346,6 +345,5 @@ class MiniLMEncoder(nn.Module):
         return self.top(self._cached_bottom(ids, lengths), valid)
 
 
-@TEXT_ENCODERS.register("minilm")
-def _minilm(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_minilm(cfg_text: dict, vocab_size: int) -> nn.Module:
     return MiniLMEncoder(cfg_text)

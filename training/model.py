@@ -17,16 +17,15 @@ import torch
 from torch import nn
 
 from .attention import RegionWordAttention
-from .backbones import Backbone, SplitCNN, build_backbone
+from .backbones import Backbone, SplitCNN
 from .decoder import build_decoder
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
+from .factory import build_backbone, build_similarity, build_text_encoder
 from .fileio import atomic_path
 from .pooling import Pool
 from .preprocess import Preprocess
 from .projection import build_projection
 from .regions import GridRegions
-from .similarity import build_similarity
-from .text_encoders import build_text_encoder
 from .vocab import Vocabulary, pad_batch
 
 FORMAT = "jointspace-model/1"

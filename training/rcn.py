@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from .text_encoders import TEXT_ENCODERS
 
 EPS = 1e-6
 # CapsuleGRUs hands the fused GRU weights mapped from its own parameters on every call, so on CUDA they are
@@ -161,6 +160,5 @@ class RecurrentCapsuleNetwork(nn.Module):
         return self.lam * (1.0 / (diversity * smallest + EPS)).mean()
 
 
-@TEXT_ENCODERS.register("rcn")
-def _rcn(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_rcn(cfg_text: dict, vocab_size: int) -> nn.Module:
     return RecurrentCapsuleNetwork(vocab_size, cfg_text)

@@ -7,11 +7,12 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A named table of builders. ``@REG.register("gru")`` adds one; ``REG.get("gru")`` returns it."""
+    """A named table of builders, given whole (``Registry("loss", {"sum": SumOfHinges})``) or added with
+    ``@REG.register("name")`` in the module that defines them; ``REG.get("name")`` returns one."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, items: dict[str, T] | None = None):
         self.kind = kind
-        self._items: dict[str, T] = {}
+        self._items: dict[str, T] = dict(items or {})
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(item: T) -> T:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from .cider import CiderD
 from .embed import embed_split, embed_views, random_view
 from .model import save_model
-from .train import plan_stages, restore_rng, rng_state
+from .trainer import plan_stages, restore_rng, rng_state
 from .vocab import tokenize
 
 

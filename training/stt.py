@@ -29,7 +29,7 @@ from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_
                     image_inputs_to_embedding)
 from .evaluate import public
 from .model import load_checkpoint
-from .train import Stage, Trainer
+from .trainer import Stage, Trainer
 from .vocab import pad_batch
 
 

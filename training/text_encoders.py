@@ -6,6 +6,8 @@
 * ``mean_wordvec`` — the mean of the words' vectors (two-branch §3.1, W2VV eq. 2).
 * ``ngram`` / ``sse`` (bir.py), ``rcn`` (rcn.py), ``w2vv`` (w2vv.py), ``minilm`` (minilm.py).
 
+Names map to builders in factory.py.
+
 Besides ``forward`` and ``out_dim``, an encoder may define (all optional, looked up with ``getattr``):
 
 * ``fit(texts, vocab, log)`` — learn data-dependent state from the training captions before training
@@ -23,15 +25,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-from .registry import Registry
-
-TEXT_ENCODERS: Registry = Registry("text encoder")
-
-
-def build_text_encoder(cfg_text: dict, vocab_size: int) -> nn.Module:
-    """``cfg_text`` is the config's ``text`` section."""
-    return TEXT_ENCODERS.get(cfg_text["encoder"])(cfg_text, vocab_size)
 
 
 class GRUEncoder(nn.Module):
@@ -78,8 +71,7 @@ class GRUEncoder(nn.Module):
         return (out * valid).sum(1) / valid.sum(1)
 
 
-@TEXT_ENCODERS.register("gru")
-def _gru(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_gru(cfg_text: dict, vocab_size: int) -> nn.Module:
     encoder = GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
                          cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"].get("pooling", "last"))
     encoder.cfg_text = cfg_text
@@ -106,8 +98,7 @@ class BagOfWordsEncoder(nn.Module):
         return self.dropout(torch.relu(self.fc(ids) + self.bias))
 
 
-@TEXT_ENCODERS.register("bow")
-def _bow(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_bow(cfg_text: dict, vocab_size: int) -> nn.Module:
     return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"].get("binary", False)),
                              cfg_text["dropout"])
 
@@ -143,10 +134,6 @@ class MeanWordVectors(nn.Module):
         return total / weights.sum(1, keepdim=True).clamp(min=1.0)
 
 
-@TEXT_ENCODERS.register("mean_wordvec")
-def _mean_wordvec(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_mean_wordvec(cfg_text: dict, vocab_size: int) -> nn.Module:
     return MeanWordVectors(vocab_size, cfg_text["word_dim"], cfg_text)
 
-
-# the other papers' encoders register themselves on import
-from . import bir, minilm, rcn, w2vv  # noqa: E402,F401

@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .losses import LOSSES
-from .text_encoders import TEXT_ENCODERS, GRUEncoder, MeanWordVectors
+from .text_encoders import GRUEncoder, MeanWordVectors
 
 
 class Word2VisualVec(nn.Module):
@@ -76,12 +75,10 @@ class Word2VisualVec(nn.Module):
         return self.mlp(torch.cat(parts, 1))                             # eq. 4 then eqs. 5–7
 
 
-@TEXT_ENCODERS.register("w2vv")
-def _w2vv(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_w2vv(cfg_text: dict, vocab_size: int) -> nn.Module:
     return Word2VisualVec(vocab_size, cfg_text)
 
 
-@LOSSES.register("mse")
 class PredictionMSE(nn.Module):
     """W2VV eqs. 8–9: l_mse(x, q) = (r(q) − φ(x))², averaged over the batch and the feature dimensions (as
     Keras' ``mse``, which the authors' code used). The ranking arguments of the config are ignored."""

@@ -1,0 +1,126 @@
+"""Train a config on Flickr8k and record its dev retrieval, wall time and peak memory as a row of
+``benchmarks/results/flickr8k_dev.json`` (rendered into docs/results.md by benchmarks/tables.py).
+
+    python benchmarks/flickr8k_levers.py --name shipped --lever "the shipped config" \
+        --config configs/flickr8k.yaml --data ../shared/datasets/flickr8k --out runs/f8k [--set KEY=VALUE ...]
+    python benchmarks/flickr8k_levers.py --name ensemble --lever "..." --model runs/e.pt --data ...   # no training
+
+Training runs in a child process; its wall time includes feature extraction (from a cold cache with
+``--cold-cache``: a fresh JOINTSPACE_CACHE directory) and its peak memory is the largest resident set of the
+child processes. The dev metrics come from ``jointspace evaluate --split val`` on the kept checkpoint. A row
+with the same name is replaced. Select on dev only: the test split is never read here.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "flickr8k_dev.json"
+JOINTSPACE = [sys.executable, "-m", "service.cli"]
+
+
+def hardware(note: str = "") -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    text = f"{os.cpu_count()} cores ({cpu}, {platform.machine()}), no GPU"
+    return f"{text}; {note}" if note else text
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(cmd: list[str], env: dict | None = None) -> float:
+    print("$", " ".join(cmd), flush=True)
+    start = time.time()
+    subprocess.run(cmd, cwd=REPO, env=env, check=True)
+    return time.time() - start
+
+
+def load_rows() -> dict:
+    if RESULTS.exists():
+        return json.loads(RESULTS.read_text())
+    return {"rows": []}
+
+
+def save_row(row: dict) -> None:
+    data = load_rows()
+    data["rows"] = [r for r in data["rows"] if r["name"] != row["name"]] + [row]
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, RESULTS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", required=True, help="the row's name (a row with this name is replaced)")
+    ap.add_argument("--lever", required=True, help="what this row changes, in a few words")
+    ap.add_argument("--config", help="config to train (with --out)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", help="run directory")
+    ap.add_argument("--model", help="evaluate this model.pt instead of training (e.g. an ensemble)")
+    ap.add_argument("--data", required=True, help="the Flickr8k folder")
+    ap.add_argument("--cold-cache", action="store_true", help="train with an empty feature cache")
+    ap.add_argument("--querybank-norm", action="store_true", help="record the querybank-normalised metrics")
+    ap.add_argument("--note", default="", help="appended to the hardware column (e.g. 'cores shared')")
+    args = ap.parse_args(argv)
+    if bool(args.model) == bool(args.config):
+        ap.error("give --config (and --out) to train, or --model to evaluate")
+    env = dict(os.environ)
+    wall = peak = None
+    if args.config:
+        if not args.out:
+            ap.error("--config needs --out")
+        if args.cold_cache:
+            env["JOINTSPACE_CACHE"] = tempfile.mkdtemp(prefix="jointspace-cold-")
+        sets = [x for kv in args.overrides for x in ("--set", kv)]
+        seconds = run([*JOINTSPACE, "train", "--config", args.config, "--data", args.data, "--out", args.out,
+                       "--quiet", *sets], env)
+        wall = round(seconds / 60, 1)
+        peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2, 2)   # KiB → GiB
+        model = Path(args.out) / "model.pt"
+        config = args.config + "".join(f" --set {kv}" for kv in args.overrides)
+    else:
+        model = Path(args.model)
+        config = f"model {args.model}"
+    out = model.with_name(model.stem + "_dev.json")
+    run([*JOINTSPACE, "evaluate", "--model", str(model), "--data", args.data, "--split", "val", "--quiet",
+         "--no-generation", "--out", str(out), "--plot", str(out.with_suffix(".png")),
+         *(["--querybank-norm"] if args.querybank_norm else [])], env)
+    result = json.loads(out.read_text())
+    metrics = result["qbnorm"] if args.querybank_norm else result
+    row = {"name": args.name, "lever": args.lever, "config": config,
+           "i2t": [round(metrics["i2t"][k], 1) for k in ("r1", "r5", "r10")],
+           "t2i": [round(metrics["t2i"][k], 1) for k in ("r1", "r5", "r10")],
+           "rsum": round(metrics["rsum"], 1), "wall_min": wall, "peak_gib": peak,
+           "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": commit()}
+    save_row(row)
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,456 @@
+"""The training loop (STT §4.2): Adam, a learning-rate step, gradient clipping, early stopping on
+validation R-sum, the best checkpoint kept as ``RUN_DIR/model.pt`` and per-epoch metrics in ``log.jsonl``.
+
+Stage 1 trains the projections and the text encoder on precomputed features of a frozen pretrained
+backbone (or, for a backbone trained from scratch, everything on pixels). Optional stage 2
+(``train.finetune_epochs``) unfreezes the pretrained backbone and trains end to end at ``finetune_lr``.
+Training reads only the train split and selects on val; the test split is never touched here.
+After every epoch ``RUN_DIR/last.pt`` holds the whole training state, so ``jointspace train --resume``
+continues an interrupted run exactly where it stopped (:func:`load_train_state`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .config import dump_config
+from .data import CaptionDataset, load_dataset
+from .embed import (ImageSource, autocast, batch_features, embed_split, image_inputs_to_embedding, image_source,
+                    view_source)
+from .evaluate import minimal_pairs_of, public, retrieval_metrics
+from .fileio import atomic_path, write_text
+from .factory import build_loss
+from .model import build_model, freeze_modules, init_from_checkpoint, save_model
+from .vocab import SPECIALS, Vocabulary, pad_batch
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+class PairDataset(Dataset):
+    """Every (image, caption) pair of the split; an epoch visits each caption once."""
+
+    def __init__(self, source: ImageSource, caption_ids: list[list[int]], cap_to_img: list[int]):
+        self.source, self.caption_ids, self.cap_to_img = source, caption_ids, cap_to_img
+
+    def __len__(self) -> int:
+        return len(self.caption_ids)
+
+    def __getitem__(self, i: int):
+        img = self.cap_to_img[i]
+        image = self.source.data[img][1] if self.source.kind == "files" else self.source.data[img]
+        return image, self.caption_ids[i], img
+
+
+class OneCaptionPerImage(torch.utils.data.Sampler):
+    """``train.sampling: image`` — each epoch visits every image once, with one of its captions at random.
+
+    With ``groups`` (``train.sampling: minimal_pairs``) the images of a group — a minimal pair, two images
+    whose captions differ only in word order or attribute binding — are visited one after the other, so
+    they share a batch and each is the other's hard negative (composition-aware hard negatives, as in
+    NegCLIP). Random batches almost never hold such a pair, and then nothing teaches the model binding.
+    """
+
+    def __init__(self, cap_to_img: list[int], generator: torch.Generator, groups: list[tuple[int, ...]] = ()):
+        self.generator = generator
+        self.captions: dict[int, list[int]] = {}
+        for cap, img in enumerate(cap_to_img):
+            self.captions.setdefault(img, []).append(cap)
+        grouped = {img for g in groups for img in g}
+        self.units = [tuple(g) for g in groups] + [(img,) for img in self.captions if img not in grouped]
+
+    def __len__(self) -> int:
+        return sum(len(u) for u in self.units)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.units), generator=self.generator).tolist()
+        images = [img for i in order for img in self.units[i]]
+        picks = torch.randint(0, 1 << 30, (len(images),), generator=self.generator).tolist()
+        return iter(self.captions[img][p % len(self.captions[img])] for img, p in zip(images, picks))
+
+
+def collate_pairs(batch):
+    images, ids, img_idx = zip(*batch)
+    padded, lengths = pad_batch(list(ids))
+    return torch.stack(images), padded, lengths, torch.tensor(img_idx, dtype=torch.long)
+
+
+@dataclass
+class Stage:
+    name: str
+    epochs: int
+    lr: float
+    batch_size: int
+    backbone_trainable: bool
+
+
+def plan_stages(cfg: dict, backbone_pretrained: bool) -> list[Stage]:
+    t = cfg["train"]
+    stages = [Stage("main", t["epochs"], t["lr"], t["batch_size"], backbone_trainable=not backbone_pretrained)]
+    if t["finetune_epochs"] > 0 and backbone_pretrained:
+        stages.append(Stage("finetune", t["finetune_epochs"], t["finetune_lr"], t["finetune_batch_size"], True))
+    return stages
+
+
+class Trainer:
+    def __init__(self, cfg: dict, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
+                 log=print):
+        self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
+        t = cfg["train"]
+        set_seed(t["seed"])
+        self.device = resolve_device(t["device"])
+        self.amp = t["amp"] == "auto" and self.device.type == "cuda"
+        dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
+        self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
+        if self.train_set.n_images == 0 or self.val_set.n_images == 0:
+            raise ValueError(f"{dataset.name}: training needs a train and a val split "
+                             f"(found train={self.train_set.n_images}, val={self.val_set.n_images})")
+        train_texts = [c for r in self.train_set.images for c in r.captions]
+        max_words = cfg["data"]["max_words"]
+        vocab = Vocabulary.build(train_texts, min_count=cfg["data"]["min_word_count"],
+                                 max_size=max_words + len(SPECIALS) if max_words else None)
+        model = build_model(cfg, vocab)
+        fit = getattr(model.text_encoder, "fit", None)
+        fit_start = time.time()
+        if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
+            fit(train_texts, vocab, log=log)
+        self.fit_seconds = round(time.time() - fit_start, 1)
+        if t["init_from"]:
+            init_from_checkpoint(model, t["init_from"], log=log)
+        freeze_modules(model, t["freeze"])
+        sparse = use_sparse_gradients(model, t)
+        if sparse:
+            log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
+        self.model = model.to(self.device)
+        self.loss_fn = build_loss(cfg["loss"])
+        self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
+        self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
+        cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
+        if cache_inputs is not None:    # partial fine-tuning: the frozen bottom runs once (state_cache.py)
+            from .features import default_cache_dir
+
+            cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
+                         dtype=t["cache_dtype"], progress=progress, log=log)
+        self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
+        self.best_score, self.best_rsum = float("-inf"), float("-inf")
+        self.history: list[dict] = []
+        self.resumed_state: dict | None = None     # the last.pt that run(resume=True) goes on from
+
+    def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
+        """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
+        views to precomputed features (not to a trainable backbone's pixels)."""
+        t, im = self.cfg["train"], self.cfg["image"]
+        paths = [r.path for r in dataset.images]
+        common = dict(cache_dir=im["cache_dir"], device=self.device, workers=t["workers"], progress=self.progress,
+                      amp=self.amp)
+        source = image_source(self.model, paths, trainable=trainable, **common)
+        if augment and im["train_crops"] and source.kind == "features":
+            source = view_source(self.model, paths, source, im["train_crops"], im["train_resize"], **common)
+        return source
+
+    def selection_score(self, val: dict) -> float:
+        """``train.select_on``: what the best checkpoint, early stopping and the plateau schedule follow (higher
+        is better): the validation R-sum, or the decoder's teacher-forced validation NLL per word (negated;
+        captioning and paraphrasing weighted by λ1 and λ2 of eq. 12)."""
+        if self.cfg["train"]["select_on"] == "nll":
+            d = self.cfg["decoder"]
+            weights = {"ic": d["lambda_ic"], "para": d["lambda_para"]}
+            return -sum(w * val["nll"][k] for k, w in weights.items()) / sum(weights.values())
+        return val["rsum"]
+
+    def validate(self, source: ImageSource) -> dict:
+        img, cap, cap_to_img = embed_split(self.model, self.val_set, device=self.device, amp=self.amp,
+                                           workers=self.cfg["train"]["workers"], source=source)
+        return public(retrieval_metrics(img, cap, cap_to_img, self.model.similarity))
+
+    def sampler(self, data: Dataset, item_to_img: list[int], generator: torch.Generator):
+        """``train.sampling``: every item once (caption), or one item per image (image, minimal_pairs)."""
+        t = self.cfg["train"]
+        if t["sampling"] == "caption":
+            return torch.utils.data.RandomSampler(data, generator=generator)
+        groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
+        return OneCaptionPerImage(item_to_img, generator, groups)
+
+    def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
+        """Batches of ``(images, caption ids, lengths, image index)`` for one epoch."""
+        t = self.cfg["train"]
+        pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
+        sampler = self.sampler(pairs, self.train_cap_to_img, generator)
+        return DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
+                          drop_last=len(sampler) > stage.batch_size,
+                          num_workers=t["workers"] if train_source.kind == "files" else 0)
+
+    def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool) -> torch.Tensor:
+        return (self.warmup_loss if warm else self.loss_fn)(sim, img_idx)
+
+    def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
+        images, ids, lengths, img_idx = (x.to(self.device) for x in batch)
+        model = self.model
+        if getattr(self.loss_fn, "on_pairs", False):
+            # W2VV eqs. 8-9: the loss compares each caption's prediction with its image, un-normalised
+            feats = batch_features(model, kind, images)
+            loss = self.loss_fn(model.project_texts(ids, lengths), model.project_features(feats))
+        else:
+            img_emb = image_inputs_to_embedding(model, kind, images)
+            cap_emb = model.embed_texts(ids, lengths)
+            loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
+        regularizer = getattr(model.text_encoder, "regularizer", None)
+        extra = regularizer() if regularizer is not None else None
+        return loss if extra is None else loss + extra      # e.g. RCN eq. 15: L' = L + λV
+
+    def epoch_log(self) -> dict:
+        """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here)."""
+        return {}
+
+    def run(self, resume: bool = False) -> dict:
+        """Trains every stage; ``resume`` continues from ``RUN_DIR/last.pt`` (written after every epoch) with the
+        model, optimiser, schedule, sampler and random-number states it holds, so an interrupted run ends as
+        the uninterrupted one would."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.out_dir / "log.jsonl"
+        state = load_train_state(self.out_dir) if resume else None
+        self.resumed_state = state          # subclasses' later stages (STT's self-critical one) go on from it
+        write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
+        if state is None:
+            log_path.write_text("")
+        else:
+            self.model.load_state_dict(state.pop("model"))      # not kept twice in memory for the whole run
+            self.history, self.best_score, self.best_rsum = state["history"], state["best_score"], state["best_rsum"]
+            write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
+            unit = "update" if state["stage"] == "scst" else "epoch"
+            self.log(f"resuming {self.out_dir} after {state['stage']} {unit} {state['epoch']}")
+        start = time.time() - (state["elapsed_s"] if state else 0.0)
+        for index, stage in enumerate(plan_stages(self.cfg, self.model.backbone_pretrained)):
+            if state is not None and index < state["stage_index"]:
+                continue
+            here = state if state is not None and index == state["stage_index"] else None
+            if not self.run_stage(stage, log_path, start, index, here):
+                break
+        summary = {"best_val_rsum": self.best_rsum if self.best_rsum > float("-inf") else None,
+                   "epochs_run": len(self.history), "train_seconds": round(time.time() - start, 1),
+                   "fit_seconds": self.fit_seconds, "model": str(self.out_dir / "model.pt")}
+        self.log(json.dumps(summary))
+        return summary
+
+    def run_stage(self, stage: Stage, log_path: Path, start: float, index: int = 0, state: dict | None = None) -> bool:
+        """Returns False when early stopping ended training. ``state``: a ``last.pt`` saved inside this stage."""
+        if stage.epochs == 0:           # e.g. straight to the self-critical stage: no features, no optimiser
+            return True
+        t = self.cfg["train"]
+        model = self.model
+        model.set_backbone_trainable(stage.backbone_trainable)
+        freeze_modules(model, t["freeze"])
+        train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
+        val_source = self.source(self.val_set, stage.backbone_trainable)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"nothing to train: train.freeze {t['freeze']} leaves no trainable parameter")
+        optimizer = build_optimizer(t, param_groups(model, t["encoder_lr_factor"]), stage.lr)
+        generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
+        loader = self.make_loader(stage, train_source, generator)
+        steps = len(loader) if not t["max_steps_per_epoch"] else min(len(loader), t["max_steps_per_epoch"])
+        scheduler = build_scheduler(t, optimizer, stage.epochs * steps)
+        per_step = t["lr_schedule"] == "cosine"
+        first, bad_epochs = 1, 0
+        if state is not None:
+            if state["stopped"]:
+                return False
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            restore_rng(state["rng"], generator)
+            first, bad_epochs = state["epoch"] + 1, state["bad_epochs"]
+        for epoch in range(first, stage.epochs + 1):
+            model.train()
+            if not stage.backbone_trainable:
+                model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
+            for name in t["freeze"]:
+                getattr(model, name).eval()
+            losses = []
+            bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
+                       unit="batch", leave=False)
+            warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
+            for step, batch in enumerate(bar):
+                if t["max_steps_per_epoch"] and step >= t["max_steps_per_epoch"]:
+                    break
+                with autocast(self.device, self.amp):
+                    loss = self.batch_loss(batch, train_source.kind, warm)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if t["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
+                optimizer.step()
+                if per_step:
+                    scheduler.step()
+                losses.append(loss.item())
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if not per_step and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
+            record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
+                      "loss": round(float(np.mean(losses)), 5) if losses else None,
+                      "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
+            if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
+                val = self.validate(val_source)
+                record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
+                score = self.selection_score(val)
+                if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    scheduler.step(score)
+                if score > self.best_score:
+                    self.best_score, self.best_rsum, bad_epochs = score, val["rsum"], 0
+                    record["best"] = True
+                    save_model(model, self.out_dir / "model.pt",
+                               extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
+                else:
+                    bad_epochs += t["eval_every"]
+            self.history.append(record)
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            stop = bad_epochs >= t["patience"]
+            self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
+            val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
+            self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
+                     f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
+            if stop:
+                self.log(f"early stop: no validation {t['select_on']} gain in {bad_epochs} epochs")
+                return False
+        return True
+
+    def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
+                   stopped: bool, start: float) -> None:
+        """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write)."""
+        self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
+                         scheduler=scheduler.state_dict(), rng=rng_state(generator), bad_epochs=bad_epochs,
+                         stopped=stopped)
+
+    def write_state(self, stage: str, index: int, epoch: int, elapsed: float, **parts) -> None:
+        """Writes ``RUN_DIR/last.pt`` atomically: the run's config, weights and history at ``epoch`` (or update)
+        of stage ``index``, plus the stage's own ``parts`` (optimiser, random states, ...)."""
+        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": stage, "stage_index": index, "epoch": epoch,
+                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "history": self.history, "best_score": self.best_score, "best_rsum": self.best_rsum,
+                 "elapsed_s": elapsed, **parts}
+        with atomic_path(self.out_dir / STATE_FILE) as tmp:
+            torch.save(state, tmp)
+
+
+STATE_FORMAT = "jointspace-train-state/1"
+STATE_FILE = "last.pt"
+
+
+def load_train_state(run_dir: str | Path) -> dict:
+    """The ``last.pt`` of a run directory (``jointspace train --resume``)."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: nothing to resume (a run writes it after its first epoch)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path} is not a jointspace training state (expected format {STATE_FORMAT})")
+    return state
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    """The sampler's generator and the global generators (dropout, shuffles) at an epoch's end."""
+    out = {"sampler": generator.get_state(), "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+           "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def restore_rng(state: dict, generator: torch.Generator) -> None:
+    generator.set_state(state["sampler"])
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def use_sparse_gradients(model: torch.nn.Module, t: dict) -> list[str]:
+    """With plain SGD and no weight decay (BiR §6.3), lookup layers (the n-gram EmbeddingBag, 50,000 × 1,000)
+    get sparse gradients: a step then touches the rows of the batch's features instead of the whole matrix,
+    with the same update. Adam/RMSprop keep dense gradients (their state decays every row each step)."""
+    if t["optimizer"] != "sgd" or t["weight_decay"]:
+        return []
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.weight.requires_grad:
+            module.sparse = True
+            names.append(name)
+    return names
+
+
+PRETRAINED_PREFIXES = ("backbone.", "text_encoder.bert.")
+
+
+def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]:
+    """The trainable parameters; with ``encoder_lr_factor`` != 1 the pretrained encoder weights (backbone,
+    MiniLM layers) form a second group whose lr is that multiple of the stage's (``lr_scale``)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    pretrained = [p for n, p in named if n.startswith(PRETRAINED_PREFIXES)]
+    if encoder_lr_factor == 1.0 or not pretrained:
+        return [{"params": [p for _, p in named], "lr_scale": 1.0}]
+    heads = [p for n, p in named if not n.startswith(PRETRAINED_PREFIXES)]
+    return [g for g in ({"params": heads, "lr_scale": 1.0}, {"params": pretrained, "lr_scale": encoder_lr_factor})
+            if g["params"]]
+
+
+def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:
+    """``params``: tensors, or groups whose ``lr_scale`` multiplies ``lr``."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        params = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in params]
+    opts = dict(t["optimizer_options"])
+    if t["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
+        return torch.optim.RMSprop(params, lr=lr, weight_decay=t["weight_decay"],
+                                   **{"alpha": 0.9, "eps": 1e-6, **opts})
+    if t["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
+        return torch.optim.SGD(params, lr=lr, weight_decay=t["weight_decay"], **opts)
+    return torch.optim.Adam(params, lr=lr, weight_decay=t["weight_decay"], **opts)
+
+
+def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
+    """Linear warm-up over ``warmup`` updates, then a half cosine from 1 down to ``final`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(t: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
+    """``total_steps``: the stage's updates (the cosine schedule steps per update, the others per epoch)."""
+    if t["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
+        warmup, final = t["warmup_steps"], t["lr_final_factor"]
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: cosine_factor(s, total_steps, warmup, final))
+    if t["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=t["lr_decay_factor"],
+                                                          patience=t["lr_plateau_patience"] - 1)
+    if t["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
+        horizon, final = max(1, t["lr_decay_epochs"]), t["lr_final_factor"]
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
+    # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])

@@ -12,7 +12,9 @@ Layout (every change writes a whole new *generation*; the ``CURRENT`` file names
       gen-00000002/            the previous generation (kept for readers that are still loading it)
 
 A build, ``add`` or ``remove`` writes the new generation into a temporary directory, fsyncs it, renames it
-to ``gen-N`` and only then points ``CURRENT`` at it. A process killed at any point leaves ``CURRENT`` naming a
+to ``gen-N`` and only then points ``CURRENT`` at it. Generations get the modes the writer's umask gives new
+files (directories 0755, files 0644 under the usual 022), so a service running as another user — a second
+replica, a container with its own uid on a read-only volume — can read them. A process killed at any point leaves ``CURRENT`` naming a
 complete generation: the previous index stays loadable, and the half-written temporary directory is removed
 by the next writer. Writers take an exclusive ``flock`` on ``INDEX_DIR/.lock``. An update copies the index
 (one FAISS read/write and an SQLite online backup) — cheap at the gallery sizes served here and never
@@ -37,7 +39,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from training.fileio import write_json, write_text
+from training.fileio import created_mode, write_json, write_text
 
 from .embed import embed_image_files, embed_texts
 from .faiss_index import VectorIndex
@@ -171,6 +173,7 @@ def new_generation(root: Path, lock: bool = True) -> Iterator[Path]:
         for stale in root.glob(".tmp-gen-*"):        # left by a writer that died; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-gen-", dir=root))
+        os.chmod(tmp, created_mode(directory=True))     # mkdtemp's 0700 → readable by other users (0755 under umask 022)
         try:
             yield tmp
             for f in tmp.iterdir():

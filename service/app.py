@@ -2,24 +2,27 @@
 
 Routes: the ``/v1`` API (service/routes.py), plus ``/healthz`` (process alive), ``/readyz`` (model and index
 loaded; also what the web page needs to know) and ``/metrics`` (Prometheus), which stay open when an API key is
-set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/docs``. Every error is JSON
-``{"detail": "..."}``.
+set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json`` (``/docs``), written
+for this app's settings: its limits, its error responses, and API-key security only when a key is set
+(service/contract.py). Every error is JSON ``{"detail": "..."}``.
 """
 from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .metrics import Metrics, MetricsMiddleware
+from .contract import error_responses, form_body
 from .middleware import BodyLimitMiddleware, InFlightMiddleware
 from .page import add_page
-from .routes import router
+from .routes import captions_form, require_api_key, router, search_captions_form, search_images_form
 from .schemas import Health, Ready
 from .settings import Settings
 from .state import ServiceState
@@ -47,14 +50,53 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
                   description="Image–text retrieval in a common vector space: search a photo gallery with a "
                               "sentence, rank captions for an image.")
     app.state.service = state
-    app.include_router(router)
+    if settings.api_key is not None:     # security is declared, and enforced, only when there is a key
+        app.include_router(router, dependencies=[Depends(require_api_key)], responses=error_responses(401))
+    else:
+        app.include_router(router)
     _add_operational_routes(app, state, metrics)
     add_page(app)
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
-    app.add_middleware(InFlightMiddleware, counts=state.inflight)
+    app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
+                       retry_after_s=settings.retry_after_s, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.openapi = lambda: _openapi(app, state)
     return app
+
+
+def _openapi(app: FastAPI, state: ServiceState) -> dict:
+    """FastAPI's document, with the request bodies the routes read themselves (JSON models and multipart forms
+    with this app's limits) and the limits FastAPI cannot see (``?size=`` up to ``max_thumbnail``)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    settings, bodies = state.settings, state.bodies
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+
+    def ref(model) -> dict:
+        components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    def form(fields) -> dict:
+        return form_body(fields, settings.max_upload_bytes, settings.max_text_chars)
+
+    request_bodies = {
+        "/v1/search/images": {"application/json": {"schema": {"oneOf": [ref(bodies.TextSearch),
+                                                                        ref(bodies.ImageIdCompose)]}},
+                              "multipart/form-data": form(search_images_form(state))},
+        "/v1/search/captions": {"application/json": {"schema": ref(bodies.ImageIdSearch)},
+                                "multipart/form-data": form(search_captions_form(state))},
+        "/v1/captions": {"multipart/form-data": form(captions_form(state))},
+        "/v1/paraphrases": {"application/json": {"schema": ref(bodies.Paraphrase)}},
+    }
+    for path, content in request_bodies.items():
+        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
+    for param in doc["paths"]["/v1/images/{image_id}"]["get"]["parameters"]:
+        if param["name"] == "size":
+            param["schema"] = {"type": "integer", "minimum": 16, "maximum": settings.max_thumbnail}
+    app.openapi_schema = doc
+    return doc
 
 
 def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics) -> None:
@@ -63,7 +105,7 @@ def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics)
         return Health(status="ok")
 
     @app.get("/readyz", response_model=Ready, tags=["operations"], summary="Model and index are loaded",
-             responses={503: {"model": Ready}})
+             responses={503: {"model": Ready, "description": "not ready: loading, or loading failed"}})
     async def readyz():
         if not state.ready:
             status = f"error: {state.error}" if state.error else "loading"
@@ -74,7 +116,9 @@ def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics)
                      decoder=state.has_decoder, api_key_required=state.settings.api_key is not None,
                      max_k=state.settings.max_k)
 
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "description": "Prometheus text exposition format"}})
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 

@@ -23,8 +23,19 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class QueueFull(Exception):
+class Shed(Exception):
+    """A request refused without being computed (answered 503 + Retry-After); ``reason`` names why."""
+    reason = "shed"
+
+
+class QueueFull(Shed):
     """The batcher's queue holds ``max_queue`` requests already."""
+    reason = "queue_full"
+
+
+class DeadlineExceeded(Shed):
+    """The request's deadline passed before its batch began."""
+    reason = "deadline"
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -53,7 +64,7 @@ class DynamicBatcher(Generic[T, R]):
                 pass
             self._worker = None
         while self._queue is not None and not self._queue.empty():
-            _, fut = self._queue.get_nowait()
+            _, fut, _ = self._queue.get_nowait()
             if not fut.done():
                 fut.set_exception(RuntimeError("the service is shutting down"))
 
@@ -61,17 +72,26 @@ class DynamicBatcher(Generic[T, R]):
     def depth(self) -> int:
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def submit(self, item: T) -> R:
-        """Queues ``item`` and waits for its result; raises :class:`QueueFull` when the queue is full."""
+    async def submit(self, item: T, deadline: float | None = None) -> R:
+        """Queues ``item`` and waits for its result; raises :class:`QueueFull` when the queue is full and
+        :class:`DeadlineExceeded` when ``deadline`` (``time.monotonic()``) passes before its batch runs."""
         if self._queue is None:
             raise RuntimeError(f"{self.name} is not started")
+        if deadline is not None and time.monotonic() >= deadline:
+            self._count_shed(DeadlineExceeded.reason)
+            raise DeadlineExceeded(f"{self.name}: the request's deadline passed before it was queued")
         fut = asyncio.get_running_loop().create_future()
         try:
-            self._queue.put_nowait((item, fut))
+            self._queue.put_nowait((item, fut, deadline))
         except asyncio.QueueFull:
+            self._count_shed(QueueFull.reason)
             raise QueueFull(f"{self.name}: {self.max_queue} requests are already waiting") from None
         self._gauge()
         return await fut
+
+    def _count_shed(self, reason: str, n: int = 1) -> None:
+        if self.metrics is not None:
+            self.metrics.shed.labels(self.name, reason).inc(n)
 
     def _gauge(self) -> None:
         if self.metrics is not None:
@@ -103,7 +123,17 @@ class DynamicBatcher(Generic[T, R]):
         while True:
             batch = await self._collect()
             self._gauge()
-            batch = [(item, fut) for item, fut in batch if not fut.done()]     # clients that gave up
+            now, live = time.monotonic(), []
+            for item, fut, deadline in batch:
+                if fut.done():                                  # the client gave up
+                    continue
+                if deadline is not None and now >= deadline:    # too late: drop it before spending work on it
+                    fut.set_exception(DeadlineExceeded(f"{self.name}: the request's deadline passed while it "
+                                                       f"waited for a batch"))
+                    self._count_shed(DeadlineExceeded.reason)
+                    continue
+                live.append((item, fut))
+            batch = live
             if not batch:
                 continue
             start = time.perf_counter()

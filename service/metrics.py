@@ -5,6 +5,11 @@
 * ``jointspace_batch_size{batcher}`` — requests per forward pass of each dynamic batcher;
 * ``jointspace_batch_seconds{batcher}`` — forward pass + index search time per batch;
 * ``jointspace_queue_depth{batcher}`` — requests waiting to be batched;
+* ``jointspace_in_flight`` — requests admitted to the model (read, decoded, queued or computed), the number
+  ``JOINTSPACE_MAX_QUEUE`` bounds;
+* ``jointspace_shed_total{batcher, reason}`` — requests answered 503 without being computed: ``reason`` =
+  ``queue_full`` (refused on arrival, or by a full batcher queue) or ``deadline`` (dropped when its deadline
+  passed before its batch began); ``batcher`` = ``admission`` for those refused on arrival;
 * ``jointspace_index_vectors{side}`` — vectors in the live index generation.
 """
 from __future__ import annotations
@@ -33,6 +38,10 @@ class Metrics:
                                        ["batcher"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.queue_depth = Gauge("jointspace_queue_depth", "requests waiting for a batch", ["batcher"],
                                  registry=self.registry)
+        self.in_flight = Gauge("jointspace_in_flight", "requests admitted to the model and not yet answered",
+                               registry=self.registry)
+        self.shed = Counter("jointspace_shed", "requests answered 503 without being computed",
+                            ["batcher", "reason"], registry=self.registry)
         self.index_vectors = Gauge("jointspace_index_vectors", "vectors in the live index", ["side"],
                                    registry=self.registry)
 

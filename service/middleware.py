@@ -1,5 +1,8 @@
-"""ASGI middlewares of the app: request-body size limit, and in-flight counts for the batchers."""
+"""ASGI middlewares of the app: request-body size limit, and admission control with in-flight counts for the
+model's routes."""
 from __future__ import annotations
+
+import time
 
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,17 +39,29 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-class InFlightMiddleware:
-    """Counts the requests inside the app that will reach a batcher (``counts[name]`` for the batcher ``name``:
-    ``text`` searches, ``image`` uploads to caption search, ``compose``d queries uploaded with an image,
-    ``caption`` generation, ``paraphrase`` generation), from their first byte until the response starts — parsing
-    and decoding included — so a batcher knows whether more requests are on their way (see
-    ``DynamicBatcher.pending``). A JSON request to ``/v1/search/images`` counts as a text search even when it
-    composes a query from a gallery image (the body is not read here): at worst a text batch waits
-    ``max_wait_ms`` for it."""
+ARRIVAL = "jointspace_arrival"      # request.state key: time.monotonic() when the request reached the app
 
-    def __init__(self, app: ASGIApp, counts: dict[str, int]):
-        self.app, self.counts = app, counts
+
+class InFlightMiddleware:
+    """Admission control and in-flight counts for the model's routes.
+
+    Counts the requests inside the app that will reach the model (``counts[name]``: ``text`` searches, ``image``
+    uploads to caption search, ``compose``d queries uploaded with an image, ``caption`` generation,
+    ``paraphrase`` generation, and ``direct`` for the model routes that use no batcher — a caption search by
+    gallery image id, and requests that will be refused for their content type), from their first byte until the
+    response starts — parsing and decoding included — so a batcher knows whether more requests are on their way
+    (see ``DynamicBatcher.pending``). A JSON request to ``/v1/search/images`` counts as a text search even when it
+    composes a query from a gallery image (the body is not read here): at worst a text batch waits
+    ``max_wait_ms`` for it.
+
+    Load shedding: when ``limit`` requests are in already, one more is answered 503 + Retry-After at once, before
+    its body is read — the cheapest refusal there is. Every admitted request gets its arrival time in
+    ``scope["state"][ARRIVAL]``, from which the routes compute its deadline."""
+
+    def __init__(self, app: ASGIApp, counts: dict[str, int], limit: int | None = None, retry_after_s: int = 1,
+                 metrics=None):
+        self.app, self.counts, self.limit, self.metrics = app, counts, limit, metrics
+        self.retry_after = str(retry_after_s)
 
     def _batcher(self, scope: Scope) -> str | None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -56,9 +71,9 @@ class InFlightMiddleware:
         if path.endswith("/v1/search/images"):
             return "compose" if multipart else "text"
         if path.endswith("/v1/search/captions"):
-            return "image" if multipart else None
+            return "image" if multipart else "direct"
         if path.endswith("/v1/captions"):
-            return "caption" if multipart else None
+            return "caption" if multipart else "direct"
         if path.endswith("/v1/paraphrases"):
             return "paraphrase"
         return None
@@ -68,7 +83,16 @@ class InFlightMiddleware:
         if name is None:
             await self.app(scope, receive, send)
             return
+        if self.limit is not None and sum(self.counts.values()) >= self.limit:
+            if self.metrics is not None:
+                self.metrics.shed.labels("admission", "queue_full").inc()
+            await JSONResponse({"detail": f"the service is at capacity: {self.limit} requests are in already; "
+                                          f"retry after {self.retry_after} s"},
+                               status_code=503, headers={"Retry-After": self.retry_after})(scope, receive, send)
+            return
+        scope.setdefault("state", {})[ARRIVAL] = time.monotonic()
         self.counts[name] += 1
+        self._gauge()
         counted = True
 
         def done() -> None:
@@ -76,6 +100,7 @@ class InFlightMiddleware:
             if counted:
                 counted = False
                 self.counts[name] -= 1
+                self._gauge()
 
         async def send_wrapper(message) -> None:
             # answered: the request has left the batcher. Counting until the task ends instead would let a
@@ -88,3 +113,7 @@ class InFlightMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             done()
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.in_flight.set(sum(self.counts.values()))

@@ -1,28 +1,35 @@
 """The ``/v1`` API: text (or an image ± words) → images, image → captions, gallery images, and the decoder routes
-(image → generated captions, sentence → paraphrases)."""
+(image → generated captions, sentence → paraphrases).
+
+The request bodies, their limits and the OpenAPI document that states them are in service/contract.py; the
+routes validate with the same definitions. Errors: service/contract.py ``ERROR_MEANINGS`` (400, 401, 404, 409,
+413, 415, 422, 503), always JSON ``{"detail": "..."}``."""
 from __future__ import annotations
 
 import asyncio
 import json
 import pathlib
+import re
 import secrets
+import time
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
-from starlette.datastructures import ImmutableMultiDict, UploadFile
+from starlette.datastructures import UploadFile
 
-from .batcher import QueueFull
+from .batcher import DeadlineExceeded, Shed
+from .contract import (IMAGE_TYPES, MAX_GENERATED, MAX_ID, MAX_TERMS, FormField, error_responses, image_field,
+                       split_terms)
 from .images import ImageError, media_type_of, thumbnail, upload_to_pixels
-from .schemas import (MAX_GENERATED, MAX_ID, MAX_TERMS, CaptionHit, CaptionResults, Error, GeneratedCaptions,
-                      GeneratedText, ImageHit, ImageIdCompose, ImageIdSearch, ImageResults, Paraphrase, Paraphrases,
-                      TextSearch)
+from .middleware import ARRIVAL
+from .schemas import CaptionHit, CaptionResults, GeneratedCaptions, GeneratedText, ImageHit, ImageResults, Paraphrases
 from .state import ServiceState
 
-_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="JOINTSPACE_API_KEY, when set")
-_bearer = HTTPBearer(auto_error=False, description="JOINTSPACE_API_KEY, when set")
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key set as JOINTSPACE_API_KEY")
+_bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_API_KEY")
 
 
 async def service(request: Request) -> ServiceState:
@@ -35,83 +42,157 @@ async def service(request: Request) -> ServiceState:
     return state
 
 
+def _given_keys(request: Request) -> list[str | None]:
+    """Every credential the request carries: each X-API-Key header, each Authorization header's Bearer token
+    (None for an Authorization header of another scheme)."""
+    given: list[str | None] = list(request.headers.getlist("x-api-key"))
+    for value in request.headers.getlist("authorization"):
+        scheme, _, token = value.strip().partition(" ")
+        given.append(token.strip() if scheme.lower() == "bearer" and token.strip() else None)
+    return given
+
+
 async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
-                    bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+                          bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """With ``JOINTSPACE_API_KEY`` set (the app then adds this dependency to ``/v1``): the key as ``X-API-Key``
+    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say."""
     expected = request.app.state.service.settings.api_key
     if expected is None:
         return
-    given = key or (bearer.credentials if bearer else None)
-    if given is None or not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+    want = expected.get_secret_value().encode()
+    matches = [secrets.compare_digest(g.encode(), want) for g in _given_keys(request) if g is not None]
+    if not any(matches):
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})
 
 
-ERRORS = {code: {"model": Error} for code in (400, 401, 404, 413, 415, 422, 501, 503)}
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses={401: {"model": Error}})
+router = APIRouter(prefix="/v1")
+
+# error responses per route (the 401 is added to every /v1 route when a key is set: service/app.py)
+_POST = (400, 413, 415, 422, 503)
 
 
-def _check_k(k: int, state: ServiceState) -> None:
-    if k > state.settings.max_k:
-        raise RequestValidationError([{"type": "less_than_equal", "loc": ("body", "k"), "input": k,
-                                       "msg": f"k must be at most {state.settings.max_k}"}])
+def _shed(err: Shed, state: ServiceState) -> HTTPException:
+    why = ("its deadline passed before work on it began" if isinstance(err, DeadlineExceeded)
+           else "too many requests are waiting")
+    return HTTPException(503, f"the service is overloaded: {why}; retry after {state.settings.retry_after_s} s",
+                         headers={"Retry-After": str(state.settings.retry_after_s)})
 
 
-async def _submit(batcher, item, state: ServiceState):
+def _deadline(request: Request, state: ServiceState) -> float | None:
+    return state.deadline(request.scope.get("state", {}).get(ARRIVAL))
+
+
+def _check_deadline(request: Request, state: ServiceState, name: str) -> None:
+    """Sheds a request whose deadline has passed before expensive work (decoding an image) is spent on it."""
+    deadline = _deadline(request, state)
+    if deadline is not None and time.monotonic() >= deadline:
+        state.metrics.shed.labels(name, DeadlineExceeded.reason).inc()
+        raise _shed(DeadlineExceeded(), state)
+
+
+async def _submit(batcher, item, state: ServiceState, request: Request):
     try:
-        return await batcher.submit(item)
-    except QueueFull:
-        raise HTTPException(503, "the service is at capacity: too many requests are waiting; retry shortly",
-                            headers={"Retry-After": str(state.settings.retry_after_s)}) from None
+        return await batcher.submit(item, deadline=_deadline(request, state))
+    except Shed as err:
+        raise _shed(err, state) from None
 
 
-_IMAGE_BODY = {
-    "requestBody": {"required": True, "content": {
-        "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
-            "image": {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, …)"},
-            "k": {"type": "integer", "default": 10, "minimum": 1}}}},
-        "application/json": {"schema": ImageIdSearch.model_json_schema()},
-    }}}
+def _invalid(loc: tuple, msg: str, type_: str = "value_error", value=None) -> RequestValidationError:
+    return RequestValidationError([{"type": type_, "loc": loc, "msg": msg, "input": value}])
 
 
-async def _read_upload(request: Request, state: ServiceState,
-                       max_fields: int = 8) -> tuple[bytes, ImmutableMultiDict]:
-    """The ``image`` file of a multipart form (size-checked) and the other form fields (``fields.get(name)``: the
-    last value of a field, ``fields.getlist(name)``: every value of a repeated one)."""
-    async with request.form(max_files=1, max_fields=max_fields) as form:
-        upload = form.get("image")
-        if not isinstance(upload, UploadFile):
-            raise RequestValidationError([{"type": "missing", "loc": ("body", "image"), "input": None,
-                                           "msg": "a multipart file field named 'image' is required"}])
+async def _read_form(request: Request, state: ServiceState, spec: list[FormField]) -> tuple[bytes, dict]:
+    """A multipart form checked against ``spec`` (the same list its OpenAPI schema is written from): the
+    ``image`` file's bytes (size-checked) and the other fields by name — integers, or lists of terms. Unknown
+    fields, a repeated field that is not a list, and a missing image are 422; an empty image is 400."""
+    kinds = {f.name: f for f in spec}
+    async with request.form(max_files=1, max_fields=len(spec)) as form:
+        items = list(form.multi_items())
+        upload = None
+        values: dict[str, list[str]] = {}
+        for name, value in items:
+            field = kinds.get(name)
+            if field is None:
+                raise _invalid(("body", name), f"unknown form field {name!r}; the fields are "
+                                               f"{', '.join(repr(f.name) for f in spec)}", "extra_forbidden")
+            if field.kind == "image":
+                if not isinstance(value, UploadFile):
+                    raise _invalid(("body", "image"), "the 'image' field must be a file part (with a filename)")
+                upload = value
+                continue
+            if not isinstance(value, str):
+                raise _invalid(("body", name), f"{name} must be a plain form field, not a file")
+            values.setdefault(name, []).append(value)
+        if upload is None:
+            raise _invalid(("body", "image"), "a multipart file field named 'image' is required", "missing")
         data = await upload.read(state.settings.max_upload_bytes + 1)
-        fields = ImmutableMultiDict([(k, v) for k, v in form.multi_items() if isinstance(v, str)])
     if len(data) > state.settings.max_upload_bytes:
         raise HTTPException(413, f"image upload larger than {state.settings.max_upload_bytes:,} bytes")
     if not data:
         raise HTTPException(400, "the image file is empty")
+    fields: dict = {}
+    for field in spec:
+        given = values.get(field.name, [])
+        if len(given) > 1:
+            raise _invalid(("body", field.name), f"{field.name} given {len(given)} times; give it once"
+                           + (" (separate words or phrases by commas)" if field.kind == "terms" else ""))
+        raw = given[0] if given else None
+        if field.kind == "int":
+            fields[field.name] = _form_int(field, raw)
+        elif field.kind == "terms":
+            fields[field.name] = _form_terms(field.name, raw, state) if raw is not None else []
     return data, fields
 
 
-def _form_int(fields, name: str, default: int | None, maximum: int | None = None) -> int | None:
-    """An integer form field from 1 to ``maximum`` (no bound: any positive integer); ``default`` when absent."""
-    raw = fields.get(name)
+def _form_int(field: FormField, raw: str | None) -> int | None:
     if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < 1 or (maximum is not None and value > maximum):
-        bounds = f"an integer from 1 to {maximum}" if maximum is not None else "a positive integer"
-        raise RequestValidationError([{"type": "int_parsing", "loc": ("body", name), "input": raw,
-                                       "msg": f"{name} must be {bounds}"}])
+        return field.default
+    value = int(raw) if re.fullmatch(r"[+-]?[0-9]{1,20}", raw.strip()) else None
+    if value is None or value < field.minimum or (field.maximum is not None and value > field.maximum):
+        bounds = (f"an integer from {field.minimum} to {field.maximum}" if field.maximum is not None
+                  else f"an integer of at least {field.minimum}")
+        raise _invalid(("body", field.name), f"{field.name} must be {bounds}", "int_parsing", raw)
     return value
 
 
-def _form_k(fields) -> int:
-    return _form_int(fields, "k", 10)
+def _form_terms(name: str, value: str, state: ServiceState) -> list[str]:
+    if len(value) > state.settings.max_text_chars:
+        raise _invalid(("body", name), f"{name} must be at most {state.settings.max_text_chars} characters",
+                       "string_too_long")
+    try:
+        return split_terms(value)
+    except ValueError as err:
+        raise _invalid(("body", name), str(err)) from None
 
 
-async def _pixels(data: bytes, state: ServiceState):
+def _k_field(state: ServiceState) -> FormField:
+    return FormField("k", "int", f"number of results, 1 to {state.settings.max_k}", maximum=state.settings.max_k,
+                     default=10)
+
+
+def search_images_form(state: ServiceState) -> list[FormField]:
+    return [image_field("the query image"),
+            FormField("add", "terms", f"words or phrases whose meaning to add, separated by commas (at most "
+                                      f"{MAX_TERMS})"),
+            FormField("subtract", "terms", f"words or phrases whose meaning to take away, separated by commas (at "
+                                           f"most {MAX_TERMS})"),
+            _k_field(state)]
+
+
+def search_captions_form(state: ServiceState) -> list[FormField]:
+    return [image_field("the image whose captions to rank"), _k_field(state)]
+
+
+def captions_form(state: ServiceState) -> list[FormField]:
+    return [image_field("the image to caption"),
+            FormField("n", "int", f"number of captions, 1 to {MAX_GENERATED}", maximum=MAX_GENERATED, default=1),
+            FormField("beam_size", "int", "beam width (default: the model's decoder.beam_size); widened to n when "
+                                          "smaller", maximum=MAX_GENERATED)]
+
+
+async def _pixels(data: bytes, state: ServiceState, request: Request, name: str):
+    _check_deadline(request, state, name)
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, data, state.settings.max_pixels,
@@ -139,7 +220,7 @@ async def _json_object(request: Request):
     except json.JSONDecodeError as err:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", err.pos), "input": {},
                                        "msg": "JSON decode error", "ctx": {"error": err.msg}}]) from None
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, RecursionError):
         raise HTTPException(400, "There was an error parsing the body") from None
 
 
@@ -152,36 +233,9 @@ def _validate(model, obj):
                                       for e in err.errors(include_url=False)]) from None
 
 
-def _check_text(text: str, field: str, state: ServiceState, what: str | None = None) -> None:
-    if len(text) > state.settings.max_text_chars:
-        raise RequestValidationError([{"type": "string_too_long", "loc": ("body", field), "input": "…",
-                                       "msg": f"{what or field} must be at most {state.settings.max_text_chars} "
-                                              f"characters"}])
-
-
-def _form_terms(fields) -> tuple[list[str], list[str]]:
-    """The ``add`` and ``subtract`` words of a composition form: repeated fields and/or comma-separated lists."""
-    terms = {}
-    for name in ("add", "subtract"):
-        terms[name] = [part.strip() for value in fields.getlist(name) for part in value.split(",")]
-        if any(not t for t in terms[name]):
-            raise RequestValidationError([{"type": "value_error", "loc": ("body", name), "input": fields.getlist(name),
-                                           "msg": "words to add or subtract must not be empty or only whitespace"}])
-    return terms["add"], terms["subtract"]
-
-
-def _check_terms(add: list[str], subtract: list[str], state: ServiceState) -> None:
-    if len(add) + len(subtract) > MAX_TERMS:
-        raise RequestValidationError([{"type": "too_long", "loc": ("body", "add"), "input": len(add) + len(subtract),
-                                       "msg": f"at most {MAX_TERMS} words or phrases to add and subtract in all"}])
-    for name, terms in (("add", add), ("subtract", subtract)):
-        for term in terms:
-            _check_text(term, name, state, "each word or phrase")
-
-
-def _no_composition_501(state: ServiceState) -> None:
+def _no_composition(state: ServiceState) -> None:
     if getattr(state.model, "attention", None) is not None:
-        raise HTTPException(501, "query composition (an image ± words) needs a model that embeds an image as one "
+        raise HTTPException(409, "query composition (an image ± words) needs a model that embeds an image as one "
                                  "vector; the loaded model uses region attention (STT-ATT)")
 
 
@@ -196,9 +250,10 @@ def _gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
     return path
 
 
-async def _gallery_pixels(image_id: int, state: ServiceState):
+async def _gallery_pixels(image_id: int, state: ServiceState, request: Request):
     """A gallery image's file, decoded and preprocessed like an upload; 404 when unknown or gone."""
     path = _gallery_file(image_id, state)
+    _check_deadline(request, state, "compose")
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
@@ -208,52 +263,32 @@ async def _gallery_pixels(image_id: int, state: ServiceState):
                             f"gallery image {image_id}: {err.detail}") from None
 
 
-_SEARCH_IMAGES_BODY = {
-    "requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"oneOf": [TextSearch.model_json_schema(),
-                                                  ImageIdCompose.model_json_schema()]}},
-        "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
-            "image": {"type": "string", "format": "binary", "description": "the query image (JPEG, PNG, …)"},
-            "add": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_TERMS,
-                    "description": "words or phrases whose meaning to add; repeat the field or separate by commas"},
-            "subtract": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_TERMS,
-                         "description": "words or phrases whose meaning to take away (likewise)"},
-            "k": {"type": "integer", "default": 10, "minimum": 1}}}},
-    }}}
-
-
-@router.post("/search/images", response_model=ImageResults, responses=ERRORS, openapi_extra=_SEARCH_IMAGES_BODY,
+@router.post("/search/images", response_model=ImageResults, responses=error_responses(*_POST, 404, 409),
              summary="Text → gallery images, or an image ± words (query composition) → gallery images; best first",
              description="JSON `{\"text\", \"k\"}`: images for a sentence. Query composition (W2VV §IV-C): "
                          "multipart `image` (+ `add`, `subtract`, `k`), or JSON `{\"image_id\", \"add\", "
                          "\"subtract\", \"k\"}` for a gallery image: images like the query image, with the "
-                         "meaning of the `add` words added and of the `subtract` words taken away.")
+                         "meaning of the `add` words added and of the `subtract` words taken away. A model with "
+                         "region attention (STT-ATT) cannot compose: 409.")
 async def search_images(request: Request, state: ServiceState = Depends(service)):
     content_type = _content_type(request)
     if content_type == "multipart/form-data":
-        data, fields = await _read_upload(request, state, max_fields=2 * MAX_TERMS + 8)
-        k = _form_k(fields)
-        _check_k(k, state)
-        add, subtract = _form_terms(fields)
-        _check_terms(add, subtract, state)
-        _no_composition_501(state)
-        pixels = await _pixels(data, state)
-        hits = await _submit(state.compose_batcher, (pixels, tuple(add), tuple(subtract), k), state)
+        data, fields = await _read_form(request, state, search_images_form(state))
+        _no_composition(state)
+        pixels = await _pixels(data, state, request, "compose")
+        hits = await _submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]),
+                                                     fields["k"]), state, request)
     elif _is_json(content_type):
         obj = await _json_object(request)
         if isinstance(obj, dict) and "image_id" in obj:
-            body = _validate(ImageIdCompose, obj)
-            _check_k(body.k, state)
-            _check_terms(body.add, body.subtract, state)
-            _no_composition_501(state)
-            pixels = await _gallery_pixels(body.image_id, state)
+            body = _validate(state.bodies.ImageIdCompose, obj)
+            _no_composition(state)
+            pixels = await _gallery_pixels(body.image_id, state, request)
             hits = await _submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), body.k),
-                                 state)
+                                 state, request)
         else:
-            body = _validate(TextSearch, obj)
-            _check_k(body.k, state)
-            _check_text(body.text, "text", state)
-            hits = await _submit(state.text_batcher, (body.text, body.k), state)
+            body = _validate(state.bodies.TextSearch, obj)
+            hits = await _submit(state.text_batcher, (body.text, body.k), state, request)
     else:
         raise HTTPException(415, "send JSON {\"text\": ..., \"k\": ...}, or for a composed query multipart/form-data "
                                  "with an 'image' file (and optional 'add', 'subtract', 'k') or JSON "
@@ -262,22 +297,17 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
     return ImageResults(results=[ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}") for i, s in hits])
 
 
-@router.post("/search/captions", response_model=CaptionResults, responses=ERRORS, openapi_extra=_IMAGE_BODY,
+@router.post("/search/captions", response_model=CaptionResults, responses=error_responses(*_POST, 404),
              summary="Image (upload, or a gallery image id) → captions of the corpus, best first")
 async def search_captions(request: Request, state: ServiceState = Depends(service)):
     content_type = _content_type(request)
     if content_type == "multipart/form-data":
-        data, fields = await _read_upload(request, state)
-        k = _form_k(fields)
-        _check_k(k, state)
-        pixels = await _pixels(data, state)
-        hits = await _submit(state.image_batcher, (pixels, k), state)
-    elif content_type == "application/json":
-        try:
-            body = ImageIdSearch.model_validate_json(await request.body())
-        except ValidationError as err:
-            raise RequestValidationError(err.errors(include_url=False)) from None
-        _check_k(body.k, state)
+        data, fields = await _read_form(request, state, search_captions_form(state))
+        pixels = await _pixels(data, state, request, "image")
+        hits = await _submit(state.image_batcher, (pixels, fields["k"]), state, request)
+    elif _is_json(content_type):
+        body = _validate(state.bodies.ImageIdSearch, await _json_object(request))
+        _check_deadline(request, state, "direct")
         loop = asyncio.get_running_loop()
         try:
             hits = await loop.run_in_executor(state.compute_pool, state.engine.search_image_id, body.image_id, body.k)
@@ -290,7 +320,9 @@ async def search_captions(request: Request, state: ServiceState = Depends(servic
     return CaptionResults(results=[CaptionHit(caption=rows[i].text, score=s, id=i) for i, s in hits if i in rows])
 
 
-@router.get("/images/{image_id}", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
+@router.get("/images/{image_id}", responses={**error_responses(404, 422, 503), 200: {
+                "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
+                "description": "the image file (its sniffed type), or with ?size= a JPEG thumbnail"}},
             response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size=")
 async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceState = Depends(service),
                     size: int | None = Query(None, ge=16, description="longest side of a JPEG thumbnail")):
@@ -309,9 +341,9 @@ async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceSt
     return Response(data, media_type=media, headers=headers)
 
 
-def _decoder_or_501(state: ServiceState, what: str) -> None:
+def _needs_decoder(state: ServiceState, what: str) -> None:
     if not state.has_decoder:
-        raise HTTPException(501, f"{what} needs a model with a sentence decoder (Show, Translate and Tell); the "
+        raise HTTPException(409, f"{what} needs a model with a sentence decoder (Show, Translate and Tell); the "
                                  f"loaded model '{state.model.cfg.get('name', '')}' was trained without one "
                                  f"(decoder.enabled: false): serve an STT model, e.g. one trained with "
                                  f"configs/stt.yaml")
@@ -321,34 +353,30 @@ def _generated(results) -> list[GeneratedText]:
     return [GeneratedText(text=text, score=score) for text, score in results]
 
 
-_CAPTIONS_BODY = {"requestBody": {"required": True, "content": {
-    "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
-        "image": {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, …)"},
-        "n": {"type": "integer", "default": 1, "minimum": 1, "maximum": MAX_GENERATED,
-              "description": "number of captions"},
-        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_GENERATED,
-                      "description": "beam width (default: the model's decoder.beam_size); widened to n when "
-                                     "smaller"}}}}}}}
+DECODER_NOTE = ("Needs a model with a sentence decoder (Show, Translate and Tell; `/readyz` says `\"decoder\": "
+                "true`); with any other model this route answers 409 and says why.")
 
 
-@router.post("/captions", response_model=GeneratedCaptions, responses=ERRORS, openapi_extra=_CAPTIONS_BODY,
-             summary="Image → generated captions, best first (needs a model with a decoder)")
+@router.post("/captions", response_model=GeneratedCaptions, responses=error_responses(*_POST, 409),
+             summary="Image → generated captions, best first (needs a model with a decoder)",
+             description=DECODER_NOTE, openapi_extra={"x-requires-decoder": True})
 async def captions(request: Request, state: ServiceState = Depends(service)):
-    _decoder_or_501(state, "caption generation")
+    _needs_decoder(state, "caption generation")
     if _content_type(request) != "multipart/form-data":
         raise HTTPException(415, "send multipart/form-data with an 'image' file (and optional 'n', 'beam_size')")
-    data, fields = await _read_upload(request, state)
-    n = _form_int(fields, "n", 1, MAX_GENERATED)
-    beam_size = _form_int(fields, "beam_size", None, MAX_GENERATED)
-    pixels = await _pixels(data, state)
-    results = await _submit(state.caption_batcher, (pixels, n, beam_size), state)
+    data, fields = await _read_form(request, state, captions_form(state))
+    pixels = await _pixels(data, state, request, "caption")
+    results = await _submit(state.caption_batcher, (pixels, fields["n"], fields["beam_size"]), state, request)
     return GeneratedCaptions(captions=_generated(results))
 
 
-@router.post("/paraphrases", response_model=Paraphrases, responses=ERRORS,
-             summary="Sentence → paraphrases, best first, never the sentence itself (needs a model with a decoder)")
-async def paraphrases(body: Paraphrase, state: ServiceState = Depends(service)):
-    _decoder_or_501(state, "paraphrase generation")
-    _check_text(body.text, "text", state)
-    results = await _submit(state.paraphrase_batcher, (body.text, body.n, body.beam_size), state)
+@router.post("/paraphrases", response_model=Paraphrases, responses=error_responses(*_POST, 409),
+             summary="Sentence → paraphrases, best first, never the sentence itself (needs a model with a decoder)",
+             description=DECODER_NOTE, openapi_extra={"x-requires-decoder": True})
+async def paraphrases(request: Request, state: ServiceState = Depends(service)):
+    _needs_decoder(state, "paraphrase generation")
+    if not _is_json(_content_type(request)):
+        raise HTTPException(415, "send JSON {\"text\": ..., \"n\": ..., \"beam_size\": ...}")
+    body = _validate(state.bodies.Paraphrase, await _json_object(request))
+    results = await _submit(state.paraphrase_batcher, (body.text, body.n, body.beam_size), state, request)
     return Paraphrases(paraphrases=_generated(results))

@@ -24,8 +24,14 @@ class Settings(BaseSettings):
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")
     max_wait_ms: float = Field(2.0, ge=0, le=1000,
                                description="longest a request waits for others to join its batch")
-    max_queue: int = Field(1024, ge=1, description="requests waiting to be encoded; beyond: 503 + Retry-After")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with a 503 when the queue is full")
+    # load shedding
+    max_queue: int = Field(256, ge=1, description="most requests the model holds at once (being read and decoded, "
+                                                  "waiting for a batch, or computed); one more is answered 503 + "
+                                                  "Retry-After at once, before its body is read")
+    deadline_ms: float = Field(5000.0, ge=0, description="a request whose batch has not begun this long after it "
+                                                         "arrived is answered 503 + Retry-After without being "
+                                                         "computed; 0 = no deadline")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
     decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = all cores but one)")
     # input limits

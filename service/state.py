@@ -19,6 +19,7 @@ from index.gallery import Gallery, current_generation
 from training.model import load_model
 
 from .batcher import DynamicBatcher
+from .contract import request_models
 from .engine import Engine
 from .metrics import Metrics
 from .settings import Settings
@@ -59,11 +60,13 @@ class ServiceState:
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
         # requests on their way to each batcher (InFlightMiddleware)
-        self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0}
+        self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
+        # the JSON request bodies with this service's limits: what the routes validate and the OpenAPI shows
+        self.bodies = request_models(settings.max_k, settings.max_text_chars)
         self.text_batcher = self._batcher(self._search_texts, "text")
         self.image_batcher = self._batcher(self._search_pixels, "image")
         self.compose_batcher = self._batcher(self._compose_search, "compose")
-        # created once the model is loaded, only when it has a decoder (the decoder routes answer 501 without)
+        # created once the model is loaded, only when it has a decoder (the decoder routes answer 409 without)
         self.caption_batcher: DynamicBatcher | None = None
         self.paraphrase_batcher: DynamicBatcher | None = None
         self._tasks: list[asyncio.Task] = []
@@ -80,6 +83,12 @@ class ServiceState:
     def batchers(self) -> list[DynamicBatcher]:
         return [b for b in (self.text_batcher, self.image_batcher, self.compose_batcher, self.caption_batcher,
                             self.paraphrase_batcher) if b is not None]
+
+    def deadline(self, arrival: float | None) -> float | None:
+        """The ``time.monotonic()`` instant after which a request that arrived at ``arrival`` is dropped."""
+        if not self.settings.deadline_ms or arrival is None:
+            return None
+        return arrival + self.settings.deadline_ms / 1000.0
 
     @property
     def ready(self) -> bool:

@@ -1,6 +1,6 @@
 """The decoder routes of the HTTP service (``/v1/captions``, ``/v1/paraphrases``) against a real tiny
 Show-Translate-Tell model and an index built with it: well-formed ranked sentences, the same answers as the
-training package's inference API, batched decoding across concurrent requests, validation, and 501 without a
+training package's inference API, batched decoding across concurrent requests, validation, and 409 without a
 decoder."""
 import asyncio
 import io
@@ -154,13 +154,13 @@ def test_bad_requests_are_clear_4xx(client, url, kwargs, status, message):
     assert message.lower() in r.json()["detail"].lower(), r.json()
 
 
-def test_a_model_without_decoder_answers_501(tiny_model_path, tiny_index_dir):
+def test_a_model_without_decoder_answers_409(tiny_model_path, tiny_index_dir):
     with TestClient(create_app(_settings(tiny_model_path, tiny_index_dir))) as c:
         assert _wait_ready(c)["decoder"] is False
         assert c.app.state.service.caption_batcher is None and c.app.state.service.paraphrase_batcher is None
         for r in (c.post("/v1/captions", files={"image": ("a.png", _png(), "image/png")}, data={"n": "2"}),
                   c.post("/v1/paraphrases", json={"text": "a red circle", "n": 2})):
-            assert r.status_code == 501
+            assert r.status_code == 409
             detail = r.json()["detail"]
             assert "sentence decoder" in detail and "STT model" in detail and "configs/stt.yaml" in detail, detail
         assert c.post("/v1/search/images", json={"text": "a red circle"}).status_code == 200   # retrieval works
@@ -171,7 +171,7 @@ def test_openapi_describes_the_decoder_routes(client):
     form = paths["/v1/captions"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert set(form["properties"]) == {"image", "n", "beam_size"} and form["properties"]["n"]["maximum"] == 10
     para = paths["/v1/paraphrases"]["post"]
-    assert "501" in para["responses"] and "422" in para["responses"]
+    assert "409" in para["responses"] and "422" in para["responses"] and para["x-requires-decoder"] is True
 
 
 # --- batched decoding -----------------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ async function showGenerated(pending, slot, signal) {
   } catch (err) {
     if (isAbort(err) || signal.aborted) return;
     slot.classList.remove("loading");
-    if (err instanceof ApiError && err.status === 501) {
+    if (err instanceof ApiError && (err.status === 409 || err.status === 501)) {   // 409: no decoder (older versions: 501)
       config.decoder = false;           // this service cannot generate: stop offering it
       slot.classList.add("note");
       slot.textContent = `Caption generation is not available: ${err.detail}`;
@@ -330,7 +330,7 @@ el.paraphraseForm.addEventListener("submit", async (event) => {
     end(signal);
   } catch (err) {
     if (isAbort(err)) return;
-    if (err instanceof ApiError && err.status === 501) {
+    if (err instanceof ApiError && (err.status === 409 || err.status === 501)) {   // 409: no decoder (older versions: 501)
       end(signal);
       el.results.replaceChildren();
       for (const control of el.paraphraseForm.elements) control.disabled = true;

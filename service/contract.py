@@ -1,0 +1,223 @@
+"""The HTTP contract: request bodies with the limits this service enforces, and the OpenAPI document that states
+them.
+
+Every limit the server checks is in the document it serves at ``/openapi.json``, and both come from the same
+definitions here, built from the app's :class:`~service.settings.Settings`: the JSON bodies are validated by the
+very pydantic models whose JSON Schema the document shows (``k`` up to ``JOINTSPACE_MAX_K``, text up to
+``JOINTSPACE_MAX_TEXT_CHARS`` characters and not blank, ``extra`` fields refused), and the multipart forms by
+:func:`parse_form` against the same :class:`FormField` list the document is written from (unknown or repeated
+fields refused, the accepted image types named in the part's ``encoding``).
+
+Rules that JSON Schema spells differently from Python are written once, as a pattern both sides use:
+``NOT_BLANK`` (text must contain a character that is not whitespace — whitespace as Python's ``str.isspace`` and
+ECMAScript's ``\\s`` count it, listed by code point, so every regex engine reads the class alike) and ``TERM`` (a
+word or phrase to add or subtract: not blank, no comma). Integers of a JSON body are JSON integers: ``5`` and
+``5.0``, never ``"5"`` or ``true``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
+
+MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
+MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
+MAX_TERMS = 16              # most words or phrases to add, and to subtract, in one composed query
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff")
+
+# whitespace: str.isspace() and ECMAScript \s together, by code point (\ufeff is ECMAScript-only)
+_WS = ("\\t\\n\\u000b\\f\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f"
+       "\\u3000\\ufeff")
+NOT_BLANK = f"[^{_WS}]"                          # searched: somewhere a character that is not whitespace
+_PHRASE = f"[^,]*[^,{_WS}][^,]*"                  # not blank, no comma
+TERM = f"^{_PHRASE}$"
+TERM_LIST = f"^{_PHRASE}(,{_PHRASE}){{0,{MAX_TERMS - 1}}}$"    # 1 to MAX_TERMS comma-separated phrases
+_NOT_BLANK_RE, _TERM_RE = re.compile(NOT_BLANK), re.compile(TERM)
+
+
+def _valid_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it holds an unpaired surrogate)") from None
+
+
+def check_text(text: str) -> str:
+    """A query sentence: not empty or only whitespace, valid Unicode."""
+    _valid_unicode(text)
+    if not _NOT_BLANK_RE.search(text):
+        raise ValueError("text must not be empty or only whitespace")
+    return text
+
+
+def check_term(term: str) -> str:
+    """A word or phrase to add or subtract (an item of a JSON list): not blank, no comma."""
+    _valid_unicode(term)
+    if not _NOT_BLANK_RE.search(term):
+        raise ValueError("words to add or subtract must not be empty or only whitespace")
+    if not _TERM_RE.search(term):
+        raise ValueError("one word or phrase per list item, without commas: give several as several items")
+    return term
+
+
+def split_terms(value: str) -> list[str]:
+    """A form field's comma-separated words or phrases (``green star, yellow``), each not blank; at most
+    ``MAX_TERMS``. The field's schema says the same with the pattern ``TERM_LIST``."""
+    _valid_unicode(value)
+    terms = value.split(",")
+    if any(not _NOT_BLANK_RE.search(t) for t in terms):
+        raise ValueError("words to add or subtract must not be empty or only whitespace")
+    if len(terms) > MAX_TERMS:
+        raise ValueError(f"at most {MAX_TERMS} words or phrases")
+    return [t.strip() for t in terms]
+
+
+def json_int(value: Any) -> Any:
+    """A JSON integer (also written ``5.0``); a string or a boolean is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be a JSON integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a JSON integer")
+        return int(value)
+    return value
+
+
+def json_int_field(**constraints) -> Any:
+    """An integer with ``Field`` constraints (they must come before the validator to reach the JSON Schema)."""
+    return Annotated[int, Field(**constraints), BeforeValidator(json_int)]
+
+
+def _text(max_chars: int, description: str, example: str):
+    # minLength is what the pattern implies; the blank check says it in its own words ("must not be empty ...")
+    return Annotated[str, Field(max_length=max_chars, description=description, examples=[example],
+                                json_schema_extra={"minLength": 1, "pattern": NOT_BLANK}), AfterValidator(check_text)]
+
+
+def _term(max_chars: int):
+    return Annotated[str, Field(max_length=max_chars, json_schema_extra={"minLength": 1, "pattern": TERM}),
+                     AfterValidator(check_term)]
+
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+def request_models(max_k: int, max_text_chars: int) -> SimpleNamespace:
+    """The JSON request bodies with these limits: ``TextSearch``, ``ImageIdSearch``, ``ImageIdCompose``,
+    ``Paraphrase``. The routes validate with them and the OpenAPI document shows their JSON Schema."""
+    k = json_int_field(ge=1, le=max_k, description=f"number of results, 1 to {max_k}")
+    image_id = json_int_field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
+    terms = Annotated[list[_term(max_text_chars)], Field(max_length=MAX_TERMS)]
+    generated = json_int_field(ge=1, le=MAX_GENERATED)
+    return SimpleNamespace(
+        TextSearch=create_model(
+            "TextSearch", __config__=_STRICT,
+            text=(_text(max_text_chars, "a sentence describing the images to find", "a red circle"), ...),
+            k=(k, 10)),
+        ImageIdSearch=create_model("ImageIdSearch", __config__=_STRICT, image_id=(image_id, ...), k=(k, 10)),
+        ImageIdCompose=create_model(
+            "ImageIdCompose", __config__=_STRICT,
+            __doc__="A composed query from a gallery image (W2VV §IV-C): its picture plus and/or minus words.",
+            image_id=(image_id, ...),
+            add=(terms, Field([], description=f"words or phrases whose meaning to add (at most {MAX_TERMS})",
+                              examples=[["motorbike"]])),
+            subtract=(terms, Field([], description=f"words or phrases whose meaning to take away (at most "
+                                                   f"{MAX_TERMS})", examples=[["bicycle"]])),
+            k=(k, 10)),
+        Paraphrase=create_model(
+            "Paraphrase", __config__=_STRICT,
+            text=(_text(max_text_chars, "the sentence to paraphrase", "a red circle left of a blue square"), ...),
+            n=(generated, Field(5, description=f"number of paraphrases, 1 to {MAX_GENERATED}")),
+            beam_size=(generated | None, Field(None, description="beam width (default: the model's "
+                                                                 "decoder.beam_size); widened to n + 1 when "
+                                                                 "smaller"))),
+    )
+
+
+# --- multipart forms ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FormField:
+    """One field of a multipart form: ``kind`` is ``image`` (the file), ``int`` or ``terms`` (a comma-separated
+    list of words or phrases). Each field may be given once."""
+    name: str
+    kind: str
+    description: str
+    minimum: int = 1
+    maximum: int | None = None
+    default: int | None = None
+    required: bool = False
+
+
+def image_field(description: str) -> FormField:
+    return FormField("image", "image", description, required=True)
+
+
+def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:
+    """The JSON Schema (and the per-part ``encoding``) of a multipart form; unknown fields are refused."""
+    properties: dict[str, dict] = {}
+    for f in fields:
+        if f.kind == "image":
+            schema = {"type": "string", "format": "binary", "minLength": 1,
+                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP or TIFF (the content is sniffed; "
+                                     f"the part's content type and file name are not read), at most "
+                                     f"{max_upload_bytes:,} bytes"}
+        elif f.kind == "int":
+            schema = {"type": "integer", "minimum": f.minimum, "description": f.description}
+            if f.maximum is not None:
+                schema["maximum"] = f.maximum
+            if f.default is not None:
+                schema["default"] = f.default
+        else:
+            schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
+                      "pattern": TERM_LIST}
+        properties[f.name] = schema
+    return {"type": "object", "properties": properties, "additionalProperties": False,
+            "required": [f.name for f in fields if f.required]}
+
+
+def form_body(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:
+    return {"schema": form_schema(fields, max_upload_bytes, max_text_chars),
+            "encoding": {f.name: {"contentType": ", ".join(IMAGE_TYPES)} for f in fields if f.kind == "image"}}
+
+
+# --- responses ------------------------------------------------------------------------------------------------------
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(..., description="where: 'body', 'query' or 'path', then the field")
+    msg: str
+    type: str
+
+
+class Error(BaseModel):
+    """The one error body of every route."""
+    detail: str = Field(..., description="what was wrong, in words")
+    errors: list[FieldError] | None = Field(None, description="422 only: the field-level list")
+
+
+ERROR_MEANINGS = {
+    400: "the body cannot be parsed (malformed multipart or JSON bytes), or the image is empty, corrupt or "
+         "truncated",
+    401: "missing or wrong API key",
+    404: "no such gallery image",
+    409: "the loaded model has no sentence decoder, which this route needs (see /readyz: decoder)",
+    413: "the request body or the image is too large (bytes or pixels)",
+    415: "an unsupported content type, or an upload that is not an image this service reads",
+    422: "a field is missing, of the wrong type, out of range, unknown or blank",
+    503: "not ready yet, or overloaded: the request was shed (the queue was full or its deadline passed before "
+         "work began); retry after Retry-After seconds",
+}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "required": True,
+                               "schema": {"type": "integer", "minimum": 1}}}
+
+
+def error_responses(*codes: int) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for code in codes:
+        out[code] = {"model": Error, "description": ERROR_MEANINGS[code]}
+        if code == 503:
+            out[code]["headers"] = RETRY_AFTER
+    return out

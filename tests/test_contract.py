@@ -1,0 +1,210 @@
+"""The HTTP contract, checked by a peer's fuzzer: schemathesis (pinned in the dev extra) generates requests from
+the service's own /openapi.json — valid ones, which must be accepted, and schema-violating ones, which must be
+refused — against a real ``jointspace serve`` process, with every check on (server errors, status codes, content
+types, response schemas and headers, negative data rejection, positive data acceptance, unsupported methods,
+authentication). Two runs, each over every operation: a retrieval-only model without an API key (the decoder
+routes answer 409), and a model with a sentence decoder with an API key set. Fixed seed, bounded examples.
+
+Plus direct checks of what the document states (limits from the settings, security only with a key, the routes
+that need a decoder, the error responses) and of the 409."""
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from service.app import create_app
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+HOOKS = REPO / "deploy" / "schemathesis_hooks.py"
+SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+SEED, MAX_EXAMPLES = 0, 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(model: Path, index: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--index",
+                             str(index), "--port", str(port), "--log-level", "warning"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_RELOAD_INTERVAL_S": "0", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise AssertionError(f"the server exited: {proc.stdout.read()}")
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not become ready")
+
+
+@pytest.mark.parametrize("variant", ["retrieval model, no API key", "decoder model, API key"])
+def test_schemathesis_finds_no_contract_breach(variant, tiny_model_path, tiny_index_dir, tiny_stt_model_path,
+                                               tiny_stt_index_dir, tmp_path):
+    if not SCHEMATHESIS.exists():
+        pytest.fail(f"schemathesis is not installed in {sys.executable}'s environment: it is a pinned dev "
+                    f"dependency (pip install -c constraints.txt -e '.[cpu,dev]', or make install)")
+    key = "s3cret-key" if "API key" in variant and "no API key" not in variant else None
+    model, index = ((tiny_stt_model_path, tiny_stt_index_dir) if "decoder" in variant
+                    else (tiny_model_path, tiny_index_dir))
+    proc, url = _serve(model, index, {"JOINTSPACE_API_KEY": key or ""})
+    try:
+        doc = httpx.get(f"{url}/openapi.json").json()
+        assert ("securitySchemes" in doc.get("components", {})) == (key is not None)
+        cmd = [str(SCHEMATHESIS), "run", f"{url}/openapi.json", "--checks", "all", "--max-examples",
+               str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1", "--generation-database", "none",
+               "--no-color", "--request-timeout", "30"]
+        if key:
+            cmd += ["-H", f"X-API-Key: {key}"]
+        result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert re.search(r"Tested: 8\b", out), out                       # every operation of the document
+    counts = re.search(r"(\d+) generated, (\d+) passed", out)
+    assert counts and int(counts.group(1)) == int(counts.group(2)) >= 300, out
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert re.search(rf"✅\s+{phase}", out), (phase, out)
+    assert "Warnings:" not in out, out                                # e.g. an operation that answered only 401
+
+
+# --- what the document states -----------------------------------------------------------------------------------
+
+def _doc(tiny_model_path, tiny_index_dir, **settings):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
+                              **settings))
+    with TestClient(app) as c:
+        return c.get("/openapi.json").json()
+
+
+def test_the_document_states_the_configured_limits(tiny_model_path, tiny_index_dir):
+    doc = _doc(tiny_model_path, tiny_index_dir, max_k=7, max_text_chars=40, max_thumbnail=300)
+    schemas = doc["components"]["schemas"]
+    text = schemas["TextSearch"]["properties"]
+    assert text["k"]["maximum"] == 7 and text["k"]["minimum"] == 1
+    assert text["text"]["maxLength"] == 40 and text["text"]["minLength"] == 1 and text["text"]["pattern"]
+    assert schemas["TextSearch"]["additionalProperties"] is False and schemas["TextSearch"]["required"] == ["text"]
+    assert schemas["Paraphrase"]["properties"]["n"]["maximum"] == 10
+    assert schemas["ImageIdCompose"]["properties"]["add"]["maxItems"] == 16
+    paths = doc["paths"]
+    form = paths["/v1/search/images"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert form["schema"]["additionalProperties"] is False and form["schema"]["required"] == ["image"]
+    assert form["schema"]["properties"]["k"]["maximum"] == 7
+    assert form["schema"]["properties"]["add"]["maxLength"] == 40
+    assert form["encoding"]["image"]["contentType"].split(", ") == ["image/jpeg", "image/png", "image/gif",
+                                                                     "image/webp", "image/bmp", "image/tiff"]
+    size = next(p for p in paths["/v1/images/{image_id}"]["get"]["parameters"] if p["name"] == "size")
+    assert size["schema"] == {"type": "integer", "minimum": 16, "maximum": 300}
+    # every error response has the one error body; a 503 says when to retry
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            for code, response in op["responses"].items():
+                if code.startswith(("4", "5")) and path.startswith("/v1/"):
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/Error"), (path, code)
+                    if code == "503":
+                        assert response["headers"]["Retry-After"]["required"] is True
+    for path in ("/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases"):
+        assert {"400", "413", "415", "422", "503"} <= set(paths[path]["post"]["responses"]), path
+    # the routes that need a decoder say so, with their 409
+    decoder = {p for p, ops in paths.items() for op in ops.values() if op.get("x-requires-decoder")}
+    assert decoder == {"/v1/captions", "/v1/paraphrases"}
+    assert all("409" in paths[p]["post"]["responses"] for p in decoder)
+
+
+def test_security_is_declared_only_when_a_key_is_set(tiny_model_path, tiny_index_dir):
+    open_doc = _doc(tiny_model_path, tiny_index_dir)
+    assert "securitySchemes" not in open_doc["components"]
+    assert not any("security" in op or "401" in op["responses"]
+                   for ops in open_doc["paths"].values() for op in ops.values())
+    keyed = _doc(tiny_model_path, tiny_index_dir, api_key="k")
+    assert set(keyed["components"]["securitySchemes"]) == {"APIKeyHeader", "HTTPBearer"}
+    for path, ops in keyed["paths"].items():
+        for op in ops.values():
+            if path.startswith("/v1/"):
+                assert op["security"] == [{"APIKeyHeader": []}, {"HTTPBearer": []}] and "401" in op["responses"]
+            else:                                                       # /healthz, /readyz, /metrics stay open
+                assert "security" not in op
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 20), "red").save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_decoder_routes_answer_409_with_the_reason(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
+    with TestClient(app) as c:
+        while c.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        for r in (c.post("/v1/captions", files={"image": ("a.png", _png(), "image/png")}),
+                  c.post("/v1/paraphrases", json={"text": "a red circle"})):
+            assert r.status_code == 409, r.text
+            assert "sentence decoder" in r.json()["detail"] and "configs/stt.yaml" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"text": "a", "surprise": 1}, 422),                     # unknown field
+    ({"text": "a", "k": "5"}, 422),                          # a string is not a JSON integer
+    ({"text": "a", "k": True}, 422),                         # nor is a boolean
+    ({"text": "a", "k": 5.0}, 200),                          # 5.0 is one
+    ({"text": "a", "k": 5.5}, 422),
+    ({"text": "a", "k": 10 ** 400}, 422),                    # huge numbers
+    ({"text": "a", "k": 1e308}, 422),
+    ({"text": "\u2003\u3000\ufeff\x1c"}, 422),              # whitespace by any engine's definition is blank
+    ({"text": "\x00"}, 200),                                 # a NUL is a character like any other
+])
+def test_json_bodies_are_read_as_the_schema_says(tiny_model_path, tiny_index_dir, body, status):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
+    with TestClient(app) as c:
+        while c.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        r = c.post("/v1/search/images", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+
+
+def test_unpaired_surrogates_and_bad_multipart_parts_are_4xx(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
+    with TestClient(app) as c:
+        while c.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        r = c.post("/v1/search/images", content=b'{"text": "a \\ud800 b"}', headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "unicode" in r.json()["detail"], r.text
+        r = c.post("/v1/search/images", content=b'{"image_id": 0, "add": ["\\udfff"]}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        png = _png()
+        for files, data, status, message in [
+            ({"image": ("a.png", b"", "image/png")}, {}, 400, "empty"),                       # empty file part
+            ({"image": ("a.png", png, "image/png")}, {"k": ""}, 422, "k"),                   # empty text part
+            ({"image": ("a.png", png, "image/png")}, {"add": ""}, 422, "empty"),
+            ({"image": ("a.png", png, "image/png")}, {"mystery": "1"}, 422, "unknown form field"),
+            ({"image": ("a.png", png, "image/png")}, {"k": ["2", "3"]}, 422, "once"),
+            ({"image": ("a.png", png, "image/png")}, {"k": "99999999999999999999999"}, 422, "k"),
+            ({"image": ("a.png", png, "image/png"), "k": ("k.txt", b"5", "text/plain")}, {}, 400, "files"),
+        ]:
+            r = c.post("/v1/search/images", files=files, data=data)
+            assert r.status_code == status and message in r.json()["detail"], (files.keys(), data, r.text)

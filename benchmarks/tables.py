@@ -312,7 +312,17 @@ def t_pairing_leak_check_cpu() -> str:
                             "batch-order error"], cells, rows, data, right={1, 2, 3, 4})
 
 
+def t_config_reference() -> str:
+    """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from training.config_schema import reference_markdown
+
+    return reference_markdown()
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "config_reference": t_config_reference,
     "flickr8k_dev": t_flickr8k_dev,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,

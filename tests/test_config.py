@@ -44,3 +44,30 @@ def test_file_values_then_overrides(tmp_path):
     cfg = load_config(f, ["train.epochs=2"])
     assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == 0.5
     assert cfg["loss"]["name"] == "max_violation"          # untouched defaults stay
+
+
+def test_typed_config_names_the_misspelt_key_or_option_and_what_is_allowed():
+    from training.config_schema import TEXT_OPTIONS
+    from training.factory import TEXT_ENCODERS
+
+    assert set(TEXT_OPTIONS) == set(TEXT_ENCODERS.names())        # every encoder has its options model
+    cases = [
+        ({"text": {"encoder": "gru", "options": {"poolin": "max"}}}, "unknown option 'poolin' for text.encoder gru"),
+        ({"text": {"encoder": "rcn", "options": {"capsuls": 8}}}, "unknown option 'capsuls'.*capsules"),
+        ({"text": {"encoder": "gru", "options": {"pooling": "min"}}}, "text.options.pooling.*'last', 'mean' or 'max'"),
+        ({"image": {"backbone": "smallcnn", "options": {"widht": 8}}}, "unknown option 'widht'.*width, out_dim"),
+        ({"image": {"backbone": "resnet50", "options": {"width": 8}}}, "its options: none"),
+        ({"loss": {"name": "bir_pairwise", "options": {"methodology": "x"}}}, "methodology"),
+        ({"loss": {"name": "sum", "options": {"k": 3}}}, "unknown option 'k' for loss.name sum"),
+        ({"train": {"lr_schedule": "cos"}}, "train.lr_schedule.*'cosine'"),
+        ({"train": {"epochs": "ten"}}, "train.epochs"),
+        ({"image": {"crops": 3}}, "image.crops.*1, 5 or 10"),
+        ({"model": {"projection": "mlp2"}}, "model.projection"),
+        ({"text": {"encoder": "gpt"}}, "unknown text encoder 'gpt'"),
+    ]
+    for values, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            build_config(values)
+    # the shipped configs are all valid
+    for path in sorted(Path(__file__).resolve().parents[1].glob("configs/**/*.yaml")):
+        load_config(path)

@@ -26,7 +26,8 @@ def _frozen_smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
 
 
 def frozen_config(**sections):
-    image = {"backbone": FROZEN, "image_size": 32, "resize": 32, "train_resize": 40, **sections.pop("image", {})}
+    image = {"backbone": FROZEN, "options": {}, "image_size": 32, "resize": 32, "train_resize": 40,
+             **sections.pop("image", {})}
     return tiny_config(image=image, **sections)
 
 

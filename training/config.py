@@ -1,11 +1,12 @@
 """Run configuration: YAML files with sections ``data image text model loss train decoder attention scst``.
 
-Every key has a default here, so a config file names only what it changes. A key that is not in the
-defaults is an error (a typo must not silently train the wrong model), and ``--set a.b=value`` overrides
-any key by its dotted path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bow``).
+Every key has a default (the typed models of config_schema.py), so a config file names only what it
+changes. A key that is not there is an error (a typo must not silently train the wrong model), and so is a
+value of the wrong type or outside its allowed values; ``--set a.b=value`` overrides any key by its dotted
+path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bow``).
 
-Some sections hold open-ended option maps (``text.options``, ``image.options``, ``loss.options``) for
-encoder- or loss-specific settings that later models add; those sub-maps accept any key.
+The option maps (``text.options``, ``image.options``, ``loss.options``) are checked against the options of
+the encoder, backbone or loss they configure: an unknown option is an error that lists the known ones.
 """
 from __future__ import annotations
 
@@ -14,133 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-DEFAULTS: dict[str, Any] = {
-    "name": "unnamed",
-    "data": {
-        "min_word_count": 1,        # STT §4.2 uses > 3 on COCO; 1 keeps every word of small sets
-        "max_caption_len": 50,      # tokens; longer captions are truncated
-        "max_words": None,          # keep only the N most frequent training words (RCN §IV-A: 5000); None = all
-    },
-    "image": {
-        "backbone": "resnet152",    # STT §4.2 / RCN: ResNet-152 pooled features
-        "weights": None,            # local weights file; None = the backbone's default source
-        "image_size": 224,          # network input side
-        "resize": 256,              # shorter side before cropping (ignored when crops == 1 and resize == image_size)
-        "crops": 1,                 # 1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged
-        "train_crops": 0,           # view augmentation of a frozen backbone's training features: 0 (off), 5 or 10
-                                    # crops of the image resized to train_resize; each training sample reads one
-                                    # random view among the evaluation view and these crops (embed.view_source)
-        "train_resize": 256,
-        "cache_dir": None,          # feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace
-        "channels_last": True,      # faster CPU convolutions
-        "train_blocks": 0,          # partial fine-tuning of a pretrained EfficientNet: its last k units (the head
-                                    # convolution, then MBConv blocks from the top) train over cached activations
-                                    # of the frozen units below them; 0 = frozen backbone
-        "pooling": "mean",          # over the final feature grid: mean (global average pooling) | gpo (VSE∞)
-        "options": {},              # backbone-specific (e.g. smallcnn width)
-    },
-    "text": {
-        "encoder": "gru",           # gru | bow | ... (training.text_encoders registry)
-        "word_dim": 300,            # STT §4.2
-        "hidden": 1024,             # STT §4.2
-        "layers": 1,
-        "bidirectional": False,
-        "dropout": 0.0,
-        "options": {},
-    },
-    "model": {
-        "embed_dim": 1024,          # STT Table 4: 1024
-        "projection": "linear",     # linear (STT §3.1: one FC) | two_branch (two-branch §3.1) | mlp (BiR §5.2:
-                                    # FC-ReLU-FC) | none (W2VV §III: the visual feature space itself)
-        "text_projection": None,    # the text side's projection when it differs; None = same as projection
-        "projection_hidden": 2048,  # two_branch: width of the hidden FC layer
-        "projection_dropout": 0.0,
-        "similarity": "cosine",     # cosine (STT eq. 8) | order (STT eq. 9)
-    },
-    "loss": {
-        "name": "max_violation",    # sum (STT eq. 7) | max_violation (RCN eqs. 11-13) | khardest | hard | semihard | hard_semihard
-        "margin": 0.2,
-        "k": 10,                    # khardest: negatives per anchor (two-branch §3.3)
-        "lambda": 1.0,              # weight of the caption-anchored direction (two-branch eq. 3)
-        "reduction": "sum",         # sum over the batch (STT eq. 7) or mean (RCN eq. 11)
-        "warmup_epochs": 0,         # use the sum of hinges (STT eq. 7) this many epochs first: hardest-negative
-                                    # training from scratch can collapse to one point (VSE++ §3.3)
-        "options": {},
-    },
-    "train": {
-        "epochs": 30,
-        "batch_size": 128,          # STT §4.2
-        "lr": 2.0e-4,               # STT §4.2
-        "lr_decay_epochs": 15,      # STT §4.2: 2e-4 for 15 epochs, then 2e-5
-        "lr_decay_factor": 0.1,
-        "weight_decay": 0.0,
-        "grad_clip": 2.0,
-        "patience": 10,             # early stopping (epochs without a better select_on value)
-        "select_on": "rsum",        # best checkpoint + early stopping: rsum (validation R-sum) | nll (the
-                                    # decoder's validation NLL per word: captions keep improving after R-sum)
-        "seed": 0,
-        "device": "auto",           # auto | cpu | cuda
-        "amp": "auto",              # auto (bf16 autocast on CUDA) | off
-        "workers": 2,               # image decoding processes
-        "eval_every": 1,
-        "finetune_epochs": 0,       # STT §4.2 second stage: train the backbone end to end
-        "finetune_lr": 2.0e-5,
-        "finetune_batch_size": 32,
-        "sampling": "caption",      # caption: every (image, caption) pair once per epoch;
-                                    # image: every image once per epoch with one random caption of it
-                                    # minimal_pairs: image, with each minimal pair in one batch (hard negatives)
-        "max_steps_per_epoch": None,  # cap for smoke runs
-        "optimizer": "adam",        # adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3: no momentum)
-        "optimizer_options": {},    # extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop
-        "lr_schedule": "step",      # step: x lr_decay_factor once after lr_decay_epochs (STT §4.2)
-                                    # plateau: x lr_decay_factor after lr_plateau_patience epochs without a
-                                    #   better val R-sum (W2VV §III-B) | linear: down to lr_final_factor at
-                                    #   lr_decay_epochs (BiR §6.3) | cosine: per update, warm-up, then a
-                                    #   half cosine down to lr_final_factor at the last epoch (SGDR, VSE∞)
-        "lr_plateau_patience": 3,
-        "warmup_steps": 0,          # cosine: linear warm-up over this many updates first
-        "encoder_lr_factor": 1.0,   # lr of the pretrained encoder weights being trained (text.options.train_layers,
-                                    # finetune; image.train_blocks; the finetune stage's backbone) as a multiple
-                                    # of the stage's lr: 0.1 trains them 10x slower than the heads
-        "cache_dtype": "float16",   # stored frozen-bottom activations (train_layers, train_blocks): float16 | float32
-        "lr_final_factor": 0.01,
-        "init_from": None,          # a model.pt whose same-named tensors start this run (e.g. a retrieval
-                                    # model's projections under a new STT decoder)
-        "freeze": [],               # top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder
-    },
-    "decoder": {                    # STT §3.2: a sentence decoder trained jointly on the common space
-        "enabled": False,           # False: retrieval only (no decoder in the model)
-        "rnn": "gru",               # gru | lstm
-        "word_dim": 300,
-        "hidden": 1024,
-        "layers": 1,
-        "dropout": 0.0,             # on the word embeddings and the RNN outputs
-        "cond_dropout": 0.0,        # on the conditioning vector (image or sentence embedding), training only
-        "lambda_ic": 1.0,           # λ1 of eq. 12: image captioning loss (eq. 10)
-        "lambda_para": 1.0,         # λ2 of eq. 12: sentence paraphrasing loss (eq. 11)
-        "lambda_sim": 1.0,          # λ3 of eq. 12: the ranking loss of the loss section (eq. 7)
-        "beam_size": 3,             # inference defaults (CLI, evaluation, service); 1 = greedy
-        "max_len": 20,              # words generated at most
-        "length_penalty": 1.0,      # hypotheses ranked by log P / steps**length_penalty (0 = raw log P)
-        "no_repeat": True,          # never emit the same word twice in a row
-        "no_repeat_ngram": 0,       # m > 0: no m-gram twice in one sentence ("on a bike on a bike"); 0 = off
-    },
-    "attention": {                  # STT-ATT §3.3: region-word attention similarity (eqs. 13-17)
-        "enabled": False,
-        "grid": 0,                  # regions = CNN feature-map cells, average-pooled to grid x grid (0: as is)
-        "temperature": 9.0,         # λ of eq. 15 (softmax temperature over the words)
-        "pooled_weight": 1.0,       # ranking loss on the pooled vectors too (they feed the decoder and index)
-    },
-    "scst": {                       # self-critical sequence training (Rennie et al. 2017; not in STT): after the
-                                    # eq. 12 stages, the decoder alone learns to maximise CIDEr-D (training/scst.py)
-        "steps": 0,                 # updates; 0 = off
-        "lr": 5.0e-5,               # Adam (Rennie et al. §5: 5e-5)
-        "images_per_batch": 16,     # training images per update (captioning; paraphrasing one caption of each)
-        "samples": 5,               # sentences sampled per input; each one's baseline is the others' mean reward
-        "eval_every": 100,          # updates between val CIDEr-D (greedy) checks; the best checkpoint is kept
-    },
-}
+from .config_schema import IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, NoOptions, RunConfig, defaults
+
+DEFAULTS: dict[str, Any] = defaults()       # every key and its default: config_schema.py
 
 _OPEN_MAPS = {("text", "options"), ("image", "options"), ("loss", "options"), ("train", "optimizer_options")}
 
@@ -224,7 +103,44 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return build_config(values, overrides)
 
 
+def _where(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
+    first = err.errors()[0]
+    key = prefix + _where(first["loc"])
+    if first["type"] == "extra_forbidden":
+        return ConfigError(f"unknown config key '{key}'")
+    return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
+
+
+def _check_options(cfg: dict) -> None:
+    """Each option map against the options its encoder / backbone / loss takes."""
+    for section, selector, table in (("text", "encoder", TEXT_OPTIONS), ("image", "backbone", IMAGE_OPTIONS),
+                                     ("loss", "name", LOSS_OPTIONS)):
+        name = cfg[section][selector]
+        if section == "text" and name not in table:
+            raise ConfigError(f"text.encoder: unknown text encoder '{name}'; choose one of: {', '.join(sorted(table))}")
+        model = table.get(name, NoOptions)
+        options = cfg[section]["options"]
+        unknown = sorted(set(options) - {f.alias or k for k, f in model.model_fields.items()})
+        if unknown:
+            known = ", ".join(f.alias or k for k, f in model.model_fields.items()) or "none"
+            raise ConfigError(f"{section}.options: unknown option {', '.join(map(repr, unknown))} for "
+                              f"{section}.{selector} {name} (its options: {known})")
+        try:
+            model.model_validate(options)
+        except ValidationError as err:
+            raise _explain(err, f"{section}.options.") from None
+
+
 def validate(cfg: dict) -> None:
+    try:
+        RunConfig.model_validate(cfg)
+    except ValidationError as err:
+        raise _explain(err) from None
+    _check_options(cfg)
     t = cfg["train"]
     for key in ("epochs", "batch_size", "finetune_batch_size"):
         if not isinstance(t[key], int) or t[key] < (0 if key == "epochs" else 1):

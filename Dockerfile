@@ -1,7 +1,7 @@
 # jointspace GPU service image: the pinned install of `make install`, with faiss-gpu instead of faiss-cpu.
 #
 #   docker build -t jointspace:gpu .            (or: docker compose build)
-#   docker compose up -d                        (see docker-compose.yml; README "Deployment")
+#   docker compose up -d                        (see docker-compose.yml and docs/deploy.md)
 #
 # CUDA: torch 2.15.0 from PyPI brings the CUDA 13 runtime as wheels (site-packages/nvidia/cu13/lib); faiss-gpu
 # 1.15.1 is linked against CUDA 12 (libcudart.so.12, libcublas.so.12) and pulls the CUDA 12 runtime wheels
@@ -35,18 +35,26 @@ COPY training ./training
 COPY index ./index
 COPY service ./service
 COPY configs ./configs
-RUN pip install -c constraints.txt '.[gpu]' \
+# every package installed is pinned by constraints.txt: pip, setuptools and wheel first (the build backend, used
+# without build isolation so that it is the pinned one), then jointspace with the gpu extra and all dependencies
+RUN python -m pip install -c constraints.txt pip setuptools wheel \
+    && pip install --no-build-isolation -c constraints.txt '.[gpu]' \
+    && pip check \
     && python -c "import faiss, torch; assert hasattr(faiss, 'StandardGpuResources'), 'faiss without GPU support'; print('faiss', faiss.__version__, 'torch', torch.__version__, 'CUDA', torch.version.cuda)"
 
 # model, index and photos are mounted, never baked in or downloaded: model.pt is self-contained (weights,
-# vocabulary, preprocessing), so nothing is fetched at start
+# vocabulary, preprocessing), so nothing is fetched at start. The service runs as uid 10001 by default; compose
+# runs it as JOINTSPACE_UID:JOINTSPACE_GID (the host user owning the bind-mounted folders, docs/deploy.md), which
+# needs nothing from /etc/passwd: HOME is /tmp, the one place anything may want to write besides /indexes.
 RUN useradd --create-home --uid 10001 --user-group jointspace \
     && mkdir -p /models /indexes /images \
     && chown jointspace:jointspace /models /indexes /images
 USER 10001:10001
 VOLUME ["/models", "/indexes", "/images"]
 
-ENV JOINTSPACE_HOST=0.0.0.0 \
+ENV HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    JOINTSPACE_HOST=0.0.0.0 \
     JOINTSPACE_PORT=8000 \
     JOINTSPACE_MODEL=/models/model.pt \
     JOINTSPACE_INDEX=/indexes/gallery \

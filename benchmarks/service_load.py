@@ -12,6 +12,14 @@ clients (C = 1, 8, 32, 128), for text search (``POST /v1/search/images``) and im
 It also measures the HTTP stack's own ceiling (``GET /healthz``, no work). The clients are a minimal asyncio HTTP/1.1
 client, so that as little client CPU as possible competes with the server on the same machine. The mean batch
 size per cell comes from the server's own ``jointspace_batch_size`` histogram.
+
+Overload cell (``--overload 10``): text search on the batching server with ``--overload`` × the largest concurrency
+(10 × 128 = 1280 keep-alive clients) for ``--overload-seconds``, the service's default load shedding on
+(``JOINTSPACE_MAX_QUEUE``, ``JOINTSPACE_DEADLINE_MS``). Clients behave as the API asks: after a 503 they wait at
+least its ``Retry-After`` before their next request — exactly that (``retry-after``), or with exponential backoff
+and jitter over repeated refusals (``backoff``); one cell each. Reported: goodput (200 answers/s) against the best text cell of the
+run, p50/p99 of the answered requests, the 503s (by the server's ``jointspace_shed_total``: refused on arrival or
+dropped at their deadline), and the server's resident memory before, at its peak during, and after the cell.
 """
 from __future__ import annotations
 
@@ -53,11 +61,17 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
+        status, head = await self.request_with_head(raw)
+        return status, self.body
+
+    async def request_with_head(self, raw: bytes) -> tuple[int, bytes]:
+        """Sends ``raw``; returns the status and the response head (the body is kept in ``self.body``)."""
         self.writer.write(raw)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
         length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-        return status, await self.reader.readexactly(length)
+        self.body = await self.reader.readexactly(length)
+        return status, head
 
     def close(self):
         self.writer.close()
@@ -114,6 +128,92 @@ async def drive(port: int, requests: list[bytes], concurrency: int, seconds: flo
     return len(latencies) / seconds, np.array(latencies), errors
 
 
+BACKOFF_CAP_S = 16.0
+
+
+def retry_wait(retry_after: float, refusals: int, policy: str, rng) -> float:
+    """How long a client waits after its ``refusals``-th 503 in a row. ``retry-after``: exactly what the answer
+    says. ``backoff``: at least that, doubled for each further refusal in a row (capped at 16 s), with 0–50 %
+    jitter — the usual client retry policy (exponential backoff with jitter, honouring Retry-After)."""
+    if policy == "retry-after":
+        return retry_after
+    return min(BACKOFF_CAP_S, retry_after * 2 ** (refusals - 1)) * rng.uniform(1.0, 1.5)
+
+
+async def drive_overload(port: int, requests: list[bytes], concurrency: int, seconds: float, pid: int,
+                         policy: str = "retry-after", warmup: float = 1.0) -> dict:
+    """``concurrency`` clients; a 503 makes its client wait (``retry_wait``) before the next request. Returns
+    goodput, status counts, latencies of the answered requests and the server's RSS samples."""
+    import random
+    conns = [Connection("127.0.0.1", port) for _ in range(concurrency)]
+    for start in range(0, concurrency, 256):                 # do not flood the accept queue all at once
+        await asyncio.gather(*(c.open() for c in conns[start:start + 256]))
+    ok: list[float] = []
+    statuses: dict[int, int] = {}
+    resets = [0]
+    rss: list[int] = []
+    t_measure = time.perf_counter() + warmup
+    t_end = t_measure + seconds
+
+    async def sample():
+        while time.perf_counter() < t_end:
+            rss.append(resident_bytes(pid))
+            await asyncio.sleep(0.25)
+
+    async def client(i: int, conn: Connection):
+        n, refusals, rng = i, 0, random.Random(i)
+        while True:
+            start = time.perf_counter()
+            if start >= t_end:
+                return
+            try:
+                status, head = await conn.request_with_head(requests[n % len(requests)])
+            except (ConnectionError, asyncio.IncompleteReadError):
+                resets[0] += 1                          # the connection was closed under us: count it, reconnect
+                conn.close()
+                await conn.open()
+                continue
+            n += concurrency
+            done = time.perf_counter()
+            if start >= t_measure:
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 200:
+                    ok.append(done - start)
+            if status == 503:
+                refusals += 1
+                retry = re.search(rb"(?i)retry-after: *(\d+)", head)
+                wait = retry_wait(float(retry.group(1)) if retry else 1.0, refusals, policy, rng)
+                await asyncio.sleep(min(wait, max(t_end - time.perf_counter(), 0)))
+            else:
+                refusals = 0
+
+    await asyncio.gather(sample(), *(client(i, c) for i, c in enumerate(conns)))
+    for c in conns:
+        c.close()
+    lat = np.array(ok)
+    return {"goodput_rps": len(ok) / seconds, "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "connection_resets": resets[0],
+            "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat.size else float("nan"),
+            "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat.size else float("nan"),
+            "max_ms": float(lat.max() * 1e3) if lat.size else float("nan"), "rss_samples": rss}
+
+
+def resident_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def shed_counts(port: int) -> dict[str, float]:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {f"{m.group(1)}/{m.group(2)}": float(m.group(3)) for m in
+            re.finditer(r'jointspace_shed_total\{batcher="([^"]+)",reason="([^"]+)"\} (\S+)', text)}
+
+
 def batch_counts(port: int) -> dict[str, tuple[float, float]]:
     import httpx
 
@@ -159,6 +259,30 @@ def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_w
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError("the server did not become ready")
+
+
+def overload_cell(args, server: tuple, requests: list[bytes], rows: list[dict], policy: str) -> dict:
+    """The overload cell on the batching server (see the module docstring), clients retrying by ``policy``."""
+    from service.settings import Settings
+
+    settings = Settings()                               # what the server process read: defaults + JOINTSPACE_* env
+    proc, port = server
+    base = max(args.concurrency)
+    concurrency = args.overload * base
+    best = max((r for r in rows if r["route"] == "text" and r["batching"]), key=lambda r: r["rps"])
+    before_shed, rss_before = shed_counts(port), resident_bytes(proc.pid)
+    result = asyncio.run(drive_overload(port, requests, concurrency, args.overload_seconds, proc.pid, policy))
+    time.sleep(2.0)                                     # let the last answers and sleeping clients drain
+    after_shed, rss_after = shed_counts(port), resident_bytes(proc.pid)
+    shed = {k: v - before_shed.get(k, 0.0) for k, v in after_shed.items() if v - before_shed.get(k, 0.0)}
+    samples = result.pop("rss_samples")
+    return {"route": "text", "client_retry": policy, "factor": args.overload, "base_concurrency": base,
+            "concurrency": concurrency,
+            "seconds": args.overload_seconds, **result, "best_rps": best["rps"], "best_concurrency": best["concurrency"],
+            "goodput_vs_best": result["goodput_rps"] / best["rps"] if best["rps"] else float("nan"), "shed": shed,
+            "rss_before_mb": rss_before / 2 ** 20, "rss_peak_mb": max(samples, default=0) / 2 ** 20,
+            "rss_after_mb": rss_after / 2 ** 20,
+            "server_settings": {k: getattr(settings, k) for k in ("max_queue", "deadline_ms", "retry_after_s")}}
 
 
 # --- raw limit -----------------------------------------------------------------------------------------------
@@ -209,6 +333,12 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--routes", nargs="+", default=["text", "image"], choices=["text", "image"])
+    ap.add_argument("--overload", type=int, default=10, help="the overload cell's clients, as a multiple of the "
+                                                             "largest --concurrency (0: no overload cell)")
+    ap.add_argument("--overload-seconds", type=float, default=10.0)
+    ap.add_argument("--overload-clients", nargs="+", default=["retry-after", "backoff"],
+                    choices=["retry-after", "backoff"], help="how the overload cell's clients retry after a 503: "
+                    "wait exactly Retry-After, or exponential backoff with jitter from Retry-After (one cell each)")
     ap.add_argument("--out", type=Path, help="write all numbers as JSON here")
     args = ap.parse_args()
 
@@ -249,6 +379,7 @@ def main() -> int:
     servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms) for on in (True, False)}
     rows = []
     ceiling = {}
+    overload = None
     try:
         port_on = servers[True][1]
         health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
@@ -285,6 +416,9 @@ def main() -> int:
                           f"(repeats {', '.join(f'{x:.0f}' for x in row['rps_repeats'])})  p50 {row['p50_ms']:7.1f} ms"
                           f"  p99 {row['p99_ms']:7.1f} ms  mean batch {row['mean_batch']:5.1f}  errors {row['errors']}",
                           flush=True)
+        if args.overload and "text" in args.routes:
+            overload = [overload_cell(args, servers[True], payloads["text"], rows, policy)
+                        for policy in args.overload_clients]
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -303,11 +437,20 @@ def main() -> int:
                   f"{ratio(on['rps'], off['rps'], '.2f')}× | {on['raw_limit']:.0f} | "
                   f"{ratio(on['rps'], on['raw_limit'], '.0%')} | "
                   f"{ceiling[c]:.0f} |")
+    for o in overload or []:
+        print(f"\noverload: {o['concurrency']} clients ({o['factor']}× {o['base_concurrency']}; retrying by "
+              f"{o['client_retry']}), text search, "
+              f"{o['seconds']:.0f} s: goodput {o['goodput_rps']:.0f} req/s = {o['goodput_vs_best']:.0%} of the best text "
+              f"cell ({o['best_rps']:.0f} req/s at c={o['best_concurrency']}); answered p50 {o['p50_ms']:.0f} ms, "
+              f"p99 {o['p99_ms']:.0f} ms, max {o['max_ms']:.0f} ms; statuses {o['statuses']}, connection resets "
+              f"{o['connection_resets']}; shed by the server "
+              f"{o['shed']}; RSS before {o['rss_before_mb']:.0f} MB, peak {o['rss_peak_mb']:.0f} MB, after "
+              f"{o['rss_after_mb']:.0f} MB")
     if any(r["errors"] for r in rows):
         print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
-                                        "cpus": os.cpu_count()}, indent=2))
+                                        "cpus": os.cpu_count(), "overload": overload}, indent=2))
     tmp.cleanup()
     return 0
 

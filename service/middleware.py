@@ -2,6 +2,7 @@
 model's routes."""
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi.responses import JSONResponse
@@ -61,7 +62,14 @@ class InFlightMiddleware:
     def __init__(self, app: ASGIApp, counts: dict[str, int], limit: int | None = None, retry_after_s: int = 1,
                  metrics=None):
         self.app, self.counts, self.limit, self.metrics = app, counts, limit, metrics
-        self.retry_after = str(retry_after_s)
+        # the refusal is rendered once: under overload it is most of what the server sends, and it must cost
+        # as little event-loop time as possible (every refusal is time not spent answering admitted requests)
+        body = json.dumps({"detail": f"the service is at capacity: {limit} requests are in already; retry after "
+                                     f"{retry_after_s} s"}).encode()
+        self._busy_start = {"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry_after_s).encode())]}
+        self._busy_body = {"type": "http.response.body", "body": body}
 
     def _batcher(self, scope: Scope) -> str | None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -86,9 +94,8 @@ class InFlightMiddleware:
         if self.limit is not None and sum(self.counts.values()) >= self.limit:
             if self.metrics is not None:
                 self.metrics.shed.labels("admission", "queue_full").inc()
-            await JSONResponse({"detail": f"the service is at capacity: {self.limit} requests are in already; "
-                                          f"retry after {self.retry_after} s"},
-                               status_code=503, headers={"Retry-After": self.retry_after})(scope, receive, send)
+            await send(self._busy_start)
+            await send(self._busy_body)
             return
         scope.setdefault("state", {})[ARRIVAL] = time.monotonic()
         self.counts[name] += 1

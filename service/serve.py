@@ -9,7 +9,7 @@ import os
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "
-                                   "(see service/settings.py and the README).")
+                                   "(see service/settings.py and docs/service.md).")
     p.add_argument("--model", help="model.pt (env JOINTSPACE_MODEL)")
     p.add_argument("--index", help="index directory (env JOINTSPACE_INDEX)")
     p.add_argument("--host", help="bind address (env JOINTSPACE_HOST, default 127.0.0.1)")
@@ -19,6 +19,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
     p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")
     p.add_argument("--max-wait-ms", type=float, help="env JOINTSPACE_MAX_WAIT_MS (default 2)")
+    p.add_argument("--max-queue", type=int, help="most requests the model holds at once; one more is answered "
+                                                 "503 + Retry-After (env JOINTSPACE_MAX_QUEUE, default 256)")
+    p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after it "
+                                                     "arrived is answered 503 + Retry-After, not computed; 0 = none "
+                                                     "(env JOINTSPACE_DEADLINE_MS, default 5000)")
     p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)

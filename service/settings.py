@@ -1,7 +1,7 @@
 """Service settings: command-line flags, else ``JOINTSPACE_*`` environment variables, else these defaults.
 
 Every field reads the environment variable ``JOINTSPACE_<FIELD NAME IN CAPITALS>`` (e.g. ``JOINTSPACE_MAX_BATCH``,
-``JOINTSPACE_API_KEY``); the README lists them.
+``JOINTSPACE_API_KEY``); docs/service.md lists them.
 """
 from __future__ import annotations
 

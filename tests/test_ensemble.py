@@ -44,7 +44,9 @@ def _expected(models, weights, images, texts):
     """The members' normalised embeddings, weighted, concatenated, normalised: (image, text) scores."""
     img = [torch.from_numpy(embed_image_files(m, images, progress=False, workers=0).vectors) for m in models]
     txt = [torch.from_numpy(embed_texts(m, texts, progress=False)) for m in models]
-    cat = lambda parts: F.normalize(torch.cat([w * F.normalize(p, dim=-1) for w, p in zip(weights, parts)], 1), dim=-1)
+    def cat(parts):
+        return F.normalize(torch.cat([w * F.normalize(p, dim=-1) for w, p in zip(weights, parts)], 1), dim=-1)
+
     return cat(img) @ cat(txt).t()
 
 

@@ -210,6 +210,18 @@ def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
     pooled = model.embed_features(feats)                                  # §3.3: the regions' average pool
     assert torch.allclose(pooled, torch.nn.functional.normalize(model.embed_regions(feats).mean(1), dim=-1))
     assert len(caption_embeddings(model, pooled, n=1)[0]) == 1
+    # evaluation reports every metric the other models report, scored with the attention similarity
+    from training.attention import attention_retrieval
+    from training.data import load_dataset
+    from training.embed import image_source
+    from training.evaluate import evaluate_model
+
+    test = load_dataset(synth_small).split("test")
+    result = evaluate_model(model, test, progress=False, workers=0, generation=False)
+    assert {"rk_variants", "rprecision5", "mir", "pooled", "rsum"} <= set(result)
+    source = image_source(model, [r.path for r in test.images], workers=0, progress=False)
+    assert result["rsum"] == pytest.approx(attention_retrieval(model, test, source)["rsum"])
+    assert result["rk_variants"]["i2t"]["any_txt"]["r1"] == pytest.approx(result["i2t"]["r1"])
 
 
 def test_coco_scores_match_known_values_or_report_skips():

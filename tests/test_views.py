@@ -20,7 +20,7 @@ def _frozen_smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     like EfficientNet-Lite0's (``pretrained=True``), which is where view augmentation applies."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(1234)
-    net = SmallCNN(width=8, out_dim=64, image_size=cfg_image["image_size"]).eval()
+    net = SmallCNN(width=8, out_dim=64).eval()
     torch.random.set_rng_state(gen_state)
     return Backbone(FROZEN, net, 64, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), pretrained=True)
 

@@ -128,7 +128,7 @@ for _arch in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "vgg
 class SmallCNN(nn.Module):
     """Four conv blocks, then the final 4×4 grid flattened through an FC layer (position is kept)."""
 
-    def __init__(self, width: int = 32, out_dim: int = 512, image_size: int = 64):
+    def __init__(self, width: int = 32, out_dim: int = 512):
         super().__init__()
         layers, c_in = [], 3
         for c_out in (width, width * 2, width * 4, width * 4):
@@ -146,7 +146,7 @@ class SmallCNN(nn.Module):
 def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     opts = cfg_image.get("options", {})
     out_dim = int(opts.get("out_dim", 512))
-    net = SmallCNN(width=int(opts.get("width", 32)), out_dim=out_dim, image_size=cfg_image["image_size"])
+    net = SmallCNN(width=int(opts.get("width", 32)), out_dim=out_dim)
     return Backbone("smallcnn", net, out_dim, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
                     pretrained=False)
 

@@ -29,7 +29,7 @@ MAX_TEXT_BYTES = 2048
 class EnsembleEmbedding(nn.Module):
     """Members' embeddings, normalised, weighted and concatenated (see the module docstring)."""
 
-    def __init__(self, members: Sequence[JointEmbedding], weights: Sequence[float], names: Sequence[str]):
+    def __init__(self, members: Sequence[nn.Module], weights: Sequence[float], names: Sequence[str]):
         super().__init__()
         if len(members) < 2:
             raise ValueError("an ensemble needs at least two models")

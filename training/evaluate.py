@@ -13,7 +13,7 @@ the ground truth). With 5000 test images the COCO protocols are added: 5 folds o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -221,10 +221,20 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
     result = full_evaluation(img, cap, cap_to_img, model.similarity)
     result.update(bir_metrics(img, cap, cap_to_img, model.similarity))
     if getattr(model, "attention", None) is not None:
-        from .attention import attention_retrieval
+        # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
+        # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
+        # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
+        from .attention import fine_embed_split
 
         pooled = {k: result[k] for k in ("i2t", "t2i", "rsum")}
-        result = {**attention_retrieval(model, dataset, source, device=device), "pooled": pooled}
+        regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
+        packed = torch.cat([words, mask.unsqueeze(-1).to(words.dtype)], dim=-1)
+
+        def attend(imgs: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
+            return model.attention(imgs, caps[..., :-1], caps[..., -1] > 0.5)
+
+        result = {**full_evaluation(regions, packed, cap_to_img, attend),
+                  **bir_metrics(regions, packed, cap_to_img, attend), "pooled": pooled}
     if generation and getattr(model, "decoder", None) is not None:
         from .caption_eval import generation_metrics
 

@@ -37,13 +37,11 @@ Everything is drawn from ``numpy.random.default_rng(seed)`` (scenes, splits, cap
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
 import os
 import random
-import string
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -52,7 +50,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from training.fileio import write_text
+from .fileio import write_text
+from .vocab import tokenize
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (215, 35, 35),
@@ -326,12 +325,6 @@ def _sample_captions(scenes: Sequence[Scene], rng: np.random.Generator) -> list[
     raise RuntimeError("caption pool too small")   # cannot happen: every pool has hundreds of captions
 
 
-def tokenize(raw: str) -> list[str]:
-    """Karpathy-style tokens: lower case, split on whitespace, punctuation stripped."""
-    tokens = (t.strip(string.punctuation) for t in raw.lower().split())
-    return [t for t in tokens if t]
-
-
 # --- rendering ----------------------------------------------------------------------------------------
 def _unit_polygon(shape: str) -> list[tuple[float, float]]:
     """Vertices around the origin for a shape of radius 1; every polygon contains its centre."""
@@ -531,17 +524,3 @@ def minimal_pairs(dataset: dict[str, Any]) -> list[tuple[int, int]]:
     """Each minimal pair of a loaded dataset.json once, as (imgid_a, imgid_b) with imgid_a < imgid_b."""
     return sorted((record["imgid"], record["minimal_pair"]) for record in dataset["images"]
                   if record.get("minimal_pair") is not None and record["imgid"] < record["minimal_pair"])
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Generate the synthetic captioned image data set.")
-    parser.add_argument("out_dir")
-    parser.add_argument("--n-images", type=int, default=3000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--image-size", type=int, default=128)
-    args = parser.parse_args(argv)
-    print(generate(args.out_dir, args.n_images, args.seed, args.image_size))
-
-
-if __name__ == "__main__":
-    main()

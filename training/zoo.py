@@ -28,9 +28,14 @@ COLUMNS = ["model", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"
            "rprecision5", "train_s", "epochs"]
 
 
-def _run_key(config_path: Path, overrides: Sequence[str], split: str) -> str:
+def data_identity(dataset) -> list:
+    """What a zoo result depends on in the data: its name, and every split's images and captions in order."""
+    return [dataset.name, [(str(r.path), r.split, r.captions) for r in dataset.images]]
+
+
+def _run_key(config_path: Path, overrides: Sequence[str], split: str, data: list) -> str:
     h = hashlib.sha256(config_path.read_bytes())
-    h.update(json.dumps([list(overrides), split]).encode())
+    h.update(json.dumps([list(overrides), split, data]).encode())
     return h.hexdigest()
 
 
@@ -54,11 +59,12 @@ def run_zoo(data: str | Path, configs: Sequence[str | Path], out: str | Path, ov
     if len(set(names)) != len(names):
         raise ValueError(f"zoo configs need distinct file names, got {names}")
     rows: list[dict] = []
+    identity = data_identity(dataset)            # another data set (or a changed one) is not "already done"
     for config_path, name in zip(map(Path, configs), names):
         cfg = load_config(config_path, overrides)     # fail on a bad config before any training
         run_dir = out / name
         metrics_path = run_dir / "metrics.json"
-        key = _run_key(config_path, overrides, split)
+        key = _run_key(config_path, overrides, split, identity)
         if not fresh and metrics_path.exists():
             done = json.loads(metrics_path.read_text())
             if done.get("run_key") == key:

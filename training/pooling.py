@@ -50,14 +50,16 @@ class GPO(nn.Module):
         self.score = nn.Linear(hidden, 1, bias=False)
 
     def weights(self, lengths: torch.Tensor, steps: int) -> torch.Tensor:
-        """θ ``(B, T)``: eq. 4, zero beyond each row's length."""
-        pe = position_encoding(steps, self.pe_dim, lengths.device).expand(len(lengths), steps, self.pe_dim)
-        packed = pack_padded_sequence(pe, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        """θ ``(B, T)``: eq. 4, zero beyond each row's length. θ depends on the length alone, so the generator
+        runs once per distinct length (once for a batch of 7×7 grids)."""
+        distinct, row_of = lengths.clamp(min=1).unique(return_inverse=True)
+        pe = position_encoding(steps, self.pe_dim, lengths.device).expand(len(distinct), steps, self.pe_dim)
+        packed = pack_padded_sequence(pe, distinct.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=steps)
         half = out.shape[-1] // 2
         scores = self.score((out[..., :half] + out[..., half:]) / 2).squeeze(-1)     # the two directions averaged
-        scores = scores.masked_fill(~valid_mask(lengths, steps), float("-inf"))
-        return torch.softmax(scores.float() / self.temperature, dim=1)
+        scores = scores.masked_fill(~valid_mask(distinct, steps), float("-inf"))
+        return torch.softmax(scores.float() / self.temperature, dim=1)[row_of]
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``features (B, T, D)``, ``mask (B, T)`` True where valid (any positions) → ``(B, D)``."""

@@ -2,7 +2,7 @@
 ``hooks`` in deploy/schemathesis.toml).
 
 The upload routes' ``image`` part declares the image types the service reads (``encoding.image.contentType``:
-JPEG, PNG, GIF, WebP, BMP, TIFF) and the service sniffs the bytes, so a schema-valid upload is a real image of one
+JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF) and the service sniffs the bytes, so a schema-valid upload is a real image of one
 of those types. Schemathesis has no generator for them; these strategies draw small real images (size, colours
 and a shape vary) in each format.
 """
@@ -14,8 +14,14 @@ import schemathesis
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
+try:                                      # HEIC/HEIF writing (a jointspace dependency); AVIF is Pillow's own
+    import pillow_heif
+    pillow_heif.register_heif_opener()
+except ImportError:  # pragma: no cover - then the HEIC/HEIF generators fail loudly when used
+    pass
+
 FORMATS = {"image/jpeg": "JPEG", "image/png": "PNG", "image/gif": "GIF", "image/webp": "WEBP", "image/bmp": "BMP",
-           "image/tiff": "TIFF"}
+           "image/tiff": "TIFF", "image/heic": "HEIF", "image/heif": "HEIF", "image/avif": "AVIF"}
 
 
 def _encode(fmt: str, width: int, height: int, background: tuple, fill: tuple, box: tuple) -> bytes:

@@ -1,4 +1,5 @@
-"""``jointspace index build | add | remove | info`` — the index package's commands (assembled in service/cli.py)."""
+"""``jointspace index build | add | sync | remove | search | info`` — the index package's commands (assembled in
+service/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--factory", help="FAISS factory string for the images (default: by gallery size, "
                                      "see index/faiss_index.py)")
     b.add_argument("--caption-factory", help="FAISS factory string for the captions (default: by corpus size)")
+    _exclude(b)
     _common(b)
     b.set_defaults(func=cmd_build)
 
@@ -33,8 +35,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--model", required=True, help="model.pt (must be the one the index was built with)")
     a.add_argument("paths", nargs="*", help="image files or directories to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
+    _exclude(a)
     _common(a)
     a.set_defaults(func=cmd_add)
+
+    y = isub.add_parser("sync", help="make the index match a folder: add new files, re-embed changed ones, remove "
+                                     "deleted ones")
+    y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
+    y.add_argument("--index", required=True, help="index directory (built with `index build`)")
+    y.add_argument("--model", required=True, help="model.pt (must be the one the index was built with)")
+    _exclude(y)
+    _common(y)
+    y.set_defaults(func=cmd_sync)
 
     r = isub.add_parser("remove", help="remove images and/or captions by id")
     r.add_argument("--index", required=True, help="index directory")
@@ -42,9 +54,37 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--caption-ids", type=int, nargs="*", default=[], help="caption ids")
     r.set_defaults(func=cmd_remove)
 
+    s = isub.add_parser("search", help="search the gallery with a sentence or an example photo; print JSON")
+    s.add_argument("--index", required=True, help="index directory")
+    s.add_argument("--model", required=True, help="model.pt (the one the index was built with)")
+    q = s.add_mutually_exclusive_group(required=True)
+    q.add_argument("--text", help="a sentence describing the images to find")
+    q.add_argument("--image", help="an example photo: find gallery images like it")
+    s.add_argument("--subtract", action="append", default=[], metavar="WORDS",
+                   help="words or phrases whose meaning to take away from the query (repeatable)")
+    s.add_argument("--k", type=int, default=10, help="number of results (default 10)")
+    s.add_argument("--offset", type=int, default=0, help="skip this many results first (pagination)")
+    s.add_argument("--min-score", type=float, help="hide results scoring below this (cosine: -1 to 1)")
+    s.add_argument("--folder", help="only images in this folder or below (relative to the gallery's root folder, "
+                                    "or absolute)")
+    s.add_argument("--taken-after", metavar="DATE", help="only photos taken at or after this ISO 8601 date or "
+                                                         "date-time (UTC unless an offset is given)")
+    s.add_argument("--taken-before", metavar="DATE", help="only photos taken before this date or date-time")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.set_defaults(func=cmd_search)
+
     i = isub.add_parser("info", help="print an index's manifest and counts as JSON")
     i.add_argument("--index", required=True, help="index directory")
     i.set_defaults(func=cmd_info)
+
+
+def _exclude(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="leave out files whose path (relative to the folder) or any of whose folder or file names "
+                        "match GLOB (repeatable); .thumbnails, @eaDir and hidden files and folders are always left "
+                        "out unless --no-default-excludes")
+    p.add_argument("--no-default-excludes", action="store_true",
+                   help="also index .thumbnails, @eaDir and hidden files and folders")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -96,12 +136,13 @@ def cmd_build(args) -> int:
     else:
         if args.caption_split:
             raise ValueError("--caption-split needs --data")
-        paths = find_images(args.images)
+        paths = find_images(args.images, args.exclude, not args.no_default_excludes)
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     if not paths:
         raise ValueError("no images to index")
     report = build(args.out, model, paths, captions, factory=args.factory, caption_factory=args.caption_factory,
-                   device=device, batch_size=args.batch_size, workers=args.workers, progress=not args.quiet)
+                   device=device, batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
+                   image_root=args.images)
     _report_skipped(report.skipped)
     print(f"indexed {len(report.image_ids)} images and {len(report.caption_ids)} captions into {args.out} "
           f"({report.generation})")
@@ -114,7 +155,12 @@ def cmd_add(args) -> int:
 
     paths = []
     for p in args.paths:
-        paths += find_images(p) if Path(p).is_dir() else [Path(p)]
+        if Path(p).is_dir():
+            paths += find_images(p, args.exclude, not args.no_default_excludes)
+        elif not Path(p).exists():
+            raise FileNotFoundError(f"no such file or folder: {p}")
+        else:
+            paths.append(Path(p))
     captions = _read_lines(args.captions) if args.captions else []
     if not paths and not captions:
         raise ValueError("nothing to add: give image paths and/or --captions")
@@ -125,6 +171,79 @@ def cmd_add(args) -> int:
     print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
                       "generation": report.generation}))
     return 0
+
+
+def cmd_sync(args) -> int:
+    from .gallery import sync
+
+    model, device = _load(args)
+    report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, device=device,
+                  batch_size=args.batch_size, workers=args.workers, progress=not args.quiet)
+    _report_skipped(report.skipped)
+    print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
+                      "removed": report.removed_images, "unchanged": report.unchanged,
+                      "skipped": len(report.skipped), "generation": report.generation}))
+    return 0
+
+
+def cmd_search(args) -> int:
+    from .gallery import Gallery
+    from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time, text_queries
+
+    if args.k < 1:
+        raise ValueError("--k must be at least 1")
+    if not 0 <= args.offset <= MAX_OFFSET:
+        raise ValueError(f"--offset must be from 0 to {MAX_OFFSET}")
+    flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before)
+    model, device = _load(args)
+    gallery = Gallery.load(args.index, model=model, device=device)
+    try:
+        min_score = check_min_score(gallery.manifest["similarity"], args.min_score)
+        if args.text is not None:
+            if not args.text.strip() or any(not w.strip() for w in args.subtract):
+                raise ValueError("the query text and the words to subtract must not be empty")
+            query = text_queries(model, [args.text], [args.subtract]).float().cpu().numpy()
+        else:
+            query = _example_query(model, args.image, args.subtract)
+        hits = gallery.search_images(query, args.k, flt, args.offset, min_score)[0]
+        rows = gallery.meta.images([i for i, _ in hits])
+        print(json.dumps({"results": [{"id": i, "score": round(s, 6), "path": rows[i].path,
+                                       "taken": format_time(rows[i].taken), "folder": rows[i].folder}
+                                      for i, s in hits if i in rows]}, indent=1))
+    finally:
+        gallery.close()
+    return 0
+
+
+def _example_query(model, image: str, subtract):
+    import torch
+
+    from training.compose import compose_query
+    from training.preprocess import UnsupportedImageError, open_image
+
+    from .embed import IMAGE_SUFFIXES
+
+    path = Path(image)
+    if not path.is_file():
+        raise FileNotFoundError(f"no image file at {image}")
+    try:
+        picture = open_image(path)
+    except UnsupportedImageError as err:
+        raise ValueError(f"{image}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - any decoding failure: say what and why
+        hint = "" if path.suffix.lower() in IMAGE_SUFFIXES else f" (formats read: {', '.join(sorted(IMAGE_SUFFIXES))})"
+        raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        pixels = model.preprocess(picture).unsqueeze(0).to(device)
+        if subtract and getattr(model, "attention", None) is None:
+            query = compose_query(model, model.image_features(pixels)[0], (), subtract)[None]
+        elif subtract:
+            raise ValueError("subtracting words from an example photo needs a model that embeds an image as one "
+                             "vector; this one uses region attention (STT-ATT)")
+        else:
+            query = model.embed_images(pixels)
+    return query.float().cpu().numpy()
 
 
 def cmd_remove(args) -> int:

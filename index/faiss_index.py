@@ -192,22 +192,31 @@ class VectorIndex:
                for lst in range(ivf.nlist) if invlists.list_size(lst)]
         return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Best-first ``(scores (q, k'), ids (q, k'))`` of the stored vectors for each query (queries are of
-        the other role), ``k' = min(k, ntotal)``."""
+        the other role), ``k' = min(k, ntotal)``. ``ids``: search only among these (FAISS's ``IDSelectorBatch``
+        inside the search, so the best ``k`` of the subset come back, not the best ``k`` overall filtered
+        afterwards). A row with fewer results than ``k'`` (fewer ids pass, or IVF probed too few lists) is padded
+        with id ``-1``."""
         queries = _f32(queries)
-        k = min(int(k), self.ntotal)
+        limit = self.ntotal if ids is None else min(self.ntotal, len(ids))
+        k = min(int(k), limit)
         if k <= 0 or len(queries) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         if self.similarity == "order":
-            return self._search_exact(queries, k)
-        scores, ids = self._search_index.search(queries, k)
-        if (ids < 0).any():          # IVF with too few probed lists can come back short: keep the found ones
-            k = int((ids >= 0).sum(1).min())
-            scores, ids = scores[:, :k], ids[:, :k]
-        return scores, ids
+            return self._search_exact(queries, k, ids)
+        if ids is None:
+            return self._search_index.search(queries, k)
+        selector = faiss.IDSelectorBatch(np.ascontiguousarray(ids, dtype=np.int64))
+        if faiss.try_extract_index_ivf(self.index) is not None:
+            params = faiss.SearchParametersIVF(sel=selector, nprobe=int(self.nprobe or 1))
+        else:
+            params = faiss.SearchParameters(sel=selector)
+        # the CPU index: FAISS's GPU indexes take no ID selector
+        return self.index.search(queries, k, params=params)
 
-    def _search_exact(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search_exact(self, queries: np.ndarray, k: int,
+                      only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self._exact is None:
             ids = self.ids()
             flat = self.index.index
@@ -218,6 +227,8 @@ class VectorIndex:
         q = torch.from_numpy(queries)
         # STT eq. 9 is asymmetric: S(image, caption) — the stored side decides the argument order
         scores = sim(stored, q).t() if self.role == "images" else sim(q, stored)
+        if only is not None:
+            scores = scores.masked_fill(~torch.from_numpy(np.isin(ids, only)), float("-inf"))
         top = scores.topk(k, dim=1)
         return top.values.numpy().astype(np.float32), ids[top.indices.numpy()]
 

@@ -8,7 +8,7 @@ Layout (every change writes a whole new *generation*; the ``CURRENT`` file names
         manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids
         images.faiss           image embeddings, id = gallery image id
         captions.faiss         caption embeddings (the caption corpus for image → caption ranking)
-        metadata.sqlite        id → file path / caption text, added time
+        metadata.sqlite        id → file path, capture time, size, folder, content hash / caption text, added time
       gen-00000002/            the previous generation (kept for readers that are still loading it)
 
 A build, ``add`` or ``remove`` writes the new generation into a temporary directory, fsyncs it, renames it
@@ -41,9 +41,10 @@ import torch
 
 from training.fileio import created_mode, write_json, write_text
 
-from .embed import embed_image_files, embed_texts
+from .embed import embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex
 from .metadata import Metadata
+from .query import ImageFilter, PhotoTable, page
 
 FORMAT = "jointspace-index/1"
 _GEN = re.compile(r"^gen-(\d{8})$")
@@ -62,6 +63,8 @@ class UpdateReport:
     removed_captions: int = 0
     missing: list[int] = field(default_factory=list)           # ids asked to remove that were not there
     generation: str = ""
+    changed: list[int] = field(default_factory=list)            # sync: ids of re-embedded files (their new ids)
+    unchanged: int = 0                                          # sync: files already indexed as they are
 
 
 class Gallery:
@@ -71,6 +74,7 @@ class Gallery:
                  meta: Metadata):
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
+        self._photos: PhotoTable | None = None
 
     @classmethod
     def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu",
@@ -97,9 +101,26 @@ class Gallery:
     def fingerprint(self) -> str:
         return self.manifest["model_fingerprint"]
 
-    def search_images(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-        """Caption/text embeddings → best-first ``(image id, score)`` per query."""
-        return _pairs(*self.images.search(queries, k))
+    @property
+    def photos(self) -> PhotoTable:
+        """The photos' capture times and folders as arrays, for filters (read on first use; a generation never
+        changes)."""
+        if self._photos is None:
+            self._photos = PhotoTable(self.meta.all_images(), self.manifest.get("image_root"))
+        return self._photos
+
+    def allowed_ids(self, flt: ImageFilter | None) -> np.ndarray | None:
+        """The image ids ``flt`` lets through (None: all). UnknownFolderError for a folder without images."""
+        return None if flt is None or not flt.active else self.photos.allowed(flt)
+
+    def search_images(self, queries: np.ndarray, k: int, flt: ImageFilter | None = None, offset: int = 0,
+                      min_score: float | None = None) -> list[list[tuple[int, float]]]:
+        """Caption/text embeddings → best-first ``(image id, score)`` per query: only images ``flt`` lets through
+        (filtered inside FAISS, with an ID selector), scoring at least ``min_score``, the ``k`` from ``offset``
+        on. Fewer than ``k`` when fewer pass."""
+        allowed = self.allowed_ids(flt)
+        hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
+        return [page(h, k, offset, min_score) for h in hits]
 
     def search_captions(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Image embeddings → best-first ``(caption id, score)`` per query."""
@@ -111,7 +132,8 @@ class Gallery:
 
 
 def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:
-    return [[(int(i), float(s)) for s, i in zip(srow, irow)] for srow, irow in zip(scores, ids)]
+    """FAISS's result rows → ``(id, score)`` lists, without the ``-1`` padding of rows with fewer results."""
+    return [[(int(i), float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
 
 
 # --- model check ----------------------------------------------------------------------------------------------
@@ -208,10 +230,11 @@ def _write(gen_dir: Path, manifest: dict, images: VectorIndex, captions: VectorI
 def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
-          workers: int = 2, progress: bool = True) -> UpdateReport:
+          workers: int = 2, progress: bool = True, image_root: str | Path | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
-    atomically)."""
+    atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
+    default the deepest folder holding them all)."""
     root = Path(root)
     similarity = model.cfg["model"]["similarity"]
     dim = model.cfg["model"]["embed_dim"]
@@ -233,9 +256,12 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
     manifest = {"format": FORMAT, "model_fingerprint": model.fingerprint, "similarity": similarity, "dim": dim,
                 "model_name": model.cfg.get("name", ""), "created": now,
                 "next_image_id": len(image_paths), "next_caption_id": len(texts)}
+    if image_root is not None:
+        manifest["image_root"] = str(Path(image_root).resolve())
     with new_generation(root) as gen_dir:
         meta = Metadata(gen_dir / "metadata.sqlite")
-        meta.add_images([(i, str(Path(image_paths[i]).resolve())) for i in emb.kept], added=now)
+        meta.add_images([(i, str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)],
+                        added=now)
         meta.add_captions([(i, t, g if g in kept else None) for i, (t, g) in enumerate(captions)], added=now)
         meta.close()
         _write(gen_dir, manifest, images, caps)
@@ -271,7 +297,8 @@ def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), caption
             ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
             images.add(emb.vectors, ids)
             manifest["next_image_id"] += len(emb.kept)
-            rows_img = [(int(i), str(Path(image_paths[p]).resolve())) for i, p in zip(ids, emb.kept)]
+            rows_img = [(int(i), str(Path(image_paths[p]).resolve()), info)
+                        for i, p, info in zip(ids, emb.kept, emb.info)]
             report.image_ids, report.skipped = ids.tolist(), emb.skipped
         if cap_vectors is not None:
             ids = np.arange(manifest["next_caption_id"], manifest["next_caption_id"] + len(captions),
@@ -318,3 +345,85 @@ def _locked_for_update(root: Path):
     """The live generation, read and replaced under the writers' lock (no other writer runs meanwhile)."""
     with _locked(root):
         yield _load_for_update(root)
+
+
+def _unchanged(row, path: Path) -> bool:
+    """The indexed row still describes the file: same size and mtime (no read), else the same content hash."""
+    import hashlib
+
+    if row.sha256 is None:                 # indexed before content hashes were kept: embed it again once
+        return False
+    try:
+        stat = path.stat()
+        if row.size == stat.st_size and row.mtime == stat.st_mtime:
+            return True
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:                        # vanished or unreadable since the scan: embedding it will say so
+        return False
+    return digest.hexdigest() == row.sha256
+
+
+def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
+         device: str | torch.device = "cpu", batch_size: int = 64, workers: int = 2,
+         progress: bool = True) -> UpdateReport:
+    """Makes the index's images under the folder ``images`` what is there now: files not in the index are added,
+    files whose content changed (sha256; size + mtime spare reading unchanged ones) are embedded again — under a
+    new id, the old one removed — and indexed files that are gone (or now excluded) are removed. Images outside
+    the folder are left alone. Nothing changed: no new generation (a second run does nothing). One new generation
+    otherwise, written like every update (a process killed meanwhile leaves the previous one live). Files that
+    cannot be read are listed in ``skipped`` and left out of the index."""
+    root = Path(root)
+    folder = Path(images).resolve()
+    found = find_images(folder, exclude, default_excludes)
+    with _locked_for_update(root) as (gen_dir, manifest, vectors, caps):
+        check_model(manifest, model, root)
+        meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+        try:
+            indexed = {Path(r.path): r for r in meta.all_images()
+                       if Path(r.path) == folder or folder in Path(r.path).parents}
+            on_disk = {p.resolve(): p for p in found}
+            gone = [r.id for p, r in indexed.items() if p not in on_disk]
+            changed, new, unchanged = [], [], 0
+            for path in sorted(on_disk):
+                row = indexed.get(path)
+                if row is None:
+                    new.append(path)
+                elif _unchanged(row, path):
+                    unchanged += 1
+                else:
+                    changed.append(row.id)
+                    new.append(path)
+            report = UpdateReport(unchanged=unchanged)
+            emb = embed_image_files(model, new, batch_size=batch_size, device=device, workers=workers,
+                                    progress=progress) if new else None
+            report.skipped = emb.skipped if emb is not None else []
+            if not gone and not changed and (emb is None or not emb.kept):
+                report.generation = gen_dir.name
+                return report
+            stale = sorted(gone + changed)
+            if stale:
+                vectors.remove(stale)
+            report.removed_images = len(gone)
+            rows = []
+            if emb is not None and emb.kept:
+                ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
+                vectors.add(emb.vectors, ids)
+                manifest["next_image_id"] += len(emb.kept)
+                rows = [(int(i), str(new[p]), info) for i, p, info in zip(ids, emb.kept, emb.info)]
+                report.image_ids = [int(i) for i, p in zip(ids, emb.kept) if new[p] not in indexed]
+                report.changed = [int(i) for i, p in zip(ids, emb.kept) if new[p] in indexed]
+            manifest.setdefault("image_root", str(folder))
+            now = time.time()
+            with new_generation(root, lock=False) as new_dir:
+                copy = meta.copy_to(new_dir / "metadata.sqlite")
+                copy.remove_images(stale)
+                copy.add_images(rows, added=now)
+                copy.close()
+                _write(new_dir, manifest, vectors, caps)
+        finally:
+            meta.close()
+    report.generation = current_generation(root)
+    return report

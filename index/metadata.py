@@ -1,23 +1,36 @@
-"""Gallery metadata in SQLite: image id → file path, caption id → text, and when each was added.
+"""Gallery metadata in SQLite: image id → file path, capture time, size, folder and content hash; caption id →
+text; and when each was added.
 
 One database file per index generation (see ``index.gallery``). Every change runs in one transaction, so a
 process killed mid-change leaves the database as it was before the change. The service reads it from
 several threads: one connection, guarded by a lock.
+
+Indexes written before the photo columns existed (``taken``, ``width``, ``height``, ``folder``, ``sha256``,
+``size``, ``mtime``) still load: opened for writing, the table gets the columns (NULL for the old rows); opened
+read-only, the missing columns read as NULL and ``folder`` is derived from the path.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
-    id    INTEGER PRIMARY KEY,
-    path  TEXT NOT NULL,
-    added REAL NOT NULL
+    id     INTEGER PRIMARY KEY,
+    path   TEXT NOT NULL,
+    added  REAL NOT NULL,
+    taken  REAL,               -- capture time, Unix seconds (EXIF DateTimeOriginal, else the file's mtime)
+    width  INTEGER,            -- upright size in pixels (EXIF orientation applied)
+    height INTEGER,
+    folder TEXT,               -- the absolute folder of the file
+    sha256 TEXT,               -- of the file's bytes (index sync)
+    size   INTEGER,            -- bytes
+    mtime  REAL                -- the file's mtime when it was embedded
 );
 CREATE TABLE IF NOT EXISTS captions (
     id       INTEGER PRIMARY KEY,
@@ -28,11 +41,24 @@ CREATE TABLE IF NOT EXISTS captions (
 """
 
 
+# the photo columns, in order, with their SQL types (added to an older table by ALTER TABLE)
+PHOTO_COLUMNS = (("taken", "REAL"), ("width", "INTEGER"), ("height", "INTEGER"), ("folder", "TEXT"),
+                 ("sha256", "TEXT"), ("size", "INTEGER"), ("mtime", "REAL"))
+_IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS)
+
+
 @dataclass(frozen=True)
 class ImageRow:
     id: int
     path: str
     added: float
+    taken: float | None = None
+    width: int | None = None
+    height: int | None = None
+    folder: str | None = None
+    sha256: str | None = None
+    size: int | None = None
+    mtime: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,13 @@ class Metadata:
             self._conn.execute("PRAGMA synchronous=FULL")
             with self._conn:
                 self._conn.executescript(SCHEMA)
+                have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
+                for name, sql_type in PHOTO_COLUMNS:          # migrate a table written before these columns
+                    if name not in have:
+                        self._conn.execute(f"ALTER TABLE images ADD COLUMN {name} {sql_type}")
+        have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
+        self._select_images = "SELECT " + ", ".join(c if c in have else f"NULL AS {c}" for c in _IMAGE_COLUMNS) \
+            + " FROM images"
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -72,11 +105,18 @@ class Metadata:
         return Metadata(path)
 
     # --- writes (each one transaction) ----------------------------------------------------------------
-    def add_images(self, rows: Iterable[tuple[int, str]], added: float | None = None) -> None:
+    def add_images(self, rows: Iterable[tuple], added: float | None = None) -> None:
+        """Rows ``(id, path)`` or ``(id, path, info)`` with ``info`` an ``index.embed.PhotoInfo``."""
         added = time.time() if added is None else added
+        values = []
+        for row in rows:
+            info = row[2] if len(row) > 2 else None
+            photo = (None,) * len(PHOTO_COLUMNS) if info is None else (
+                info.taken, info.width, info.height, info.folder, info.sha256, info.size, info.mtime)
+            values.append((int(row[0]), str(row[1]), added, *photo))
         with self._lock, self._conn:
-            self._conn.executemany("INSERT INTO images (id, path, added) VALUES (?, ?, ?)",
-                                   [(int(i), str(p), added) for i, p in rows])
+            self._conn.executemany(f"INSERT INTO images ({', '.join(_IMAGE_COLUMNS)}) VALUES "
+                                   f"({', '.join('?' * len(_IMAGE_COLUMNS))})", values)
 
     def add_captions(self, rows: Iterable[tuple[int, str, int | None]], added: float | None = None) -> None:
         added = time.time() if added is None else added
@@ -98,11 +138,16 @@ class Metadata:
     # --- reads --------------------------------------------------------------------------------------------
     def image(self, image_id: int) -> ImageRow | None:
         with self._lock:
-            row = self._conn.execute("SELECT id, path, added FROM images WHERE id = ?", (int(image_id),)).fetchone()
-        return ImageRow(*row) if row else None
+            row = self._conn.execute(self._select_images + " WHERE id = ?", (int(image_id),)).fetchone()
+        return _image_row(*row) if row else None
 
     def images(self, ids: Sequence[int]) -> dict[int, ImageRow]:
-        return self._many("SELECT id, path, added FROM images WHERE id IN ({})", ids, ImageRow)
+        return self._many(self._select_images + " WHERE id IN ({})", ids, _image_row)
+
+    def all_images(self) -> list[ImageRow]:
+        """Every image row, by id."""
+        with self._lock:
+            return [_image_row(*r) for r in self._conn.execute(self._select_images + " ORDER BY id")]
 
     def captions(self, ids: Sequence[int]) -> dict[int, CaptionRow]:
         return self._many("SELECT id, text, image_id, added FROM captions WHERE id IN ({})", ids, CaptionRow)
@@ -130,3 +175,10 @@ class Metadata:
                 for row in self._conn.execute(sql.format(",".join("?" * len(chunk))), chunk):
                     out[row[0]] = row_type(*row)
         return out
+
+
+def _image_row(*row) -> ImageRow:
+    r = ImageRow(*row)
+    if r.folder is None:                   # a row written before the folder column: the path's folder
+        r = replace(r, folder=os.path.dirname(r.path))
+    return r

@@ -26,7 +26,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
 MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
 MAX_TERMS = 16              # most words or phrases to add, and to subtract, in one composed query
-IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff")
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic",
+               "image/heif", "image/avif")
 
 # whitespace: str.isspace() and ECMAScript \s together, by code point (\ufeff is ECMAScript-only)
 _WS = ("\\t\\n\\u000b\\f\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f"
@@ -162,7 +163,7 @@ def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: 
     for f in fields:
         if f.kind == "image":
             schema = {"type": "string", "format": "binary", "minLength": 1,
-                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP or TIFF (the content is sniffed; "
+                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the content is sniffed; "
                                      f"the part's content type and file name are not read), at most "
                                      f"{max_upload_bytes:,} bytes"}
         elif f.kind == "int":

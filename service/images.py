@@ -11,7 +11,9 @@ import warnings
 from pathlib import Path
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from training.preprocess import RAW_SUFFIXES, load_image, register_heif
 
 SIGNATURES = (
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -22,7 +24,10 @@ SIGNATURES = (
     (b"II*\x00", "image/tiff"),
     (b"MM\x00*", "image/tiff"),
 )
-SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF"
+SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF"
+# ISO base media files (HEIF, AVIF): the 'ftyp' box's major brand, else a compatible brand, says which
+_AVIF_BRANDS = {b"avif", b"avis"}
+_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}
 
 
 class ImageError(Exception):
@@ -37,20 +42,32 @@ def sniff(head: bytes) -> str | None:
     """The image media type announced by the magic bytes at the start of ``head``, else None."""
     if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "image/webp"
+    if len(head) >= 12 and head[4:8] == b"ftyp":
+        size = int.from_bytes(head[:4], "big")
+        brands = [head[8:12]] + [head[i:i + 4] for i in range(16, min(size, len(head)) - 3, 4)]
+        if any(b in _AVIF_BRANDS for b in brands):
+            return "image/avif"
+        if any(b in _HEIF_BRANDS for b in brands):
+            return "image/heic" if brands[0] in {b"heic", b"heix", b"heim", b"heis"} else "image/heif"
+        return None
     return next((media for magic, media in SIGNATURES if head.startswith(magic)), None)
 
 
 def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
-    """Sniffs, checks the pixel count from the header, then decodes fully; returns an RGB image.
+    """Sniffs, checks the pixel count from the header, then decodes fully; returns an upright RGB image (EXIF
+    orientation applied). A gallery file (a path) may also be camera RAW, read with rawpy when it is installed.
 
     Raises :class:`ImageError` 415 (not an image), 413 (too many pixels), 400 (corrupt or truncated)."""
     if isinstance(source, (str, Path)):
+        if Path(source).suffix.lower() in RAW_SUFFIXES:
+            return _open_raw_file(Path(source), max_pixels)
         data = Path(source).read_bytes()
     else:
         data = source
-    if sniff(data[:16]) is None:
+    if sniff(data[:64]) is None:
         raise ImageError(415, f"the upload is not an image this service reads ({SUPPORTED}); "
                               f"the content is checked, not the file name or content type")
+    register_heif()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -60,13 +77,25 @@ def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
                 raise ImageError(413, f"image is {width}×{height} = {width * height:,} pixels; the limit is "
                                       f"{max_pixels:,}")
             im.load()
-            return im.convert("RGB")
+            return ImageOps.exif_transpose(im).convert("RGB")
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageError(413, f"image has too many pixels: {err}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, MemoryError) as err:
         raise ImageError(400, f"corrupt or truncated image: {err}") from None
+
+
+def _open_raw_file(path: Path, max_pixels: int) -> Image.Image:
+    try:
+        image = load_image(path)[0]
+    except ValueError as err:            # rawpy not installed (UnsupportedImageError)
+        raise ImageError(415, str(err)) from None
+    except Exception as err:  # noqa: BLE001 - LibRaw's errors: unreadable RAW
+        raise ImageError(400, f"unreadable camera RAW file: {type(err).__name__}: {err}") from None
+    if image.width * image.height > max_pixels:
+        raise ImageError(413, f"image is {image.width}×{image.height} pixels; the limit is {max_pixels:,}")
+    return image
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess) -> torch.Tensor:
@@ -86,4 +115,4 @@ def thumbnail(path: str | Path, size: int, max_pixels: int) -> tuple[bytes, str]
 
 def media_type_of(path: str | Path) -> str:
     with open(path, "rb") as fh:
-        return sniff(fh.read(16)) or "application/octet-stream"
+        return sniff(fh.read(64)) or "application/octet-stream"

@@ -114,7 +114,8 @@ def test_the_document_states_the_configured_limits(tiny_model_path, tiny_index_d
     assert form["schema"]["properties"]["k"]["maximum"] == 7
     assert form["schema"]["properties"]["add"]["maxLength"] == 40
     assert form["encoding"]["image"]["contentType"].split(", ") == ["image/jpeg", "image/png", "image/gif",
-                                                                     "image/webp", "image/bmp", "image/tiff"]
+                                                                     "image/webp", "image/bmp", "image/tiff",
+                                                                     "image/heic", "image/heif", "image/avif"]
     size = next(p for p in paths["/v1/images/{image_id}"]["get"]["parameters"] if p["name"] == "size")
     assert size["schema"] == {"type": "integer", "minimum": 16, "maximum": 300}
     # every error response has the one error body; a 503 says when to retry

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torchvision.transforms.functional as TF
-from PIL import Image
+from PIL import Image, ImageOps
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -58,8 +58,64 @@ class Preprocess:
         return self.normalize(self.pixels(image))
 
 
-def open_image(path: str | Path) -> Image.Image:
-    """Decode fully (so truncated files fail here, not later) and return an RGB image."""
-    with Image.open(path) as im:
+# --- decoding: every format the gallery indexes -----------------------------------------------------------------
+# Pillow reads JPEG, PNG, GIF, BMP, TIFF, WebP and (Pillow ≥ 11.3) AVIF itself; HEIC/HEIF come from pillow-heif (a
+# dependency), camera RAW files from rawpy (the optional extra ``jointspace[raw]``).
+HEIF_SUFFIXES = frozenset({".heic", ".heif"})
+RAW_SUFFIXES = frozenset({".dng", ".cr2", ".cr3", ".nef", ".nrw", ".arw", ".srf", ".sr2", ".orf", ".rw2", ".raf",
+                          ".pef", ".srw", ".raw", ".rwl", ".3fr", ".erf", ".kdc", ".mrw", ".x3f"})
+_heif_registered: bool | None = None
+
+
+def register_heif() -> bool:
+    """Registers pillow-heif's HEIC/HEIF opener with Pillow (once); False when pillow-heif is not installed."""
+    global _heif_registered
+    if _heif_registered is None:
+        try:
+            import pillow_heif
+        except ImportError:
+            _heif_registered = False
+        else:
+            pillow_heif.register_heif_opener()
+            _heif_registered = True
+    return _heif_registered
+
+
+class UnsupportedImageError(ValueError):
+    """A file of a format this installation cannot decode (e.g. camera RAW without rawpy)."""
+
+
+def _open_raw(source) -> Image.Image:
+    try:
+        import rawpy
+    except ImportError:
+        raise UnsupportedImageError("camera RAW files need rawpy: pip install 'jointspace[raw]'") from None
+    with rawpy.imread(source) as raw:          # a path or a file object
+        rgb = raw.postprocess(use_camera_wb=True, output_bps=8)   # demosaiced, rotated as the camera recorded
+    return Image.fromarray(rgb)
+
+
+def load_image(source: str | Path | bytes, suffix: str | None = None) -> tuple[Image.Image, "Image.Exif | None"]:
+    """Decodes a file (a path, or its bytes with the file's ``suffix``) fully — so a truncated file fails here,
+    not later — and returns ``(RGB image turned upright, EXIF)``. The EXIF orientation tag is applied (a photo
+    taken with the phone on its side comes out as it was seen); the EXIF returned is the file's (None for RAW)."""
+    import io
+
+    if isinstance(source, (bytes, bytearray)):
+        suffix, stream = (suffix or "").lower(), io.BytesIO(source)
+    else:
+        suffix, stream = Path(source).suffix.lower(), source
+    if suffix in RAW_SUFFIXES:
+        return _open_raw(stream if not isinstance(stream, (str, Path)) else str(stream)), None
+    register_heif()
+    with Image.open(stream) as im:
         im.load()
-        return im.convert("RGB")
+        exif = im.getexif()
+        upright = ImageOps.exif_transpose(im)
+        return upright.convert("RGB"), exif
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Decode fully (so truncated files fail here, not later) and return an upright RGB image (EXIF orientation
+    applied; HEIC/HEIF, AVIF and — with rawpy — camera RAW included)."""
+    return load_image(path)[0]

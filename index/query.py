@@ -1,0 +1,171 @@
+"""What a search may ask besides its query vector: filters on the photos (folder, capture time), a score threshold,
+pagination; and the text query with words to take away. Shared by the CLI (``jointspace index search``) and the
+HTTP service, so both read and refuse the same things with the same messages.
+
+Times: an ISO 8601 date (``2024-06-01``: that day's 00:00) or date-time (``2024-06-01T14:30:00``, optionally with
+``Z`` or an offset such as ``+02:00``); without an offset it is UTC — the same reading as a capture time from
+EXIF without OffsetTimeOriginal (``index/embed.py``). ``taken_after`` is inclusive, ``taken_before`` exclusive.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+MAX_OFFSET = 10_000          # the deepest page a search may ask for (results skipped before the first one returned)
+SCORE_RANGES = {"cosine": (-1.0, 1.0), "order": (None, 0.0)}     # what each similarity's scores can be
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class UnknownFolderError(ValueError):
+    """A folder filter that names no folder of the gallery."""
+
+
+def parse_time(value: str, name: str = "time") -> float:
+    """An ISO 8601 date or date-time → Unix seconds (UTC when no offset is given); ValueError saying why not."""
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        if not isinstance(text, str):
+            raise ValueError
+        if _DATE.match(text):
+            when = dt.datetime.combine(dt.date.fromisoformat(text), dt.time())
+        elif len(text) > 10 and text[10] in "Tt ":
+            when = dt.datetime.fromisoformat(text[:10] + "T" + text[11:].replace("z", "Z"))
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{name} must be an ISO 8601 date (2024-06-01) or date-time (2024-06-01T14:30:00Z), "
+                         f"not {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def format_time(seconds: float | None) -> str | None:
+    """Unix seconds → ISO 8601 UTC date-time (``2024-06-01T14:30:00Z``)."""
+    if seconds is None or seconds != seconds:
+        return None
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_min_score(similarity: str, min_score: float | None) -> float | None:
+    """``min_score`` within what the model's similarity can score (cosine: −1 to 1; order: at most 0)."""
+    if min_score is None:
+        return None
+    lo, hi = SCORE_RANGES.get(similarity, (None, None))
+    if min_score != min_score or (lo is not None and min_score < lo) or (hi is not None and min_score > hi):
+        what = f"from {lo:g} to {hi:g}" if lo is not None else f"at most {hi:g}"
+        raise ValueError(f"min_score must be {what} (the range of this model's {similarity} similarity), "
+                         f"not {min_score:g}")
+    return float(min_score)
+
+
+@dataclass(frozen=True)
+class ImageFilter:
+    """Which gallery images a search may return: under ``folder`` (a path relative to the gallery's root folder,
+    or absolute) and taken in ``[taken_after, taken_before)`` (Unix seconds)."""
+    folder: str | None = None
+    taken_after: float | None = None
+    taken_before: float | None = None
+
+    def __post_init__(self):
+        if self.folder is not None and not str(self.folder).strip():
+            raise ValueError("folder must not be empty")
+        if (self.taken_after is not None and self.taken_before is not None
+                and self.taken_after >= self.taken_before):
+            raise ValueError(f"taken_after ({format_time(self.taken_after)}) must be earlier than taken_before "
+                             f"({format_time(self.taken_before)}): the date range is empty")
+
+    @classmethod
+    def parse(cls, folder: str | None = None, taken_after: str | None = None,
+              taken_before: str | None = None) -> "ImageFilter":
+        return cls(folder, None if taken_after is None else parse_time(taken_after, "taken_after"),
+                   None if taken_before is None else parse_time(taken_before, "taken_before"))
+
+    @property
+    def active(self) -> bool:
+        return self.folder is not None or self.taken_after is not None or self.taken_before is not None
+
+
+class PhotoTable:
+    """The gallery's photos as arrays (id, capture time, folder) for filtering: read once per generation."""
+
+    def __init__(self, rows, root: str | None = None):
+        self.ids = np.asarray([r.id for r in rows], dtype=np.int64)
+        self.taken = np.asarray([np.nan if r.taken is None else r.taken for r in rows], dtype=np.float64)
+        self.folders = sorted({os.path.normpath(r.folder) for r in rows})
+        index = {f: i for i, f in enumerate(self.folders)}
+        self.folder_of = np.asarray([index[os.path.normpath(r.folder)] for r in rows], dtype=np.int64)
+        self.root = os.path.normpath(root) if root else (os.path.commonpath(self.folders) if self.folders else "/")
+
+    def relative(self, folder: str) -> str:
+        rel = os.path.relpath(folder, self.root)
+        return "." if rel == "." else rel
+
+    def folder_counts(self) -> list[tuple[str, int]]:
+        """Every folder with images (relative to the root) and how many images it holds directly."""
+        counts = np.bincount(self.folder_of, minlength=len(self.folders))
+        return [(self.relative(f), int(n)) for f, n in zip(self.folders, counts)]
+
+    def resolve(self, folder: str) -> str:
+        folder = folder.strip()
+        path = folder if os.path.isabs(folder) else os.path.join(self.root, folder)
+        return os.path.normpath(path)
+
+    def allowed(self, flt: ImageFilter) -> np.ndarray | None:
+        """The ids the filter lets through, sorted (None: no filter). UnknownFolderError for a folder without
+        images."""
+        if not flt.active:
+            return None
+        keep = np.ones(len(self.ids), dtype=bool)
+        if flt.folder is not None:
+            target = self.resolve(flt.folder)
+            inside = [i for i, f in enumerate(self.folders) if f == target or f.startswith(target.rstrip(os.sep)
+                                                                                          + os.sep)]
+            if not inside:
+                raise UnknownFolderError(f"no indexed images in folder {flt.folder!r} (folders are relative to "
+                                         f"{self.root}; e.g. {', '.join(repr(self.relative(f)) for f in self.folders[:3])})")
+            keep &= np.isin(self.folder_of, inside)
+        with np.errstate(invalid="ignore"):
+            if flt.taken_after is not None:
+                keep &= self.taken >= flt.taken_after          # NaN (no capture time) never passes
+            if flt.taken_before is not None:
+                keep &= self.taken < flt.taken_before
+        return np.sort(self.ids[keep])
+
+
+def page(hits: Sequence[tuple[int, float]], k: int, offset: int = 0,
+         min_score: float | None = None) -> list[tuple[int, float]]:
+    """Best-first hits → the ``k`` from ``offset`` on, without those scoring under ``min_score``."""
+    if min_score is not None:
+        hits = [h for h in hits if h[1] >= min_score]
+    return list(hits[offset:offset + k])
+
+
+@torch.no_grad()
+def text_queries(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
+    """Sentences, each minus the meaning of its own words or phrases → query vectors ``(n, E)``:
+    ``normalise(r(text) − Σ r(w))`` in the common space (as query composition does for an image, W2VV §IV-C).
+    A text without words to subtract gets exactly its sentence embedding."""
+    from training.vocab import pad_batch
+
+    subtract = list(subtract) or [()] * len(texts)
+    if not any(subtract):
+        return model.embed_sentences(list(texts), batch_size=max(len(texts), 1))
+    device = next(model.parameters()).device
+    flat = list(texts) + [w for words in subtract for w in words]
+    ids, lengths = pad_batch(model.encode_text_ids(flat))
+    projected = model.project_texts(ids.to(device), lengths.to(device))
+    out, start = [], len(texts)
+    for row, words in enumerate(subtract):
+        query = projected[row]
+        if words:
+            query = query - projected[start:start + len(words)].sum(0)
+            start += len(words)
+        out.append(query)
+    return model.similarity.normalize(torch.stack(out))

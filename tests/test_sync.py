@@ -1,0 +1,151 @@
+"""`jointspace index sync`: a folder's new files are added, changed ones embedded again, deleted ones removed, with
+counts; a second run does nothing; excludes apply; a writer killed mid-sync leaves the previous index loadable."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from index.embed import embed_image_files
+from index.gallery import Gallery, current_generation, sync
+from service.cli import main as cli_main
+from training.model import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_path):
+    return load_model(tiny_model_path)
+
+
+def _photo(path: Path, seed: int, fmt="JPEG"):
+    rng = np.random.default_rng(seed)
+    image = Image.new("RGB", (40, 30), tuple(int(v) for v in rng.integers(0, 255, 3)))
+    ImageDraw.Draw(image).ellipse(tuple(int(v) for v in sorted(rng.integers(0, 30, 2))) * 2,
+                                  fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, fmt)
+    return path
+
+
+def _sync_cli(tiny_model_path, photos, out, capsys, *extra):
+    rc = cli_main(["index", "sync", "--images", str(photos), "--index", str(out), "--model", str(tiny_model_path),
+                   "--quiet", "--workers", "0", *extra])
+    captured = capsys.readouterr()
+    return rc, (json.loads(captured.out) if rc == 0 else None), captured.err
+
+
+def _paths(out, model):
+    g = Gallery.load(out, model=model)
+    rows = {Path(r.path).relative_to(g.photos.root).as_posix(): r for r in g.meta.all_images()}
+    assert sorted(g.images.ids().tolist()) == sorted(r.id for r in rows.values())   # FAISS and SQLite agree
+    g.close()
+    return rows
+
+
+def test_sync_adds_changes_removes_and_is_idempotent(model, tiny_model_path, tmp_path, capsys):
+    photos = tmp_path / "photos"
+    for i, rel in enumerate(["a.jpg", "b.jpg", "trip/c.jpg", "trip/d.heic"]):
+        _photo(photos / rel, i, "HEIF" if rel.endswith(".heic") else "JPEG")
+    _photo(photos / ".thumbnails" / "t.jpg", 9)
+    _photo(photos / "@eaDir" / "x.jpg", 10)
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
+                     "--quiet", "--workers", "0"]) == 0
+    capsys.readouterr()
+    before = _paths(out, model)
+    assert sorted(before) == ["a.jpg", "b.jpg", "trip/c.jpg", "trip/d.heic"]     # default excludes
+
+    # nothing changed: nothing done, no new generation
+    gen = current_generation(out)
+    rc, counts, _ = _sync_cli(tiny_model_path, photos, out, capsys)
+    assert rc == 0 and counts == {"added": 0, "changed": 0, "removed": 0, "unchanged": 4, "skipped": 0,
+                                  "generation": gen}
+    # add two, change one (new content), touch one (same content, new mtime), delete one, one corrupt new file
+    _photo(photos / "new1.jpg", 20)
+    _photo(photos / "trip" / "new2.avif", 21, "AVIF")
+    _photo(photos / "b.jpg", 22)
+    os.utime(photos / "a.jpg", (1e9, 1e9))
+    (photos / "trip" / "c.jpg").unlink()
+    (photos / "bad.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    rc, counts, err = _sync_cli(tiny_model_path, photos, out, capsys)
+    assert rc == 0 and "bad.jpg" in err
+    assert {k: counts[k] for k in ("added", "changed", "removed", "unchanged", "skipped")} == \
+        {"added": 2, "changed": 1, "removed": 1, "unchanged": 2, "skipped": 1}
+    assert counts["generation"] != gen
+    after = _paths(out, model)
+    assert sorted(after) == ["a.jpg", "b.jpg", "new1.jpg", "trip/d.heic", "trip/new2.avif"]
+    assert after["a.jpg"].id == before["a.jpg"].id and after["trip/d.heic"].id == before["trip/d.heic"].id
+    assert after["b.jpg"].id > max(r.id for r in before.values())        # re-embedded under a new id
+    g = Gallery.load(out, model=model)
+    own = embed_image_files(model, [photos / "b.jpg"], progress=False, workers=0).vectors[0]
+    assert np.allclose(g.images.reconstruct(after["b.jpg"].id), own, atol=1e-5)   # the new content's vector
+    with pytest.raises(KeyError):
+        g.images.reconstruct(before["b.jpg"].id)
+    g.close()
+    # idempotent: the second run does nothing (the corrupt file is listed again, the index is not touched)
+    gen = current_generation(out)
+    rc, counts, err = _sync_cli(tiny_model_path, photos, out, capsys)
+    assert rc == 0 and counts["generation"] == gen and counts["unchanged"] == 5 and counts["skipped"] == 1
+    assert counts["added"] == counts["changed"] == counts["removed"] == 0
+    # an exclude pattern removes what it now rules out; images outside the folder are left alone
+    outside = _photo(tmp_path / "elsewhere" / "o.jpg", 30)
+    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(outside.parent),
+                     "--quiet", "--workers", "0"]) == 0
+    capsys.readouterr()
+    rc, counts, _ = _sync_cli(tiny_model_path, photos, out, capsys, "--exclude", "trip")
+    assert rc == 0 and counts["removed"] == 2
+    g = Gallery.load(out, model=model)
+    assert sorted(Path(r.path).name for r in g.meta.all_images()) == ["a.jpg", "b.jpg", "new1.jpg", "o.jpg"]
+    g.close()
+
+
+def test_sync_errors_exit_2_with_a_message(tiny_model_path, tmp_path, capsys):
+    rc, _, err = _sync_cli(tiny_model_path, tmp_path / "nowhere", tmp_path / "gallery", capsys)
+    assert rc == 2 and "no image directory" in err
+    (tmp_path / "photos").mkdir()
+    rc, _, err = _sync_cli(tiny_model_path, tmp_path / "photos", tmp_path / "gallery", capsys)
+    assert rc == 2 and "no jointspace index" in err
+
+
+CRASH_SCRIPT = r"""
+import os, signal, sys
+import index.faiss_index as fi
+from index.gallery import sync
+from training.model import load_model
+
+real_save = fi.VectorIndex.save
+def save_then_die(self, path):
+    real_save(self, path)
+    with open(path, "r+b") as fh:           # a torn file in the temporary generation
+        fh.truncate(10)
+    os.kill(os.getpid(), signal.SIGKILL)
+fi.VectorIndex.save = save_then_die
+sync(sys.argv[1], load_model(sys.argv[2]), sys.argv[3], progress=False, workers=0)
+"""
+
+
+def test_sync_killed_mid_write_leaves_the_previous_index(model, tiny_model_path, tmp_path, capsys):
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.jpg", i)
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
+                     "--quiet", "--workers", "0"]) == 0
+    before = _paths(out, model)
+    gen = current_generation(out)
+    _photo(photos / "p3.jpg", 3)
+    (photos / "p0.jpg").unlink()
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(out), str(tiny_model_path), str(photos)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert current_generation(out) == gen and _paths(out, model) == before      # the previous state, loadable
+    report = sync(out, model, photos, progress=False, workers=0)                 # the next sync completes it
+    assert len(report.image_ids) == 1 and report.removed_images == 1
+    assert sorted(_paths(out, model)) == ["p1.jpg", "p2.jpg", "p3.jpg"]
+    assert not list(out.glob(".tmp-gen-*"))

@@ -27,6 +27,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run in --out from its last.pt (its own config; --set may "
                         "change it, e.g. train.epochs to train longer)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train with N processes on this host (DistributedDataParallel: gloo on CPU, nccl with one "
+                        "GPU per process); train.batch_size is the global batch (docs/scale.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
@@ -165,15 +168,32 @@ def cmd_synth(args) -> int:
 
 def cmd_train(args) -> int:
     from .config import build_config, load_config
-    from .train import load_train_state, train
 
     if args.resume and args.config:
         raise ValueError("--resume continues with the run's own config (in its last.pt); drop --config "
                          "(--set still overrides keys)")
     if not args.resume and not args.config:
         raise ValueError("--config is required (unless --resume)")
-    cfg = (build_config(load_train_state(args.out)["config"], args.overrides) if args.resume
-           else load_config(args.config, args.overrides))
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.resume:
+        from .trainer import load_train_state
+
+        cfg = build_config(load_train_state(args.out)["config"], args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides)
+    if args.nproc > 1:      # this process launches the others and waits for them
+        from .distributed import check_config, env_world_size, launch
+
+        if env_world_size() > 1:
+            raise ValueError("--nproc: this process is already one of several (WORLD_SIZE is set by a launcher)")
+        check_config(cfg, args.nproc)
+        argv = ["train", "--data", str(args.data), "--out", str(args.out)]
+        argv += ["--resume"] if args.resume else ["--config", str(args.config)]
+        argv += [a for item in args.overrides for a in ("--set", item)] + (["--quiet"] if args.quiet else [])
+        return launch(args.nproc, argv)
+    from .train import train
+
     train(cfg, args.data, args.out, progress=not args.quiet, resume=args.resume)
     return 0
 

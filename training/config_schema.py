@@ -204,6 +204,9 @@ class TrainSection(Section):
     lr_final_factor: float = F(0.01, "linear / cosine: the final lr multiplier", ge=0.0)
     init_from: Optional[str] = F(None, "a model.pt whose same-named tensors start this run")
     freeze: list[str] = F([], "top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder")
+    gather_negatives: bool = F(False, "multi-process (DDP) runs, where batch_size is the global batch split over the "
+                                      "processes: every rank's ranking loss sees the whole global batch's embeddings "
+                                      "as negatives (all-gathered); false: only its own share's")
 
 
 class DecoderSection(Section):

@@ -14,7 +14,12 @@ __all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_fac
 
 
 def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
-    """Trains ``cfg`` on ``data`` into ``out_dir``; ``resume`` continues the run's ``last.pt``."""
-    if cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled"):
-        return STTTrainer(cfg, data, out_dir, progress=progress, log=log).run(resume=resume)
-    return Trainer(cfg, data, out_dir, progress=progress, log=log).run(resume=resume)
+    """Trains ``cfg`` on ``data`` into ``out_dir``; ``resume`` continues the run's ``last.pt``. Under a launcher
+    with several processes (torchrun: ``WORLD_SIZE`` > 1) every process calls this and they train as one."""
+    stt = cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")
+    trainer = (STTTrainer if stt else Trainer)(cfg, data, out_dir, progress=progress, log=log)
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        if trainer.dist is not None:    # a multi-process run (distributed.py) leaves its process group
+            trainer.dist.close()

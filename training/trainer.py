@@ -7,9 +7,14 @@ backbone (or, for a backbone trained from scratch, everything on pixels). Option
 Training reads only the train split and selects on val; the test split is never touched here.
 After every epoch ``RUN_DIR/last.pt`` holds the whole training state, so ``jointspace train --resume``
 continues an interrupted run exactly where it stopped (:func:`load_train_state`).
+
+Started by a launcher with more than one process (``torchrun``, ``jointspace train --nproc N``: ``WORLD_SIZE`` > 1)
+the same loop runs DistributedDataParallel over the processes (distributed.py); ``train.batch_size`` is then
+the global batch. Without a launcher nothing of torch.distributed is set up.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -115,13 +120,30 @@ def plan_stages(cfg: dict, backbone_pretrained: bool) -> list[Stage]:
     return stages
 
 
+def distributed_requested() -> bool:
+    """A launcher (torchrun, ``jointspace train --nproc N``) started more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def quiet(*_args) -> None:
+    pass
+
+
 class Trainer:
     def __init__(self, cfg: dict, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
                  log=print):
-        self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
         t = cfg["train"]
+        self.dist = None            # a distributed.Distributed under a multi-process launcher
+        if distributed_requested():
+            from .distributed import env_world_size, start
+
+            self.check_distributed(cfg, env_world_size())
+            self.dist = start(t["device"])
+            if not self.dist.is_main:       # rank 0 logs and shows progress
+                progress, log = False, quiet
+        self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
         set_seed(t["seed"])
-        self.device = resolve_device(t["device"])
+        self.device = self.dist.device if self.dist is not None else resolve_device(t["device"])
         self.amp = t["amp"] == "auto" and self.device.type == "cuda"
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
         self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
@@ -132,32 +154,58 @@ class Trainer:
         max_words = cfg["data"]["max_words"]
         vocab = Vocabulary.build(train_texts, min_count=cfg["data"]["min_word_count"],
                                  max_size=max_words + len(SPECIALS) if max_words else None)
-        model = build_model(cfg, vocab)
-        fit = getattr(model.text_encoder, "fit", None)
-        fit_start = time.time()
-        if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
-            fit(train_texts, vocab, log=log)
-        self.fit_seconds = round(time.time() - fit_start, 1)
-        if t["init_from"]:
-            init_from_checkpoint(model, t["init_from"], log=log)
-        freeze_modules(model, t["freeze"])
-        sparse = use_sparse_gradients(model, t)
-        if sparse:
-            log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
-        self.model = model.to(self.device)
-        self.loss_fn = build_loss(cfg["loss"])
-        self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
-        self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
-        cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
-        if cache_inputs is not None:    # partial fine-tuning: the frozen bottom runs once (state_cache.py)
-            from .features import default_cache_dir
+        with self.main_first():     # downloads and caches: rank 0 fills them, the other ranks read them
+            model = build_model(cfg, vocab)
+            fit = getattr(model.text_encoder, "fit", None)
+            fit_start = time.time()
+            if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
+                fit(train_texts, vocab, log=log)
+            self.fit_seconds = round(time.time() - fit_start, 1)
+            if t["init_from"]:
+                init_from_checkpoint(model, t["init_from"], log=log)
+            freeze_modules(model, t["freeze"])
+            # DDP reduces dense gradients (a sparse SGD update is the same update, only faster)
+            sparse = use_sparse_gradients(model, t) if self.dist is None else []
+            if sparse:
+                log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
+            self.model = model.to(self.device)
+            self.loss_fn = build_loss(cfg["loss"])
+            self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
+            self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
+            cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
+            if cache_inputs is not None:    # partial fine-tuning: the frozen bottom runs once (state_cache.py)
+                from .features import default_cache_dir
 
-            cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
-                         dtype=t["cache_dtype"], progress=progress, log=log)
+                cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
+                             dtype=t["cache_dtype"], progress=progress, log=log)
+        # every rank holds the global batch's embeddings when gathering negatives (DDP only)
+        self.gather = self.dist is not None and t["gather_negatives"]
+        if self.gather and getattr(self.loss_fn, "on_pairs", False):
+            raise ValueError(f"train.gather_negatives: loss {cfg['loss']['name']} compares each pair on its own "
+                             f"(no negatives to gather)")
+        if self.dist is not None:
+            seed_rank(t["seed"], self.dist.rank)    # dropout differs between ranks; rank 0 draws as one process
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
         self.resumed_state: dict | None = None     # the last.pt that run(resume=True) goes on from
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 of a multi-process run, or the only process: the one that validates and writes files."""
+        return self.dist is None or self.dist.is_main
+
+    def main_first(self):
+        return self.dist.main_first() if self.dist is not None else contextlib.nullcontext()
+
+    def check_distributed(self, cfg: dict, world_size: int) -> None:
+        """What a multi-process run cannot do, refused before the processes wait on each other."""
+        from .distributed import check_config
+
+        check_config(cfg, world_size)
+        if cfg["train"]["gather_negatives"] and type(self).batch_loss is not Trainer.batch_loss:
+            raise ValueError(f"train.gather_negatives: {type(self).__name__} computes its own batch loss; gathered "
+                             f"negatives are implemented for the retrieval trainer (decoder and attention off)")
 
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
@@ -216,6 +264,9 @@ class Trainer:
         else:
             img_emb = image_inputs_to_embedding(model, kind, images)
             cap_emb = model.embed_texts(ids, lengths)
+            if self.gather:     # the global batch: every rank's loss is the whole batch's (distributed.py)
+                img_emb, cap_emb = self.dist.gather(img_emb), self.dist.gather(cap_emb)
+                img_idx = self.dist.gather_ids(img_idx)
             loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
         regularizer = getattr(model.text_encoder, "regularizer", None)
         extra = regularizer() if regularizer is not None else None
@@ -233,13 +284,16 @@ class Trainer:
         log_path = self.out_dir / "log.jsonl"
         state = load_train_state(self.out_dir) if resume else None
         self.resumed_state = state          # subclasses' later stages (STT's self-critical one) go on from it
-        write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
+        if self.is_main:
+            write_text(self.out_dir / "config.yaml", dump_config(self.cfg))
         if state is None:
-            log_path.write_text("")
+            if self.is_main:
+                log_path.write_text("")
         else:
             self.model.load_state_dict(state.pop("model"))      # not kept twice in memory for the whole run
             self.history, self.best_score, self.best_rsum = state["history"], state["best_score"], state["best_rsum"]
-            write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
+            if self.is_main:
+                write_text(log_path, "".join(json.dumps(r) + "\n" for r in self.history))   # drop records after it
             unit = "update" if state["stage"] == "scst" else "epoch"
             self.log(f"resuming {self.out_dir} after {state['stage']} {unit} {state['epoch']}")
         start = time.time() - (state["elapsed_s"] if state else 0.0)
@@ -263,14 +317,19 @@ class Trainer:
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
         freeze_modules(model, t["freeze"])
-        train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
-        val_source = self.source(self.val_set, stage.backbone_trainable)
+        with self.main_first():
+            train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
+            val_source = self.source(self.val_set, stage.backbone_trainable) if self.is_main else None
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"nothing to train: train.freeze {t['freeze']} leaves no trainable parameter")
         optimizer = build_optimizer(t, param_groups(model, t["encoder_lr_factor"]), stage.lr)
         generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
+        batch_loss = self.batch_loss
+        if self.dist is not None:   # this rank's slice of each global batch; DDP averages the gradients
+            loader = self.dist.shard_loader(loader)
+            batch_loss = self.dist.wrap(model, self.batch_loss)
         steps = len(loader) if not t["max_steps_per_epoch"] else min(len(loader), t["max_steps_per_epoch"])
         scheduler = build_scheduler(t, optimizer, stage.epochs * steps)
         per_step = t["lr_schedule"] == "cosine"
@@ -280,7 +339,7 @@ class Trainer:
                 return False
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            restore_rng(state["rng"], generator)
+            self.restore_rng(state, generator)
             first, bad_epochs = state["epoch"] + 1, state["bad_epochs"]
         for epoch in range(first, stage.epochs + 1):
             model.train()
@@ -296,7 +355,7 @@ class Trainer:
                 if t["max_steps_per_epoch"] and step >= t["max_steps_per_epoch"]:
                     break
                 with autocast(self.device, self.amp):
-                    loss = self.batch_loss(batch, train_source.kind, warm)
+                    loss = batch_loss(batch, train_source.kind, warm)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if t["grad_clip"]:
@@ -308,11 +367,16 @@ class Trainer:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
             if not per_step and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 scheduler.step()
+            mean_loss = float(np.mean(losses)) if losses else None
+            if self.dist is not None and mean_loss is not None:
+                mean_loss = self.dist.mean(mean_loss)       # every rank runs the same number of steps
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
-                      "loss": round(float(np.mean(losses)), 5) if losses else None,
+                      "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
-                val = self.validate(val_source)
+                val = self.validate(val_source) if self.is_main else None
+                if self.dist is not None:   # the others wait here; then every rank takes the same decisions
+                    val = self.dist.broadcast(val)
                 record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
                 score = self.selection_score(val)
                 if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -320,13 +384,15 @@ class Trainer:
                 if score > self.best_score:
                     self.best_score, self.best_rsum, bad_epochs = score, val["rsum"], 0
                     record["best"] = True
-                    save_model(model, self.out_dir / "model.pt",
-                               extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
+                    if self.is_main:
+                        save_model(model, self.out_dir / "model.pt",
+                                   extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
                 else:
                     bad_epochs += t["eval_every"]
             self.history.append(record)
-            with open(log_path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            if self.is_main:
+                with open(log_path, "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
             stop = bad_epochs >= t["patience"]
             self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
@@ -339,10 +405,32 @@ class Trainer:
 
     def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
                    stopped: bool, start: float) -> None:
-        """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write)."""
-        self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
-                         scheduler=scheduler.state_dict(), rng=rng_state(generator), bad_epochs=bad_epochs,
-                         stopped=stopped)
+        """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write).
+        A multi-process run keeps every rank's random states (``rng_ranks``); rank 0 writes the file while the
+        others wait."""
+        rng = rng_state(generator)
+        ranks = {} if self.dist is None else {"rng_ranks": self.dist.all_objects(rng),
+                                              "world_size": self.dist.world_size}
+        if self.is_main:
+            self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
+                             scheduler=scheduler.state_dict(), rng=rng, bad_epochs=bad_epochs, stopped=stopped,
+                             **ranks)
+        if self.dist is not None:
+            self.dist.barrier()
+
+    def restore_rng(self, state: dict, generator: torch.Generator) -> None:
+        """The random states of ``state`` (a ``last.pt``): this rank's own when the run had as many processes;
+        else rank 0's (the sampler's is the same on every rank), each other rank reseeding its own generators."""
+        ranks = state.get("rng_ranks")
+        if self.dist is None:
+            restore_rng(state["rng"], generator)
+        elif ranks is not None and len(ranks) == self.dist.world_size:
+            restore_rng(ranks[self.dist.rank], generator)
+        else:
+            restore_rng(state["rng"], generator)
+            self.log(f"resuming with {self.dist.world_size} processes a run that had {state.get('world_size', 1)}: "
+                     f"the random states of ranks other than 0 are reseeded")
+            seed_rank(self.cfg["train"]["seed"] + state["epoch"], self.dist.rank)
 
     def write_state(self, stage: str, index: int, epoch: int, elapsed: float, **parts) -> None:
         """Writes ``RUN_DIR/last.pt`` atomically: the run's config, weights and history at ``epoch`` (or update)
@@ -377,6 +465,17 @@ def rng_state(generator: torch.Generator) -> dict:
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Rank ``rank``'s global generators (dropout, augmentation) in a multi-process run: rank 0 keeps the stream
+    one process has, each other rank starts its own."""
+    if rank == 0:
+        return
+    derived = (seed * 1_000_003 + rank) % (1 << 31)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
 
 
 def restore_rng(state: dict, generator: torch.Generator) -> None:

@@ -114,11 +114,13 @@ class Gallery:
         return None if flt is None or not flt.active else self.photos.allowed(flt)
 
     def search_images(self, queries: np.ndarray, k: int, flt: ImageFilter | None = None, offset: int = 0,
-                      min_score: float | None = None) -> list[list[tuple[int, float]]]:
+                      min_score: float | None = None, allowed: np.ndarray | None = None
+                      ) -> list[list[tuple[int, float]]]:
         """Caption/text embeddings → best-first ``(image id, score)`` per query: only images ``flt`` lets through
-        (filtered inside FAISS, with an ID selector), scoring at least ``min_score``, the ``k`` from ``offset``
-        on. Fewer than ``k`` when fewer pass."""
-        allowed = self.allowed_ids(flt)
+        (or only the ids ``allowed``; filtered inside FAISS, with an ID selector), scoring at least ``min_score``,
+        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass."""
+        if allowed is None:
+            allowed = self.allowed_ids(flt)
         hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
         return [page(h, k, offset, min_score) for h in hits]
 
@@ -158,6 +160,12 @@ def current_generation(root: Path) -> str:
     if not _GEN.match(name) or not (root / name).is_dir():
         raise ValueError(f"{root}/CURRENT names {name!r}, which is not a generation directory")
     return name
+
+
+def read_manifest(root: str | Path) -> dict:
+    """The manifest of an index directory's live generation."""
+    root = Path(root)
+    return _read_manifest(root / current_generation(root))
 
 
 def _read_manifest(gen_dir: Path) -> dict:

@@ -2,9 +2,10 @@
 pagination; and the text query with words to take away. Shared by the CLI (``jointspace index search``) and the
 HTTP service, so both read and refuse the same things with the same messages.
 
-Times: an ISO 8601 date (``2024-06-01``: that day's 00:00) or date-time (``2024-06-01T14:30:00``, optionally with
-``Z`` or an offset such as ``+02:00``); without an offset it is UTC — the same reading as a capture time from
-EXIF without OffsetTimeOriginal (``index/embed.py``). ``taken_after`` is inclusive, ``taken_before`` exclusive.
+Times: a date (``2024-06-01``: that day's 00:00 UTC — the reading of a capture time from EXIF without
+OffsetTimeOriginal, ``index/embed.py``) or an RFC 3339 date-time with its offset (``2024-06-01T14:30:00Z``,
+``2024-06-01T14:30:00+02:00``): the OpenAPI formats ``date`` and ``date-time``, exactly. ``taken_after`` is
+inclusive, ``taken_before`` exclusive.
 """
 from __future__ import annotations
 
@@ -19,31 +20,43 @@ import torch
 
 MAX_OFFSET = 10_000          # the deepest page a search may ask for (results skipped before the first one returned)
 SCORE_RANGES = {"cosine": (-1.0, 1.0), "order": (None, 0.0)}     # what each similarity's scores can be
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+                        r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 class UnknownFolderError(ValueError):
-    """A folder filter that names no folder of the gallery."""
+    """A folder filter that names no folder of the gallery. ``str()`` names the gallery's root folder (for the
+    CLI); ``public`` does not (for HTTP clients, who need not know the server's paths)."""
+
+    def __init__(self, folder: str, root: str):
+        self.public = f"no indexed images in folder {folder!r} (GET /v1/folders lists the gallery's folders)"
+        super().__init__(f"no indexed images in folder {folder!r} (folders are relative to {root})")
 
 
 def parse_time(value: str, name: str = "time") -> float:
-    """An ISO 8601 date or date-time → Unix seconds (UTC when no offset is given); ValueError saying why not."""
-    text = value.strip() if isinstance(value, str) else value
+    """An ISO 8601 / RFC 3339 date (``2024-06-01``, that day's 00:00 UTC) or RFC 3339 date-time with its offset
+    (``2024-06-01T14:30:00Z``, ``2024-06-01T14:30:00.5+02:00``) → Unix seconds; ValueError saying why not."""
+    text = value if isinstance(value, str) else ""
     try:
-        if not isinstance(text, str):
-            raise ValueError
-        if _DATE.match(text):
-            when = dt.datetime.combine(dt.date.fromisoformat(text), dt.time())
-        elif len(text) > 10 and text[10] in "Tt ":
-            when = dt.datetime.fromisoformat(text[:10] + "T" + text[11:].replace("z", "Z"))
+        if m := _DATE.fullmatch(text):
+            when = dt.datetime.combine(dt.date.fromisoformat(text), dt.time(), dt.timezone.utc)
+        elif m := _DATE_TIME.fullmatch(text):
+            y, mo, d, h, mi, sec, frac, z, sign, oh, om = m.groups()
+            if int(h) > 23 or int(mi) > 59 or int(sec) > 60 or (oh and (int(oh) > 23 or int(om) > 59)):
+                raise ValueError
+            offset = dt.timedelta(0) if z else (1 if sign == "+" else -1) * dt.timedelta(hours=int(oh),
+                                                                                          minutes=int(om))
+            naive = dt.datetime(int(y), int(mo), int(d), int(h), int(mi))
+            seconds = (naive - dt.datetime(1970, 1, 1)).total_seconds() + int(sec) + float("0" + (frac or ""))
+            return seconds - offset.total_seconds()       # a leap second (:60) counts as the next second
         else:
             raise ValueError
     except ValueError:
-        raise ValueError(f"{name} must be an ISO 8601 date (2024-06-01) or date-time (2024-06-01T14:30:00Z), "
-                         f"not {value!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when.timestamp()
+        raise ValueError(f"{name} must be a date (2024-06-01) or a date-time with its offset "
+                         f"(2024-06-01T14:30:00Z, 2024-06-01T14:30:00+02:00), not {value!r}") from None
+    return (when - _EPOCH).total_seconds()
 
 
 def format_time(seconds: float | None) -> str | None:
@@ -128,8 +141,7 @@ class PhotoTable:
             inside = [i for i, f in enumerate(self.folders) if f == target or f.startswith(target.rstrip(os.sep)
                                                                                           + os.sep)]
             if not inside:
-                raise UnknownFolderError(f"no indexed images in folder {flt.folder!r} (folders are relative to "
-                                         f"{self.root}; e.g. {', '.join(repr(self.relative(f)) for f in self.folders[:3])})")
+                raise UnknownFolderError(flt.folder, self.root)
             keep &= np.isin(self.folder_of, inside)
         with np.errstate(invalid="ignore"):
             if flt.taken_after is not None:

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model,
+                      model_validator)
+
+from index.query import MAX_OFFSET, SCORE_RANGES, parse_time
 
 MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
 MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
@@ -87,6 +90,32 @@ def json_int(value: Any) -> Any:
     return value
 
 
+def json_number(value: Any) -> Any:
+    """A JSON number (integer or not); a string or a boolean is not one, nor is one too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be a JSON number")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("must be a number a float can hold") from None
+
+
+def check_time(value: str) -> str:
+    """A filter time: a date or an RFC 3339 date-time (``index.query.parse_time``); kept as given."""
+    parse_time(value, "the time")
+    return value
+
+
+# a date or an RFC 3339 date-time: what parse_time reads, exactly
+TIME_SCHEMA = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}]}
+
+
+def score_bounds(similarity: str) -> dict:
+    """``minimum``/``maximum`` of ``min_score`` for a model's similarity (cosine: −1 to 1; order: at most 0)."""
+    lo, hi = SCORE_RANGES.get(similarity, (None, None))
+    return {k: v for k, v in (("ge", lo), ("le", hi)) if v is not None}
+
+
 def json_int_field(**constraints) -> Any:
     """An integer with ``Field`` constraints (they must come before the validator to reach the JSON Schema)."""
     return Annotated[int, Field(**constraints), BeforeValidator(json_int)]
@@ -106,28 +135,75 @@ def _term(max_chars: int):
 _STRICT = ConfigDict(extra="forbid")
 
 
-def request_models(max_k: int, max_text_chars: int) -> SimpleNamespace:
+OFFSET_DESCRIPTION = f"results to skip before the first one returned (pagination), 0 to {MAX_OFFSET}"
+FOLDER_DESCRIPTION = ("only images in this folder or below it: a path relative to the gallery's root folder "
+                      "(GET /v1/folders lists them) or absolute; a folder without images is 404")
+AFTER_DESCRIPTION = ("only photos taken at or after this date (00:00 UTC) or RFC 3339 date-time; the capture time "
+                     "is EXIF DateTimeOriginal, else the file's modification time")
+BEFORE_DESCRIPTION = ("only photos taken before this date (00:00 UTC) or RFC 3339 date-time; must be later than "
+                      "taken_after (an empty range is 422)")
+
+
+def min_score_description(similarity: str) -> str:
+    lo, hi = SCORE_RANGES.get(similarity, (None, None))
+    span = f"{lo:g} to {hi:g}" if lo is not None else f"at most {hi:g}"
+    return f"hide results scoring below this ({span}: the range of the model's {similarity} similarity)"
+
+
+class _DateRange(BaseModel):
+    """Checks what JSON Schema cannot say: ``taken_after`` earlier than ``taken_before``."""
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        after, before = getattr(self, "taken_after", None), getattr(self, "taken_before", None)
+        if after is not None and before is not None and parse_time(after) >= parse_time(before):
+            raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range "
+                             f"is empty")
+        return self
+
+
+def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") -> SimpleNamespace:
     """The JSON request bodies with these limits: ``TextSearch``, ``ImageIdSearch``, ``ImageIdCompose``,
-    ``Paraphrase``. The routes validate with them and the OpenAPI document shows their JSON Schema."""
+    ``Paraphrase``. The routes validate with them and the OpenAPI document shows their JSON Schema.
+    ``similarity``: the model's, which bounds ``min_score``."""
     k = json_int_field(ge=1, le=max_k, description=f"number of results, 1 to {max_k}")
     image_id = json_int_field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
     terms = Annotated[list[_term(max_text_chars)], Field(max_length=MAX_TERMS)]
     generated = json_int_field(ge=1, le=MAX_GENERATED)
+    offset = json_int_field(ge=0, le=MAX_OFFSET, description=OFFSET_DESCRIPTION)
+    min_score = Annotated[float, Field(**score_bounds(similarity)), BeforeValidator(json_number)]
+    folder = Annotated[str, Field(max_length=max_text_chars, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK}),
+                       AfterValidator(check_text)]
+    when = Annotated[str, WithJsonSchema(TIME_SCHEMA), AfterValidator(check_time)]
+
+    def paging():
+        return dict(k=(k, 10), offset=(offset, 0),
+                    min_score=(min_score | None, Field(None, description=min_score_description(similarity))))
+
+    def filters():
+        return dict(folder=(folder | None, Field(None, description=FOLDER_DESCRIPTION, examples=["2024/summer"])),
+                    taken_after=(when | None, Field(None, description=AFTER_DESCRIPTION, examples=["2024-06-01"])),
+                    taken_before=(when | None, Field(None, description=BEFORE_DESCRIPTION,
+                                                     examples=["2024-09-01T00:00:00Z"])))
+
     return SimpleNamespace(
         TextSearch=create_model(
-            "TextSearch", __config__=_STRICT,
+            "TextSearch", __base__=_DateRange, __doc__="Images for a sentence, optionally minus some words' meaning.",
             text=(_text(max_text_chars, "a sentence describing the images to find", "a red circle"), ...),
-            k=(k, 10)),
-        ImageIdSearch=create_model("ImageIdSearch", __config__=_STRICT, image_id=(image_id, ...), k=(k, 10)),
+            subtract=(terms, Field([], description=f"words or phrases whose meaning to take away from the "
+                                                   f"sentence's (at most {MAX_TERMS})", examples=[["people"]])),
+            **paging(), **filters()),
+        ImageIdSearch=create_model("ImageIdSearch", __config__=_STRICT, image_id=(image_id, ...), **paging()),
         ImageIdCompose=create_model(
-            "ImageIdCompose", __config__=_STRICT,
+            "ImageIdCompose", __base__=_DateRange,
             __doc__="A composed query from a gallery image (W2VV §IV-C): its picture plus and/or minus words.",
             image_id=(image_id, ...),
             add=(terms, Field([], description=f"words or phrases whose meaning to add (at most {MAX_TERMS})",
                               examples=[["motorbike"]])),
             subtract=(terms, Field([], description=f"words or phrases whose meaning to take away (at most "
                                                    f"{MAX_TERMS})", examples=[["bicycle"]])),
-            k=(k, 10)),
+            **paging(), **filters()),
         Paraphrase=create_model(
             "Paraphrase", __config__=_STRICT,
             text=(_text(max_text_chars, "the sentence to paraphrase", "a red circle left of a blue square"), ...),
@@ -142,13 +218,14 @@ def request_models(max_k: int, max_text_chars: int) -> SimpleNamespace:
 
 @dataclass(frozen=True)
 class FormField:
-    """One field of a multipart form: ``kind`` is ``image`` (the file), ``int`` or ``terms`` (a comma-separated
-    list of words or phrases). Each field may be given once."""
+    """One field of a multipart form: ``kind`` is ``image`` (the file), ``int``, ``number``, ``terms`` (a
+    comma-separated list of words or phrases), ``text`` (not blank) or ``time`` (a date or RFC 3339 date-time).
+    Each field may be given once."""
     name: str
     kind: str
     description: str
-    minimum: int = 1
-    maximum: int | None = None
+    minimum: float | None = 1
+    maximum: float | None = None
     default: int | None = None
     required: bool = False
 
@@ -166,12 +243,19 @@ def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: 
                       "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the content is sniffed; "
                                      f"the part's content type and file name are not read), at most "
                                      f"{max_upload_bytes:,} bytes"}
-        elif f.kind == "int":
-            schema = {"type": "integer", "minimum": f.minimum, "description": f.description}
+        elif f.kind in ("int", "number"):
+            schema = {"type": "integer" if f.kind == "int" else "number", "description": f.description}
+            if f.minimum is not None:
+                schema["minimum"] = f.minimum
             if f.maximum is not None:
                 schema["maximum"] = f.maximum
             if f.default is not None:
                 schema["default"] = f.default
+        elif f.kind == "text":
+            schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
+                      "pattern": NOT_BLANK}
+        elif f.kind == "time":
+            schema = {**TIME_SCHEMA, "description": f.description}
         else:
             schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
                       "pattern": TERM_LIST}

@@ -7,15 +7,50 @@ can be swapped for a newer generation at any time: each batch reads ``self.galle
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from index.query import page, text_queries
 from training.compose import compose_query
 from training.generate import caption_embeddings, decode_settings, identical_to
 
 Generated = list[tuple[str, float]]
+
+
+@dataclass(frozen=True, eq=False)
+class Options:
+    """What a search asks besides its query: ``k`` results from ``offset`` on, none scoring under ``min_score``,
+    only among the image ids ``allowed`` (a filter's, resolved by the route; None: all), and for a text query the
+    words whose meaning to take away (``subtract``). A plain ``int`` where an ``Options`` goes means ``k``."""
+    k: int = 10
+    offset: int = 0
+    min_score: float | None = None
+    allowed: np.ndarray | None = None
+    subtract: tuple[str, ...] = ()
+
+
+def options(value) -> Options:
+    return value if isinstance(value, Options) else Options(k=int(value))
+
+
+def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> list[list[tuple[int, float]]]:
+    """One index search for the unfiltered queries (deep enough for the deepest page among them), one per filtered
+    query (FAISS ID selector); then each query's page."""
+    out: list[list[tuple[int, float]]] = [[] for _ in opts]
+    plain = [i for i, o in enumerate(opts) if o.allowed is None]
+    search = gallery.search_images if side == "images" else gallery.search_captions
+    if plain:
+        depth = max(opts[i].k + opts[i].offset for i in plain)
+        for i, hits in zip(plain, search(queries[plain], depth)):
+            out[i] = page(hits, opts[i].k, opts[i].offset, opts[i].min_score)
+    for i, o in enumerate(opts):
+        if o.allowed is not None:
+            out[i] = gallery.search_images(queries[i:i + 1], o.k, offset=o.offset, min_score=o.min_score,
+                                           allowed=o.allowed)[0]
+    return out
 
 
 class Engine:
@@ -51,27 +86,36 @@ class Engine:
         """uint8 ``(crops, 3, S, S)`` tensors (``model.preprocess.pixels``) → image embeddings."""
         return self._pixel_vectors(pixels).cpu().numpy()
 
-    def search_texts(self, items: Sequence[tuple[str, int]]) -> list[list[tuple[int, float]]]:
-        """``(text, k)`` queries → best-first ``(image id, score)`` lists."""
-        gallery = self.gallery
-        hits = gallery.search_images(self.embed_texts([t for t, _ in items]), max(k for _, k in items))
-        return [h[:k] for h, (_, k) in zip(hits, items)]
+    @torch.inference_mode()
+    def _text_queries(self, texts: Sequence[str], subtract: Sequence[Sequence[str]]) -> np.ndarray:
+        """Sentences, each minus its own words (``index.query.text_queries``) → query vectors, one forward pass."""
+        if not any(subtract):
+            return self.embed_texts(texts)
+        with self._autocast():
+            return text_queries(self.model, list(texts), list(subtract)).float().cpu().numpy()
 
-    def search_pixels(self, items: Sequence[tuple[torch.Tensor, int]]) -> list[list[tuple[int, float]]]:
-        """``(pixels, k)`` queries → best-first ``(caption id, score)`` lists."""
+    def search_texts(self, items: Sequence[tuple[str, int | Options]]) -> list[list[tuple[int, float]]]:
+        """``(text, k or Options)`` queries → best-first ``(image id, score)`` lists."""
         gallery = self.gallery
-        hits = gallery.search_captions(self.embed_pixels([p for p, _ in items]), max(k for _, k in items))
-        return [h[:k] for h, (_, k) in zip(hits, items)]
+        opts = [options(o) for _, o in items]
+        queries = self._text_queries([t for t, _ in items], [o.subtract for o in opts])
+        return _paged(gallery, "images", queries, opts)
 
-    def search_image_id(self, image_id: int, k: int) -> list[tuple[int, float]]:
+    def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[list[tuple[int, float]]]:
+        """``(pixels, k or Options)`` queries → best-first ``(caption id, score)`` lists."""
+        gallery = self.gallery
+        opts = [options(o) for _, o in items]
+        return _paged(gallery, "captions", self.embed_pixels([p for p, _ in items]), opts)
+
+    def search_image_id(self, image_id: int, k: int | Options) -> list[tuple[int, float]]:
         """Captions for a gallery image, from its stored embedding (no forward pass); KeyError if unknown."""
         gallery = self.gallery
         vector = gallery.images.reconstruct(image_id)
-        return gallery.search_captions(vector[None, :], k)[0]
+        return _paged(gallery, "captions", vector[None, :], [options(k)])[0]
 
     # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------
     @torch.inference_mode()
-    def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int]]
+    def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int | Options]]
                        ) -> list[list[tuple[int, float]]]:
         """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists: the backbone features
         of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
@@ -81,9 +125,7 @@ class Engine:
             features = self.model.image_features(self._normalized([p for p, *_ in items])).float()
             queries = torch.stack([compose_query(self.model, f, add, subtract)
                                    for f, (_, add, subtract, _) in zip(features, items)])
-        k = max(k for *_, k in items)
-        hits = gallery.search_images(queries.float().cpu().numpy(), k)
-        return [h[:k] for h, (*_, k) in zip(hits, items)]
+        return _paged(gallery, "images", queries.float().cpu().numpy(), [options(o) for *_, o in items])
 
     # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------
     def _decode(self, vectors: torch.Tensor, settings: Sequence[tuple[int, int | None]],

@@ -21,11 +21,16 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from .batcher import DeadlineExceeded, Shed
-from .contract import (IMAGE_TYPES, MAX_GENERATED, MAX_ID, MAX_TERMS, FormField, error_responses, image_field,
-                       split_terms)
+from index.query import MAX_OFFSET, SCORE_RANGES, ImageFilter, UnknownFolderError, format_time, parse_time
+
+from .contract import (AFTER_DESCRIPTION, BEFORE_DESCRIPTION, FOLDER_DESCRIPTION, IMAGE_TYPES, MAX_GENERATED, MAX_ID,
+                       MAX_TERMS, OFFSET_DESCRIPTION, FormField, check_text, error_responses, image_field,
+                       min_score_description, split_terms)
+from .engine import Options
 from .images import ImageError, media_type_of, thumbnail, upload_to_pixels
 from .middleware import ARRIVAL
-from .schemas import CaptionHit, CaptionResults, GeneratedCaptions, GeneratedText, ImageHit, ImageResults, Paraphrases
+from .schemas import (CaptionHit, CaptionResults, Folder, Folders, GeneratedCaptions, GeneratedText, ImageHit,
+                      ImageResults, Paraphrases)
 from .state import ServiceState
 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key set as JOINTSPACE_API_KEY")
@@ -142,7 +147,57 @@ async def _read_form(request: Request, state: ServiceState, spec: list[FormField
             fields[field.name] = _form_int(field, raw)
         elif field.kind == "terms":
             fields[field.name] = _form_terms(field.name, raw, state) if raw is not None else []
+        elif field.kind == "number":
+            fields[field.name] = _form_number(field, raw)
+        elif field.kind == "text":
+            fields[field.name] = _form_text(field.name, raw, state)
+        elif field.kind == "time":
+            fields[field.name] = _form_time(field.name, raw)
+    if fields.get("taken_after") is not None and fields.get("taken_before") is not None:
+        if parse_time(fields["taken_after"]) >= parse_time(fields["taken_before"]):
+            raise _invalid(("body",), f"taken_after ({fields['taken_after']}) must be earlier than taken_before "
+                                      f"({fields['taken_before']}): the date range is empty")
     return data, fields
+
+
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _form_number(field: FormField, raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    value = float(raw.strip()) if _NUMBER.fullmatch(raw.strip()) else None
+    if value is None or value != value or value in (float("inf"), float("-inf")) \
+            or (field.minimum is not None and value < field.minimum) \
+            or (field.maximum is not None and value > field.maximum):
+        lo, hi = field.minimum, field.maximum
+        bounds = (f"a number from {lo:g} to {hi:g}" if lo is not None and hi is not None
+                  else f"a number of at most {hi:g}" if hi is not None else "a number")
+        raise _invalid(("body", field.name), f"{field.name} must be {bounds}", "float_parsing", raw)
+    return value
+
+
+def _form_text(name: str, raw: str | None, state: ServiceState) -> str | None:
+    if raw is None:
+        return None
+    if len(raw) > state.settings.max_text_chars:
+        raise _invalid(("body", name), f"{name} must be at most {state.settings.max_text_chars} characters",
+                       "string_too_long")
+    try:
+        check_text(raw)
+    except ValueError as err:
+        raise _invalid(("body", name), f"{name}: {err}") from None
+    return raw
+
+
+def _form_time(name: str, raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        parse_time(raw, name)
+    except ValueError as err:
+        raise _invalid(("body", name), str(err)) from None
+    return raw
 
 
 def _form_int(field: FormField, raw: str | None) -> int | None:
@@ -171,17 +226,29 @@ def _k_field(state: ServiceState) -> FormField:
                      default=10)
 
 
+def _paging_fields(state: ServiceState) -> list[FormField]:
+    lo, hi = SCORE_RANGES.get(state.similarity, (None, None))
+    return [_k_field(state),
+            FormField("offset", "int", OFFSET_DESCRIPTION, minimum=0, maximum=MAX_OFFSET, default=0),
+            FormField("min_score", "number", min_score_description(state.similarity), minimum=lo, maximum=hi)]
+
+
+def _filter_fields() -> list[FormField]:
+    return [FormField("folder", "text", FOLDER_DESCRIPTION), FormField("taken_after", "time", AFTER_DESCRIPTION),
+            FormField("taken_before", "time", BEFORE_DESCRIPTION)]
+
+
 def search_images_form(state: ServiceState) -> list[FormField]:
-    return [image_field("the query image"),
+    return [image_field("the query image (query by example: similar gallery images)"),
             FormField("add", "terms", f"words or phrases whose meaning to add, separated by commas (at most "
                                       f"{MAX_TERMS})"),
             FormField("subtract", "terms", f"words or phrases whose meaning to take away, separated by commas (at "
                                            f"most {MAX_TERMS})"),
-            _k_field(state)]
+            *_paging_fields(state), *_filter_fields()]
 
 
 def search_captions_form(state: ServiceState) -> list[FormField]:
-    return [image_field("the image whose captions to rank"), _k_field(state)]
+    return [image_field("the image whose captions to rank"), *_paging_fields(state)]
 
 
 def captions_form(state: ServiceState) -> list[FormField]:
@@ -263,54 +330,96 @@ async def _gallery_pixels(image_id: int, state: ServiceState, request: Request):
                             f"gallery image {image_id}: {err.detail}") from None
 
 
+async def _options(state: ServiceState, k: int, offset: int = 0, min_score: float | None = None,
+                   folder: str | None = None, taken_after: str | None = None, taken_before: str | None = None,
+                   subtract=()) -> Options:
+    """A search's :class:`Options`; a filter is resolved to the image ids it lets through (off the event loop: the
+    first filter of a generation reads its photo table). A folder without images: 404."""
+    flt = ImageFilter.parse(folder, taken_after, taken_before)       # already validated: no ValueError here
+    allowed = None
+    if flt.active:
+        loop = asyncio.get_running_loop()
+        try:
+            allowed = await loop.run_in_executor(state.decode_pool, state.gallery.allowed_ids, flt)
+        except UnknownFolderError as err:
+            raise HTTPException(404, err.public) from None
+    return Options(k=k, offset=offset, min_score=min_score, allowed=allowed, subtract=tuple(subtract))
+
+
+def _image_hits(hits, state: ServiceState, root: str) -> list[ImageHit]:
+    gallery = state.gallery
+    rows = gallery.meta.images([i for i, _ in hits])
+    out = []
+    for i, s in hits:
+        row = rows.get(i)
+        out.append(ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}",
+                            taken=format_time(row.taken) if row else None,
+                            folder=gallery.photos.relative(row.folder) if row and row.folder else None,
+                            width=row.width if row else None, height=row.height if row else None))
+    return out
+
+
 @router.post("/search/images", response_model=ImageResults, responses=error_responses(*_POST, 404, 409),
-             summary="Text → gallery images, or an image ± words (query composition) → gallery images; best first",
-             description="JSON `{\"text\", \"k\"}`: images for a sentence. Query composition (W2VV §IV-C): "
-                         "multipart `image` (+ `add`, `subtract`, `k`), or JSON `{\"image_id\", \"add\", "
-                         "\"subtract\", \"k\"}` for a gallery image: images like the query image, with the "
-                         "meaning of the `add` words added and of the `subtract` words taken away. A model with "
-                         "region attention (STT-ATT) cannot compose: 409.")
+             summary="Text → gallery images, or a photo (± words) → similar gallery images; best first, filtered, "
+                     "paged",
+             description="JSON `{\"text\", \"subtract\", \"k\", ...}`: images for a sentence, minus the meaning "
+                         "of the `subtract` words. Query by example and composition (W2VV §IV-C): multipart "
+                         "`image` (+ `add`, `subtract`, `k`, ...) — an uploaded photo — or JSON `{\"image_id\", "
+                         "\"add\", \"subtract\", \"k\", ...}` for a gallery image: images like the query image, "
+                         "with the meaning of the `add` words added and of the `subtract` words taken away. Every "
+                         "form also takes `offset` and `min_score` (paging and threshold) and the filters `folder`, "
+                         "`taken_after`, `taken_before` (applied inside the index search: the best `k` of the "
+                         "images that pass). An unknown folder is 404; an empty date range 422. A model with region "
+                         "attention (STT-ATT) cannot compose: 409.")
 async def search_images(request: Request, state: ServiceState = Depends(service)):
     content_type = _content_type(request)
     if content_type == "multipart/form-data":
         data, fields = await _read_form(request, state, search_images_form(state))
         _no_composition(state)
+        opts = await _options(state, fields["k"], fields["offset"], fields["min_score"], fields["folder"],
+                              fields["taken_after"], fields["taken_before"])
         pixels = await _pixels(data, state, request, "compose")
-        hits = await _submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]),
-                                                     fields["k"]), state, request)
+        hits = await _submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]), opts),
+                             state, request)
     elif _is_json(content_type):
         obj = await _json_object(request)
         if isinstance(obj, dict) and "image_id" in obj:
             body = _validate(state.bodies.ImageIdCompose, obj)
             _no_composition(state)
+            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
+                                  body.taken_before)
             pixels = await _gallery_pixels(body.image_id, state, request)
-            hits = await _submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), body.k),
+            hits = await _submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
                                  state, request)
         else:
             body = _validate(state.bodies.TextSearch, obj)
-            hits = await _submit(state.text_batcher, (body.text, body.k), state, request)
+            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
+                                  body.taken_before, body.subtract)
+            hits = await _submit(state.text_batcher, (body.text, opts), state, request)
     else:
         raise HTTPException(415, "send JSON {\"text\": ..., \"k\": ...}, or for a composed query multipart/form-data "
                                  "with an 'image' file (and optional 'add', 'subtract', 'k') or JSON "
                                  "{\"image_id\": ..., \"add\": [...], \"subtract\": [...], \"k\": ...}")
-    root = request.scope.get("root_path", "")
-    return ImageResults(results=[ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}") for i, s in hits])
+    return ImageResults(results=_image_hits(hits, state, request.scope.get("root_path", "")))
 
 
 @router.post("/search/captions", response_model=CaptionResults, responses=error_responses(*_POST, 404),
-             summary="Image (upload, or a gallery image id) → captions of the corpus, best first")
+             summary="Image (upload, or a gallery image id) → captions of the corpus, best first (paged, with a "
+                     "threshold)")
 async def search_captions(request: Request, state: ServiceState = Depends(service)):
     content_type = _content_type(request)
     if content_type == "multipart/form-data":
         data, fields = await _read_form(request, state, search_captions_form(state))
+        opts = Options(k=fields["k"], offset=fields["offset"], min_score=fields["min_score"])
         pixels = await _pixels(data, state, request, "image")
-        hits = await _submit(state.image_batcher, (pixels, fields["k"]), state, request)
+        hits = await _submit(state.image_batcher, (pixels, opts), state, request)
     elif _is_json(content_type):
         body = _validate(state.bodies.ImageIdSearch, await _json_object(request))
         _check_deadline(request, state, "direct")
+        opts = Options(k=body.k, offset=body.offset, min_score=body.min_score)
         loop = asyncio.get_running_loop()
         try:
-            hits = await loop.run_in_executor(state.compute_pool, state.engine.search_image_id, body.image_id, body.k)
+            hits = await loop.run_in_executor(state.compute_pool, state.engine.search_image_id, body.image_id, opts)
         except KeyError:
             raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
     else:
@@ -318,6 +427,14 @@ async def search_captions(request: Request, state: ServiceState = Depends(servic
                                  "or JSON {\"image_id\": ..., \"k\": ...}")
     rows = state.gallery.meta.captions([i for i, _ in hits])
     return CaptionResults(results=[CaptionHit(caption=rows[i].text, score=s, id=i) for i, s in hits if i in rows])
+
+
+@router.get("/folders", response_model=Folders, responses=error_responses(503),
+            summary="The gallery's folders (for the folder filter), with how many images each holds directly")
+async def folders(state: ServiceState = Depends(service)):
+    loop = asyncio.get_running_loop()
+    photos = await loop.run_in_executor(state.decode_pool, lambda: state.gallery.photos)
+    return Folders(folders=[Folder(folder=f, images=n) for f, n in photos.folder_counts()])
 
 
 @router.get("/images/{image_id}", responses={**error_responses(404, 422, 503), 200: {

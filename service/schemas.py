@@ -15,10 +15,24 @@ class ImageHit(BaseModel):
     id: int
     score: float
     uri: str = Field(..., description="/v1/images/{id}: the image file")
+    taken: str | None = Field(None, description="capture time, UTC (EXIF DateTimeOriginal, else the file's "
+                                                "modification time); null for images indexed without it")
+    folder: str | None = Field(None, description="the image's folder, relative to the gallery's root folder")
+    width: int | None = Field(None, description="upright width in pixels")
+    height: int | None = Field(None, description="upright height in pixels")
 
 
 class ImageResults(BaseModel):
     results: list[ImageHit]
+
+
+class Folder(BaseModel):
+    folder: str = Field(..., description="relative to the gallery's root folder ('.' is the root itself)")
+    images: int = Field(..., description="images directly in this folder")
+
+
+class Folders(BaseModel):
+    folders: list[Folder]
 
 
 class CaptionHit(BaseModel):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from index.gallery import Gallery, current_generation
+from index.gallery import Gallery, current_generation, read_manifest
 from training.model import load_model
 
 from .batcher import DynamicBatcher
@@ -61,8 +61,10 @@ class ServiceState:
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
         # requests on their way to each batcher (InFlightMiddleware)
         self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
+        # the model's similarity bounds min_score: known from the index's manifest before anything is loaded
+        self.similarity = self._similarity()
         # the JSON request bodies with this service's limits: what the routes validate and the OpenAPI shows
-        self.bodies = request_models(settings.max_k, settings.max_text_chars)
+        self.bodies = request_models(settings.max_k, settings.max_text_chars, self.similarity)
         self.text_batcher = self._batcher(self._search_texts, "text")
         self.image_batcher = self._batcher(self._search_pixels, "image")
         self.compose_batcher = self._batcher(self._compose_search, "compose")
@@ -70,6 +72,14 @@ class ServiceState:
         self.caption_batcher: DynamicBatcher | None = None
         self.paraphrase_batcher: DynamicBatcher | None = None
         self._tasks: list[asyncio.Task] = []
+
+    def _similarity(self) -> str:
+        if self.gallery is not None:
+            return self.gallery.manifest["similarity"]
+        try:
+            return read_manifest(self.settings.index)["similarity"]
+        except Exception:  # noqa: BLE001 - no index yet: loading will fail and say why (/readyz)
+            return "cosine"
 
     def _batcher(self, fn, name: str) -> DynamicBatcher:
         """A dynamic batcher with the service's batching settings, running ``fn`` on the compute thread."""
@@ -173,7 +183,9 @@ class ServiceState:
             self._tasks.append(asyncio.create_task(self._watch(), name="jointspace-reload"))
 
     def _open_gallery(self, root: str | Path) -> Gallery:
-        return Gallery.load(root, model=self.model, device=self.device)
+        gallery = Gallery.load(root, model=self.model, device=self.device)
+        gallery.photos          # the photo table for filters and result metadata, read here, off the event loop
+        return gallery
 
     def _count_vectors(self) -> None:
         self.metrics.index_vectors.labels("images").set(self.gallery.images.ntotal)

@@ -65,11 +65,12 @@ def test_health_ready_docs(client, model):
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/search/images", "/v1/search/captions", "/v1/captions", "/v1/paraphrases", "/v1/images/{image_id}",
-            "/healthz", "/readyz", "/metrics"} <= set(paths)
+            "/v1/folders", "/healthz", "/readyz", "/metrics"} <= set(paths)
     bodies = paths["/v1/search/images"]["post"]["requestBody"]["content"]               # text, or a composed query
     assert [b["$ref"].rsplit("/", 1)[1] for b in bodies["application/json"]["schema"]["oneOf"]] == ["TextSearch",
                                                                                                 "ImageIdCompose"]
-    assert set(bodies["multipart/form-data"]["schema"]["properties"]) == {"image", "add", "subtract", "k"}
+    assert set(bodies["multipart/form-data"]["schema"]["properties"]) == {
+        "image", "add", "subtract", "k", "offset", "min_score", "folder", "taken_after", "taken_before"}
 
 
 def test_text_search_returns_the_exact_ranking(client, model, tiny_index_dir):

@@ -114,7 +114,7 @@ def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics)
                      index_generation=state.gallery.generation, images=state.gallery.images.ntotal,
                      captions=state.gallery.captions.ntotal, device=str(state.device),
                      decoder=state.has_decoder, api_key_required=state.settings.api_key is not None,
-                     max_k=state.settings.max_k)
+                     max_k=state.settings.max_k, similarity=state.similarity)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},

@@ -240,9 +240,9 @@ def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: 
     for f in fields:
         if f.kind == "image":
             schema = {"type": "string", "format": "binary", "minLength": 1,
-                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the content is sniffed; "
-                                     f"the part's content type and file name are not read), at most "
-                                     f"{max_upload_bytes:,} bytes"}
+                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the "
+                                     f"content is sniffed; the part's content type and file name are not read),"
+                                     f" at most {max_upload_bytes:,} bytes"}
         elif f.kind in ("int", "number"):
             schema = {"type": "integer" if f.kind == "int" else "number", "description": f.description}
             if f.minimum is not None:

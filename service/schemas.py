@@ -74,3 +74,5 @@ class Ready(BaseModel):
                                                    "and /v1/paraphrases need (they answer 409 without one)")
     api_key_required: bool | None = Field(None, description="/v1/* needs the API key (X-API-Key or Bearer)")
     max_k: int | None = Field(None, description="the largest k a search may ask for")
+    similarity: str | None = Field(None, description="the model's similarity (cosine: scores from -1 to 1; order: "
+                                                     "at most 0), which bounds min_score")

@@ -425,3 +425,143 @@ def test_a_service_that_cannot_load_says_why(tiny_index_dir, tmp_path, tab):
         error = page.inner_text("#error")
         assert error.startswith("Error 503:") and "missing.pt" in error, error
         assert page.is_disabled("#search-button")
+
+
+# --- refining, paging and finding similar photos -------------------------------------------------------------------
+
+TAKEN = "2021-05-{:02d} 10:00:00"
+
+
+@pytest.fixture(scope="module")
+def photo_server(tiny_model_path, synth_small, tmp_path_factory):
+    """The synthetic test images as a photo folder: in trip/, trip/day2/ and home/, one taken (EXIF) a day from
+    2021-05-01 — so the page's folder and date filters have something to filter."""
+    from index.gallery import build
+    from training.model import load_model
+
+    data = load_dataset(synth_small)
+    records = data.split("val").images + data.split("test").images
+    root = tmp_path_factory.mktemp("web_photos")
+    folders = ["trip", "trip/day2", "home"]
+    paths = []
+    for i, record in enumerate(records):
+        exif = Image.Exif()
+        exif.get_ifd(0x8769)[0x9003] = TAKEN.format(i + 1).replace("-", ":")
+        path = root / "photos" / folders[i % 3] / f"p{i:02d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(record.path).convert("RGB").save(path, "JPEG", quality=95, exif=exif)
+        paths.append(path)
+    build(root / "gallery", load_model(tiny_model_path), paths, progress=False, workers=0, image_root=root / "photos")
+    with LiveServer(create_app(_settings(tiny_model_path, root / "gallery"))) as live:
+        live.photos = root / "photos"
+        yield live
+
+
+def _ids(results):
+    return [x["id"] for x in results]
+
+
+def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
+    server = photo_server
+    page = tab.open(server.url)
+    _wait_ready(page)
+    page.wait_for_function("() => document.querySelectorAll('#folder option').length > 1")
+    folders = page.eval_on_selector_all("#folder option", "els => els.map(e => e.value)")
+    assert folders == ["", "home", "trip", "trip/day2"]
+    assert page.get_attribute("#min-score", "min") == "-1" and page.get_attribute("#min-score", "max") == "1"
+
+    # pages: Next shows the API's next page, Previous the first again
+    _search(page, QUERY, k=5)
+    first = _hits(page)
+    assert [i for i, _ in first] == _ids(_api(server, "/v1/search/images", json={"text": QUERY, "k": 5}))
+    assert page.is_disabled("#previous") and page.is_enabled("#next")
+    page.click("#next")
+    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Images 6–10')")
+    second = _hits(page)
+    assert [i for i, _ in second] == _ids(_api(server, "/v1/search/images", json={"text": QUERY, "k": 5, "offset": 5}))
+    page.click("#previous")
+    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Top 5')")
+    assert _hits(page) == first
+
+    # a threshold hides the weak matches
+    every = _api(server, "/v1/search/images", json={"text": QUERY, "k": 50})
+    cut = round(every[6]["score"], 3)
+    page.fill("#min-score", str(cut))
+    _search(page, QUERY, k=50)
+    page.wait_for_function("n => document.querySelectorAll('.hit').length === n",
+                           arg=len([x for x in every if x["score"] >= cut]))
+    assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images",
+                                                     json={"text": QUERY, "k": 50, "min_score": cut}))
+    assert page.is_disabled("#next")                                     # fewer than k: no next page
+
+    # folder and capture dates, and words to leave out
+    page.fill("#min-score", "")
+    page.select_option("#folder", "trip")
+    page.fill("#taken-after", "2021-05-03")
+    page.fill("#taken-before", "2021-05-12")
+    page.fill("#subtract", "blue, square")
+    _search(page, QUERY, k=10)
+    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.includes('images for')")
+    want = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10, "folder": "trip",
+                                                   "taken_after": "2021-05-03", "taken_before": "2021-05-12",
+                                                   "subtract": ["blue", "square"]})
+    assert want and len(want) < 10
+    assert [i for i, _ in _hits(page)] == _ids(want)
+    dates = page.eval_on_selector_all(".hit .taken", "els => els.map(e => e.textContent)")
+    assert dates == [f"taken {x['taken'][:10]}" for x in want]
+    assert all("2021-05-03" <= d[6:] < "2021-05-12" for d in dates)
+    _screenshot(page, tmp_path, "filtered.png")
+
+    # bad refinements: the API's 422 is shown, nothing else happens
+    page.fill("#taken-after", "2021-05-13")
+    _search(page, QUERY)
+    _wait_error(page, "Error 422")
+    assert "date range is empty" in page.inner_text("#error")
+    page.fill("#taken-after", "")
+    page.fill("#min-score", "5")
+    _search(page, QUERY)
+    _wait_error(page, "Error 422")
+    assert "min_score" in page.inner_text("#error")
+
+
+def _drop(page, selector, data: bytes, name: str, media: str):
+    page.evaluate("""([selector, bytes, name, media]) => {
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([new Uint8Array(bytes)], name, {type: media}));
+        document.querySelector(selector).dispatchEvent(new DragEvent("drop", {dataTransfer: transfer, bubbles: true}));
+    }""", [selector, list(data), name, media])
+
+
+def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
+    import pillow_heif
+
+    server = photo_server
+    page = tab.open(server.url)
+    _wait_ready(page)
+    photo = sorted((server.photos / "home").glob("*.jpg"))[1]
+    data = photo.read_bytes()
+    files = {"image": (photo.name, data, "image/jpeg")}
+    want = _api(server, "/v1/search/images", files=files, data={"k": "10"})
+    _drop(page, "#similar-drop", data, photo.name, "image/jpeg")
+    page.wait_for_function("name => document.querySelector('#results h2')?.textContent === `Top 10 images like ${name}`",
+                           arg=photo.name)
+    hits = _hits(page)
+    assert [i for i, _ in hits] == _ids(want) and hits[0][1] == pytest.approx(1.0, abs=2e-3)   # itself first
+    page.click("#next")
+    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Images 11–')")
+    assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images", files=files,
+                                                     data={"k": "10", "offset": "10"}))
+    # a HEIC photo from a phone, with the folder filter, chosen with the file picker
+    pillow_heif.register_heif_opener()
+    heic = io.BytesIO()
+    Image.open(photo).save(heic, "HEIF")
+    want = _api(server, "/v1/search/images", files={"image": ("p.heic", heic.getvalue(), "image/heic")},
+                data={"k": "10", "folder": "home"})
+    page.select_option("#folder", "home")
+    page.set_input_files("#similar-file", files=[{"name": "phone.heic", "mimeType": "image/heic",
+                                                   "buffer": heic.getvalue()}])
+    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.endsWith('like phone.heic')")
+    assert [i for i, _ in _hits(page)] == _ids(want) and len(want) == 8
+    # not a photo: the API's 415 is shown
+    _drop(page, "#similar-drop", b"just words", "notes.txt", "text/plain")
+    _wait_error(page, "Error 415")

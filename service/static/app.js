@@ -1,4 +1,5 @@
-// The search page: sentence → gallery images, image → ranked (and, with a decoder, generated) captions,
+// The search page: sentence → gallery images, a photo → similar gallery images (both with words to leave out, a
+// score threshold, folder and date filters, and pages), image → ranked (and, with a decoder, generated) captions,
 // sentence → paraphrases. Everything it shows comes from the /v1 API through api.js.
 import { ApiError, auth, imageURL, readiness, request, requestJSON } from "./api.js";
 
@@ -8,6 +9,9 @@ const el = {
   keyForm: $("key-form"), keyInput: $("api-key"), keyHint: $("key-hint"),
   textForm: $("text-form"), query: $("query"), k: $("k"), searchButton: $("search-button"),
   drop: $("drop"), file: $("image-file"),
+  similarDrop: $("similar-drop"), similarFile: $("similar-file"),
+  subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
+  takenBefore: $("taken-before"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
   dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"),
   dialogCaptions: $("detail-captions"), dialogError: $("detail-error"), dialogClose: $("detail-close"),
@@ -17,6 +21,9 @@ const K_CHOICES = [5, 10, 20, 50, 100];
 const THUMBNAIL = 256;
 const LARGE = 640;
 const DETAIL_CAPTIONS = 5;
+
+const FORMATS = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC or AVIF";
+const SCORE_RANGE = { cosine: [-1, 1], order: [null, 0] };
 
 const config = { ready: false, decoder: false, keyRequired: false, maxK: 100 };
 let action = null;            // AbortController of the search whose results the page is waiting for
@@ -96,8 +103,28 @@ async function showImage(img, id, size, signal) {
 
 function setControls(enabled) {
   el.searchButton.disabled = !enabled;
-  el.file.disabled = !enabled;
-  el.drop.classList.toggle("disabled", !enabled);
+  for (const [input, zone] of [[el.file, el.drop], [el.similarFile, el.similarDrop]]) {
+    input.disabled = !enabled;
+    zone.classList.toggle("disabled", !enabled);
+  }
+}
+
+function setScoreRange(similarity) {
+  const [low, high] = SCORE_RANGE[similarity] || [null, null];
+  if (low !== null) el.minScore.min = String(low);
+  if (high !== null) el.minScore.max = String(high);
+}
+
+async function loadFolders() {
+  try {
+    const { folders } = await requestJSON("v1/folders");
+    const chosen = el.folder.value;
+    el.folder.replaceChildren(h("option", { value: "", text: "All folders" }),
+      ...folders.map((f) => h("option", { value: f.folder, text: `${f.folder === "." ? "(top folder)" : f.folder} (${f.images})` })));
+    el.folder.value = chosen;
+  } catch (err) {
+    // the folder filter stays at "All folders"; a missing key is asked for by api.js
+  }
 }
 
 function fillK(maxK) {
@@ -116,8 +143,10 @@ function configure(ready) {
   el.status.textContent = `Ready: ${ready.images} images, ${ready.captions} captions` +
     (config.decoder ? ", caption generator on" : "");
   el.paraphraseForm.hidden = !config.decoder;
+  setScoreRange(ready.similarity);
   setControls(true);
   if (config.keyRequired && !auth.key) askForKey("This service needs an API key for searches.");
+  else loadFolders();
 }
 
 async function connect() {
@@ -160,41 +189,91 @@ el.keyForm.addEventListener("submit", (event) => {
   el.keyForm.hidden = true;
   clearError();
   el.query.focus();
+  loadFolders();
 });
 
-// --- sentence → images -------------------------------------------------------------------------------------------
+// --- sentence or photo → images, refined and paged -----------------------------------------------------------------
 
-async function searchText(text) {
-  const signal = begin("Searching…");
+// The refinements as the API takes them; sent as typed (the API says what is wrong with a value).
+function refinements() {
+  const options = {};
+  const subtract = el.subtract.value.split(",").map((w) => w.trim()).filter(Boolean);
+  if (subtract.length) options.subtract = subtract;
+  if (el.minScore.value.trim() !== "") options.min_score = Number(el.minScore.value);
+  if (el.folder.value) options.folder = el.folder.value;
+  if (el.takenAfter.value) options.taken_after = el.takenAfter.value;
+  if (el.takenBefore.value) options.taken_before = el.takenBefore.value;
+  return options;
+}
+
+function similarForm(query) {
+  const form = new FormData();
+  form.append("image", query.file, query.file.name || "photo");
+  form.append("k", String(query.k));
+  form.append("offset", String(query.offset));
+  for (const [name, value] of Object.entries(query.options)) {
+    form.append(name, Array.isArray(value) ? value.join(", ") : String(value));
+  }
+  return form;
+}
+
+async function searchImages(query) {
+  const label = query.kind === "text" ? "Searching…" : `Finding photos like ${query.file.name || "yours"}…`;
+  const signal = begin(label);
+  const request = query.kind === "text"
+    ? { json: { text: query.text, k: query.k, offset: query.offset, ...query.options }, signal }
+    : { form: similarForm(query), signal };
   try {
-    const { results } = await requestJSON("v1/search/images", { json: { text, k: k() }, signal });
+    const { results } = await requestJSON("v1/search/images", request);
     if (signal.aborted) return;
-    renderImages(text, results, signal);
+    renderImages(query, results, signal);
     end(signal);
   } catch (err) {
     if (!isAbort(err)) end(signal, err);
   }
 }
 
-function renderImages(text, results, signal) {
-  const heading = h("h2", { text: results.length ? `Top ${results.length} images for “${text}”` : "The gallery is empty." });
+function heading(query, count) {
+  const what = query.kind === "text" ? `for “${query.text}”` : `like ${query.file.name || "your photo"}`;
+  if (!count) {
+    if (query.offset) return `No more images ${what}.`;
+    const refined = Object.keys(query.options).some((name) => name !== "subtract");
+    return refined ? `No images ${what} pass the filters.` : "The gallery is empty.";
+  }
+  return query.offset ? `Images ${query.offset + 1}–${query.offset + count} ${what}` : `Top ${count} images ${what}`;
+}
+
+function renderImages(query, results, signal) {
   const grid = h("ul", { class: "grid" });
   for (const hit of results) {
     const img = h("img", { alt: `Gallery image ${hit.id}`, width: 160, height: 160 });
+    const taken = hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null;
     const button = h("button", { type: "button", class: "hit", "data-id": String(hit.id),
                                  "aria-label": `Gallery image ${hit.id}, score ${score(hit.score)}: show it larger` },
-                     img, h("span", { class: "score", text: score(hit.score) }));
+                     img, h("span", { class: "score", text: score(hit.score) }), taken);
     button.addEventListener("click", () => openDetail(hit.id, button));
     grid.append(h("li", {}, button));
     showImage(img, hit.id, THUMBNAIL, signal);
   }
-  el.results.replaceChildren(heading, grid);
+  const previous = h("button", { type: "button", id: "previous", text: "Previous", disabled: query.offset === 0 });
+  const next = h("button", { type: "button", id: "next", text: "Next", disabled: results.length < query.k });
+  previous.addEventListener("click", () => searchImages({ ...query, offset: Math.max(0, query.offset - query.k) }));
+  next.addEventListener("click", () => searchImages({ ...query, offset: query.offset + query.k }));
+  const page = `page ${Math.floor(query.offset / query.k) + 1}`;
+  const pager = results.length || query.offset
+    ? h("nav", { class: "pager", "aria-label": "Result pages" }, previous, h("span", { text: page }), next) : null;
+  el.results.replaceChildren(...[h("h2", { text: heading(query, results.length) }), grid, pager].filter(Boolean));
 }
 
 el.textForm.addEventListener("submit", (event) => {
   event.preventDefault();
-  searchText(el.query.value);           // sent as typed: the API says what is wrong with it
+  // sent as typed: the API says what is wrong with it
+  searchImages({ kind: "text", text: el.query.value, k: k(), offset: 0, options: refinements() });
 });
+
+function searchSimilar(file) {
+  searchImages({ kind: "similar", file, k: k(), offset: 0, options: refinements() });
+}
 
 // --- a gallery image, larger, with its nearest captions -----------------------------------------------------------
 
@@ -313,7 +392,29 @@ el.drop.addEventListener("drop", (event) => {
   if (el.file.disabled) return;
   const [file] = event.dataTransfer.files;
   if (file) searchImage(file);
-  else showError(new ApiError(0, "Drop an image file (JPEG, PNG, GIF, WebP, BMP or TIFF)."));
+  else showError(new ApiError(0, `Drop an image file (${FORMATS}).`));
+});
+
+el.similarFile.addEventListener("change", () => {
+  const [file] = el.similarFile.files;
+  el.similarFile.value = "";            // choosing the same file again searches again
+  if (file) searchSimilar(file);
+});
+
+for (const type of ["dragenter", "dragover"]) {
+  el.similarDrop.addEventListener(type, (event) => {
+    event.preventDefault();
+    if (!el.similarFile.disabled) el.similarDrop.classList.add("over");
+  });
+}
+el.similarDrop.addEventListener("dragleave", () => el.similarDrop.classList.remove("over"));
+el.similarDrop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  el.similarDrop.classList.remove("over");
+  if (el.similarFile.disabled) return;
+  const [file] = event.dataTransfer.files;
+  if (file) searchSimilar(file);
+  else showError(new ApiError(0, `Drop a photo (${FORMATS}).`));
 });
 
 // --- sentence → paraphrases (with a decoder) -------------------------------------------------------------------

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from .registry import Registry
+
+if TYPE_CHECKING:
+    from timm.models.efficientnet import EfficientNet
 
 BACKBONES: Registry = Registry("image backbone")
 
@@ -74,7 +78,7 @@ def load_lite0_state_dict(net: nn.Module, source: dict) -> None:
 def efficientnet_lite0(cfg_image: dict, load_weights: bool = True) -> Backbone:
     import timm
 
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    net = cast("EfficientNet", timm.create_model("tf_efficientnet_lite0", pretrained=False))
     if load_weights:
         path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite0_weights_file()
         load_lite0_state_dict(net, torch.load(path, map_location="cpu", weights_only=True))
@@ -163,9 +167,10 @@ class SplitCNN:
             raise ValueError("image.train_blocks and image.pooling: gpo need an EfficientNet backbone "
                              f"(efficientnet_lite0/1/2), not {type(net).__name__}")
         self.net = net
-        self.units: list[nn.Module] = [nn.Sequential(net.conv_stem, net.bn1),
-                                       *[block for stage in net.blocks for block in stage],
-                                       nn.Sequential(net.conv_head, net.bn2)]
+        eff = cast("EfficientNet", net)   # a timm EfficientNet: checked above
+        self.units: list[nn.Module] = [nn.Sequential(eff.conv_stem, eff.bn1),
+                                       *[block for stage in eff.blocks for block in cast(nn.Sequential, stage)],
+                                       nn.Sequential(eff.conv_head, eff.bn2)]
         if not 0 <= train_blocks < len(self.units):
             raise ValueError(f"image.train_blocks must be in 0..{len(self.units) - 1} for this backbone "
                              f"({len(self.units) - 2} MBConv blocks and the head convolution), got {train_blocks}")
@@ -187,7 +192,7 @@ class SplitCNN:
             x = unit(x)
         return x
 
-    def bottom_shape(self, image_size: int) -> tuple[int, int, int]:
+    def bottom_shape(self, image_size: int) -> tuple[int, ...]:
         with torch.no_grad():
             probe = next(self.net.parameters())
             was = self.net.training

@@ -13,7 +13,7 @@ to text and re-tokenised by each member.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,28 @@ from torch import nn
 from .similarity import build_similarity
 from .vocab import Vocabulary, pad_batch
 
+if TYPE_CHECKING:
+    from .preprocess import Preprocess
+
 KIND = "ensemble"
 MAX_TEXT_BYTES = 2048
+
+
+class Member(Protocol):
+    """What an ensemble uses of a member: a ``model.JointEmbedding`` (not imported: model.py imports this module)."""
+    cfg: dict
+    vocab: Vocabulary
+    preprocess: Preprocess
+    backbone_name: str
+    backbone: nn.Module
+    backbone_pretrained: bool
+    cached_dim: int
+
+    def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor: ...
+    def project_features(self, features: torch.Tensor) -> torch.Tensor: ...
+    def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]: ...
+    def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class EnsembleEmbedding(nn.Module):
@@ -35,29 +55,30 @@ class EnsembleEmbedding(nn.Module):
             raise ValueError("an ensemble needs at least two models")
         if len(weights) != len(members) or any(not w > 0 for w in weights):
             raise ValueError(f"an ensemble needs one positive weight per model ({len(members)}), got {list(weights)}")
-        for name, m in zip(names, members):
+        models = cast("list[Member]", list(members))
+        for name, m in zip(names, models):
             if m.cfg["model"]["similarity"] != "cosine":
                 raise ValueError(f"{name}: ensembles combine cosine-similarity models; it uses "
                                  f"{m.cfg['model']['similarity']!r}")
-            if m.preprocess.to_dict() != members[0].preprocess.to_dict():
+            if m.preprocess.to_dict() != models[0].preprocess.to_dict():
                 raise ValueError(f"{name}: its image preprocessing {m.preprocess.to_dict()} differs from "
-                                 f"{names[0]}'s {members[0].preprocess.to_dict()}; members must read the same pixels")
+                                 f"{names[0]}'s {models[0].preprocess.to_dict()}; members must read the same pixels")
         self.members = nn.ModuleList(members)
         self.weights = [float(w) for w in weights]
         self.names = list(names)
-        self.cfg = {"name": "ensemble(" + "+".join(m.cfg.get("name", "?") for m in members) + ")",
-                    "ensemble": {"members": self.names, "weights": self.weights},
-                    "data": {"max_caption_len": MAX_TEXT_BYTES}, "image": dict(members[0].cfg["image"]),
-                    "model": {"embed_dim": sum(m.cfg["model"]["embed_dim"] for m in members),
-                              "similarity": "cosine"},
-                    "decoder": {"enabled": False}, "attention": {"enabled": False}}
+        self.cfg: dict = {"name": "ensemble(" + "+".join(m.cfg.get("name", "?") for m in models) + ")",
+                          "ensemble": {"members": self.names, "weights": self.weights},
+                          "data": {"max_caption_len": MAX_TEXT_BYTES}, "image": dict(models[0].cfg["image"]),
+                          "model": {"embed_dim": sum(m.cfg["model"]["embed_dim"] for m in models),
+                                    "similarity": "cosine"},
+                          "decoder": {"enabled": False}, "attention": {"enabled": False}}
         self.vocab = Vocabulary.build([])
         self.similarity = build_similarity("cosine")
-        self.preprocess = members[0].preprocess
-        self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in members)
-        self.backbone = nn.ModuleList(m.backbone for m in members)
-        self.backbone_pretrained = all(m.backbone_pretrained for m in members)
-        self.feature_dim = sum(m.cached_dim for m in members)
+        self.preprocess = models[0].preprocess
+        self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in models)
+        self.backbone = nn.ModuleList(m.backbone for m in models)
+        self.backbone_pretrained = all(m.backbone_pretrained for m in models)
+        self.feature_dim = sum(m.cached_dim for m in models)
         self.decoder = None
         self.attention = None
 
@@ -65,17 +86,22 @@ class EnsembleEmbedding(nn.Module):
     def cached_dim(self) -> int:
         return self.feature_dim
 
+    @property
+    def models(self) -> list[Member]:
+        """The members, typed (``self.members`` is the ``nn.ModuleList`` that registers them)."""
+        return cast("list[Member]", list(self.members))
+
     def _combine(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """Members' vectors → each normalised, scaled by its weight, concatenated."""
         return torch.cat([w * F.normalize(p.float(), dim=-1) for w, p in zip(self.weights, parts)], dim=-1)
 
     # --- image side -------------------------------------------------------------------------------
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
-        return torch.cat([m.image_features(images, pool=pool) for m in self.members], dim=-1)
+        return torch.cat([m.image_features(images, pool=pool) for m in self.models], dim=-1)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         parts, start = [], 0
-        for m in self.members:
+        for m in self.models:
             parts.append(m.project_features(features[..., start:start + m.cached_dim]))
             start += m.cached_dim
         return self._combine(parts)
@@ -94,7 +120,7 @@ class EnsembleEmbedding(nn.Module):
         texts = [bytes(int(b) - 1 for b in row[:n]).decode("utf-8", "replace")
                  for row, n in zip(ids.cpu().tolist(), lengths.cpu().tolist())]
         parts = []
-        for m in self.members:
+        for m in self.models:
             m_ids, m_lengths = pad_batch(m.encode_text_ids(texts))
             parts.append(m.project_texts(m_ids.to(ids.device), m_lengths.to(ids.device)))
         return self._combine(parts)
@@ -117,7 +143,7 @@ class EnsembleEmbedding(nn.Module):
 def member_payloads(model: EnsembleEmbedding) -> list[dict]:
     """What ``model.pt`` keeps of each member: its config, vocabulary and every weight."""
     return [{"config": m.cfg, "vocab": m.vocab.to_dict(),
-             "state_dict": {k: v.detach().cpu() for k, v in m.state_dict().items()}} for m in model.members]
+             "state_dict": {k: v.detach().cpu() for k, v in m.state_dict().items()}} for m in model.models]
 
 
 def ensemble_from_payload(payload: dict, build_member: Callable[[dict], nn.Module]) -> EnsembleEmbedding:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,24 @@ from .pooling import Pool, valid_mask
 from .state_cache import TokenStateCache, build_state_cache, weights_digest
 from .vocab import pad_batch
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+
+class _Arch(TypedDict):
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+
+
 # all-MiniLM-L6-v2 (config.json): the architecture is fixed by the checkpoint
-ARCH = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+ARCH: _Arch = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
         "intermediate_size": 1536, "max_position_embeddings": 512, "type_vocab_size": 2,
         "layer_norm_eps": 1e-12, "hidden_act": "gelu"}
 MAX_TOKENS = 256   # sentence_bert_config.json: max_seq_length
@@ -190,7 +207,7 @@ class MiniLMEncoder(nn.Module):
         self.pool = Pool(opts["pooling"])
         self.register_buffer("tokenizer_json", pack_json(None))
         self.out_dim = ARCH["hidden_size"]
-        self._tokenizer = None
+        self._tokenizer: Tokenizer | None = None
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}
         self._cache: TokenStateCache | None = None
         self.bert.requires_grad_(self.finetune)

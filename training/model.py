@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from .projection import build_projection
 from .regions import GridRegions
 from .vocab import Vocabulary, pad_batch
 
+if TYPE_CHECKING:
+    from .minilm import MiniLMEncoder
+
 FORMAT = "jointspace-model/1"
 
 
@@ -37,7 +40,7 @@ class JointEmbedding(nn.Module):
         self.cfg = cfg
         self.vocab = vocab
         self.backbone_name = backbone.name
-        self.backbone = backbone.module
+        self.backbone: nn.Module = backbone.module
         self.backbone_pretrained = backbone.pretrained
         self.feature_dim = backbone.dim
         self.preprocess: Preprocess = backbone.preprocess
@@ -57,11 +60,11 @@ class JointEmbedding(nn.Module):
             self.image_split = SplitCNN(self.backbone, im.get("train_blocks", 0))
             self.image_pool = Pool(im.get("pooling", "mean"))
             self.bottom_shape = self.image_split.bottom_shape(im["image_size"])
-            self.feature_dim = region_dim = backbone.module.num_features
+            self.feature_dim = region_dim = cast(int, backbone.module.num_features)   # an EfficientNet's
             self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
-        self.text_proj = build_projection(cfg["model"], self.text_encoder.out_dim,
+        self.text_proj = build_projection(cfg["model"], cast(int, self.text_encoder.out_dim),
                                           cfg["model"].get("text_projection") or cfg["model"]["projection"])
         self.similarity = build_similarity(cfg["model"]["similarity"])
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
@@ -96,7 +99,8 @@ class JointEmbedding(nn.Module):
         if self.cfg["image"].get("channels_last", True):
             x = x.contiguous(memory_format=torch.channels_last)
         grid = self.image_split.top(x).flatten(2).transpose(1, 2).float()        # (B, h*w, D)
-        return self.image_pool(grid, torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device))
+        pool = cast(Pool, self.image_pool)   # set with image_split
+        return pool(grid, torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device))
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → the common space, before the similarity's normalisation."""
@@ -110,7 +114,8 @@ class JointEmbedding(nn.Module):
 
     def embed_regions(self, features: torch.Tensor) -> torch.Tensor:
         """STT-ATT: flattened grid features ``(B, R·C)`` → region embeddings ``(B, R, E)`` (not normalised)."""
-        regions = features.float().view(features.shape[0], self.backbone.n_regions, self.backbone.region_dim)
+        backbone = cast(GridRegions, self.backbone)   # with attention enabled
+        regions = features.float().view(features.shape[0], backbone.n_regions, backbone.region_dim)
         return self.image_proj(regions.flatten(0, 1)).view(regions.shape[0], regions.shape[1], -1)
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
@@ -163,7 +168,7 @@ def build_model(cfg: dict, vocab: Vocabulary, load_weights: bool = True) -> Join
     return JointEmbedding(cfg, vocab, build_backbone(cfg["image"], load_weights=load_weights))
 
 
-def fingerprint(model: JointEmbedding) -> str:
+def fingerprint(model: JointEmbedding | EnsembleEmbedding) -> str:
     """sha256 over config, vocabulary and every tensor: two models embed alike iff fingerprints match."""
     h = hashlib.sha256()
     h.update(json.dumps(model.cfg, sort_keys=True).encode())
@@ -208,7 +213,7 @@ def _pretrained_reference(cfg: dict, vocab: Vocabulary) -> JointEmbedding:
     only its package), everything else freshly initialised."""
     reference = build_model(cfg, vocab, load_weights=True)
     if cfg["text"]["encoder"] == "minilm":
-        reference.text_encoder.fit(log=lambda *_: None)
+        cast("MiniLMEncoder", reference.text_encoder).fit(log=lambda *_: None)
     return reference
 
 
@@ -336,6 +341,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmb
     """Rebuilds the model (or ensemble) from ``model.pt`` alone (no pretrained-weight files are read), in eval
     mode."""
     payload = load_checkpoint(path)
+    model: JointEmbedding | EnsembleEmbedding
     if payload.get("kind") == ENSEMBLE_KIND:
         model = ensemble_from_payload(payload, _rebuild)
     elif payload.get("slim"):

@@ -12,7 +12,7 @@ grid features are cached exactly like pooled ones.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,21 +20,28 @@ from torch import nn
 
 from .registry import Registry
 
+if TYPE_CHECKING:
+    from timm.models.efficientnet import EfficientNet
+    from torchvision.models import VGG, ResNet
+
+    from .backbones import SmallCNN
+
 FEATURE_MAPS: Registry[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = Registry("region grid")
 
 
 @FEATURE_MAPS.register("efficientnet_lite0")
 def _timm_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return net.forward_features(x)                  # (B, 1280, 7, 7) at 224 px
+    return cast("EfficientNet", net).forward_features(x)   # (B, 1280, 7, 7) at 224 px
 
 
 def _resnet_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
-    return net.layer4(net.layer3(net.layer2(net.layer1(x))))   # (B, 2048, 7, 7) for resnet50+ at 224 px
+    res = cast("ResNet", net)
+    x = res.maxpool(res.relu(res.bn1(res.conv1(x))))
+    return res.layer4(res.layer3(res.layer2(res.layer1(x))))   # (B, 2048, 7, 7) for resnet50+ at 224 px
 
 
 def _vgg_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return net.features(x)                          # (B, 512, 7, 7) at 224 px
+    return cast("VGG", net).features(x)                          # (B, 512, 7, 7) at 224 px
 
 
 for _name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
@@ -45,7 +52,7 @@ for _name in ("vgg16", "vgg19"):
 
 @FEATURE_MAPS.register("smallcnn")
 def _smallcnn_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return net.features(x)                          # (B, 4·width, 4, 4)
+    return cast("SmallCNN", net).features(x)                          # (B, 4·width, 4, 4)
 
 
 class GridRegions(nn.Module):

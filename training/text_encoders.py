@@ -109,6 +109,8 @@ class MeanWordVectors(nn.Module):
     ``fit`` loads ``text.options.word_vectors``; with ``trainable: false`` (the papers: fixed GloVe /
     word2vec features) the vectors stay as loaded."""
 
+    counted: torch.Tensor   # buffer (registered below)
+
     def __init__(self, vocab_size: int, word_dim: int, cfg_text: dict):
         super().__init__()
         opts = cfg_text.get("options", {})

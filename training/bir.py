@@ -67,7 +67,8 @@ class NGramEncoder(nn.Module):
 
     def fit(self, texts, vocab: Vocabulary, log=print) -> None:
         """§6.1: the ``max_features`` most frequent n-grams of the training captions, their idf."""
-        counts, df = Counter(), Counter()
+        counts: Counter[str] = Counter()
+        df: Counter[str] = Counter()
         for text in texts:
             feats = self.features(text)
             counts.update(feats)

@@ -19,11 +19,14 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
 
 import torch
 
 from .vocab import tokenize
+
+if TYPE_CHECKING:
+    from pycocoevalcap.meteor.meteor import Meteor
 
 METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "cider")
 
@@ -44,7 +47,7 @@ class CocoScorer:
     def __init__(self, meteor: bool = True):
         self.java = java_available()
         self.want_meteor = meteor
-        self._meteor = None
+        self._meteor: Meteor | None = None
 
     def close(self) -> None:
         if self._meteor is not None:
@@ -198,7 +201,7 @@ def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: tor
     for j, img in enumerate(cap_to_img.tolist()):
         by_image.setdefault(img, []).append(j)
     paraphrasing = []
-    for img, caps in by_image.items():
+    for caps in by_image.values():
         for j in caps:
             others = [captions[k] for k in caps if k != j]
             if others:      # a lone caption has nothing to be scored against

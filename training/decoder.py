@@ -173,7 +173,7 @@ class SentenceDecoder(nn.Module):
         b = z.shape[0]
         c, state = self.condition(z)
         words = torch.full((b,), START_ID, dtype=torch.long, device=z.device)
-        out = [[] for _ in range(b)]
+        out: list[list[int]] = [[] for _ in range(b)]
         total = torch.zeros(b, dtype=torch.float64, device=z.device)
         done = torch.zeros(b, dtype=torch.bool, device=z.device)
         history = torch.zeros(b, 0, dtype=torch.long, device=z.device)
@@ -213,8 +213,8 @@ class SentenceDecoder(nn.Module):
         finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         done = [False] * b
         for step in range(max_len):
-            logp, state = self._step_logprobs(c, words, state, step, no_repeat, history.reshape(b * k, history.shape[2]),
-                                              no_repeat_ngram)
+            logp, state = self._step_logprobs(c, words, state, step, no_repeat,
+                                              history.reshape(b * k, history.shape[2]), no_repeat_ngram)
             cand = (scores.unsqueeze(-1) + logp.double().view(b, k, -1)).view(b, -1)     # (B, K·V)
             top, idx = cand.topk(k, dim=1)
             beam, word = idx // self.vocab_size, idx % self.vocab_size

@@ -23,6 +23,7 @@ import datetime
 import os
 import sys
 from dataclasses import dataclass
+from typing import Sized, cast
 
 import torch
 import torch.distributed as dist
@@ -123,7 +124,7 @@ class Distributed:
         that reaches this rank's rows is the sum of every rank's gradient for them (a reduce-scatter)."""
         from torch.distributed._functional_collectives import all_gather_single
 
-        return all_gather_single(x.contiguous(), 0, dist.group.WORLD)
+        return all_gather_single(x.contiguous(), 0, cast(dist.ProcessGroup, dist.group.WORLD))   # initialised
 
     def gather_ids(self, x: torch.Tensor) -> torch.Tensor:
         """Like :meth:`gather` for tensors without gradients (image indices)."""
@@ -134,7 +135,7 @@ class Distributed:
     def shard_loader(self, loader: DataLoader) -> DataLoader:
         """``loader`` (one process's loader, ``batch_size`` = the global batch) reading only this rank's slice
         of each batch: the same sampler, so the same global batches in the same order."""
-        size, n = loader.batch_size, len(loader.sampler)
+        size, n = cast(int, loader.batch_size), len(cast(Sized, loader.sampler))   # a batched map-style loader
         if size % self.world_size:
             raise ValueError(f"the global batch size {size} (train.batch_size, or finetune_batch_size) must be a "
                              f"multiple of the {self.world_size} processes")
@@ -202,8 +203,7 @@ def start(device_name: str) -> Distributed:
         device = torch.device("cpu")
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT,
-                                **({"device_id": device} if cuda else {}))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT, device_id=device if cuda else None)
     if dist.get_rank() != rank or dist.get_world_size() != world:
         raise RuntimeError(f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not the "
                            f"environment's (RANK={rank}, WORLD_SIZE={world})")

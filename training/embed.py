@@ -12,7 +12,7 @@ An :class:`ImageSource` is what an image index turns into for the model:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import torch
@@ -54,7 +54,8 @@ def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: i
     pre = replace(model.preprocess, crops=crops, resize=resize)
     views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
                              amp=amp, preprocess=pre, per_view=True)
-    return ImageSource("views", torch.cat([base.data[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
+    base_features = cast(torch.Tensor, base.data)
+    return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
 
 
 def random_view(batch: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -93,11 +94,12 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, device
     out = []
     kind = "features" if source.kind == "views" else source.kind
     if source.kind == "files":
-        loader = DataLoader(source.data, batch_size=batch_size, num_workers=workers,
+        loader = DataLoader(cast(ImageFiles, source.data), batch_size=batch_size, num_workers=workers,
                             generator=torch.Generator())      # leaves the global RNG alone (features.image_loader)
         batches = (pixels for _, pixels in loader)
     else:
-        data = source.data[:, 0] if source.kind == "views" else source.data     # views: the evaluation view
+        data = cast(torch.Tensor, source.data)
+        data = data[:, 0] if source.kind == "views" else data     # views: the evaluation view
         batches = (data[i:i + batch_size] for i in range(0, len(source), batch_size))
     for batch in batches:
         with autocast(device, amp):
@@ -112,13 +114,14 @@ def embed_views(model, source: ImageSource, batch_size: int = 128, device="cpu",
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    flat = source.data.flatten(0, 1)
+    views = cast(torch.Tensor, source.data)
+    flat = views.flatten(0, 1)
     out = []
     for i in range(0, len(flat), batch_size):
         with autocast(device, amp):
             out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
     model.train(was_training)
-    return torch.cat(out).view(source.data.shape[0], source.data.shape[1], -1)
+    return torch.cat(out).view(views.shape[0], views.shape[1], -1)
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ the ground truth). With 5000 test images the COCO protocols are added: 5 folds o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -108,8 +108,8 @@ def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_i
             sel = (cap_to_img >= lo) & (cap_to_img < hi)
             fold = retrieval_metrics(image_emb[lo:hi], caption_emb[sel], cap_to_img[sel] - lo, similarity)
             folds.append(fold)
-        avg = {d: {m: round(float(np.mean([f[d][m] for f in folds])), 4) for m in folds[0][d]}
-               for d in ("i2t", "t2i")}
+        avg: dict[str, dict[str, float] | float] = {
+            d: {m: round(float(np.mean([f[d][m] for f in folds])), 4) for m in folds[0][d]} for d in ("i2t", "t2i")}
         avg["rsum"] = round(float(np.mean([f["rsum"] for f in folds])), 4)
         res["coco_1k"] = avg
         res["coco_5k"] = {k: res[k] for k in ("i2t", "t2i", "rsum")}
@@ -130,8 +130,8 @@ def querybank_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to
                                image_emb.shape[0], cap_to_img)
     _, t2i = ranks_from_scores(lambda rows: image_emb[rows] @ caption_emb.t() - off_img[rows].view(-1, 1),
                                image_emb.shape[0], cap_to_img)
-    res = {"i2t": summarize(i2t), "t2i": summarize(t2i), "beta": beta,
-           "bank": {"images": int(bank_images.shape[0]), "captions": int(bank_captions.shape[0])}}
+    res: dict[str, Any] = {"i2t": summarize(i2t), "t2i": summarize(t2i), "beta": beta,
+                           "bank": {"images": int(bank_images.shape[0]), "captions": int(bank_captions.shape[0])}}
     res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
     return res
 
@@ -211,8 +211,8 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
     A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; the scored sentences
     under ``_generations``; ``generation`` turns them off; ``decode`` overrides the model's decoding settings,
     e.g. ``{"beam_size": 5}``); ``querybank`` (a CaptionDataset, e.g. the train split) adds the metrics under
-    querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with its attention similarity (eqs. 13-17), the
-    pooled vectors' metrics under ``pooled``."""
+    querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with
+    its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
     from .embed import embed_split, image_source
 
     source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,

@@ -25,7 +25,8 @@ DEFAULT_BETA = 20.0          # QB-Norm §4: inverse temperature of the inverted 
 
 
 @torch.no_grad()
-def item_offsets(bank: torch.Tensor, items: torch.Tensor, beta: float = DEFAULT_BETA, block: int = 4096) -> torch.Tensor:
+def item_offsets(bank: torch.Tensor, items: torch.Tensor, beta: float = DEFAULT_BETA,
+                 block: int = 4096) -> torch.Tensor:
     """o_j = (1/β) log Σ_b exp(β bank_b · item_j) − (1/β) log |bank|  ``(N,)``, in blocks of the bank.
 
     The constant −log|bank|/β (the same for every item) keeps offsets near the scores' scale; it changes no

@@ -3,8 +3,9 @@
 ``JointEmbedding`` = image backbone → image projection, text encoder → text projection, and a similarity
 that also decides the normalisation (STT §3.1, Fig. 10). Optional parts: ``decoder`` (STT §3.2, a sentence
 decoder reading the common space; ``None`` unless ``decoder.enabled``) and ``attention`` (STT-ATT §3.3:
-grid-cell regions, region-word attention; ``None`` unless ``attention.enabled``). ``model.pt`` holds the config, the vocabulary,
-every weight (the backbone's too) and the preprocessing, so loading needs no other file and no download.
+grid-cell regions, region-word attention; ``None`` unless ``attention.enabled``). ``model.pt`` holds the config,
+the vocabulary, every weight (the backbone's too) and the preprocessing, so loading needs no other file and no
+download.
 """
 from __future__ import annotations
 

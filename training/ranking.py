@@ -9,7 +9,7 @@ Ranks are 1-based and exact; a candidate scoring exactly equal to the ground tru
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ def retrieval_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to
     cap_to_img = cap_to_img.long().cpu()
     i2t, t2i = ranks_from_scores(lambda rows: similarity(image_emb[rows], caption_emb), image_emb.shape[0],
                                  cap_to_img)
-    res = {"i2t": summarize(i2t), "t2i": summarize(t2i)}
+    res: dict[str, Any] = {"i2t": summarize(i2t), "t2i": summarize(t2i)}
     res["rsum"] = round(sum(res[d][f"r{k}"] for d in ("i2t", "t2i") for k in KS), 4)
     res["mir"] = {"i2t": mean_inverted_rank(i2t), "t2i": mean_inverted_rank(t2i)}
     res["n_images"], res["n_captions"] = int(image_emb.shape[0]), int(caption_emb.shape[0])

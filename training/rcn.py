@@ -22,6 +22,7 @@ negative), so they are kept at least 1e-6 in magnitude with their sign.
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import torch
 from torch import nn
@@ -147,7 +148,7 @@ class RecurrentCapsuleNetwork(nn.Module):
                 alpha = agreement / _safe(agreement.sum(2, keepdim=True))       # eq. 9
                 masks = torch.einsum("bij,jbv->ibv", alpha, m_tilde)            # eq. 7
         self._last_masks = masks if self.recursions > 0 and self.capsules > 1 else None
-        return v
+        return cast(torch.Tensor, v)        # the loop runs at least once
 
     def regularizer(self) -> torch.Tensor | None:
         """λV (eq. 14–15) of the last forward's final masks, averaged over the batch."""

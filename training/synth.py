@@ -44,7 +44,7 @@ import os
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -287,9 +287,9 @@ def _caption(scene: Scene, seed: int) -> str:
     phrases = _object_phrases(scene, choose)
     fields = {"frame": choose.pick(_FRAMES)}
     if len(scene.objects) == 1:
-        templates = _ONE_OBJECT_TEMPLATES
+        templates: tuple[str, ...] = _ONE_OBJECT_TEMPLATES
         fields.update(a=phrases[0].indefinite, a_bare=phrases[0].bare,
-                      loc=choose.pick(_LOCATION_PHRASES[scene.location]))
+                      loc=choose.pick(_LOCATION_PHRASES[cast(str, scene.location)]))   # set for one object
     elif len(scene.objects) == 2:
         (r,) = scene.relations
         subject, relation, obj = r.subject, r.relation, r.object
@@ -379,7 +379,7 @@ def render(scene: Scene, image_size: int) -> Image.Image:
     """The scene as an RGB image, drawn at twice the size and reduced (anti-aliased edges)."""
     side = image_size * _SUPERSAMPLE
     background = Image.fromarray(_background_array(scene.background, image_size))
-    image = background.resize((side, side), Image.NEAREST)
+    image = background.resize((side, side), Image.Resampling.NEAREST)
     draw = ImageDraw.Draw(image)
     for o in scene.objects:
         _draw_object(draw, o, side)
@@ -428,7 +428,8 @@ def _unit_plan(n_images: int, n_val: int, n_test: int, rng: np.random.Generator,
     n_two = n_images - n_one - n_three
     n_pairs = min(round(n_two * pair_fraction / 2), (n_images - n_val - n_test - 1) // 2)
     kinds = [list(_PAIR_MAKERS)[i % 2] for i in range(n_pairs)]
-    plan = [(1, None)] * n_one + [(3, None)] * n_three + [(2, None)] * (n_two - 2 * n_pairs)
+    plan: list[tuple[int, str | None]] = []
+    plan += [(1, None)] * n_one + [(3, None)] * n_three + [(2, None)] * (n_two - 2 * n_pairs)
     plan += [(2, kind) for kind in kinds]
     return [plan[i] for i in rng.permutation(len(plan))]
 
@@ -504,7 +505,7 @@ def generate(out_dir: str | Path, n_images: int = 3000, seed: int = 0, image_siz
     out_dir = Path(out_dir)
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    records = []
+    records: list[dict] = []
     with tqdm(total=n_images, desc="synthetic images", unit="img", disable=not progress) as bar:
         for unit in units:
             first = len(records)

@@ -22,6 +22,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence, Sized, cast
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ from .fileio import atomic_path, write_text
 from .factory import build_loss
 from .model import build_model, freeze_modules, init_from_checkpoint, save_model
 from .vocab import SPECIALS, Vocabulary, pad_batch
+
+if TYPE_CHECKING:
+    from .distributed import Distributed
 
 
 def set_seed(seed: int) -> None:
@@ -79,7 +83,7 @@ class OneCaptionPerImage(torch.utils.data.Sampler):
     NegCLIP). Random batches almost never hold such a pair, and then nothing teaches the model binding.
     """
 
-    def __init__(self, cap_to_img: list[int], generator: torch.Generator, groups: list[tuple[int, ...]] = ()):
+    def __init__(self, cap_to_img: list[int], generator: torch.Generator, groups: Sequence[tuple[int, ...]] = ()):
         self.generator = generator
         self.captions: dict[int, list[int]] = {}
         for cap, img in enumerate(cap_to_img):
@@ -238,7 +242,7 @@ class Trainer:
         """``train.sampling``: every item once (caption), or one item per image (image, minimal_pairs)."""
         t = self.cfg["train"]
         if t["sampling"] == "caption":
-            return torch.utils.data.RandomSampler(data, generator=generator)
+            return torch.utils.data.RandomSampler(cast(Sized, data), generator=generator)   # a map-style dataset
         groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
         return OneCaptionPerImage(item_to_img, generator, groups)
 
@@ -265,8 +269,9 @@ class Trainer:
             img_emb = image_inputs_to_embedding(model, kind, images)
             cap_emb = model.embed_texts(ids, lengths)
             if self.gather:     # the global batch: every rank's loss is the whole batch's (distributed.py)
-                img_emb, cap_emb = self.dist.gather(img_emb), self.dist.gather(cap_emb)
-                img_idx = self.dist.gather_ids(img_idx)
+                dist = cast("Distributed", self.dist)      # set whenever self.gather is
+                img_emb, cap_emb = dist.gather(img_emb), dist.gather(cap_emb)
+                img_idx = dist.gather_ids(img_idx)
             loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
         regularizer = getattr(model.text_encoder, "regularizer", None)
         extra = regularizer() if regularizer is not None else None
@@ -374,9 +379,10 @@ class Trainer:
                       "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
-                val = self.validate(val_source) if self.is_main else None
+                val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
                 if self.dist is not None:   # the others wait here; then every rank takes the same decisions
                     val = self.dist.broadcast(val)
+                val = cast(dict, val)       # every rank's now
                 record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
                 score = self.selection_score(val)
                 if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):

@@ -162,6 +162,8 @@ class ServiceState:
                     raise ValueError("no index: set --index or JOINTSPACE_INDEX")
                 self.gallery = await loop.run_in_executor(self.compute_pool, self._open_gallery,
                                                           self.settings.index)
+            else:
+                await loop.run_in_executor(self.compute_pool, lambda: self.gallery.photos)   # warm, off the loop
             if self.has_decoder:
                 self.caption_batcher = self._batcher(self._caption_pixels, "caption")
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Hashable, Sequence
+from typing import Hashable, Mapping, Sequence, TypeVar
 
 N_MAX = 4
 SIGMA = 6.0
+K = TypeVar("K", bound=Hashable)                   # a reference set's key
 
 Vector = tuple[list[dict], list[float], int]        # per-n tf-idf maps, per-n norms, sentence length
 
@@ -33,7 +34,7 @@ def ngrams(tokens: Sequence[Hashable], n_max: int = N_MAX) -> list[Counter]:
 class CiderD:
     """CIDEr-D of candidates against fixed reference sets ``{key: [tokens, ...]}`` (tokenised sentences)."""
 
-    def __init__(self, references: dict[Hashable, Sequence[Sequence[Hashable]]], sigma: float = SIGMA):
+    def __init__(self, references: Mapping[K, Sequence[Sequence[Hashable]]], sigma: float = SIGMA):
         if not references:
             raise ValueError("CIDEr-D needs at least one reference set")
         self.sigma = sigma
@@ -42,8 +43,9 @@ class CiderD:
         for ref_counts in counts.values():      # df counts reference sets, not sentences
             self.df.update({g for rc in ref_counts for per_n in rc for g in per_n})
         self.log_n = math.log(float(len(references)))
-        self.refs = {key: [self._vector(rc, len(ref)) for rc, ref in zip(ref_counts, references[key])]
-                     for key, ref_counts in counts.items()}
+        self.refs: dict[Hashable, list[Vector]] = {
+            key: [self._vector(rc, len(ref)) for rc, ref in zip(ref_counts, references[key])]
+            for key, ref_counts in counts.items()}
 
     def _vector(self, counts: list[Counter], length: int) -> Vector:
         vecs, norms = [], []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 from pydantic import ValidationError
@@ -83,7 +83,7 @@ def _nest(keys: list[str], value: Any) -> dict:
     return out
 
 
-def build_config(file_values: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def build_config(file_values: dict | None = None, overrides: Sequence[str] = ()) -> dict:
     """Defaults ← file values ← ``--set`` overrides, checking every key."""
     cfg = _merge(DEFAULTS, file_values or {})
     for item in overrides:
@@ -93,7 +93,7 @@ def build_config(file_values: dict | None = None, overrides: list[str] | tuple[s
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
     values: dict = {}
     if path is not None:
         text = Path(path).read_text()

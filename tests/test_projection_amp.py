@@ -69,7 +69,7 @@ def test_the_probe_catches_a_position_leak_and_passes_the_two_branch_projection(
                                     batch, img_dim, txt_dim, amp=False, device=cpu, seed=3)
     floor = probe.equal_similarity_loss(cfg, batch)          # margin · k · B · (1 + λ) for K-hardest
     assert abs(floor - 0.1 * 10 * batch * 1.1) < 1e-3
-    last = (lambda ls: sum(ls[-20:]) / 20)
+    def last(ls): return sum(ls[-20:]) / 20
     assert last(honest) > 0.9 * floor                  # nothing to learn from unpaired inputs
     assert last(leaky) < 0.2 * floor                   # the batch position alone pairs them
     assert probe.order_equivariance_error(build_projection(cfg["model"], img_dim), img_dim, batch, False, cpu) < 1e-5

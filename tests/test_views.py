@@ -130,7 +130,7 @@ def test_view_augmented_teacher_forcing_and_scst(synth_small, tmp_path):
         train(cfg, synth_small, out, progress=False, log=quiet)
         scst[name] = out
     start = runs["views"]
-    for name, out in scst.items():
+    for out in scst.values():
         assert _changed(load_model(out / "model.pt"), start) <= {"decoder"}    # the common space stays frozen
     # the captioning samples are written from other conditioning vectors when views are on
     rewards = {name: [r["reward"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .registry import Registry
 
-SIMILARITIES: Registry[type["Similarity"]] = Registry("similarity")
+SIMILARITIES: Registry[type[Similarity]] = Registry("similarity")
 
 
 class Similarity:

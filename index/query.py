@@ -63,7 +63,11 @@ def format_time(seconds: float | None) -> str | None:
     """Unix seconds → ISO 8601 UTC date-time (``2024-06-01T14:30:00Z``)."""
     if seconds is None or seconds != seconds:
         return None
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        when = _EPOCH + dt.timedelta(seconds=seconds)
+    except (OverflowError, ValueError):       # beyond what datetime holds (years 1 to 9999): no time to show
+        return None
+    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def check_min_score(similarity: str, min_score: float | None) -> float | None:

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 from index.embed import embed_texts
 from index.faiss_index import VectorIndex
 from index.gallery import Gallery, build, current_generation
-from index.query import ImageFilter, parse_time, text_queries
+from index.query import ImageFilter, format_time, parse_time, text_queries
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
@@ -143,6 +143,9 @@ def test_text_subtract_and_time_parsing(model):
             parse_time(bad)
     with pytest.raises(ValueError, match="must be earlier than taken_before"):
         ImageFilter(taken_after=START + DAY, taken_before=START)
+    assert format_time(START + DAY + 0.7) == "2020-01-02T00:00:00Z"
+    assert format_time(parse_time("0001-01-01")) == "0001-01-01T00:00:00Z"
+    assert format_time(parse_time("9999-12-31T23:59:59-23:59")) is None      # past year 9999 in UTC: not shown
 
 
 # --- HTTP -------------------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 ``hooks`` in deploy/schemathesis.toml).
 
 The upload routes' ``image`` part declares the image types the service reads (``encoding.image.contentType``:
-JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF) and the service sniffs the bytes, so a schema-valid upload is a real image of one
-of those types. Schemathesis has no generator for them; these strategies draw small real images (size, colours
-and a shape vary) in each format.
+JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF) and the service sniffs the bytes, so a schema-valid upload is a
+real image of one of those types. Schemathesis has no generator for them; these strategies draw small real images
+(size, colours and a shape vary) in each format. A second hook orders the two date filters (below).
 """
 from __future__ import annotations
 

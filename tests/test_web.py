@@ -543,8 +543,8 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     files = {"image": (photo.name, data, "image/jpeg")}
     want = _api(server, "/v1/search/images", files=files, data={"k": "10"})
     _drop(page, "#similar-drop", data, photo.name, "image/jpeg")
-    page.wait_for_function("name => document.querySelector('#results h2')?.textContent === `Top 10 images like ${name}`",
-                           arg=photo.name)
+    page.wait_for_function("name => document.querySelector('#results h2')?.textContent === "
+                           "`Top 10 images like ${name}`", arg=photo.name)
     hits = _hits(page)
     assert [i for i, _ in hits] == _ids(want) and hits[0][1] == pytest.approx(1.0, abs=2e-3)   # itself first
     page.click("#next")

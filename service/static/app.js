@@ -120,7 +120,8 @@ async function loadFolders() {
     const { folders } = await requestJSON("v1/folders");
     const chosen = el.folder.value;
     el.folder.replaceChildren(h("option", { value: "", text: "All folders" }),
-      ...folders.map((f) => h("option", { value: f.folder, text: `${f.folder === "." ? "(top folder)" : f.folder} (${f.images})` })));
+      ...folders.map((f) => h("option", {
+        value: f.folder, text: `${f.folder === "." ? "(top folder)" : f.folder} (${f.images})` })));
     el.folder.value = chosen;
   } catch (err) {
     // the folder filter stays at "All folders"; a missing key is asked for by api.js

@@ -65,7 +65,7 @@ def _file_parts_as_text(response, case, media_type):
     body = case.body
     if isinstance(body, dict):
         as_text = {k: "<file>" if isinstance(v, (bytes, bytearray)) or hasattr(v, "data") and
-                   isinstance(getattr(v, "data"), (bytes, bytearray)) else v for k, v in body.items()}
+                   isinstance(v.data, (bytes, bytearray)) else v for k, v in body.items()}
         if any(as_text[k] is not body[k] for k in body):
             case.body = as_text
             try:
@@ -94,7 +94,7 @@ def _instant(value):
         return None
     try:
         if len(value) == 10:
-            return _dt.datetime.combine(_dt.date.fromisoformat(value), _dt.time(), _dt.timezone.utc)
+            return _dt.datetime.combine(_dt.date.fromisoformat(value), _dt.time(), _dt.UTC)
         when = _dt.datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
         return when if when.tzinfo is not None else None
     except (ValueError, OverflowError):

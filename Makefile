@@ -8,7 +8,7 @@ PORT   ?= 8000
 # the browser tests (tests/test_web.py) drive Debian's Chromium with Playwright's Python package
 CHROMIUM_PACKAGES := chromium chromium-driver fonts-dejavu-core
 
-.PHONY: install test lint demo clean chromium
+.PHONY: install test lint demo demo-train clean chromium
 
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +43,29 @@ chromium:  ## Chromium for the browser tests: installed with apt-get when missin
 		echo "!!!!! or set JOINTSPACE_CHROMIUM to a Chromium binary."; \
 	fi
 
-demo: $(DEMO)/index/CURRENT $(DEMO)/eval.json  ## synthetic data → train configs/demo.yaml → index → serve on :8000
+demo: $(DEMO)/photos-index/CURRENT  ## real photos searched with the shipped model, served on :8000
 	@echo ""
-	@echo "jointspace demo: open http://$(HOST):$(PORT)/ in a browser to search the demo gallery"
+	@echo "jointspace demo: open http://$(HOST):$(PORT)/ and search $(DEMO)/samples/photos with a sentence"
+	@echo "  (the shipped model, docs/model-card.md; photo credits in $(DEMO)/samples/ATTRIBUTION.md; Ctrl-C stops)"
+	@echo "or try the API from another terminal:"
+	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/images -H 'content-type: application/json' \\"
+	@echo "       -d '{\"text\": \"a cat looking at the camera\", \"k\": 3}'"
+	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/captions -F image=@$(DEMO)/samples/photos/cat.jpg -F k=3"
+	@echo "  curl -s -o photo0 http://$(HOST):$(PORT)/v1/images/0      # ?size=128 for a thumbnail"
+	@echo "To search your own photos: jointspace index build --images ~/photos --out gallery (README)."
+	@echo ""
+	$(BIN)/jointspace serve --index $(DEMO)/photos-index --host $(HOST) --port $(PORT)
+
+$(DEMO)/samples/captions.txt: | $(BIN)/jointspace
+	$(BIN)/jointspace index samples --out $(DEMO)/samples
+
+$(DEMO)/photos-index/CURRENT: $(DEMO)/samples/captions.txt
+	$(BIN)/jointspace index build --images $(DEMO)/samples/photos --captions $(DEMO)/samples/captions.txt \
+		--out $(DEMO)/photos-index --workers 0
+
+demo-train: $(DEMO)/index/CURRENT $(DEMO)/eval.json  ## synthetic data → train configs/demo.yaml → index → serve on :8000
+	@echo ""
+	@echo "jointspace demo-train: open http://$(HOST):$(PORT)/ in a browser to search the synthetic test split"
 	@echo "  (API docs: http://$(HOST):$(PORT)/docs; Ctrl-C stops)"
 	@echo "or try the API from another terminal:"
 	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/images -H 'content-type: application/json' \\"

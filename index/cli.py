@@ -13,7 +13,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     isub = p.add_subparsers(dest="index_command", required=True, metavar="ACTION")
 
     b = isub.add_parser("build", help="embed a gallery (and a caption corpus) and write a new index")
-    b.add_argument("--model", required=True, help="model.pt")
+    b.add_argument("--model", help="model.pt (default: the shipped real-photo model, docs/model-card.md)")
     src = b.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="a directory of images (searched recursively)")
     src.add_argument("--data", help="a captioned data set (Karpathy JSON / Flickr8k / COCO); needs --split")
@@ -32,7 +32,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     a = isub.add_parser("add", help="add images and/or captions to an index without rebuilding it")
     a.add_argument("--index", required=True, help="index directory")
-    a.add_argument("--model", required=True, help="model.pt (must be the one the index was built with)")
+    a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     a.add_argument("paths", nargs="*", help="image files or directories to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
     _exclude(a)
@@ -43,7 +43,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                      "deleted ones")
     y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
-    y.add_argument("--model", required=True, help="model.pt (must be the one the index was built with)")
+    y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     _exclude(y)
     _common(y)
     y.set_defaults(func=cmd_sync)
@@ -56,7 +56,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     s = isub.add_parser("search", help="search the gallery with a sentence or an example photo; print JSON")
     s.add_argument("--index", required=True, help="index directory")
-    s.add_argument("--model", required=True, help="model.pt (the one the index was built with)")
+    s.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     q = s.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", help="a sentence describing the images to find")
     q.add_argument("--image", help="an example photo: find gallery images like it")
@@ -76,6 +76,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     i = isub.add_parser("info", help="print an index's manifest and counts as JSON")
     i.add_argument("--index", required=True, help="index directory")
     i.set_defaults(func=cmd_info)
+
+    m = isub.add_parser("samples", help="write a sample gallery of real photos (public domain / CC0 / CC BY, from "
+                                        "installed packages) and a caption corpus, for a first try")
+    m.add_argument("--out", required=True, help="folder: photos/, captions.txt and ATTRIBUTION.md are written there")
+    m.set_defaults(func=cmd_samples)
 
 
 def _exclude(p: argparse.ArgumentParser) -> None:
@@ -108,10 +113,11 @@ def _report_skipped(skipped) -> None:
 
 def _load(args):
     from training.model import load_model
+    from training.pretrained import resolve
     from training.train import resolve_device
 
     device = resolve_device(args.device)
-    return load_model(args.model, device), device
+    return load_model(resolve(args.model), device), device
 
 
 def cmd_build(args) -> int:
@@ -265,4 +271,13 @@ def cmd_info(args) -> int:
     gallery = Gallery.load(args.index)
     print(json.dumps(gallery.info(), indent=2))
     gallery.close()
+    return 0
+
+
+def cmd_samples(args) -> int:
+    from .samples import write_samples
+
+    photos = write_samples(args.out)
+    print(json.dumps({"photos": str(photos), "captions": str(Path(args.out) / "captions.txt"),
+                      "images": len(list(photos.iterdir()))}))
     return 0

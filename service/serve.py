@@ -10,7 +10,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "
                                    "(see service/settings.py and docs/service.md).")
-    p.add_argument("--model", help="model.pt (env JOINTSPACE_MODEL)")
+    p.add_argument("--model", help="model.pt (env JOINTSPACE_MODEL; default: the shipped real-photo model)")
     p.add_argument("--index", help="index directory (env JOINTSPACE_INDEX)")
     p.add_argument("--host", help="bind address (env JOINTSPACE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env JOINTSPACE_PORT, default 8000)")
@@ -34,6 +34,7 @@ def cmd_serve(args) -> int:
 
     from index.gallery import Gallery
     from training.model import load_model
+    from training.pretrained import resolve
 
     from .app import create_app
     from .settings import Settings
@@ -42,8 +43,10 @@ def cmd_serve(args) -> int:
     given = {k: v for k, v in vars(args).items()
              if k in Settings.model_fields and v is not None}
     settings = Settings(**given)
-    if not settings.model or not settings.index:
-        raise ValueError("serve needs a model and an index: --model/--index or JOINTSPACE_MODEL/JOINTSPACE_INDEX")
+    if not settings.index:
+        raise ValueError("serve needs an index: --index or JOINTSPACE_INDEX (and the model it was built with: "
+                         "--model, JOINTSPACE_MODEL, or the shipped model by default)")
+    settings.model = str(resolve(settings.model))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)

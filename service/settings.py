@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JOINTSPACE_", extra="ignore")
 
-    model: str = Field("", description="model.pt to serve")
+    model: str = Field("", description="model.pt to serve (empty: the shipped real-photo model)")
     index: str = Field("", description="index directory built with that model (jointspace index build)")
     host: str = "127.0.0.1"
     port: int = 8000

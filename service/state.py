@@ -17,6 +17,7 @@ import torch
 
 from index.gallery import Gallery, current_generation, read_manifest
 from training.model import load_model
+from training.pretrained import resolve
 
 from .batcher import DynamicBatcher
 from .contract import request_models
@@ -151,10 +152,8 @@ class ServiceState:
         loop = asyncio.get_running_loop()
         try:
             if self.model is None:
-                if not self.settings.model:
-                    raise ValueError("no model: set --model or JOINTSPACE_MODEL")
-                self.model = await loop.run_in_executor(self.compute_pool, load_model, self.settings.model,
-                                                        self.device)
+                model_file = str(resolve(self.settings.model))      # the shipped model when none is set
+                self.model = await loop.run_in_executor(self.compute_pool, load_model, model_file, self.device)
             else:
                 self.model = self.model.to(self.device).eval()
             if self.gallery is None:

@@ -1,5 +1,6 @@
 """Deployment files: the Dockerfile passes hadolint and has what the GPU image needs; docker-compose.yml is valid
-for Docker Compose v2 (``docker compose config``; no engine needed) and reserves a GPU; ``make demo`` serves."""
+for Docker Compose v2 (``docker compose config``; no engine needed) and reserves a GPU; ``make demo`` and
+``make demo-train`` serve."""
 import importlib.util
 import json
 import os
@@ -106,11 +107,23 @@ def test_compose_validation_rejects_a_broken_file(tmp_path):
     assert result.returncode != 0 and "count" in result.stderr
 
 
-def test_make_demo_builds_an_index_and_serves():
+def _plan(target: str) -> str:
     make = shutil.which("make")
-    if make is None:
-        pytest.skip("make is not installed")
-    plan = subprocess.run([make, "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True).stdout
+    assert make is not None, "make is not installed"
+    return subprocess.run([make, "-n", "-B", target], cwd=REPO, capture_output=True, text=True).stdout
+
+
+def test_make_demo_indexes_real_photos_with_the_shipped_model_and_serves():
+    plan = _plan("demo")
+    steps = [s for s in ("jointspace index samples", "jointspace index build", "jointspace serve") if s in plan]
+    assert steps == ["jointspace index samples", "jointspace index build", "jointspace serve"], plan
+    assert "jointspace train" not in plan and "--model" not in plan       # the shipped model, nothing trained
+    assert plan.index("jointspace index build") < plan.index("jointspace serve")
+    assert "127.0.0.1" in plan and "8000" in plan and "curl" in plan
+
+
+def test_make_demo_train_trains_indexes_and_serves():
+    plan = _plan("demo-train")
     steps = [s for s in ("jointspace synth", "jointspace train --config configs/demo.yaml", "jointspace index build",
                          "jointspace serve") if s in plan]
     assert steps == ["jointspace synth", "jointspace train --config configs/demo.yaml", "jointspace index build",

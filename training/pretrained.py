@@ -30,3 +30,8 @@ def model_path(name: str = DEFAULT) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"the shipped model file {path} is missing from this installation")
     return path
+
+
+def resolve(model: str | Path | None) -> Path:
+    """``model`` when given, else the default shipped model (what ``--model`` falls back to)."""
+    return Path(model) if model else model_path(DEFAULT)

@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --config (and --out) to train, or --model to evaluate")
     env = dict(os.environ)
     wall = peak = None
+    at_start = commit()            # the code that runs is the code at the start
     if args.config:
         if not args.out:
             ap.error("--config needs --out")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
            "i2t": [round(metrics["i2t"][k], 1) for k in ("r1", "r5", "r10")],
            "t2i": [round(metrics["t2i"][k], 1) for k in ("r1", "r5", "r10")],
            "rsum": round(metrics["rsum"], 1), "wall_min": wall, "peak_gib": peak,
-           "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": commit()}
+           "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": at_start}
     save_row(row)
     print(json.dumps(row))
     return 0

@@ -109,6 +109,16 @@ def t_flickr8k_dev() -> str:
     return with_provenance(headers, cells, data["rows"], data, column=True)
 
 
+def t_model_card() -> str:
+    """The shipped model's row of flickr8k_dev.json (docs/model-card.md)."""
+    data = load("flickr8k_dev.json")
+    rows = [r for r in data["rows"] if r["name"] == "flickr8k (shipped)"]
+    headers = ["i2t R@1/5/10", "t2i R@1/5/10", "R-sum", "training wall (min)", "peak (GiB)"]
+    cells = [[join(r["i2t"]), join(r["t2i"]), f(r["rsum"]), f(r.get("wall_min")), f(r.get("peak_gib"))]
+             for r in rows]
+    return with_provenance(headers, cells, rows, data, column=True)
+
+
 def t_synthetic_demo() -> str:
     data = load("synthetic_demo.json")
     rows = data["rows"]
@@ -324,6 +334,7 @@ def t_config_reference() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "config_reference": t_config_reference,
     "flickr8k_dev": t_flickr8k_dev,
+    "model_card": t_model_card,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,
     "flickr8k_text_branch": t_flickr8k_text_branch,

@@ -177,7 +177,9 @@ class Trainer:
             self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
             cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
-            if cache_inputs is not None:    # partial fine-tuning: the frozen bottom runs once (state_cache.py)
+            # partial fine-tuning: the frozen bottom runs once (state_cache.py); a text encoder in train.freeze runs
+            # whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
+            if cache_inputs is not None and "text_encoder" not in t["freeze"]:
                 from .features import default_cache_dir
 
                 cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),

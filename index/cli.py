@@ -26,6 +26,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--factory", help="FAISS factory string for the images (default: by gallery size, "
                                      "see index/faiss_index.py)")
     b.add_argument("--caption-factory", help="FAISS factory string for the captions (default: by corpus size)")
+    b.add_argument("--querybank", metavar="PATH",
+                   help="normalise scores against a bank of typical queries (QB-Norm hubness correction, "
+                        "docs/index.md): a text file of captions (corrects text→image search), or a captioned data "
+                        "set whose --querybank-split captions and images are the banks (corrects both directions)")
+    b.add_argument("--querybank-split", choices=["train", "val", "test"], default="train",
+                   help="the split of a --querybank data set (default: train)")
+    b.add_argument("--qb-beta", type=float, default=20.0, help="inverse temperature of the inverted softmax (20)")
     _exclude(b)
     _common(b)
     b.set_defaults(func=cmd_build)
@@ -146,13 +153,41 @@ def cmd_build(args) -> int:
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     if not paths:
         raise ValueError("no images to index")
+    bank = _querybank(args, model, device) if args.querybank else None
     report = build(args.out, model, paths, captions, factory=args.factory, caption_factory=args.caption_factory,
                    device=device, batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
-                   image_root=args.images)
+                   image_root=args.images, querybank=bank)
     _report_skipped(report.skipped)
     print(f"indexed {len(report.image_ids)} images and {len(report.caption_ids)} captions into {args.out} "
           f"({report.generation})")
     return 0
+
+
+def _querybank(args, model, device):
+    """The query bank of ``index build --querybank``: embedded captions (a text file) or captions + images (the
+    chosen split of a captioned data set)."""
+    from training.data import load_dataset
+
+    from .embed import embed_image_files, embed_texts
+    from .querybank import QueryBank
+
+    source = Path(args.querybank)
+    if source.is_file():
+        texts, image_paths = _read_lines(source), []
+    elif source.is_dir():
+        records = load_dataset(source).split(args.querybank_split).images
+        texts, image_paths = [c for r in records for c in r.captions], [r.path for r in records]
+    else:
+        raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
+    if not texts:
+        raise ValueError(f"--querybank: {source} holds no captions")
+    captions = embed_texts(model, texts, device=device, progress=not args.quiet)
+    images = None
+    if image_paths:
+        emb = embed_image_files(model, image_paths, batch_size=args.batch_size, device=device,
+                                workers=args.workers, progress=not args.quiet)
+        images = emb.vectors if emb.kept else None
+    return QueryBank(captions=captions, images=images, beta=args.qb_beta)
 
 
 def cmd_add(args) -> int:

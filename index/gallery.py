@@ -10,6 +10,8 @@ Layout (every change writes a whole new *generation*; the ``CURRENT`` file names
         captions.faiss         caption embeddings (the caption corpus for image → caption ranking)
         metadata.sqlite        id → file path, capture time, size, folder, content hash / caption text, added time
       gen-00000002/            the previous generation (kept for readers that are still loading it)
+      querybank-<hash>.npz     optional: the query bank of a QB-Norm index (index/querybank.py), shared by the
+                               generations whose manifest names it
 
 A build, ``add`` or ``remove`` writes the new generation into a temporary directory, fsyncs it, renames it
 to ``gen-N`` and only then points ``CURRENT`` at it. Generations get the modes the writer's umask gives new
@@ -45,6 +47,7 @@ from .embed import embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
+from .querybank import QueryBank, bank_for, queries_for, unfold
 
 FORMAT = "jointspace-index/1"
 _GEN = re.compile(r"^gen-(\d{8})$")
@@ -121,12 +124,17 @@ class Gallery:
         the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass."""
         if allowed is None:
             allowed = self.allowed_ids(flt)
+        queries = queries_for(self.manifest, "images", queries)
         hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
         return [page(h, k, offset, min_score) for h in hits]
 
     def search_captions(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Image embeddings → best-first ``(caption id, score)`` per query."""
-        return _pairs(*self.captions.search(queries, k))
+        return _pairs(*self.captions.search(queries_for(self.manifest, "captions", queries), k))
+
+    def image_vector(self, image_id: int) -> np.ndarray:
+        """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""
+        return unfold(self.manifest, "images", self.images.reconstruct(image_id))
 
     def info(self) -> dict:
         return {"root": str(self.root), "generation": self.generation, **self.manifest,
@@ -238,14 +246,19 @@ def _write(gen_dir: Path, manifest: dict, images: VectorIndex, captions: VectorI
 def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
-          workers: int = 2, progress: bool = True, image_root: str | Path | None = None) -> UpdateReport:
+          workers: int = 2, progress: bool = True, image_root: str | Path | None = None,
+          querybank: QueryBank | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
-    default the deepest folder holding them all)."""
+    default the deepest folder holding them all). ``querybank``: normalise the scores against this bank of
+    queries (QB-Norm, index/querybank.py; cosine models)."""
     root = Path(root)
     similarity = model.cfg["model"]["similarity"]
     dim = model.cfg["model"]["embed_dim"]
+    if querybank is not None and similarity != "cosine":
+        raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
+                         f"{similarity!r}")
     emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
                             progress=progress)
     if not emb.kept:
@@ -254,9 +267,12 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
     texts = [t for t, _ in captions]
     cap_vectors = embed_texts(model, texts, device=device, progress=progress)
     cap_ids = np.arange(len(texts), dtype=np.int64)
-    images = VectorIndex.create(dim, "images", similarity, factory, train_vectors=emb.vectors)
-    images.add(emb.vectors, image_ids)
-    caps = VectorIndex.create(dim, "captions", similarity, caption_factory,
+    img_vectors, cap_vectors = emb.vectors, cap_vectors
+    if querybank is not None:                            # [v, −o] items (index/querybank.py)
+        img_vectors, cap_vectors = querybank.fold("images", img_vectors), querybank.fold("captions", cap_vectors)
+    images = VectorIndex.create(img_vectors.shape[1], "images", similarity, factory, train_vectors=img_vectors)
+    images.add(img_vectors, image_ids)
+    caps = VectorIndex.create(cap_vectors.shape[1], "captions", similarity, caption_factory,
                               train_vectors=cap_vectors if len(texts) else None)
     caps.add(cap_vectors, cap_ids)
     kept = set(emb.kept)
@@ -266,15 +282,33 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
                 "next_image_id": len(image_paths), "next_caption_id": len(texts)}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
-    with new_generation(root) as gen_dir:
-        meta = Metadata(gen_dir / "metadata.sqlite")
-        meta.add_images([(i, str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)],
-                        added=now)
-        meta.add_captions([(i, t, g if g in kept else None) for i, (t, g) in enumerate(captions)], added=now)
-        meta.close()
-        _write(gen_dir, manifest, images, caps)
+    with _locked(root):                                   # the bank file and the generation naming it, together
+        if querybank is not None:
+            manifest["querybank"] = querybank.save(root)
+        with new_generation(root, lock=False) as gen_dir:
+            meta = Metadata(gen_dir / "metadata.sqlite")
+            meta.add_images([(i, str(Path(image_paths[i]).resolve()), info)
+                             for i, info in zip(emb.kept, emb.info)], added=now)
+            meta.add_captions([(i, t, g if g in kept else None) for i, (t, g) in enumerate(captions)], added=now)
+            meta.close()
+            _write(gen_dir, manifest, images, caps)
+        _prune_banks(root)
     return UpdateReport(image_ids=image_ids.tolist(), caption_ids=cap_ids.tolist(), skipped=emb.skipped,
                         generation=current_generation(root))
+
+
+def _prune_banks(root: Path) -> None:
+    """Removes query bank files that no kept generation names (after a rebuild with another bank or none)."""
+    named = set()
+    for gen in root.iterdir():
+        if _GEN.match(gen.name):
+            try:
+                named.add((_read_manifest(gen).get("querybank") or {}).get("file"))
+            except (OSError, ValueError):
+                return                                   # unreadable generation: keep everything
+    for bank in root.glob("querybank-*.npz"):
+        if bank.name not in named:
+            bank.unlink(missing_ok=True)
 
 
 def _load_for_update(root: Path) -> tuple[Path, dict, VectorIndex, VectorIndex]:
@@ -298,12 +332,13 @@ def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), caption
     cap_vectors = embed_texts(model, list(captions), device=device, progress=progress) if captions else None
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
         check_model(manifest, model, root)
+        bank = bank_for(root, manifest)
         report = UpdateReport()
         now = time.time()
         rows_img, rows_cap = [], []
         if emb is not None:
             ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
-            images.add(emb.vectors, ids)
+            images.add(bank.fold("images", emb.vectors) if bank else emb.vectors, ids)
             manifest["next_image_id"] += len(emb.kept)
             rows_img = [(int(i), str(Path(image_paths[p]).resolve()), info)
                         for i, p, info in zip(ids, emb.kept, emb.info)]
@@ -311,7 +346,7 @@ def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), caption
         if cap_vectors is not None:
             ids = np.arange(manifest["next_caption_id"], manifest["next_caption_id"] + len(captions),
                             dtype=np.int64)
-            caps.add(cap_vectors, ids)
+            caps.add(bank.fold("captions", cap_vectors) if bank else cap_vectors, ids)
             manifest["next_caption_id"] += len(captions)
             rows_cap = [(int(i), t, None) for i, t in zip(ids, captions)]
             report.caption_ids = ids.tolist()
@@ -418,7 +453,8 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
             rows = []
             if emb is not None and emb.kept:
                 ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
-                vectors.add(emb.vectors, ids)
+                bank = bank_for(root, manifest)
+                vectors.add(bank.fold("images", emb.vectors) if bank else emb.vectors, ids)
                 manifest["next_image_id"] += len(emb.kept)
                 rows = [(int(i), str(new[p]), info) for i, p, info in zip(ids, emb.kept, emb.info)]
                 report.image_ids = [int(i) for i, p in zip(ids, emb.kept) if new[p] not in indexed]

@@ -110,7 +110,7 @@ class Engine:
     def search_image_id(self, image_id: int, k: int | Options) -> list[tuple[int, float]]:
         """Captions for a gallery image, from its stored embedding (no forward pass); KeyError if unknown."""
         gallery = self.gallery
-        vector = gallery.images.reconstruct(image_id)
+        vector = gallery.image_vector(image_id)
         return _paged(gallery, "captions", vector[None, :], [options(k)])[0]
 
     # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------

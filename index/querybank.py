@@ -1,0 +1,113 @@
+"""Querybank normalisation inside the index: QB-Norm's inverted softmax (training/hubness.py) folded into FAISS.
+
+An index built with a query bank stores each item as ``[v, −o]``, where ``o`` is the item's offset against the
+bank (``hubness.item_offsets``: (1/β) log Σ_b exp(β b·v), QB-Norm eq. 3), and every query is searched as
+``[q, 1]``; the inner product is then ``q·v − o``, whose ranking is exactly the inverted softmax's. Search stays
+one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns are the normalised ones.
+
+- The image index is normalised with a bank of *captions* (typical text queries), the caption index with a bank
+  of *images*; either bank may be absent (that side is searched as usual).
+- The bank is stored once beside the generations (``INDEX_DIR/querybank-<hash>.npz``, float16, written
+  atomically and never changed) and named in the manifest, so ``add`` and ``sync`` give new items their offsets
+  from the same bank. Generations share it; it is removed with the index directory.
+- Cosine-similarity models only (the offset of an ``order`` model's score is no inner product).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.fileio import atomic_path
+from training.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
+
+BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
+
+
+@dataclass
+class QueryBank:
+    """Bank embeddings (unit vectors of the model the index is built with) and the inverse temperature."""
+
+    captions: np.ndarray | None = None       # (B, D): normalises the image index (text → image search)
+    images: np.ndarray | None = None         # (B', D): normalises the caption index (image → text search)
+    beta: float = DEFAULT_BETA
+
+    def __post_init__(self):
+        if not self.beta > 0:
+            raise ValueError(f"the querybank's beta must be > 0, got {self.beta}")
+        for name in ("captions", "images"):
+            bank = getattr(self, name)
+            if bank is not None:
+                if bank.ndim != 2 or len(bank) == 0:
+                    raise ValueError(f"the {name} query bank must be a non-empty (n, dim) array, got shape "
+                                     f"{bank.shape}")
+                setattr(self, name, np.ascontiguousarray(bank, dtype=np.float16))
+        if self.captions is None and self.images is None:
+            raise ValueError("a query bank needs captions and/or images")
+
+    def folds(self, role: str) -> bool:
+        """Whether the index of ``role`` (images | captions) is normalised by this bank."""
+        return getattr(self, BANK_ROLE[role]) is not None
+
+    def fold(self, role: str, vectors: np.ndarray) -> np.ndarray:
+        """Item vectors of ``role`` → ``[v, −o]`` (or unchanged when that side has no bank)."""
+        bank = getattr(self, BANK_ROLE[role])
+        if bank is None:
+            return vectors
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if len(vectors) == 0:
+            return np.zeros((0, vectors.shape[1] + 1), np.float32)
+        offsets = item_offsets(torch.from_numpy(bank), torch.from_numpy(vectors), self.beta).numpy()
+        return fold_items(vectors, offsets)
+
+    # --- storage ------------------------------------------------------------------------------------------
+    def save(self, root: Path) -> dict:
+        """Writes the bank beside the generations (once per content) and returns its manifest entry."""
+        buf = io.BytesIO()
+        arrays = {k: v for k, v in (("captions", self.captions), ("images", self.images)) if v is not None}
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        name = f"querybank-{hashlib.blake2b(data, digest_size=10).hexdigest()}.npz"
+        path = Path(root) / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(data)
+        return {"file": name, "beta": self.beta,
+                "captions": 0 if self.captions is None else len(self.captions),
+                "images": 0 if self.images is None else len(self.images)}
+
+    @classmethod
+    def load(cls, root: Path, entry: dict) -> "QueryBank":
+        path = Path(root) / entry["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"the index {root} names the query bank {entry['file']}, which is missing; "
+                                    f"rebuild the index (jointspace index build --querybank ...)")
+        with np.load(path) as z:
+            return cls(captions=z["captions"] if "captions" in z else None,
+                       images=z["images"] if "images" in z else None, beta=float(entry["beta"]))
+
+
+def folded(manifest: dict, role: str) -> bool:
+    """Whether the index of ``role`` in this manifest stores folded ``[v, −o]`` vectors."""
+    entry = manifest.get("querybank")
+    return bool(entry) and entry[BANK_ROLE[role]] > 0
+
+
+def bank_for(root: Path, manifest: dict) -> QueryBank | None:
+    entry = manifest.get("querybank")
+    return QueryBank.load(root, entry) if entry else None
+
+
+def queries_for(manifest: dict, role: str, queries: np.ndarray) -> np.ndarray:
+    """Queries against the index of ``role``: ``[q, 1]`` when it is folded, else as they are."""
+    return fold_queries(np.asarray(queries, dtype=np.float32)) if folded(manifest, role) else queries
+
+
+def unfold(manifest: dict, role: str, vector: np.ndarray) -> np.ndarray:
+    """A stored vector of ``role`` without its offset coordinate (the embedding itself)."""
+    return vector[..., :-1] if folded(manifest, role) else vector

@@ -74,6 +74,39 @@ def save_row(row: dict) -> None:
     os.replace(tmp, RESULTS)
 
 
+def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:
+    """R@1/5/10 both ways as the service ranks: every dev caption searched in the built index's images, every
+    dev image's stored vector searched in its captions (the index built from the dev split, ids = positions)."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from index.embed import embed_texts
+    from index.gallery import Gallery
+    from training.data import load_dataset
+    from training.model import load_model
+
+    model = load_model(model_path)
+    records = load_dataset(data).split("val").images
+    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+    cap_to_img = np.array([pos for _, pos in captions])
+    gallery = Gallery.load(index_dir, model=model)
+    try:
+        queries = embed_texts(model, [c for c, _ in captions], progress=False)
+        t2i = [[i for i, _ in row].index(int(cap_to_img[q])) + 1
+               for q, row in enumerate(gallery.search_images(queries, len(records)))]
+        vectors = np.stack([gallery.image_vector(i) for i in range(len(records))])
+        i2t = []
+        for q, row in enumerate(gallery.search_captions(vectors, len(captions))):
+            rank = {c: n for n, (c, _) in enumerate(row)}
+            i2t.append(min(rank[c] for c in np.flatnonzero(cap_to_img == q)) + 1)
+    finally:
+        gallery.close()
+    res = {d: {f"r{k}": round(100.0 * float(np.mean(np.array(r) <= k)), 4) for k in (1, 5, 10)}
+           for d, r in (("i2t", i2t), ("t2i", t2i))}
+    res["rsum"] = round(sum(v for d in ("i2t", "t2i") for v in res[d].values()), 4)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True, help="the row's name (a row with this name is replaced)")
@@ -86,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-cache", action="store_true", help="train with an empty feature cache")
     ap.add_argument("--querybank-norm", action="store_true", help="record the querybank-normalised metrics")
     ap.add_argument("--note", default="", help="appended to the hardware column (e.g. 'cores shared')")
+    ap.add_argument("--through-index", action="store_true",
+                    help="rank through a built FAISS index (jointspace index build of the dev split; with "
+                         "--querybank-norm, built with --querybank over the train split) instead of evaluate")
     args = ap.parse_args(argv)
     if bool(args.model) == bool(args.config):
         ap.error("give --config (and --out) to train, or --model to evaluate")
@@ -108,9 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         model = Path(args.model)
         config = f"model {args.model}"
     out = model.with_name(model.stem + "_dev.json")
-    run([*JOINTSPACE, "evaluate", "--model", str(model), "--data", args.data, "--split", "val", "--quiet",
-         "--no-generation", "--out", str(out), "--plot", str(out.with_suffix(".png")),
-         *(["--querybank-norm"] if args.querybank_norm else [])], env)
+    if args.through_index:
+        out = model.with_name(model.stem + ("_dev_index_qb.json" if args.querybank_norm else "_dev_index.json"))
+        index_dir = Path(tempfile.mkdtemp(prefix="jointspace-index-")) / "index"
+        run([*JOINTSPACE, "index", "build", "--model", str(model), "--data", args.data, "--split", "val",
+             "--out", str(index_dir), "--quiet", *(["--querybank", args.data] if args.querybank_norm else [])], env)
+        out.write_text(json.dumps(served_metrics(model, index_dir, args.data), indent=2) + "\n")
+        args.querybank_norm = False          # the index's own scores are the metrics
+    else:
+        run([*JOINTSPACE, "evaluate", "--model", str(model), "--data", args.data, "--split", "val", "--quiet",
+             "--no-generation", "--out", str(out), "--plot", str(out.with_suffix(".png")),
+             *(["--querybank-norm"] if args.querybank_norm else [])], env)
     result = json.loads(out.read_text())
     metrics = result["qbnorm"] if args.querybank_norm else result
     row = {"name": args.name, "lever": args.lever, "config": config,

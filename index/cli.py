@@ -151,10 +151,14 @@ def cmd_build(args) -> int:
         given = [f"--{o.replace('_', '-')}" for o in _RAY_OPTIONS if getattr(args, o) is not None]
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --engine ray")
-    elif args.ray_address:
-        from .ray_embed import check_address
+    else:
+        for option in ("ray_workers", "shard_size"):
+            if getattr(args, option) is not None and getattr(args, option) < 1:
+                raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
+        if args.ray_address:
+            from .ray_embed import check_address
 
-        check_address(args.ray_address)          # before the model loads: an unreachable cluster fails at once
+            check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     image_root = args.images
     model, device = _load(args)
     if args.data:

@@ -234,7 +234,8 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
     and returns all shards' embeddings (positions in ``paths``, as :func:`~index.embed.embed_image_files`
     returns them). ``model`` is the driver's copy of the model whose file's bytes are ``model_bytes``; the
     actors run on the GPU when ``gpus_per_worker`` > 0 (a fraction shares one GPU among actors), else on the
-    CPU with ``cpus_per_worker`` torch threads each."""
+    CPU with ``cpus_per_worker`` torch threads each. A Ray already initialized in this process is used as it is
+    (``address`` is then only checked for reachability)."""
     if workers < 1:
         raise ValueError(f"--ray-workers must be at least 1 (got {workers})")
     if cpus_per_worker <= 0 or gpus_per_worker < 0:
@@ -290,8 +291,8 @@ def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir:
                 ray.init(address=address, logging_level=level)
             else:
                 ray.init(**local_init_kwargs(max(1, int(np.ceil(workers * cpus_per_worker)))), logging_level=level)
-        except ConnectionError as err:
-            raise RuntimeError(f"cannot connect to the Ray cluster at {address}: {err}") from None
+        except (ConnectionError, ray.exceptions.RayError) as err:     # RayError: e.g. a missing auth token
+            raise RuntimeError(f"cannot connect to the Ray cluster at {address or 'a new local Ray'}: {err}") from None
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = progress
@@ -304,11 +305,15 @@ def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir:
                                    "device": "cuda" if gpus_per_worker > 0 else "cpu", "batch_size": batch_size,
                                    "threads": max(1, int(cpus_per_worker))})
         by_number = {s.number: s for s in todo}
-        for row in ds.iter_rows():
-            spec = by_number[int(row["shard"])]
-            write_shard(shard_dir, spec, bytes(row["data"]))
-            result.embedded.append(spec.number)
-            log(f"shard {spec.number} written ({len(result.embedded)}/{len(todo)})")
+        try:
+            for row in ds.iter_rows():
+                spec = by_number[int(row["shard"])]
+                write_shard(shard_dir, spec, bytes(row["data"]))
+                result.embedded.append(spec.number)
+                log(f"shard {spec.number} written ({len(result.embedded)}/{len(todo)})")
+        except ray.exceptions.RayError as err:   # an error in the actors' code (dead actors are restarted by Ray)
+            raise RuntimeError(f"embedding on Ray failed after {len(result.embedded)} of {len(todo)} shards (those "
+                               f"are kept in {shard_dir}: a re-run embeds the rest): {err}") from None
     finally:
         if started:
             ray.shutdown()

@@ -203,6 +203,9 @@ def test_bad_engine_is_a_clear_cli_error(tmp_path, capsys):
     assert "argument --engine: invalid choice: 'spark'" in capsys.readouterr().err
     rc = cli_main(["index", "build", "--ray-workers", "2", "--images", str(tmp_path), "--out", str(tmp_path / "i")])
     assert rc == 2 and "--ray-workers need(s) --engine ray" in capsys.readouterr().err
+    rc = cli_main(["index", "build", "--engine", "ray", "--ray-workers", "0", "--images", str(tmp_path),
+                   "--out", str(tmp_path / "i")])
+    assert rc == 2 and "--ray-workers must be at least 1" in capsys.readouterr().err
 
 
 def test_unreachable_ray_address_is_a_clear_cli_error(tmp_path, capsys):

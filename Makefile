@@ -13,7 +13,7 @@ CHROMIUM_PACKAGES := chromium chromium-driver fonts-dejavu-core
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[cpu,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[cpu,dev,ray]'
 	@touch $@
 
 install: $(BIN)/jointspace  ## create .venv and install the pinned project

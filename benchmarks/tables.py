@@ -343,6 +343,17 @@ def t_pairing_leak_check_cpu() -> str:
                             "batch-order error"], cells, rows, data, right={1, 2, 3, 4})
 
 
+def t_embed_throughput() -> str:
+    data = load("embed_throughput.json")
+    rows = data["rows"]
+    cells = [[str(r["round"]), r["engine"], r["workers"], f(r["seconds"]), f(r["images_per_s"], 2),
+              f"{r['max_abs_diff']:.1e}", f(r["load_1min"])] for r in rows]
+    table = with_provenance(["round", "engine", "workers", "seconds", "images/s", "largest difference to in-process",
+                             "load average at end"], cells, rows, data, right={0, 3, 4, 5, 6})
+    return (table + f" {data['images']} photos; starting the local Ray (not in the times above) took "
+                    f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -377,6 +388,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale_index": t_scale_index,
     "scale_index_search": t_scale_index_search,
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
+    "embed_throughput": t_embed_throughput,
 }
 
 

@@ -15,7 +15,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b = isub.add_parser("build", help="embed a gallery (and a caption corpus) and write a new index")
     b.add_argument("--model", help="model.pt (default: the shipped real-photo model, docs/model-card.md)")
     src = b.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", help="a directory of images (searched recursively)")
+    src.add_argument("--images", help="a directory of images (searched recursively), or a text file listing image "
+                                      "files, one a line (relative to the file's folder)")
     src.add_argument("--data", help="a captioned data set (Karpathy JSON / Flickr8k / COCO); needs --split")
     b.add_argument("--split", choices=["train", "val", "test"], help="the split of --data to index")
     b.add_argument("--out", required=True, help="index directory (an existing index there is replaced atomically)")
@@ -38,6 +39,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
     _exclude(b)
     _common(b)
+    _engine(b)
     b.set_defaults(func=cmd_build)
 
     a = isub.add_parser("add", help="add images and/or captions to an index without rebuilding it")
@@ -106,6 +108,25 @@ def _exclude(p: argparse.ArgumentParser) -> None:
                    help="also index .thumbnails, @eaDir and hidden files and folders")
 
 
+def _engine(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine", "where the images are embedded (docs/scale.md): in this process, or on Ray "
+                                       "actors writing resumable embedding shards (needs the ray extra)")
+    g.add_argument("--engine", default="in-process", choices=["in-process", "ray"],
+                   help="in-process (default) or ray")
+    g.add_argument("--ray-address", help="an existing Ray cluster (host:port of its head, ray://host:port, or "
+                                         "auto); default: start a local Ray on this machine")
+    g.add_argument("--ray-workers", type=int, help="embedding actors, one model each (default 2)")
+    g.add_argument("--ray-cpus-per-worker", type=float, help="CPUs (torch threads) per actor (default 1)")
+    g.add_argument("--ray-gpus-per-worker", type=float,
+                   help="GPUs per actor (default 0: actors embed on the CPU; 0.5: two actors share a GPU)")
+    g.add_argument("--shard-dir", help="embedding shards, kept for a re-run to resume (default: OUT.shards)")
+    g.add_argument("--shard-size", type=int, help="images per shard (default 256)")
+
+
+_RAY_OPTIONS = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_per_worker", "shard_dir",
+                "shard_size")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=64)
@@ -141,6 +162,19 @@ def cmd_build(args) -> int:
     from .gallery import build
 
     max_memory = _memory_budget(args.max_index_memory, args.factory)
+    if args.engine != "ray":
+        given = [f"--{o.replace('_', '-')}" for o in _RAY_OPTIONS if getattr(args, o) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need(s) --engine ray")
+    else:
+        for option in ("ray_workers", "shard_size"):
+            if getattr(args, option) is not None and getattr(args, option) < 1:
+                raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
+        if args.ray_address:
+            from .ray_embed import check_address
+
+            check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
+    image_root = args.images
     model, device = _load(args)
     if args.data:
         if not args.split:
@@ -157,14 +191,23 @@ def cmd_build(args) -> int:
     else:
         if args.caption_split:
             raise ValueError("--caption-split needs --data")
-        paths = find_images(args.images, args.exclude, not args.no_default_excludes)
+        listing = Path(args.images)
+        if listing.is_file():
+            paths = [p if p.is_absolute() else listing.parent / p for p in map(Path, _read_lines(args.images))]
+            image_root = None
+        else:
+            paths = find_images(args.images, args.exclude, not args.no_default_excludes)
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     if not paths:
         raise ValueError("no images to index")
     bank = _querybank(args, model, device) if args.querybank else None
-    report = build(args.out, model, paths, captions, factory=args.factory, caption_factory=args.caption_factory,
-                   device=device, batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
-                   image_root=args.images, max_memory=max_memory, querybank=bank)
+    if args.engine == "ray":
+        report = _build_on_ray(args, model, device, paths, captions, image_root, max_memory, bank)
+    else:
+        report = build(args.out, model, paths, captions, factory=args.factory,
+                       caption_factory=args.caption_factory, device=device, batch_size=args.batch_size,
+                       workers=args.workers, progress=not args.quiet, image_root=image_root,
+                       max_memory=max_memory, querybank=bank)
     _report_skipped(report.skipped)
     print(f"indexed {len(report.image_ids)} images and {len(report.caption_ids)} captions into {args.out} "
           f"({report.generation})")
@@ -209,6 +252,27 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         return parse_bytes(text)
     except ValueError as err:
         raise ValueError(f"--max-index-memory: {err}") from None
+
+
+def _build_on_ray(args, model, device, paths, captions, image_root, max_memory=None, querybank=None):
+    from training.pretrained import resolve
+
+    from .gallery import build_from_embeddings
+    from .ray_embed import DEFAULT_SHARD_SIZE, embed_with_ray
+
+    shard_dir = args.shard_dir or str(Path(args.out)) + ".shards"
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    run = embed_with_ray(model, resolve(args.model).read_bytes(), paths, shard_dir,
+                         shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
+                         workers=2 if args.ray_workers is None else args.ray_workers,
+                         cpus_per_worker=args.ray_cpus_per_worker or 1,
+                         gpus_per_worker=args.ray_gpus_per_worker or 0, batch_size=args.batch_size,
+                         progress=not args.quiet, log=log)
+    print(f"ray: {len(run.embedded)} shard(s) embedded, {len(run.reused)} reused from {run.shard_dir}",
+          file=sys.stderr)
+    return build_from_embeddings(args.out, model, paths, run.embeddings, captions, factory=args.factory,
+                                 caption_factory=args.caption_factory, device=device, progress=not args.quiet,
+                                 image_root=image_root, max_memory=max_memory, querybank=querybank)
 
 
 def cmd_add(args) -> int:

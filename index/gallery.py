@@ -52,7 +52,7 @@ import torch
 
 from training.fileio import created_mode, write_json, write_text
 
-from .embed import embed_image_files, embed_texts, find_images
+from .embed import ImageEmbeddings, embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .segments import SegmentedIndex, SideUpdate, write_new
@@ -273,11 +273,24 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
     default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
     ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
     against this bank of queries (QB-Norm, index/querybank.py; cosine models)."""
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
+                            progress=progress)
+    return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
+                                 caption_factory=caption_factory, device=device, progress=progress,
+                                 image_root=image_root, max_memory=max_memory, querybank=querybank)
+
+
+def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
+                          captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
+                          caption_factory: str | None = None, device: str | torch.device = "cpu",
+                          progress: bool = True, image_root: str | Path | None = None,
+                          max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
+    """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
+    ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
+    shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
     if querybank is not None and model.cfg["model"]["similarity"] != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg['model']['similarity']!r}")
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
-                            progress=progress)
     if not emb.kept:
         raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
     texts = [t for t, _ in captions]

@@ -28,10 +28,10 @@ if [ -z "$engine" ]; then
 fi
 "$engine" compose version >/dev/null 2>&1 || { echo "deploy/smoke.sh: '$engine compose' is not available" >&2; exit 3; }
 # Podman (itself, or behind the docker CLI through its Docker-compatible API) has no BuildKit for compose to use:
-# compose then builds with the engine's classic build API, which Podman serves with Buildah
+# DOCKER_BUILDKIT=0 makes compose build with the engine's classic build API, which Podman serves with Buildah
 if [ "$engine" = podman ] || "$engine" version --format '{{range .Server.Components}}{{.Name}} {{end}}' 2>/dev/null \
         | grep -q 'Podman Engine'; then
-    export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} COMPOSE_BAKE=${COMPOSE_BAKE:-false}
+    export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/jointspace-smoke.XXXXXX")

@@ -268,7 +268,7 @@ def test_smoke_script_builds_indexes_and_queries_in_a_container():
     if engine is None:
         pytest.skip("SKIPPED, NOT RUN: no working container engine here (docker or podman with compose v2), so "
                     "deploy/smoke.sh (image build, index build inside the container, query) was not run; run it "
-                    "on a host with Docker: deploy/smoke.sh")
+                    "on a host with Docker or Podman: deploy/smoke.sh (docs/deploy.md)")
     result = subprocess.run([str(REPO / "deploy" / "smoke.sh")], cwd=REPO, capture_output=True, text=True,
                             env={**os.environ, "ENGINE": engine}, timeout=3 * 3600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

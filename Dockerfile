@@ -11,8 +11,11 @@
 # vs @@libcublas.so.13), so each library binds to its own runtime, and both run on one driver >= 580 (CUDA 13's
 # minimum, which also runs CUDA 12 code). No LD_LIBRARY_PATH is needed. The CUDA 13 base image makes the NVIDIA
 # container runtime refuse an older driver at start, with a clear message, instead of failing at first use.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
-FROM ${CUDA_IMAGE}
+# BASE_IMAGE: another Debian-family base with Python >= 3.11 in its archive (e.g. a Debian 12 image made locally
+# where no registry is reachable, docs/deploy.md); the CUDA libraries come from the wheels either way, so only the
+# driver check at start is the CUDA base image's own.
+ARG BASE_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -23,22 +26,28 @@ ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# Ubuntu 24.04's Python 3.12 (jointspace needs >= 3.11; every pin in constraints.txt has 3.12 wheels)
+# the base's Python: 3.12 on Ubuntu 24.04, 3.11 on Debian 12 (jointspace needs >= 3.11; every pin in
+# constraints.txt has wheels for both)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "$VIRTUAL_ENV"
 
 WORKDIR /opt/jointspace
-COPY pyproject.toml constraints.txt README.md ./
+# every package installed is pinned by constraints.txt: pip, setuptools and wheel first (the build backend, used
+# without build isolation so that it is the pinned one), then the dependencies and the gpu extra as pyproject.toml
+# lists them (their own layer: a change to the code reuses it), then jointspace itself
+COPY pyproject.toml constraints.txt ./
+RUN python -m pip install -c constraints.txt pip setuptools wheel \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > /tmp/requirements.txt \
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+COPY README.md ./
 COPY training ./training
 COPY index ./index
 COPY service ./service
 COPY configs ./configs
-# every package installed is pinned by constraints.txt: pip, setuptools and wheel first (the build backend, used
-# without build isolation so that it is the pinned one), then jointspace with the gpu extra and all dependencies
-RUN python -m pip install -c constraints.txt pip setuptools wheel \
-    && pip install --no-build-isolation -c constraints.txt '.[gpu]' \
+RUN pip install --no-build-isolation --no-deps -c constraints.txt '.[gpu]' \
     && pip check \
     && python -c "import faiss, torch; assert hasattr(faiss, 'StandardGpuResources'), 'faiss without GPU support'; print('faiss', faiss.__version__, 'torch', torch.__version__, 'CUDA', torch.version.cuda)"
 

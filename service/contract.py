@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model,
                       model_validator)
 
@@ -150,22 +151,39 @@ def min_score_description(similarity: str) -> str:
     return f"hide results scoring below this ({span}: the range of the model's {similarity} similarity)"
 
 
+def check_date_range(after: str | None, before: str | None) -> None:
+    """``taken_after`` earlier than ``taken_before`` (when both are given): what JSON Schema cannot say."""
+    if after is not None and before is not None and parse_time(after) >= parse_time(before):
+        raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range is "
+                         f"empty")
+
+
 class _DateRange(BaseModel):
     """Checks what JSON Schema cannot say: ``taken_after`` earlier than ``taken_before``."""
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
     def _ordered(self):
-        after, before = getattr(self, "taken_after", None), getattr(self, "taken_before", None)
-        if after is not None and before is not None and parse_time(after) >= parse_time(before):
-            raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range "
-                             f"is empty")
+        check_date_range(getattr(self, "taken_after", None), getattr(self, "taken_before", None))
         return self
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A JSON body that is one of two models, told apart by whether the object has ``key`` (the document states
+    it as ``oneOf`` the two: each model refuses the other's fields)."""
+    key: str
+    with_key: type[BaseModel]
+    without_key: type[BaseModel]
+
+    def model_for(self, obj: Any) -> type[BaseModel]:
+        return self.with_key if isinstance(obj, dict) and self.key in obj else self.without_key
 
 
 def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") -> SimpleNamespace:
     """The JSON request bodies with these limits: ``TextSearch``, ``ImageIdSearch``, ``ImageIdCompose``,
-    ``Paraphrase``. The routes validate with them and the OpenAPI document shows their JSON Schema.
+    ``Paraphrase``, and ``SearchImages`` (``ImageIdCompose`` when the object has an ``image_id``, else
+    ``TextSearch``). The routes validate with them and the OpenAPI document shows their JSON Schema.
     ``similarity``: the model's, which bounds ``min_score``."""
     k = json_int_field(ge=1, le=max_k, description=f"number of results, 1 to {max_k}")
     image_id = json_int_field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
@@ -187,7 +205,7 @@ def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") 
                     taken_before=(when | None, Field(None, description=BEFORE_DESCRIPTION,
                                                      examples=["2024-09-01T00:00:00Z"])))
 
-    return SimpleNamespace(
+    models = SimpleNamespace(
         TextSearch=create_model(
             "TextSearch", __base__=_DateRange, __doc__="Images for a sentence, optionally minus some words' meaning.",
             text=(_text(max_text_chars, "a sentence describing the images to find", "a red circle"), ...),
@@ -212,6 +230,8 @@ def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") 
                                                                  "decoder.beam_size); widened to n + 1 when "
                                                                  "smaller"))),
     )
+    models.SearchImages = OneOf("image_id", with_key=models.ImageIdCompose, without_key=models.TextSearch)
+    return models
 
 
 # --- multipart forms ----------------------------------------------------------------------------------------------
@@ -232,6 +252,144 @@ class FormField:
 
 def image_field(description: str) -> FormField:
     return FormField("image", "image", description, required=True)
+
+
+def request_forms(max_k: int, similarity: str = "cosine") -> SimpleNamespace:
+    """The multipart forms with these limits: ``SearchImages`` (query by example and composition),
+    ``SearchCaptions`` and ``Captions``, each a list of :class:`FormField`. The routes parse with them
+    (:func:`parse_form`) and the OpenAPI document is written from them (:func:`form_body`)."""
+    lo, hi = SCORE_RANGES.get(similarity, (None, None))
+    paging = [FormField("k", "int", f"number of results, 1 to {max_k}", maximum=max_k, default=10),
+              FormField("offset", "int", OFFSET_DESCRIPTION, minimum=0, maximum=MAX_OFFSET, default=0),
+              FormField("min_score", "number", min_score_description(similarity), minimum=lo, maximum=hi)]
+    filters = [FormField("folder", "text", FOLDER_DESCRIPTION), FormField("taken_after", "time", AFTER_DESCRIPTION),
+               FormField("taken_before", "time", BEFORE_DESCRIPTION)]
+    return SimpleNamespace(
+        SearchImages=[image_field("the query image (query by example: similar gallery images)"),
+                      FormField("add", "terms", f"words or phrases whose meaning to add, separated by commas (at "
+                                                f"most {MAX_TERMS})"),
+                      FormField("subtract", "terms", f"words or phrases whose meaning to take away, separated by "
+                                                     f"commas (at most {MAX_TERMS})"),
+                      *paging, *filters],
+        SearchCaptions=[image_field("the image whose captions to rank"), *paging],
+        Captions=[image_field("the image to caption"),
+                  FormField("n", "int", f"number of captions, 1 to {MAX_GENERATED}", maximum=MAX_GENERATED,
+                            default=1),
+                  FormField("beam_size", "int", "beam width (default: the model's decoder.beam_size); widened to n "
+                                                "when smaller", maximum=MAX_GENERATED)],
+    )
+
+
+def invalid(loc: tuple, msg: str, type_: str = "value_error", value: Any = None) -> RequestValidationError:
+    """A 422 for one field, located and typed as FastAPI reports its own validation errors."""
+    return RequestValidationError([{"type": type_, "loc": loc, "msg": msg, "input": value}])
+
+
+def check_form_part(fields: list[FormField], name: str, is_file: bool) -> None:
+    """A multipart part named ``name`` fills a field of the form: 422 for an unknown field, a file where a plain
+    field goes or a plain field where the image goes."""
+    field = next((f for f in fields if f.name == name), None)
+    if field is None:
+        raise invalid(("body", name), f"unknown form field {name!r}; the fields are "
+                                      f"{', '.join(repr(f.name) for f in fields)}", "extra_forbidden")
+    if field.kind == "image" and not is_file:
+        raise invalid(("body", "image"), "the 'image' field must be a file part (with a filename)")
+    if field.kind != "image" and is_file:
+        raise invalid(("body", name), f"{name} must be a plain form field, not a file")
+
+
+def parse_form(fields: list[FormField], values: dict[str, list[str]], max_text_chars: int) -> dict[str, Any]:
+    """The plain fields of a multipart form (every value given for each name) → their values by name: integers
+    (the default when absent), numbers, texts, times or lists of terms. 422 for a field given more than once, a
+    value out of its bounds and an empty date range."""
+    out: dict[str, Any] = {}
+    for field in fields:
+        given = values.get(field.name, [])
+        if len(given) > 1:
+            raise invalid(("body", field.name), f"{field.name} given {len(given)} times; give it once"
+                          + (" (separate words or phrases by commas)" if field.kind == "terms" else ""))
+        raw = given[0] if given else None
+        if field.kind == "int":
+            out[field.name] = _form_int(field, raw)
+        elif field.kind == "number":
+            out[field.name] = _form_number(field, raw)
+        elif field.kind == "terms":
+            out[field.name] = _form_terms(field.name, raw, max_text_chars)
+        elif field.kind == "text":
+            out[field.name] = _form_text(field.name, raw, max_text_chars)
+        elif field.kind == "time":
+            out[field.name] = _form_time(field.name, raw)
+    try:
+        check_date_range(out.get("taken_after"), out.get("taken_before"))
+    except ValueError as err:
+        raise invalid(("body",), str(err)) from None
+    return out
+
+
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INT = re.compile(r"[+-]?[0-9]{1,20}")
+
+
+def _form_int(field: FormField, raw: str | None) -> int | None:
+    if raw is None:
+        return field.default
+    value = int(raw) if _INT.fullmatch(raw.strip()) else None
+    lo = field.minimum if field.minimum is not None else float("-inf")
+    if value is None or value < lo or (field.maximum is not None and value > field.maximum):
+        bounds = (f"an integer from {field.minimum} to {field.maximum}" if field.maximum is not None
+                  else f"an integer of at least {field.minimum}")
+        raise invalid(("body", field.name), f"{field.name} must be {bounds}", "int_parsing", raw)
+    return value
+
+
+def _form_number(field: FormField, raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    value = float(raw.strip()) if _NUMBER.fullmatch(raw.strip()) else None
+    if value is None or value != value or value in (float("inf"), float("-inf")) \
+            or (field.minimum is not None and value < field.minimum) \
+            or (field.maximum is not None and value > field.maximum):
+        lo, hi = field.minimum, field.maximum
+        bounds = (f"a number from {lo:g} to {hi:g}" if lo is not None and hi is not None
+                  else f"a number of at most {hi:g}" if hi is not None else "a number")
+        raise invalid(("body", field.name), f"{field.name} must be {bounds}", "float_parsing", raw)
+    return value
+
+
+def _too_long(name: str, raw: str, max_chars: int) -> None:
+    if len(raw) > max_chars:
+        raise invalid(("body", name), f"{name} must be at most {max_chars} characters", "string_too_long")
+
+
+def _form_text(name: str, raw: str | None, max_chars: int) -> str | None:
+    if raw is None:
+        return None
+    _too_long(name, raw, max_chars)
+    try:
+        check_text(raw)
+    except ValueError as err:
+        raise invalid(("body", name), f"{name}: {err}") from None
+    return raw
+
+
+def _form_terms(name: str, raw: str | None, max_chars: int) -> list[str]:
+    if raw is None:
+        return []
+    _too_long(name, raw, max_chars)
+    try:
+        return split_terms(raw)
+    except ValueError as err:
+        raise invalid(("body", name), str(err)) from None
+
+
+def _form_time(name: str, raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        parse_time(raw, name)
+    except ValueError as err:
+        raise invalid(("body", name), str(err)) from None
+    return raw
 
 
 def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:

@@ -11,16 +11,18 @@ import gc
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from index.gallery import Gallery, current_generation, read_manifest
-from training.model import load_model
+from training.ensemble import EnsembleEmbedding
+from training.model import JointEmbedding, load_model
 from training.pretrained import resolve
 
 from .batcher import DynamicBatcher
-from .contract import request_models
+from .contract import request_forms, request_models
 from .engine import Engine
 from .metrics import Metrics
 from .settings import Settings
@@ -50,6 +52,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What a ready service serves with: the model, the live index generation and the engine over both."""
+    model: JointEmbedding | EnsembleEmbedding
+    gallery: Gallery
+    engine: Engine
+
+
 class ServiceState:
     def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None):
         self.settings, self.metrics = settings, metrics
@@ -66,6 +76,7 @@ class ServiceState:
         self.similarity = self._similarity()
         # the JSON request bodies with this service's limits: what the routes validate and the OpenAPI shows
         self.bodies = request_models(settings.max_k, settings.max_text_chars, self.similarity)
+        self.forms = request_forms(settings.max_k, self.similarity)      # and the multipart forms
         self.text_batcher = self._batcher(self._search_texts, "text")
         self.image_batcher = self._batcher(self._search_pixels, "image")
         self.compose_batcher = self._batcher(self._compose_search, "compose")
@@ -104,6 +115,13 @@ class ServiceState:
     @property
     def ready(self) -> bool:
         return self.engine is not None
+
+    @property
+    def loaded(self) -> Loaded:
+        """The model, index and engine; only once ready (the routes' dependency waits for that: 503 before)."""
+        if self.engine is None or self.gallery is None or self.model is None:
+            raise RuntimeError("the model and index are not loaded yet")
+        return Loaded(self.model, self.gallery, self.engine)
 
     @property
     def has_decoder(self) -> bool:

@@ -2,6 +2,7 @@
 dynamic batching (batches > 1, same answers as one by one), the bounded queue, index reload."""
 import asyncio
 import io
+import json
 import os
 import re
 import socket
@@ -310,6 +311,55 @@ def test_errors_are_clear_json(client, method, url, kwargs, status, message):
     body = r.json()
     assert isinstance(body["detail"], str) and message.lower() in body["detail"].lower(), body
 
+
+# a valid body of each search route, then what is done to it: both routes must refuse each bad body alike
+_SEARCH_BODIES = {"/v1/search/images": {"text": "a red circle", "k": 3}, "/v1/search/captions": {"image_id": 1, "k": 3}}
+_BAD_BODIES = [
+    ("unknown field", lambda body: json.dumps({**body, "colour": "red"}).encode(), "application/json"),
+    ("unknown field, +json type", lambda body: json.dumps({**body, "colour": "red"}).encode(),
+     "application/vnd.api+json"),
+    ("unknown field, type with parameters", lambda body: json.dumps({**body, "colour": "red"}).encode(),
+     "Application/JSON; charset=utf-8"),
+    ("not JSON", lambda body: b"{not json", "application/json"),
+    ("truncated JSON", lambda body: b'{"k": 3', "application/json"),
+    ("empty body", lambda body: b"", "application/json"),
+    ("not UTF-8", lambda body: b'{"k": "\xff\xfe"}', "application/json"),
+    ("a JSON array", lambda body: json.dumps([body]).encode(), "application/json"),
+    ("a JSON string", lambda body: b'"a red circle"', "application/json"),
+    ("a JSON null", lambda body: b"null", "application/json"),
+    ("wrong type: text/plain", lambda body: json.dumps(body).encode(), "text/plain"),
+    ("wrong type: a form", lambda body: b"text=a+red+circle", "application/x-www-form-urlencoded"),
+    ("wrong type: XML", lambda body: b"<text>a red circle</text>", "application/xml"),
+    ("wrong type: json-ish", lambda body: json.dumps(body).encode(), "text/json"),
+    ("no content type", lambda body: json.dumps(body).encode(), None),
+]
+
+
+def _shape(r) -> tuple:
+    """What must not differ between the search routes: the status, the body's keys, and for a 422 each error's
+    location and type."""
+    body = r.json()
+    errors = [(tuple(e["loc"]), e["type"]) for e in body.get("errors") or []]
+    return r.status_code, r.headers["content-type"], sorted(body), isinstance(body["detail"], str), errors
+
+
+@pytest.mark.parametrize("case,make,ctype", _BAD_BODIES, ids=[c for c, _, _ in _BAD_BODIES])
+def test_search_routes_refuse_a_bad_body_alike(client, case, make, ctype):
+    shapes = {}
+    for route, body in _SEARCH_BODIES.items():
+        assert client.post(route, json=body).status_code == 200        # the body itself is fine on its route
+        r = client.post(route, content=make(body), headers={"content-type": ctype} if ctype else {})
+        assert 400 <= r.status_code < 500, (route, r.text)
+        shapes[route] = _shape(r)
+    assert shapes["/v1/search/images"] == shapes["/v1/search/captions"], shapes
+
+
+def test_search_routes_refuse_a_bad_form_alike(client):
+    shapes = [_shape(client.post(route, files={"image": ("a.png", _png(), "image/png")}, data=data))
+              for route in _SEARCH_BODIES for data in ({"colour": "red"}, {"k": "0"}, {"k": ["1", "2"]})]
+    assert shapes[:3] == shapes[3:], shapes
+    assert [s[4] for s in shapes[:3]] == [[(("body", "colour"), "extra_forbidden")], [(("body", "k"), "int_parsing")],
+                                          [(("body", "k"), "value_error")]]
 
 def test_truncated_image_is_400(client, tiny_index_dir):
     data = Path(Gallery.load(tiny_index_dir).meta.image(0).path).read_bytes()

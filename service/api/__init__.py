@@ -1,0 +1,12 @@
+"""The HTTP API by resource, each module one ``APIRouter`` that service/app.py mounts:
+
+* ``search.py``     — ``POST /v1/search/images`` (text, or an image ± words → images) and ``/v1/search/captions``
+  (image → captions);
+* ``gallery.py``    — ``GET /v1/folders`` and ``GET /v1/images/{id}`` (the gallery's files and thumbnails);
+* ``generate.py``   — ``POST /v1/captions`` and ``/v1/paraphrases`` (the sentence decoder);
+* ``operations.py`` — ``/healthz``, ``/readyz``, ``/metrics`` (open even when an API key is set).
+
+What they share: ``deps.py`` (readiness, the API key, load shedding, decoding an image off the event loop) and
+``bodies.py`` (reading a request body: its content type, JSON, multipart). The bodies' rules and limits are in
+service/contract.py, built from the settings; errors are its ``ERROR_MEANINGS``, always JSON ``{"detail": ...}``.
+"""

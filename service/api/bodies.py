@@ -1,0 +1,87 @@
+"""Reading a request body, the same way on every route that takes one: its content type (multipart/form-data,
+or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what to send), a JSON
+body validated by its pydantic model (service/contract.py ``request_models``) and a multipart form parsed by its
+field list (``request_forms``). Errors are located in the body as FastAPI locates its own: ``["body", field]``."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from ..contract import FormField, OneOf, check_form_part, invalid, parse_form
+from ..state import ServiceState
+
+Kind = Literal["json", "form"]
+
+
+def content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(media_type: str) -> bool:
+    return media_type == "application/json" or (media_type.startswith("application/")
+                                                and media_type.endswith("+json"))
+
+
+def body_kind(request: Request, accepts: tuple[Kind, ...], send: str) -> Kind:
+    """Which of the ``accepts`` kinds of body the request carries; 415 saying ``send`` (what to send) when none."""
+    media_type = content_type(request)
+    if "form" in accepts and media_type == "multipart/form-data":
+        return "form"
+    if "json" in accepts and is_json(media_type):
+        return "json"
+    raise HTTPException(415, send)
+
+
+async def _json_value(request: Request) -> Any:
+    """The request's JSON value, with FastAPI's own errors for a missing or malformed one."""
+    body = await request.body()
+    if not body:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "input": None, "msg": "Field required"}])
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as err:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", err.pos), "input": {},
+                                       "msg": "JSON decode error", "ctx": {"error": err.msg}}]) from None
+    except (UnicodeDecodeError, RecursionError):
+        raise HTTPException(400, "There was an error parsing the body") from None
+
+
+async def read_json(request: Request, model: type[BaseModel] | OneOf) -> Any:
+    """The JSON body validated by ``model`` (for a :class:`OneOf`, by the model the value's keys choose), its
+    errors located in the body as FastAPI reports them for a body model."""
+    value = await _json_value(request)
+    chosen = model.model_for(value) if isinstance(model, OneOf) else model
+    try:
+        return chosen.model_validate(value, from_attributes=True)    # FastAPI's mode: its message for a non-object
+    except ValidationError as err:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
+                                      for e in err.errors(include_url=False)]) from None
+
+
+async def read_form(request: Request, state: ServiceState, fields: list[FormField]) -> tuple[bytes, dict[str, Any]]:
+    """A multipart form checked against ``fields`` (the list its OpenAPI schema is written from): the ``image``
+    file's bytes (size-checked) and the other fields' values by name (service/contract.py ``parse_form``).
+    Unknown fields, a repeated field and a missing image are 422; an empty image is 400; a large one 413."""
+    limit = state.settings.max_upload_bytes
+    async with request.form(max_files=1, max_fields=len(fields)) as form:
+        upload = None
+        values: dict[str, list[str]] = {}
+        for name, value in form.multi_items():
+            check_form_part(fields, name, isinstance(value, UploadFile))
+            if isinstance(value, UploadFile):
+                upload = value
+            else:                       # a plain field (check_form_part refused one for the image)
+                values.setdefault(name, []).append(value)
+        if upload is None:
+            raise invalid(("body", "image"), "a multipart file field named 'image' is required", "missing")
+        data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise HTTPException(413, f"image upload larger than {limit:,} bytes")
+    if not data:
+        raise HTTPException(400, "the image file is empty")
+    return data, parse_form(fields, values, state.settings.max_text_chars)

@@ -1,0 +1,121 @@
+"""What the ``/v1`` routes share: the service once it is ready, the API key, load shedding by deadline and queue,
+and decoding an image (an upload or a gallery file) off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import secrets
+import time
+from typing import Any
+
+import torch
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
+from ..images import ImageError, upload_to_pixels
+from ..middleware import ARRIVAL
+from ..state import ServiceState
+
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key set as JOINTSPACE_API_KEY")
+_bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_API_KEY")
+
+# the error responses of every POST route (the 401 is added to every /v1 route when a key is set: service/app.py)
+POST_ERRORS = (400, 413, 415, 422, 503)
+
+
+async def service(request: Request) -> ServiceState:
+    # dependencies are ``async def`` on purpose: FastAPI runs plain ``def`` ones in a worker thread, a thread
+    # hop per request (text search at concurrency 32 on the dev machine: 437 → 556 req/s without it)
+    state: ServiceState = request.app.state.service
+    if not state.ready:
+        detail = f"not ready: {state.error}" if state.error else "not ready: the model and index are loading"
+        raise HTTPException(503, detail, headers={"Retry-After": "5"})
+    return state
+
+
+def _given_keys(request: Request) -> list[str | None]:
+    """Every credential the request carries: each X-API-Key header, each Authorization header's Bearer token
+    (None for an Authorization header of another scheme)."""
+    given: list[str | None] = list(request.headers.getlist("x-api-key"))
+    for value in request.headers.getlist("authorization"):
+        scheme, _, token = value.strip().partition(" ")
+        given.append(token.strip() if scheme.lower() == "bearer" and token.strip() else None)
+    return given
+
+
+async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
+                          bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """With ``JOINTSPACE_API_KEY`` set (the app then adds this dependency to ``/v1``): the key as ``X-API-Key``
+    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say."""
+    expected = request.app.state.service.settings.api_key
+    if expected is None:
+        return
+    want = expected.get_secret_value().encode()
+    matches = [secrets.compare_digest(g.encode(), want) for g in _given_keys(request) if g is not None]
+    if not any(matches):
+        raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def _shed(err: Shed, state: ServiceState) -> HTTPException:
+    why = ("its deadline passed before work on it began" if isinstance(err, DeadlineExceeded)
+           else "too many requests are waiting")
+    return HTTPException(503, f"the service is overloaded: {why}; retry after {state.settings.retry_after_s} s",
+                         headers={"Retry-After": str(state.settings.retry_after_s)})
+
+
+def _deadline(request: Request, state: ServiceState) -> float | None:
+    return state.deadline(request.scope.get("state", {}).get(ARRIVAL))
+
+
+def check_deadline(request: Request, state: ServiceState, name: str) -> None:
+    """Sheds a request whose deadline has passed before expensive work (decoding an image) is spent on it."""
+    deadline = _deadline(request, state)
+    if deadline is not None and time.monotonic() >= deadline:
+        state.metrics.shed.labels(name, DeadlineExceeded.reason).inc()
+        raise _shed(DeadlineExceeded(), state)
+
+
+async def submit(batcher: DynamicBatcher, item: Any, state: ServiceState, request: Request) -> Any:
+    """``item`` through ``batcher``, with the request's deadline; 503 + Retry-After when it is shed."""
+    try:
+        return await batcher.submit(item, deadline=_deadline(request, state))
+    except Shed as err:
+        raise _shed(err, state) from None
+
+
+async def upload_pixels(data: bytes, state: ServiceState, request: Request, name: str) -> torch.Tensor:
+    """An uploaded image's bytes → preprocessed pixels, decoded off the event loop; the image's own 4xx when it
+    cannot be read."""
+    check_deadline(request, state, name)
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(state.decode_pool, upload_to_pixels, data, state.settings.max_pixels,
+                                          state.loaded.model.preprocess)
+    except ImageError as err:
+        raise HTTPException(err.status, err.detail) from None
+
+
+def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
+    """The file of a gallery image; 404 when the id is unknown or the file is gone."""
+    row = state.loaded.gallery.meta.image(image_id)
+    if row is None:
+        raise HTTPException(404, f"no gallery image with id {image_id}")
+    path = pathlib.Path(row.path)
+    if not path.is_file():
+        raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
+    return path
+
+
+async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -> torch.Tensor:
+    """A gallery image's file, decoded and preprocessed like an upload; 404 when unknown or gone."""
+    path = gallery_file(image_id, state)
+    check_deadline(request, state, "compose")
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
+                                          state.loaded.model.preprocess)
+    except ImageError as err:
+        raise HTTPException(404 if err.status == 415 else err.status,
+                            f"gallery image {image_id}: {err.detail}") from None

@@ -1,0 +1,125 @@
+"""Search: ``POST /v1/search/images`` (a sentence, or an image ± words → gallery images) and
+``POST /v1/search/captions`` (an image → captions of the corpus). Both take JSON, or multipart/form-data with an
+uploaded image, read alike (service/api/bodies.py); best first, paged, with a score threshold, and for images the
+folder and date filters applied inside the index search."""
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+
+from index.query import ImageFilter, UnknownFolderError, format_time
+
+from ..contract import error_responses
+from ..engine import Options
+from ..schemas import CaptionHit, CaptionResults, ImageHit, ImageResults
+from ..state import ServiceState
+from .bodies import body_kind, read_form, read_json
+from .deps import POST_ERRORS, check_deadline, gallery_pixels, service, submit, upload_pixels
+
+router = APIRouter(prefix="/v1")
+
+Hits = list[tuple[int, float]]
+
+
+def _no_composition(state: ServiceState) -> None:
+    if getattr(state.loaded.model, "attention", None) is not None:
+        raise HTTPException(409, "query composition (an image ± words) needs a model that embeds an image as one "
+                                 "vector; the loaded model uses region attention (STT-ATT)")
+
+
+async def _options(state: ServiceState, k: int, offset: int = 0, min_score: float | None = None,
+                   folder: str | None = None, taken_after: str | None = None, taken_before: str | None = None,
+                   subtract: Sequence[str] = ()) -> Options:
+    """A search's :class:`Options`; a filter is resolved to the image ids it lets through (off the event loop: the
+    first filter of a generation reads its photo table). A folder without images: 404."""
+    flt = ImageFilter.parse(folder, taken_after, taken_before)       # already validated: no ValueError here
+    allowed = None
+    if flt.active:
+        loop = asyncio.get_running_loop()
+        try:
+            allowed = await loop.run_in_executor(state.decode_pool, state.loaded.gallery.allowed_ids, flt)
+        except UnknownFolderError as err:
+            raise HTTPException(404, err.public) from None
+    return Options(k=k, offset=offset, min_score=min_score, allowed=allowed, subtract=tuple(subtract))
+
+
+def _image_hits(hits: Hits, state: ServiceState, root: str) -> list[ImageHit]:
+    gallery = state.loaded.gallery
+    rows = gallery.meta.images([i for i, _ in hits])
+    out = []
+    for i, s in hits:
+        row = rows.get(i)
+        out.append(ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}",
+                            taken=format_time(row.taken) if row else None,
+                            folder=gallery.photos.relative(row.folder) if row and row.folder else None,
+                            width=row.width if row else None, height=row.height if row else None))
+    return out
+
+
+@router.post("/search/images", response_model=ImageResults, responses=error_responses(*POST_ERRORS, 404, 409),
+             summary="Text → gallery images, or a photo (± words) → similar gallery images; best first, filtered, "
+                     "paged",
+             description="JSON `{\"text\", \"subtract\", \"k\", ...}`: images for a sentence, minus the meaning "
+                         "of the `subtract` words. Query by example and composition (W2VV §IV-C): multipart "
+                         "`image` (+ `add`, `subtract`, `k`, ...) — an uploaded photo — or JSON `{\"image_id\", "
+                         "\"add\", \"subtract\", \"k\", ...}` for a gallery image: images like the query image, "
+                         "with the meaning of the `add` words added and of the `subtract` words taken away. Every "
+                         "form also takes `offset` and `min_score` (paging and threshold) and the filters `folder`, "
+                         "`taken_after`, `taken_before` (applied inside the index search: the best `k` of the "
+                         "images that pass). An unknown folder is 404; an empty date range 422. A model with region "
+                         "attention (STT-ATT) cannot compose: 409.")
+async def search_images(request: Request, state: ServiceState = Depends(service)):
+    kind = body_kind(request, ("form", "json"), "send JSON {\"text\": ..., \"k\": ...}, or for a composed query "
+                                                "multipart/form-data with an 'image' file (and optional 'add', "
+                                                "'subtract', 'k') or JSON {\"image_id\": ..., \"add\": [...], "
+                                                "\"subtract\": [...], \"k\": ...}")
+    if kind == "form":
+        data, fields = await read_form(request, state, state.forms.SearchImages)
+        _no_composition(state)
+        opts = await _options(state, fields["k"], fields["offset"], fields["min_score"], fields["folder"],
+                              fields["taken_after"], fields["taken_before"])
+        pixels = await upload_pixels(data, state, request, "compose")
+        hits = await submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]), opts),
+                            state, request)
+    else:
+        body = await read_json(request, state.bodies.SearchImages)
+        if isinstance(body, state.bodies.ImageIdCompose):
+            _no_composition(state)
+            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
+                                  body.taken_before)
+            pixels = await gallery_pixels(body.image_id, state, request)
+            hits = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
+                                state, request)
+        else:
+            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
+                                  body.taken_before, body.subtract)
+            hits = await submit(state.text_batcher, (body.text, opts), state, request)
+    return ImageResults(results=_image_hits(hits, state, request.scope.get("root_path", "")))
+
+
+@router.post("/search/captions", response_model=CaptionResults, responses=error_responses(*POST_ERRORS, 404),
+             summary="Image (upload, or a gallery image id) → captions of the corpus, best first (paged, with a "
+                     "threshold)")
+async def search_captions(request: Request, state: ServiceState = Depends(service)):
+    kind = body_kind(request, ("form", "json"), "send multipart/form-data with an 'image' file (and optional 'k'), "
+                                                "or JSON {\"image_id\": ..., \"k\": ...}")
+    hits: Hits
+    if kind == "form":
+        data, fields = await read_form(request, state, state.forms.SearchCaptions)
+        opts = Options(k=fields["k"], offset=fields["offset"], min_score=fields["min_score"])
+        pixels = await upload_pixels(data, state, request, "image")
+        hits = await submit(state.image_batcher, (pixels, opts), state, request)
+    else:
+        body = await read_json(request, state.bodies.ImageIdSearch)
+        check_deadline(request, state, "direct")
+        opts = Options(k=body.k, offset=body.offset, min_score=body.min_score)
+        loop = asyncio.get_running_loop()
+        try:
+            hits = await loop.run_in_executor(state.compute_pool, state.loaded.engine.search_image_id, body.image_id,
+                                              opts)
+        except KeyError:
+            raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
+    rows = state.loaded.gallery.meta.captions([i for i, _ in hits])
+    return CaptionResults(results=[CaptionHit(caption=rows[i].text, score=s, id=i) for i, s in hits if i in rows])

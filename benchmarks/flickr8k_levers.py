@@ -82,8 +82,8 @@ def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:
     sys.path.insert(0, str(REPO))
     from index.embed import embed_texts
     from index.gallery import Gallery
-    from training.data import load_dataset
-    from training.model import load_model
+    from training.data.datasets import load_dataset
+    from training.models.model import load_model
 
     model = load_model(model_path)
     records = load_dataset(data).split("val").images

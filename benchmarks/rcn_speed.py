@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise  # noqa: E402
+from training.models.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise  # noqa: E402
 
 
 def best_of(fn, repeats: int, device: torch.device) -> float:

@@ -46,8 +46,8 @@ from index.gallery import Gallery, build  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.images import upload_to_pixels  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
-from training.data import load_dataset  # noqa: E402
-from training.model import build_model, load_model, save_model  # noqa: E402
+from training.data.datasets import load_dataset  # noqa: E402
+from training.models.model import build_model, load_model, save_model  # noqa: E402
 
 
 # --- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------------------
@@ -302,8 +302,8 @@ def raw_limit(engine: Engine, items: list, batch: int, seconds: float, search) -
 
 def default_model_and_index(work: Path, images: int) -> tuple[Path, Path, Path]:
     from training.config import load_config
-    from training.synth import generate
-    from training.vocab import Vocabulary
+    from training.data.synth import generate
+    from training.data.vocab import Vocabulary
 
     data = generate(work / "data", n_images=images, seed=0, image_size=64, progress=False)
     dataset = load_dataset(data)

@@ -69,9 +69,9 @@ step "the demo gallery and a demo-architecture model, made inside a container (n
     --entrypoint python jointspace:gpu -c '
 import torch
 from training.config import load_config
-from training.data import load_dataset
-from training.model import build_model, save_model
-from training.vocab import Vocabulary
+from training.data.datasets import load_dataset
+from training.models.model import build_model, save_model
+from training.data.vocab import Vocabulary
 data = load_dataset("/images")
 torch.manual_seed(0)
 vocab = Vocabulary.build((c for r in data.split("train").images for c in r.captions), min_count=1)

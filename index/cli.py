@@ -147,7 +147,7 @@ def _report_skipped(skipped) -> None:
 
 
 def _load(args):
-    from training.model import load_model
+    from training.models.model import load_model
     from training.pretrained import resolve
     from training.train import resolve_device
 
@@ -156,7 +156,7 @@ def _load(args):
 
 
 def cmd_build(args) -> int:
-    from training.data import load_dataset
+    from training.data.datasets import load_dataset
 
     from .embed import find_images
     from .gallery import build
@@ -217,7 +217,7 @@ def cmd_build(args) -> int:
 def _querybank(args, model, device):
     """The query bank of ``index build --querybank``: embedded captions (a text file) or captions + images (the
     chosen split of a captioned data set)."""
-    from training.data import load_dataset
+    from training.data.datasets import load_dataset
 
     from .embed import embed_image_files, embed_texts
     from .querybank import QueryBank
@@ -345,7 +345,7 @@ def _example_query(model, image: str, subtract):
     import torch
 
     from training.compose import compose_query
-    from training.preprocess import UnsupportedImageError, open_image
+    from training.data.preprocess import UnsupportedImageError, open_image
 
     from .embed import IMAGE_SUFFIXES
 

@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, load_image
 from training.embed import autocast
-from training.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, load_image
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)

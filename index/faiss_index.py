@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.similarity import build_similarity
+from training.models.similarity import build_similarity
 
 try:
     import faiss

@@ -50,14 +50,14 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from training.fileio import created_mode, write_json, write_text
+from training.data.fileio import created_mode, write_json, write_text
 
 from .embed import ImageEmbeddings, embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
-from .segments import SegmentedIndex, SideUpdate, write_new
 from .query import ImageFilter, PhotoTable, page
 from .querybank import QueryBank, bank_for, queries_for, unfold
+from .segments import SegmentedIndex, SideUpdate, write_new
 
 FORMAT = "jointspace-index/2"
 READS = ("jointspace-index/1", FORMAT)         # formats that load (1: one FAISS file per side, no segments)

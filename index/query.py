@@ -168,7 +168,7 @@ def text_queries(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] 
     """Sentences, each minus the meaning of its own words or phrases → query vectors ``(n, E)``:
     ``normalise(r(text) − Σ r(w))`` in the common space (as query composition does for an image, W2VV §IV-C).
     A text without words to subtract gets exactly its sentence embedding."""
-    from training.vocab import pad_batch
+    from training.data.vocab import pad_batch
 
     subtract = list(subtract) or [()] * len(texts)
     if not any(subtract):

@@ -1,4 +1,4 @@
-"""Querybank normalisation inside the index: QB-Norm's inverted softmax (training/hubness.py) folded into FAISS.
+"""Querybank normalisation inside the index: QB-Norm's inverted softmax (training/models/hubness.py) folded into FAISS.
 
 An index built with a query bank stores each item as ``[v, −o]``, where ``o`` is the item's offset against the
 bank (``hubness.item_offsets``: (1/β) log Σ_b exp(β b·v), QB-Norm eq. 3), and every query is searched as
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.fileio import atomic_path
-from training.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
+from training.data.fileio import atomic_path
+from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
 

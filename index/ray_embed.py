@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from training.fileio import atomic_path
+from training.data.fileio import atomic_path
 
 from .embed import ImageEmbeddings, PhotoInfo, embed_image_files
 
@@ -172,7 +172,7 @@ class ShardEmbedder:
                  threads: int = 1):
         import torch
 
-        from training.model import load_model
+        from training.models.model import load_model
 
         torch.set_num_threads(max(1, threads))
         self.model = load_model(io.BytesIO(model_bytes), device)      # type: ignore[arg-type]  # torch.load reads it

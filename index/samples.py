@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from training.fileio import write_text
+from training.data.fileio import write_text
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from training.preprocess import RAW_SUFFIXES, load_image, register_heif
+from training.data.preprocess import RAW_SUFFIXES, load_image, register_heif
 
 SIGNATURES = (
     (b"\xff\xd8\xff", "image/jpeg"),

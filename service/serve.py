@@ -35,7 +35,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from index.gallery import Gallery
-    from training.model import load_model
+    from training.models.model import load_model
     from training.pretrained import resolve
 
     from .app import create_app

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from index.gallery import Gallery, current_generation, read_manifest
-from training.ensemble import EnsembleEmbedding
-from training.model import JointEmbedding, load_model
+from training.models.ensemble import EnsembleEmbedding
+from training.models.model import JointEmbedding, load_model
 from training.pretrained import resolve
 
 from .batcher import DynamicBatcher

@@ -10,7 +10,7 @@ os.environ.setdefault("JOINTSPACE_CACHE", "")   # replaced per session below
 @pytest.fixture(scope="session")
 def synth_small(tmp_path_factory):
     """120 synthetic images (train/val/test), 64 px: enough for shape checks and smoke runs."""
-    from training.synth import generate
+    from training.data.synth import generate
 
     out = tmp_path_factory.mktemp("synth_small")
     generate(out, n_images=120, seed=1, image_size=64, progress=False)
@@ -55,8 +55,8 @@ def tiny_model_path(synth_small, tmp_path_factory):
 def build_index(model_path, synth_dir, out):
     """A FAISS index of ``synth_dir``'s val+test images and their captions, built with ``model_path``."""
     from index.gallery import build
-    from training.data import load_dataset
-    from training.model import load_model
+    from training.data.datasets import load_dataset
+    from training.models.model import load_model
 
     model = load_model(model_path)
     data = load_dataset(synth_dir)

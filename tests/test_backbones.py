@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 from conftest import tiny_config
-from training.backbones import BACKBONES, build_backbone, efficientnet_lite0_weights_file
 from training.config import build_config
-from training.features import extract_features
-from training.model import build_model
-from training.preprocess import Preprocess
-from training.vocab import Vocabulary
+from training.data.features import extract_features
+from training.data.preprocess import Preprocess
+from training.data.vocab import Vocabulary
+from training.models.backbones import BACKBONES, build_backbone, efficientnet_lite0_weights_file
+from training.models.model import build_model
 
 
 def test_efficientnet_lite0_offline_weights_map_onto_timm():

@@ -47,8 +47,8 @@ def test_file_values_then_overrides(tmp_path):
 
 
 def test_typed_config_names_the_misspelt_key_or_option_and_what_is_allowed():
-    from training.config_schema import TEXT_OPTIONS
-    from training.factory import TEXT_ENCODERS
+    from training.models.factory import TEXT_ENCODERS
+    from training.models.options import TEXT_OPTIONS
 
     assert set(TEXT_OPTIONS) == set(TEXT_ENCODERS.names())        # every encoder has its options model
     cases = [

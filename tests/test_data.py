@@ -1,4 +1,4 @@
-"""Tests for training.data: the Karpathy, Flickr8k and COCO readers, format detection, splits and pairs.
+"""Tests for training.data.datasets: the Karpathy, Flickr8k and COCO readers, format detection, splits and pairs.
 
 Every fixture is built in tmp_path with tiny Pillow images; nothing depends on a real data set.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from training.data import CaptionDataset, DatasetWarning, ImageRecord, load_dataset
+from training.data.datasets import CaptionDataset, DatasetWarning, ImageRecord, load_dataset
 
 
 def make_image(path: Path) -> None:

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from training.decoder import SentenceDecoder
-from training.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
+from training.data.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
+from training.models.decoder import SentenceDecoder
 
 
 def make_decoder(vocab_size=30, embed_dim=12, end_bias=0.0, rnn="gru", seed=0):
@@ -82,7 +82,7 @@ def test_overfit_decoder_reproduces_its_captions():
     torch.manual_seed(0)
     z = torch.nn.functional.normalize(torch.randn(len(captions), 16), dim=-1)
     dec = SentenceDecoder(len(vocab), 16, word_dim=16, hidden=48)
-    from training.vocab import pad_batch
+    from training.data.vocab import pad_batch
     ids, lengths = pad_batch([vocab.encode(c) for c in captions])
     opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
     for _ in range(300):
@@ -146,7 +146,7 @@ def test_no_repeat_ngram_blocks_every_repeated_m_gram(m):
 
 
 def test_no_repeat_ngram_only_bans_what_completes_a_repeat():
-    from training.decoder import ban_repeated_ngrams
+    from training.models.decoder import ban_repeated_ngrams
 
     history = torch.tensor([[5, 6, 7, 5, 6], [5, 6, 7, 8, 9]])
     logp = torch.zeros(2, 12)

@@ -14,10 +14,10 @@ from index.gallery import Gallery
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
-from training.data import load_dataset
-from training.ensemble import EnsembleEmbedding
+from training.data.datasets import load_dataset
 from training.evaluate import evaluate_model
-from training.model import load_model
+from training.models.ensemble import EnsembleEmbedding
+from training.models.model import load_model
 from training.train import train
 
 QUERIES = ["a red circle above a blue square", "a small green triangle", "two yellow stars"]

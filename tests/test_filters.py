@@ -21,7 +21,7 @@ from index.query import ImageFilter, format_time, parse_time, text_queries
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
-from training.model import load_model
+from training.models.model import load_model
 
 DAY = 86400.0
 START = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc).timestamp()
@@ -132,7 +132,7 @@ def test_text_subtract_and_time_parsing(model):
     minus = text_queries(model, ["a red circle", "a red circle"], [("red",), ()])
     assert torch.allclose(minus[1], plain[0], atol=1e-6)               # rows do not leak into each other
     assert not torch.allclose(minus[0], plain[0], atol=1e-3)
-    from training.vocab import pad_batch
+    from training.data.vocab import pad_batch
     ids, lengths = pad_batch(model.encode_text_ids(["a red circle", "red"]))
     p = model.project_texts(ids, lengths)
     assert torch.allclose(minus[0], model.similarity.normalize((p[0] - p[1])[None])[0], atol=1e-5)

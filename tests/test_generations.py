@@ -8,9 +8,9 @@ import torch
 
 from conftest import tiny_config
 from training.caption_eval import CocoScorer, java_available
-from training.data import load_dataset
-from training.model import build_model, save_model
-from training.vocab import Vocabulary
+from training.data.datasets import load_dataset
+from training.data.vocab import Vocabulary
+from training.models.model import build_model, save_model
 
 METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
 

@@ -14,9 +14,9 @@ from index.embed import embed_image_files, embed_texts
 from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
 from index.gallery import Gallery, IndexMismatchError, add, build, current_generation, remove
 from service.cli import main as cli_main
-from training.data import load_dataset
-from training.model import build_model, load_model, save_model
-from training.vocab import Vocabulary
+from training.data.datasets import load_dataset
+from training.data.vocab import Vocabulary
+from training.models.model import build_model, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ CRASH_SCRIPT = r"""
 import os, signal, sys
 import index.faiss_index as fi
 from index.gallery import add
-from training.model import load_model
+from training.models.model import load_model
 
 real_save = fi.VectorIndex.save
 calls = []

@@ -7,11 +7,11 @@ embeddings of the two partners differ — the precondition for learning binding 
 import torch
 
 from conftest import tiny_config
-from training.data import load_dataset
+from training.data.datasets import load_dataset
+from training.data.vocab import Vocabulary
 from training.embed import embed_split
 from training.evaluate import minimal_pair_accuracy, minimal_pairs_of
-from training.model import build_model
-from training.vocab import Vocabulary
+from training.models.model import build_model
 
 
 def _model(ds, encoder, **text):

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from training.data import load_dataset
+from training.data.datasets import load_dataset
+from training.data.vocab import pad_batch
 from training.embed import embed_split
-from training.model import build_model, fingerprint, load_checkpoint, load_model
-from training.factory import TEXT_ENCODERS, build_text_encoder
+from training.models.factory import TEXT_ENCODERS, build_text_encoder
+from training.models.model import build_model, fingerprint, load_checkpoint, load_model
 from training.train import train
-from training.vocab import pad_batch
 
 
 def test_gru_ignores_padding_and_bow_ignores_order():
@@ -80,7 +80,7 @@ def test_not_a_model_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("similarity,projection", [("order", "linear"), ("cosine", "two_branch")])
 def test_variants_build_and_embed(similarity, projection):
-    from training.vocab import Vocabulary
+    from training.data.vocab import Vocabulary
     cfg = tiny_config(model={"similarity": similarity, "projection": projection, "projection_hidden": 16})
     model = build_model(cfg, Vocabulary.build(["a red circle"])).eval()
     emb = model.embed_sentences(["a red circle", "a"])

@@ -6,11 +6,11 @@ import torch
 
 from conftest import tiny_config
 from training.config import ConfigError, build_config
-from training.minilm import MiniLMEncoder
-from training.model import build_model
-from training.pooling import GPO, Pool
+from training.data.vocab import Vocabulary, pad_batch
+from training.models.minilm import MiniLMEncoder
+from training.models.model import build_model
+from training.models.pooling import GPO, Pool
 from training.train import cosine_factor
-from training.vocab import Vocabulary, pad_batch
 
 SENTENCES = ["a dog runs on the grass", "two children play in the snow near a red house", "a man",
              "a black and white dog is jumping over a wooden fence in the park"]

@@ -10,7 +10,7 @@ from index.gallery import Gallery
 from index.samples import SAMPLES, write_samples
 from service.cli import main as cli_main
 from training import pretrained
-from training.model import load_checkpoint, load_model
+from training.models.model import load_checkpoint, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 

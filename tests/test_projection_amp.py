@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from training.config import load_config
-from training.projection import Float32BatchNorm1d, build_projection
+from training.models.projection import Float32BatchNorm1d, build_projection
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,10 @@ from index.embed import embed_image_files, embed_texts
 from index.gallery import Gallery, add, build, read_manifest, sync
 from index.querybank import QueryBank
 from service.cli import main as cli_main
-from training.data import load_dataset
+from training.data.datasets import load_dataset
 from training.evaluate import querybank_metrics
-from training.hubness import item_offsets
-from training.model import load_model
+from training.models.hubness import item_offsets
+from training.models.model import load_model
 
 BETA = 20.0
 

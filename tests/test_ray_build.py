@@ -16,7 +16,7 @@ from index.embed import ImageEmbeddings, PhotoInfo
 from index.gallery import Gallery
 from index.ray_embed import encode_shard, plan_shards, read_shard, write_shard
 from service.cli import main as cli_main
-from training.data import load_dataset
+from training.data.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SHARD_SIZE = 8

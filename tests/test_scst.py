@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from training.cider import CiderD
-from training.decoder import SentenceDecoder
+from training.data.vocab import END_ID, PAD_ID, START_ID, UNK_ID
+from training.models.decoder import SentenceDecoder
 from training.scst import leave_one_out_advantage, scst_loss
-from training.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 from conftest import STT_DECODER, tiny_config
 
@@ -100,7 +100,7 @@ def test_scst_teaches_a_decoder_the_rewarded_sentences():
 
 def test_scst_stage_trains_the_decoder_only_and_keeps_the_best_checkpoint(synth_small, tmp_path):
     from training.evaluate import evaluate_model
-    from training.model import load_model
+    from training.models.model import load_model
     from training.train import train
 
     base = tmp_path / "xe"
@@ -124,7 +124,7 @@ def test_scst_stage_trains_the_decoder_only_and_keeps_the_best_checkpoint(synth_
     assert changed <= {"decoder"}            # the common space is untouched: retrieval is exactly the same
     if best["step"] > 0:
         assert changed == {"decoder"}
-    from training.data import load_dataset
+    from training.data.datasets import load_dataset
     data = load_dataset(synth_small)
     r_before = evaluate_model(before, data.split("val"), workers=0, generation=False, progress=False)
     r_after = evaluate_model(after, data.split("val"), workers=0, generation=False, progress=False)

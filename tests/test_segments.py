@@ -16,7 +16,7 @@ from index.faiss_index import (ID_BYTES, VectorIndex, default_factory, estimate_
 from index.gallery import Gallery, add_vectors, build_from_vectors, compact, current_generation, remove
 from index.metadata import Metadata
 from index.query import ImageFilter
-from training.fileio import write_json, write_text
+from training.data.fileio import write_json, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 FP = "f" * 64               # the model fingerprint these vector-level indexes are written under
@@ -123,7 +123,7 @@ def test_tombstones_are_never_returned_and_search_paths_match_exact_search(tmp_p
 def test_order_similarity_segments_are_exact(tmp_path):
     import torch
 
-    from training.similarity import build_similarity
+    from training.models.similarity import build_similarity
 
     root = tmp_path / "index"
     x = np.abs(_unit(50, 0))

@@ -17,9 +17,9 @@ from conftest import batch_stats, serve_app
 from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
+from training.data.vocab import tokenize
 from training.generate import caption_embeddings, caption_images, paraphrase_texts
-from training.model import load_model
-from training.vocab import tokenize
+from training.models.model import load_model
 
 SENTENCES = ["a red circle left of a blue square", "a green star above a yellow cross",
              "a small purple square below a big red star", "an orange cross right of a green circle"]

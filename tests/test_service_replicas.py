@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from index.gallery import add, build
 from service.app import create_app
 from service.settings import Settings
-from training.data import load_dataset
-from training.fileio import atomic_path, created_mode, write_json
-from training.model import load_model, save_model
+from training.data.datasets import load_dataset
+from training.data.fileio import atomic_path, created_mode, write_json
+from training.models.model import load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -70,7 +70,7 @@ def _all_modes(root: Path) -> dict[str, int]:
 REPLICA = r"""
 import asyncio, json, os, sys
 import httpx, faiss, torch, sqlite3, uvicorn
-import service.app, service.state, index.gallery, training.model
+import service.app, service.state, index.gallery, training.models.model
 from service.app import create_app
 from service.settings import Settings
 

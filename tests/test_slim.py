@@ -5,8 +5,8 @@ import torch
 
 from service.cli import main as cli_main
 from training.config import build_config
-from training.model import build_model, fingerprint, load_checkpoint, load_model, save_model
-from training.vocab import Vocabulary
+from training.data.vocab import Vocabulary
+from training.models.model import build_model, fingerprint, load_checkpoint, load_model, save_model
 
 
 @pytest.fixture(scope="module")

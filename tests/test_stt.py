@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from training.attention import RegionWordAttention
-from training.config import ConfigError
 from training.caption_eval import CocoScorer, coco_scores, java_available
-from training.data import load_dataset
+from training.config import ConfigError
+from training.data.datasets import load_dataset
+from training.data.vocab import Vocabulary, tokenize
 from training.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
-from training.model import build_model, load_model, save_model
+from training.models.attention import RegionWordAttention
+from training.models.model import build_model, load_model, save_model
 from training.stt import STTLoss, STTTrainer, ordered_pairs
 from training.train import Stage
-from training.vocab import Vocabulary, tokenize
 
 STT = {"enabled": True, "word_dim": 16, "hidden": 32, "max_len": 12}
 
@@ -211,10 +211,9 @@ def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
     assert torch.allclose(pooled, torch.nn.functional.normalize(model.embed_regions(feats).mean(1), dim=-1))
     assert len(caption_embeddings(model, pooled, n=1)[0]) == 1
     # evaluation reports every metric the other models report, scored with the attention similarity
-    from training.attention import attention_retrieval
-    from training.data import load_dataset
+    from training.data.datasets import load_dataset
     from training.embed import image_source
-    from training.evaluate import evaluate_model
+    from training.evaluate import attention_retrieval, evaluate_model
 
     test = load_dataset(synth_small).split("test")
     result = evaluate_model(model, test, progress=False, workers=0, generation=False)
@@ -256,8 +255,8 @@ def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
     """A small STT model on 1,500 synthetic images (~1 min of CPU): its beam-search captions of the test
     images score a higher BLEU-4 than the nearest-caption baseline of the same model — for each test image,
     the training caption closest to it in the common space (retrieval as captioning)."""
+    from training.data.synth import generate
     from training.embed import embed_split
-    from training.synth import generate
     from training.train import train
 
     data = tmp_path_factory.mktemp("synth_stt")

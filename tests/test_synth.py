@@ -1,4 +1,4 @@
-"""Tests for training.synth: files, captions, splits, determinism, minimal pairs, geometry and pixels."""
+"""Tests for training.data.synth: files, captions, splits, determinism, minimal pairs, geometry and pixels."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.synth import COLOURS, generate, minimal_pairs, tokenize
+from training.data.synth import COLOURS, generate, minimal_pairs, tokenize
 
 IMAGE_SIZE = 128
 

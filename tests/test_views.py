@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.backbones import BACKBONES, Backbone, SmallCNN, _preprocess
+from training.models.backbones import BACKBONES, Backbone, SmallCNN, _preprocess
 
 from conftest import STT_DECODER, tiny_config
 
@@ -45,9 +45,9 @@ def _noise_images(folder, n, side=48):
 def test_per_view_features_are_the_crops_that_multicrop_averages(tmp_path):
     from dataclasses import replace
 
-    from training.features import extract_features
-    from training.model import build_model
-    from training.vocab import Vocabulary
+    from training.data.features import extract_features
+    from training.data.vocab import Vocabulary
+    from training.models.model import build_model
 
     model = build_model(frozen_config(), Vocabulary.build(["a"])).eval()
     paths = _noise_images(tmp_path / "img", 5)
@@ -106,7 +106,7 @@ def _changed(a, b) -> set[str]:
 
 
 def test_view_augmented_teacher_forcing_and_scst(synth_small, tmp_path):
-    from training.model import load_model
+    from training.models.model import load_model
     from training.train import train
 
     quiet = lambda *_: None  # noqa: E731

@@ -1,4 +1,4 @@
-"""Tests for training.vocab: tokenize, Vocabulary (build, encode, decode, serialisation) and pad_batch."""
+"""Tests for training.data.vocab: tokenize, Vocabulary (build, encode, decode, serialisation) and pad_batch."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from training.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary, pad_batch, tokenize
+from training.data.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary, pad_batch, tokenize
 
 TEXTS = ["A dog runs.", "A dog jumps!", "The cat sleeps.", "a DOG, a cat."]
 

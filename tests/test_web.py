@@ -23,7 +23,7 @@ from PIL import Image
 from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
-from training.data import load_dataset
+from training.data.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = REPO / "docs" / "screenshots"
@@ -437,7 +437,7 @@ def photo_server(tiny_model_path, synth_small, tmp_path_factory):
     """The synthetic test images as a photo folder: in trip/, trip/day2/ and home/, one taken (EXIF) a day from
     2021-05-01 — so the page's folder and date filters have something to filter."""
     from index.gallery import build
-    from training.model import load_model
+    from training.models.model import load_model
 
     data = load_dataset(synth_small)
     records = data.split("val").images + data.split("test").images

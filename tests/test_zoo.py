@@ -76,7 +76,7 @@ def test_every_zoo_config_trains_and_evaluates(synth_small, tmp_path, monkeypatc
     assert all("already done" in line for line in logged)
 
     # the result cache is keyed on the data too: another data set is trained, not "already done"
-    from training.synth import generate
+    from training.data.synth import generate
 
     generate(tmp_path / "other", n_images=60, seed=5, image_size=64, progress=False)
     logged.clear()

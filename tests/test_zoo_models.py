@@ -4,14 +4,13 @@ import math
 import pytest
 import torch
 
-from training.bir import NGramEncoder, ngram_features
 from training.compose import compose_query
 from training.config import build_config
-from training.factory import build_loss
-from training.model import build_model, load_model, save_model
-from training.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise
-from training.factory import TEXT_ENCODERS
-from training.vocab import Vocabulary, pad_batch
+from training.data.vocab import Vocabulary, pad_batch
+from training.models.bir import NGramEncoder, ngram_features
+from training.models.factory import TEXT_ENCODERS, build_loss
+from training.models.model import build_model, load_model, save_model
+from training.models.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise
 
 from conftest import tiny_config
 
@@ -215,7 +214,7 @@ def test_minilm_matches_sentence_transformers_and_saves_self_contained(tmp_path,
     assert not any(p.requires_grad for p in m.text_encoder.bert.parameters())    # frozen
     before = m.embed_sentences(sentences)
     save_model(m, tmp_path / "model.pt")
-    import training.minilm as minilm
+    import training.models.minilm as minilm
     monkeypatch.setattr(minilm, "package_dir", lambda: (_ for _ in ()).throw(AssertionError("package read")))
     torch.testing.assert_close(load_model(tmp_path / "model.pt").embed_sentences(sentences), before)
 

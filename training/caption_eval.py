@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Hashable
 
 import torch
 
-from .vocab import tokenize
+from training.data.vocab import tokenize
 
 if TYPE_CHECKING:
     from pycocoevalcap.meteor.meteor import Meteor

@@ -131,11 +131,11 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_compose(args) -> int:
+    from training.data.datasets import load_dataset
+    from training.data.fileio import write_json
+    from training.models.model import load_model
     from .compose import compose_query, image_features_of
-    from .data import load_dataset
     from .embed import embed_image_source, image_source
-    from .fileio import write_json
-    from .model import load_model
 
     model = load_model(args.model)
     dataset = load_dataset(args.data, split=args.split).split(args.split)
@@ -158,7 +158,7 @@ def cmd_compose(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from .synth import generate
+    from training.data.synth import generate
 
     path = generate(args.out, n_images=args.images, seed=args.seed, image_size=args.image_size,
                     pair_fraction=args.pair_fraction)
@@ -199,10 +199,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .data import load_dataset
+    from training.data.datasets import load_dataset
+    from training.data.fileio import write_json
+    from training.models.model import load_model
     from .evaluate import evaluate_model, format_table, plot_recall, public
-    from .fileio import write_json
-    from .model import load_model
     from .train import resolve_device
 
     if args.generations and args.no_generation:
@@ -250,8 +250,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_score_generations(args) -> int:
+    from training.data.fileio import write_json
     from .caption_eval import format_generation, load_generations, score_generations
-    from .fileio import write_json
 
     try:
         generations = load_generations(args.file)
@@ -267,8 +267,8 @@ def cmd_score_generations(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    from training.models.model import load_model
     from .generate import caption_images, paraphrase_texts
-    from .model import load_model
     from .train import resolve_device
 
     if args.n < 1:
@@ -297,8 +297,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_ensemble(args) -> int:
-    from .ensemble import EnsembleEmbedding
-    from .model import load_model, save_model
+    from training.models.ensemble import EnsembleEmbedding
+    from training.models.model import load_model, save_model
 
     if args.weights is not None and len(args.weights) != len(args.models):
         print(f"error: --weights needs one weight per model ({len(args.models)}), got {len(args.weights)}",
@@ -323,7 +323,7 @@ def cmd_ensemble(args) -> int:
 
 
 def cmd_slim(args) -> int:
-    from .model import load_model, save_slim
+    from training.models.model import load_model, save_slim
 
     if not Path(args.model).is_file():
         print(f"error: no model file {args.model}", file=sys.stderr)

@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 from PIL import Image
 
-from .preprocess import open_image
-from .vocab import pad_batch
+from training.data.preprocess import open_image
+from training.data.vocab import pad_batch
 
 
 @torch.no_grad()

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import yaml
 from pydantic import ValidationError
 
-from .config_schema import IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, NoOptions, RunConfig, defaults
+from training.models.options import IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, NoOptions
+from .config_schema import RunConfig, defaults
 
 DEFAULTS: dict[str, Any] = defaults()       # every key and its default: config_schema.py
 

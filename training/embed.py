@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .features import ImageFiles, extract_features, load_pixels
-from .vocab import pad_batch
+from training.data.features import ImageFiles, extract_features, load_pixels
+from training.data.vocab import pad_batch
+from training.models.attention import embed_words
 
 PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
 
@@ -151,3 +152,32 @@ def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int = 2, 
     cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
     cap_emb = embed_caption_ids(model, cap_ids, device=device, amp=amp)
     return img_emb.cpu(), cap_emb.cpu(), cap_to_img
+
+
+@torch.no_grad()
+def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128):
+    """Region embeddings ``(N, k, E)`` of a split's images (from ``source``, an ImageSource of grid features
+    or pixels), word embeddings ``(M, T, E)`` and mask ``(M, T)`` of its captions, and ``cap_to_img``."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    if source.kind == "files":
+        loader = torch.utils.data.DataLoader(source.data, batch_size=batch_size, generator=torch.Generator())
+        batches = (pixels for _, pixels in loader)
+    else:
+        batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
+    regions = []
+    for batch in batches:
+        batch = batch.to(device)
+        feats = batch if source.kind == "features" else model.image_features(model.preprocess.normalize(batch))
+        regions.append(model.embed_regions(feats).float().cpu())
+    ids_all = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
+    ids, lengths = pad_batch(ids_all)
+    words, masks = [], []
+    for start in range(0, len(ids_all), batch_size):
+        w, m = embed_words(model, ids[start:start + batch_size].to(device), lengths[start:start + batch_size])
+        words.append(w.float().cpu())
+        masks.append(m.cpu())
+    cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
+    model.train(was_training)
+    return torch.cat(regions), torch.cat(words), torch.cat(masks), cap_to_img

@@ -118,9 +118,9 @@ def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_i
 
 def querybank_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
                       bank_images: torch.Tensor, bank_captions: torch.Tensor, beta: float) -> dict:
-    """Retrieval metrics with querybank normalisation (hubness.py): text→image ranks by s − o_image (offsets
+    """Retrieval metrics with querybank normalisation (models/hubness.py): text→image ranks by s − o_image (offsets
     from a bank of captions), image→text by s − o_caption (offsets from a bank of images). Cosine models."""
-    from .hubness import item_offsets
+    from training.models.hubness import item_offsets
 
     cap_to_img = cap_to_img.long().cpu()
     image_emb, caption_emb = image_emb.float(), caption_emb.float()
@@ -166,7 +166,7 @@ def plot_recall(result: dict, path: str | Path, max_k: int = 50, title: str = ""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .fileio import atomic_path
+    from training.data.fileio import atomic_path
 
     ranks = result["_ranks"]
     ks = np.arange(1, max_k + 1)
@@ -224,7 +224,7 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
         # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
         # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
         # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
-        from .attention import fine_embed_split
+        from .embed import fine_embed_split
 
         pooled = {k: result[k] for k in ("i2t", "t2i", "rsum")}
         regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
@@ -240,7 +240,7 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
 
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
                                          **(decode or {})))
-    if querybank is not None:     # QB-Norm (hubness.py): the bank split's images and captions as query banks
+    if querybank is not None:     # QB-Norm (models/hubness.py): the bank split's images and captions as query banks
         if model.cfg["model"]["similarity"] != "cosine":
             raise ValueError("querybank normalisation applies to cosine-similarity models")
         bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,
@@ -279,3 +279,11 @@ def format_table(result: dict) -> str:
 
         lines.append(format_generation(result))
     return "\n".join(lines)
+
+
+def attention_retrieval(model, dataset, source, device="cpu") -> dict:
+    """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
+    from .embed import fine_embed_split
+
+    regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
+    return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))

@@ -13,8 +13,8 @@ from typing import Sequence
 import torch
 from PIL import Image
 
-from .preprocess import open_image
-from .vocab import tokenize
+from training.data.preprocess import open_image
+from training.data.vocab import tokenize
 
 Result = list[tuple[str, float]]
 

@@ -1,5 +1,5 @@
-"""Exact retrieval ranks and R@K from embeddings (STT §4.3), the core that evaluation (evaluate.py) and
-the attention similarity (attention.py) share.
+"""Exact retrieval ranks and R@K from embeddings (STT §4.3) under any similarity (a cosine, or STT-ATT's
+region–word attention): the core of evaluation (evaluate.py).
 
 * image → text: an image query is a hit at K when *any* of its captions is in the top K; its rank is the
   rank of its best-ranked caption.

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from training.data.vocab import tokenize
+from training.models.model import save_model
 from .cider import CiderD
 from .embed import embed_split, embed_views, random_view
-from .model import save_model
 from .trainer import plan_stages, restore_rng, rng_state
-from .vocab import tokenize
 
 
 def leave_one_out_advantage(rewards: torch.Tensor) -> torch.Tensor:

@@ -25,16 +25,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .attention import attention_retrieval, embed_words
+from training.data.vocab import pad_batch
+from training.models.attention import embed_words
+from training.models.model import load_checkpoint
 from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_source,
                     image_inputs_to_embedding)
-from .evaluate import public
-from .model import load_checkpoint
+from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer
-from .vocab import pad_batch
 
 if TYPE_CHECKING:
-    from .decoder import SentenceDecoder
+    from training.models.decoder import SentenceDecoder
 
 
 def ordered_pairs(cap_to_img: list[int]) -> list[tuple[int, int, int]]:

@@ -29,15 +29,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from training.data.datasets import CaptionDataset, load_dataset
+from training.data.fileio import atomic_path, write_text
+from training.data.vocab import SPECIALS, Vocabulary, pad_batch
+from training.models.factory import build_loss
+from training.models.model import build_model, freeze_modules, init_from_checkpoint, save_model
 from .config import dump_config
-from .data import CaptionDataset, load_dataset
 from .embed import (ImageSource, autocast, batch_features, embed_split, image_inputs_to_embedding, image_source,
                     view_source)
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
-from .fileio import atomic_path, write_text
-from .factory import build_loss
-from .model import build_model, freeze_modules, init_from_checkpoint, save_model
-from .vocab import SPECIALS, Vocabulary, pad_batch
 
 if TYPE_CHECKING:
     from .distributed import Distributed
@@ -177,10 +177,10 @@ class Trainer:
             self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
             cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
-            # partial fine-tuning: the frozen bottom runs once (state_cache.py); a text encoder in train.freeze runs
-            # whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
+            # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
+            # runs whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
             if cache_inputs is not None and "text_encoder" not in t["freeze"]:
-                from .features import default_cache_dir
+                from training.data.features import default_cache_dir
 
                 cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
                              dtype=t["cache_dtype"], progress=progress, log=log)

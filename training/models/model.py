@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Sequence, cast
 import torch
 from torch import nn
 
+from training.data.fileio import atomic_path
+from training.data.preprocess import Preprocess
+from training.data.vocab import Vocabulary, pad_batch
 from .attention import RegionWordAttention
 from .backbones import Backbone, SplitCNN
 from .decoder import build_decoder
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .factory import build_backbone, build_similarity, build_text_encoder
-from .fileio import atomic_path
 from .pooling import Pool
-from .preprocess import Preprocess
 from .projection import build_projection
 from .regions import GridRegions
-from .vocab import Vocabulary, pad_batch
 
 if TYPE_CHECKING:
     from .minilm import MiniLMEncoder

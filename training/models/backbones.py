@@ -9,7 +9,7 @@
 
 Each builder returns a :class:`Backbone`: a module mapping normalised images ``(B, 3, S, S)`` to
 features ``(B, D)``, its feature size ``D``, its preprocessing and whether it came pretrained (frozen
-backbones have their features precomputed once and cached, see ``features.py``).
+backbones have their features precomputed once and cached, see ``data/features.py``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from training.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from .registry import Registry
 
 if TYPE_CHECKING:

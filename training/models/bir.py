@@ -17,9 +17,9 @@ from collections import Counter
 import torch
 from torch import nn
 
+from training.data.vocab import SPECIALS, Vocabulary, tokenize
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .losses import RankingLoss, positive_mask
-from .vocab import SPECIALS, Vocabulary, tokenize
 
 ARTICLES = frozenset({"a", "an", "the"})   # §6.1: filtered out before building features
 N_RESERVED = 4                             # feature ids 0..3 mirror the vocabulary's specials (0 = padding)

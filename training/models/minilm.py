@@ -30,11 +30,11 @@ from torch import nn
 
 from pydantic import ValidationError
 
-from .config_schema import MiniLMOptions
+from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
+from training.data.vocab import pad_batch
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
+from .options import MiniLMOptions
 from .pooling import Pool, valid_mask
-from .state_cache import TokenStateCache, build_state_cache, weights_digest
-from .vocab import pad_batch
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -168,7 +168,7 @@ class MiniLMBert(nn.Module):
 
 
 def check_options(opts: dict) -> dict:
-    """``text.options`` of the minilm encoder checked against config_schema.MiniLMOptions: an unknown key or a
+    """``text.options`` of the minilm encoder checked against options.MiniLMOptions: an unknown key or a
     bad value is a ValueError naming it."""
     known = list(MiniLMOptions.model_fields)
     unknown = sorted(set(opts) - set(known))

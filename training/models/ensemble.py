@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.data.vocab import Vocabulary, pad_batch
 from .similarity import build_similarity
-from .vocab import Vocabulary, pad_batch
 
 if TYPE_CHECKING:
-    from .preprocess import Preprocess
+    from training.data.preprocess import Preprocess
 
 KIND = "ensemble"
 MAX_TEXT_BYTES = 2048

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .vocab import END_ID, PAD_ID, START_ID, UNK_ID
+from training.data.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 NEG_INF = float("-inf")
 

@@ -20,9 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .ranking import retrieval_metrics
-from .vocab import pad_batch
-
 if TYPE_CHECKING:
     from .text_encoders import GRUEncoder
 
@@ -71,39 +68,3 @@ def embed_words(model, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.
     mask = torch.arange(ids.shape[1], device=ids.device).view(1, -1) < lengths.to(ids.device).view(-1, 1)
     words = F.normalize(model.text_proj(word_states(model.text_encoder, ids, lengths)), dim=-1)
     return words * mask.unsqueeze(-1), mask
-
-
-@torch.no_grad()
-def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128):
-    """Region embeddings ``(N, k, E)`` of a split's images (from ``source``, an ImageSource of grid features
-    or pixels), word embeddings ``(M, T, E)`` and mask ``(M, T)`` of its captions, and ``cap_to_img``."""
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    if source.kind == "files":
-        loader = torch.utils.data.DataLoader(source.data, batch_size=batch_size, generator=torch.Generator())
-        batches = (pixels for _, pixels in loader)
-    else:
-        batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
-    regions = []
-    for batch in batches:
-        batch = batch.to(device)
-        feats = batch if source.kind == "features" else model.image_features(model.preprocess.normalize(batch))
-        regions.append(model.embed_regions(feats).float().cpu())
-    ids_all = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
-    ids, lengths = pad_batch(ids_all)
-    words, masks = [], []
-    for start in range(0, len(ids_all), batch_size):
-        w, m = embed_words(model, ids[start:start + batch_size].to(device), lengths[start:start + batch_size])
-        words.append(w.float().cpu())
-        masks.append(m.cpu())
-    cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
-    model.train(was_training)
-    return torch.cat(regions), torch.cat(words), torch.cat(masks), cap_to_img
-
-
-def attention_retrieval(model, dataset, source, device="cpu") -> dict:
-    """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
-
-    regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
-    return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))

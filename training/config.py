@@ -151,7 +151,7 @@ def validate(cfg: dict) -> None:
     im = cfg["image"]
     if im["train_crops"] not in (0, 5, 10) or isinstance(im["train_crops"], bool):
         raise ConfigError(f"image.train_crops must be 0 (off), 5 or 10, got {im['train_crops']!r}")
-    if not isinstance(im["train_resize"], int) or im["train_resize"] < im["image_size"]:
+    if not isinstance(im["train_resize"], int) or (im["train_crops"] and im["train_resize"] < im["image_size"]):
         raise ConfigError(f"image.train_resize must be an integer >= image.image_size ({im['image_size']}), "
                           f"got {im['train_resize']!r}")
     if im["train_crops"] and cfg.get("attention", {}).get("enabled"):

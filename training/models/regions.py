@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 FEATURE_MAPS: Registry[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = Registry("region grid")
 
 
-@FEATURE_MAPS.register("efficientnet_lite0")
 def _timm_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return cast("EfficientNet", net).forward_features(x)   # (B, 1280, 7, 7) at 224 px
+    return cast("EfficientNet", net).forward_features(x)   # (B, 1280, 7, 7) at 224 px (8, 8 for Lite2 at 260)
+
+
+for _name in ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"):
+    FEATURE_MAPS.register(_name)(_timm_map)
 
 
 def _resnet_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:

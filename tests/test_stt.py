@@ -353,6 +353,9 @@ def test_init_from_and_freeze_refuse_what_cannot_work(synth_small, tmp_path):
     with pytest.raises(ValueError, match="shapes differ"):                # another width of the text GRU
         train(tiny_config(text={"hidden": 48}, train={"init_from": ckpt}), synth_small, tmp_path / "b",
               progress=False, log=quiet)
+    with pytest.raises(ValueError, match="trained on image.backbone smallcnn with preprocessing"):  # other pixels
+        train(tiny_config(image={"image_size": 40, "resize": 40}, train={"init_from": ckpt}), synth_small,
+              tmp_path / "e", progress=False, log=quiet)
     with pytest.raises(ValueError, match="vocabulary differs"):           # word ids would mean other words
         train(tiny_config(data={"min_word_count": 50}, train={"init_from": ckpt}), synth_small, tmp_path / "c",
               progress=False, log=quiet)

@@ -299,6 +299,12 @@ def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> 
     payload = load_checkpoint(path)
     if payload.get("kind") == ENSEMBLE_KIND:
         raise ValueError(f"train.init_from {path}: an ensemble is not a starting point; name one of its members")
+    theirs_bb = payload.get("backbone", {})
+    if theirs_bb.get("name") not in (None, model.backbone_name) or (
+            theirs_bb.get("preprocess") and theirs_bb["preprocess"] != model.preprocess.to_dict()):
+        raise ValueError(f"train.init_from {path}: it was trained on image.backbone {theirs_bb.get('name')} with "
+                         f"preprocessing {theirs_bb.get('preprocess')}; this config has {model.backbone_name} with "
+                         f"{model.preprocess.to_dict()}: set the image section as in the model's config")
     if payload.get("slim"):
         payload = {**payload, "state_dict": _rebuild_slim(payload).state_dict()}
     ours = model.state_dict()

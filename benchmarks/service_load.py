@@ -358,7 +358,7 @@ def main() -> int:
           flush=True)
 
     # raw limit first, while no server competes for the CPU
-    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device), device)
+    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device))
     pixels = [upload_to_pixels(f.read_bytes(), 50_000_000, model.preprocess) for f in files]
     raw = {"text": {}, "image": {}}
     for c in args.concurrency:

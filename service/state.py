@@ -186,7 +186,7 @@ class ServiceState:
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
-            self.engine = Engine(self.model, self.gallery, self.device, amp=self.settings.amp)
+            self.engine = Engine(self.model, self.gallery)
             self._count_vectors()
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
             # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of

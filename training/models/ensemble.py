@@ -128,14 +128,6 @@ class EnsembleEmbedding(nn.Module):
     def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.similarity.normalize(self.project_texts(ids, lengths))
 
-    @torch.no_grad()
-    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-        """Raw sentences → common space (inference helper)."""
-        device = next(self.parameters()).device
-        out = [self.embed_texts(*(x.to(device) for x in pad_batch(self.encode_text_ids(texts[i:i + batch_size]))))
-               for i in range(0, len(texts), batch_size)]
-        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
-
     def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
         return self.similarity(images, captions)
 

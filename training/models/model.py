@@ -19,7 +19,7 @@ from torch import nn
 
 from training.data.fileio import atomic_path
 from training.data.preprocess import Preprocess
-from training.data.vocab import Vocabulary, pad_batch
+from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import Backbone, SplitCNN
 from .decoder import build_decoder
@@ -141,16 +141,6 @@ class JointEmbedding(nn.Module):
 
     def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.similarity.normalize(self.project_texts(ids, lengths))
-
-    @torch.no_grad()
-    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-        """Raw sentences → common space (inference helper)."""
-        device = next(self.parameters()).device
-        out = []
-        for start in range(0, len(texts), batch_size):
-            ids, lengths = pad_batch(self.encode_text_ids(texts[start:start + batch_size]))
-            out.append(self.embed_texts(ids.to(device), lengths.to(device)))
-        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
 
     def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
         return self.similarity(images, captions)

@@ -37,28 +37,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-index-memory", metavar="SIZE",
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
-    _exclude(b)
-    _common(b)
+    _embedding_options(b, cmd_build)
     _engine(b)
-    b.set_defaults(func=cmd_build)
 
     a = isub.add_parser("add", help="add images and/or captions to an index without rebuilding it")
     a.add_argument("--index", required=True, help="index directory")
     a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     a.add_argument("paths", nargs="*", help="image files or directories to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
-    _exclude(a)
-    _common(a)
-    a.set_defaults(func=cmd_add)
+    _embedding_options(a, cmd_add)
 
     y = isub.add_parser("sync", help="make the index match a folder: add new files, re-embed changed ones, remove "
                                      "deleted ones")
     y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
     y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
-    _exclude(y)
-    _common(y)
-    y.set_defaults(func=cmd_sync)
+    _embedding_options(y, cmd_sync)
 
     r = isub.add_parser("remove", help="remove images and/or captions by id")
     r.add_argument("--index", required=True, help="index directory")
@@ -99,13 +93,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     m.set_defaults(func=cmd_samples)
 
 
-def _exclude(p: argparse.ArgumentParser) -> None:
+def _embedding_options(p: argparse.ArgumentParser, func) -> None:
+    """The options of the commands that find and embed images (build, add, sync), which run ``func``."""
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                    help="leave out files whose path (relative to the folder) or any of whose folder or file names "
                         "match GLOB (repeatable); .thumbnails, @eaDir and hidden files and folders are always left "
                         "out unless --no-default-excludes")
     p.add_argument("--no-default-excludes", action="store_true",
                    help="also index .thumbnails, @eaDir and hidden files and folders")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="image decoding processes")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=func)
 
 
 def _engine(p: argparse.ArgumentParser) -> None:
@@ -125,13 +125,6 @@ def _engine(p: argparse.ArgumentParser) -> None:
 
 _RAY_OPTIONS = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_per_worker", "shard_dir",
                 "shard_size")
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2, help="image decoding processes")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _read_lines(path: str) -> list[str]:

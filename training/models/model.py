@@ -23,7 +23,7 @@ from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import Backbone, SplitCNN
 from .decoder import build_decoder
-from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
+from .ensemble import KIND as ENSEMBLE_KIND, CommonSpace, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .factory import build_backbone, build_similarity, build_text_encoder
 from .pooling import Pool
 from .projection import build_projection
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 FORMAT = "jointspace-model/1"
 
 
-class JointEmbedding(nn.Module):
+class JointEmbedding(CommonSpace):
     def __init__(self, cfg: dict, vocab: Vocabulary, backbone: Backbone):
         super().__init__()
         self.cfg = cfg
@@ -139,11 +139,6 @@ class JointEmbedding(nn.Module):
         """Padded ids → the common space, before the similarity's normalisation."""
         return self.text_proj(self.text_encoder(ids, lengths))
 
-    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.project_texts(ids, lengths))
-
-    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-        return self.similarity(images, captions)
 
     # --- training helpers -------------------------------------------------------------------------
     def set_backbone_trainable(self, trainable: bool) -> None:

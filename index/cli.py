@@ -175,6 +175,7 @@ def cmd_build(args) -> int:
         dataset = load_dataset(args.data)
         records = dataset.split(args.split).images
         paths = [r.path for r in records]
+        captions: list[tuple[str, int | None]]
         if args.captions:
             captions = [(t, None) for t in _read_lines(args.captions)]
         elif args.caption_split and args.caption_split != args.split:

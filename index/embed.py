@@ -87,7 +87,7 @@ def exif_time(exif) -> float | None:
         when = dt.datetime.strptime(value[:19], "%Y:%m:%d %H:%M:%S")
     except ValueError:
         return None
-    tz = dt.timezone.utc
+    tz: dt.tzinfo = dt.timezone.utc
     if offset:
         try:
             tz = dt.datetime.strptime(offset, "%z").tzinfo or tz

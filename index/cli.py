@@ -127,7 +127,7 @@ _RAY_OPTIONS = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_p
                 "shard_size")
 
 
-def _read_lines(path: str) -> list[str]:
+def _read_lines(path: str | Path) -> list[str]:
     lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
     return [line for line in lines if line]
 

@@ -103,10 +103,11 @@ class Gallery:
         if model is not None:
             check_model(manifest, model, root)
         sim, key = manifest["similarity"], manifest.get("index_id", "")
-        sides = [SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
-                                     previous=getattr(previous, role, None)) for role in ("images", "captions")]
+        images, captions = (SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
+                                                previous=getattr(previous, role, None))
+                            for role in ("images", "captions"))
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
-        return cls(root, generation, manifest, *sides, meta)
+        return cls(root, generation, manifest, images, captions, meta)
 
     def close(self) -> None:
         self.meta.close()

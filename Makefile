@@ -21,11 +21,11 @@ install: $(BIN)/jointspace  ## create .venv and install the pinned project
 test: lint $(BIN)/jointspace chromium  ## lint, then the whole test suite
 	$(BIN)/python -m pytest -q
 
-# ruff (rules in pyproject.toml) over all the Python code; mypy over training/ only for now: index/ and service/
-# are added to the mypy line once they are clean (they are being edited). `ruff format` is not run.
-lint: $(BIN)/jointspace  ## ruff check, and mypy on training/
+# ruff (rules in pyproject.toml) over all the Python code; mypy (settings in pyproject.toml) over the three
+# packages. `ruff format` is not run.
+lint: $(BIN)/jointspace  ## ruff check, and mypy on training/ index/ service/
 	$(BIN)/ruff check training index service tests benchmarks
-	$(BIN)/mypy training
+	$(BIN)/mypy training index service
 
 chromium:  ## Chromium for the browser tests: installed with apt-get when missing (root), else a loud warning
 	@if [ -n "$$JOINTSPACE_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \

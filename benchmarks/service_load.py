@@ -29,8 +29,6 @@ import json
 import os
 import platform
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from index.gallery import Gallery, build  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.images import upload_to_pixels  # noqa: E402
+from service.serve import spawn  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.models.model import build_model, load_model, save_model  # noqa: E402
@@ -228,37 +227,14 @@ def batch_counts(port: int) -> dict[str, tuple[float, float]]:
 
 # --- the server ----------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ratio(a: float, b: float, fmt: str) -> str:
     return format(a / b, fmt) if b else "—"
 
 
 def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_wait_ms: float) -> tuple:
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--index", str(index), "--port",
-           str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--log-level", "warning"]
-    if not batching:
-        cmd.append("--no-batching")
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)   # keep the caller's
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": path})
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            if proc.poll() is not None:
-                raise RuntimeError("the server exited during start-up")
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
+    args = ["--model", str(model), "--index", str(index), "--max-batch", str(max_batch), "--max-wait-ms",
+            str(max_wait_ms), "--log-level", "warning"] + ([] if batching else ["--no-batching"])
+    return spawn(args)
 
 
 def overload_cell(args, server: tuple, requests: list[bytes], rows: list[dict], policy: str) -> dict:
@@ -358,7 +334,7 @@ def main() -> int:
           flush=True)
 
     # raw limit first, while no server competes for the CPU
-    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device), device)
+    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device))
     pixels = [upload_to_pixels(f.read_bytes(), 50_000_000, model.preprocess) for f in files]
     raw = {"text": {}, "image": {}}
     for c in args.concurrency:

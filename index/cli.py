@@ -37,28 +37,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-index-memory", metavar="SIZE",
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
-    _exclude(b)
-    _common(b)
+    _embedding_options(b, cmd_build)
     _engine(b)
-    b.set_defaults(func=cmd_build)
 
     a = isub.add_parser("add", help="add images and/or captions to an index without rebuilding it")
     a.add_argument("--index", required=True, help="index directory")
     a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     a.add_argument("paths", nargs="*", help="image files or directories to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
-    _exclude(a)
-    _common(a)
-    a.set_defaults(func=cmd_add)
+    _embedding_options(a, cmd_add)
 
     y = isub.add_parser("sync", help="make the index match a folder: add new files, re-embed changed ones, remove "
                                      "deleted ones")
     y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
     y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
-    _exclude(y)
-    _common(y)
-    y.set_defaults(func=cmd_sync)
+    _embedding_options(y, cmd_sync)
 
     r = isub.add_parser("remove", help="remove images and/or captions by id")
     r.add_argument("--index", required=True, help="index directory")
@@ -99,13 +93,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     m.set_defaults(func=cmd_samples)
 
 
-def _exclude(p: argparse.ArgumentParser) -> None:
+def _embedding_options(p: argparse.ArgumentParser, func) -> None:
+    """The options of the commands that find and embed images (build, add, sync), which run ``func``."""
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                    help="leave out files whose path (relative to the folder) or any of whose folder or file names "
                         "match GLOB (repeatable); .thumbnails, @eaDir and hidden files and folders are always left "
                         "out unless --no-default-excludes")
     p.add_argument("--no-default-excludes", action="store_true",
                    help="also index .thumbnails, @eaDir and hidden files and folders")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="image decoding processes")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=func)
 
 
 def _engine(p: argparse.ArgumentParser) -> None:
@@ -127,14 +127,7 @@ _RAY_OPTIONS = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_p
                 "shard_size")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2, help="image decoding processes")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def _read_lines(path: str) -> list[str]:
+def _read_lines(path: str | Path) -> list[str]:
     lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
     return [line for line in lines if line]
 
@@ -175,13 +168,14 @@ def cmd_build(args) -> int:
 
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     image_root = args.images
-    model, device = _load(args)
+    model, _ = _load(args)
     if args.data:
         if not args.split:
             raise ValueError("--data needs --split (the split whose images are indexed)")
         dataset = load_dataset(args.data)
         records = dataset.split(args.split).images
         paths = [r.path for r in records]
+        captions: list[tuple[str, int | None]]
         if args.captions:
             captions = [(t, None) for t in _read_lines(args.captions)]
         elif args.caption_split and args.caption_split != args.split:
@@ -200,12 +194,12 @@ def cmd_build(args) -> int:
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     if not paths:
         raise ValueError("no images to index")
-    bank = _querybank(args, model, device) if args.querybank else None
+    bank = _querybank(args, model) if args.querybank else None
     if args.engine == "ray":
-        report = _build_on_ray(args, model, device, paths, captions, image_root, max_memory, bank)
+        report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank)
     else:
         report = build(args.out, model, paths, captions, factory=args.factory,
-                       caption_factory=args.caption_factory, device=device, batch_size=args.batch_size,
+                       caption_factory=args.caption_factory, batch_size=args.batch_size,
                        workers=args.workers, progress=not args.quiet, image_root=image_root,
                        max_memory=max_memory, querybank=bank)
     _report_skipped(report.skipped)
@@ -214,7 +208,7 @@ def cmd_build(args) -> int:
     return 0
 
 
-def _querybank(args, model, device):
+def _querybank(args, model):
     """The query bank of ``index build --querybank``: embedded captions (a text file) or captions + images (the
     chosen split of a captioned data set)."""
     from training.data.datasets import load_dataset
@@ -232,11 +226,11 @@ def _querybank(args, model, device):
         raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
     if not texts:
         raise ValueError(f"--querybank: {source} holds no captions")
-    captions = embed_texts(model, texts, device=device, progress=not args.quiet)
+    captions = embed_texts(model, texts, progress=not args.quiet)
     images = None
     if image_paths:
-        emb = embed_image_files(model, image_paths, batch_size=args.batch_size, device=device,
-                                workers=args.workers, progress=not args.quiet)
+        emb = embed_image_files(model, image_paths, batch_size=args.batch_size, workers=args.workers,
+                                progress=not args.quiet)
         images = emb.vectors if emb.kept else None
     return QueryBank(captions=captions, images=images, beta=args.qb_beta)
 
@@ -254,7 +248,7 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         raise ValueError(f"--max-index-memory: {err}") from None
 
 
-def _build_on_ray(args, model, device, paths, captions, image_root, max_memory=None, querybank=None):
+def _build_on_ray(args, model, paths, captions, image_root, max_memory=None, querybank=None):
     from training.pretrained import resolve
 
     from .gallery import build_from_embeddings
@@ -271,7 +265,7 @@ def _build_on_ray(args, model, device, paths, captions, image_root, max_memory=N
     print(f"ray: {len(run.embedded)} shard(s) embedded, {len(run.reused)} reused from {run.shard_dir}",
           file=sys.stderr)
     return build_from_embeddings(args.out, model, paths, run.embeddings, captions, factory=args.factory,
-                                 caption_factory=args.caption_factory, device=device, progress=not args.quiet,
+                                 caption_factory=args.caption_factory, progress=not args.quiet,
                                  image_root=image_root, max_memory=max_memory, querybank=querybank)
 
 
@@ -290,8 +284,8 @@ def cmd_add(args) -> int:
     captions = _read_lines(args.captions) if args.captions else []
     if not paths and not captions:
         raise ValueError("nothing to add: give image paths and/or --captions")
-    model, device = _load(args)
-    report = add(args.index, model, paths, captions, device=device, batch_size=args.batch_size,
+    model, _ = _load(args)
+    report = add(args.index, model, paths, captions, batch_size=args.batch_size,
                  workers=args.workers, progress=not args.quiet)
     _report_skipped(report.skipped)
     print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
@@ -302,8 +296,8 @@ def cmd_add(args) -> int:
 def cmd_sync(args) -> int:
     from .gallery import sync
 
-    model, device = _load(args)
-    report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, device=device,
+    model, _ = _load(args)
+    report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes,
                   batch_size=args.batch_size, workers=args.workers, progress=not args.quiet)
     _report_skipped(report.skipped)
     print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
@@ -313,8 +307,10 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
+    from training.embed import embed_texts
+
     from .gallery import Gallery
-    from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time, text_queries
+    from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
 
     if args.k < 1:
         raise ValueError("--k must be at least 1")
@@ -328,7 +324,7 @@ def cmd_search(args) -> int:
         if args.text is not None:
             if not args.text.strip() or any(not w.strip() for w in args.subtract):
                 raise ValueError("the query text and the words to subtract must not be empty")
-            query = text_queries(model, [args.text], [args.subtract]).float().cpu().numpy()
+            query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
         else:
             query = _example_query(model, args.image, args.subtract)
         hits = gallery.search_images(query, args.k, flt, args.offset, min_score)[0]
@@ -342,10 +338,9 @@ def cmd_search(args) -> int:
 
 
 def _example_query(model, image: str, subtract):
-    import torch
-
     from training.compose import compose_query
     from training.data.preprocess import UnsupportedImageError, open_image
+    from training.embed import embed_pixels, pixel_features
 
     from .embed import IMAGE_SUFFIXES
 
@@ -359,16 +354,14 @@ def _example_query(model, image: str, subtract):
     except Exception as err:  # noqa: BLE001 - any decoding failure: say what and why
         hint = "" if path.suffix.lower() in IMAGE_SUFFIXES else f" (formats read: {', '.join(sorted(IMAGE_SUFFIXES))})"
         raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        pixels = model.preprocess(picture).unsqueeze(0).to(device)
-        if subtract and getattr(model, "attention", None) is None:
-            query = compose_query(model, model.image_features(pixels)[0], (), subtract)[None]
-        elif subtract:
-            raise ValueError("subtracting words from an example photo needs a model that embeds an image as one "
-                             "vector; this one uses region attention (STT-ATT)")
-        else:
-            query = model.embed_images(pixels)
+    pixels = model.preprocess.pixels(picture).unsqueeze(0)
+    if subtract and getattr(model, "attention", None) is None:
+        query = compose_query(model, pixel_features(model, pixels)[0], (), subtract)[None]
+    elif subtract:
+        raise ValueError("subtracting words from an example photo needs a model that embeds an image as one "
+                         "vector; this one uses region attention (STT-ATT)")
+    else:
+        query = embed_pixels(model.eval(), pixels)
     return query.float().cpu().numpy()
 
 

@@ -1,9 +1,9 @@
 """Embed a photo collection and a caption corpus with a model's encoders, in batches, with progress.
 
-Images are decoded and preprocessed (exactly as in training: ``model.preprocess``) by DataLoader workers; an
+The embedding itself is training/embed.py's, the one inference path (and autocast policy) of the project:
+images are decoded and preprocessed (exactly as in training: ``model.preprocess``) by DataLoader workers; an
 unreadable, corrupt or unsupported file is skipped and reported, never fatal. Each worker also reads what the
-metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size, folder, content hash). On CUDA the
-forward passes run under bf16 autocast.
+metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size, folder, content hash).
 """
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, load_image
-from training.embed import autocast
+from training.embed import embed_image_files as files_to_embeddings
+from training.embed import embed_texts as texts_to_embeddings
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
@@ -89,7 +87,7 @@ def exif_time(exif) -> float | None:
         when = dt.datetime.strptime(value[:19], "%Y:%m:%d %H:%M:%S")
     except ValueError:
         return None
-    tz = dt.timezone.utc
+    tz: dt.tzinfo = dt.timezone.utc
     if offset:
         try:
             tz = dt.datetime.strptime(offset, "%z").tzinfo or tz
@@ -128,63 +126,17 @@ class ImageEmbeddings:
     info: list[PhotoInfo] = field(default_factory=list)            # one per kept image
 
 
-class _Decoded(Dataset):
-    def __init__(self, paths: Sequence[str | Path], preprocess):
-        self.paths, self.preprocess = [str(p) for p in paths], preprocess
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        try:
-            image, info = read_photo(self.paths[i])
-            return i, (self.preprocess.pixels(image), info), None
-        except Exception as err:  # noqa: BLE001 - any decoding failure means "skip this file"
-            return i, None, f"{type(err).__name__}: {err}"
+def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
+                      progress: bool = True) -> ImageEmbeddings:
+    """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
+    the model's device), keeping what the metadata stores of each (:func:`read_photo`)."""
+    emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
+                              read=read_photo)
+    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras)
 
 
-def _collate(items):
-    ok = [(i, px) for i, px, _ in items if px is not None]
-    bad = [(i, reason) for i, px, reason in items if px is None]
-    pixels = torch.stack([px for _, (px, _) in ok]) if ok else None
-    return [i for i, _ in ok], pixels, bad, [info for _, (_, info) in ok]
-
-
-@torch.no_grad()
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, device: str | torch.device = "cpu",
-                      workers: int = 2, progress: bool = True) -> ImageEmbeddings:
-    """Embeds every readable image of ``paths`` into the common space."""
-    device = torch.device(device)
+def embed_texts(model, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
+    """Sentences → ``(len(texts), D)`` float32 embeddings (``training.embed.embed_texts``)."""
     model.eval()
-    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
-    loader = DataLoader(_Decoded(paths, model.preprocess), batch_size=batch_size, num_workers=workers,
-                        collate_fn=_collate)
-    vectors, kept, skipped, infos = [], [], [], []
-    for idx, pixels, bad, info in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
-        skipped += [(str(paths[i]), reason) for i, reason in bad]
-        if pixels is None:
-            continue
-        with autocast(device, device.type == "cuda"):
-            emb = model.embed_images(model.preprocess.normalize(pixels.to(device)))
-        vectors.append(emb.float().cpu().numpy())
-        kept += idx
-        infos += info
-    dim = model.cfg["model"]["embed_dim"]
-    out = np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32)
-    return ImageEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, infos)
-
-
-@torch.no_grad()
-def embed_texts(model, texts: Sequence[str], batch_size: int = 256, device: str | torch.device = "cpu",
-                progress: bool = True) -> np.ndarray:
-    """Sentences → ``(len(texts), D)`` float32 embeddings."""
-    device = torch.device(device)
-    model.eval()
-    out = []
-    for start in tqdm(range(0, len(texts), batch_size), desc="embedding captions", unit="batch",
-                      disable=not progress or len(texts) <= batch_size):
-        with autocast(device, device.type == "cuda"):
-            out.append(model.embed_sentences(list(texts[start:start + batch_size]), batch_size=batch_size)
-                       .float().cpu().numpy())
-    dim = model.cfg["model"]["embed_dim"]
-    return np.ascontiguousarray(np.concatenate(out) if out else np.zeros((0, dim), np.float32))
+    vectors = texts_to_embeddings(model, texts, batch_size=batch_size, progress=progress)
+    return np.ascontiguousarray(vectors.cpu().numpy(), dtype=np.float32)

@@ -103,10 +103,11 @@ class Gallery:
         if model is not None:
             check_model(manifest, model, root)
         sim, key = manifest["similarity"], manifest.get("index_id", "")
-        sides = [SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
-                                     previous=getattr(previous, role, None)) for role in ("images", "captions")]
+        images, captions = (SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
+                                                previous=getattr(previous, role, None))
+                            for role in ("images", "captions"))
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
-        return cls(root, generation, manifest, *sides, meta)
+        return cls(root, generation, manifest, images, captions, meta)
 
     def close(self) -> None:
         self.meta.close()
@@ -264,26 +265,25 @@ def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpda
 
 def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
-          caption_factory: str | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
-          workers: int = 2, progress: bool = True, image_root: str | Path | None = None,
-          max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
+          caption_factory: str | None = None, batch_size: int = 64, workers: int = 2, progress: bool = True,
+          image_root: str | Path | None = None, max_memory: int | None = None,
+          querybank: QueryBank | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
     default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
     ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
     against this bank of queries (QB-Norm, index/querybank.py; cosine models)."""
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
-                            progress=progress)
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress)
     return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
-                                 caption_factory=caption_factory, device=device, progress=progress,
+                                 caption_factory=caption_factory, progress=progress,
                                  image_root=image_root, max_memory=max_memory, querybank=querybank)
 
 
 def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
                           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
-                          caption_factory: str | None = None, device: str | torch.device = "cpu",
-                          progress: bool = True, image_root: str | Path | None = None,
+                          caption_factory: str | None = None, progress: bool = True,
+                          image_root: str | Path | None = None,
                           max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
@@ -294,7 +294,7 @@ def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | P
     if not emb.kept:
         raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
     texts = [t for t, _ in captions]
-    cap_vectors = embed_texts(model, texts, device=device, progress=progress)
+    cap_vectors = embed_texts(model, texts, progress=progress)
     kept = set(emb.kept)
     report = build_from_vectors(
         root, model.fingerprint, model.cfg["model"]["similarity"], emb.vectors, np.asarray(emb.kept, np.int64),
@@ -379,12 +379,11 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
 
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
-        device: str | torch.device = "cpu", batch_size: int = 64, workers: int = 2,
-        progress: bool = True) -> UpdateReport:
+        batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
     """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, device=device, workers=workers,
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers,
                             progress=progress) if image_paths else None
-    cap_vectors = embed_texts(model, list(captions), device=device, progress=progress) if captions else None
+    cap_vectors = embed_texts(model, list(captions), progress=progress) if captions else None
     report = add_vectors(root, model.fingerprint, emb.vectors if emb is not None else None,
                          [(str(Path(image_paths[p]).resolve()), info) for p, info in zip(emb.kept, emb.info)]
                          if emb is not None else [], cap_vectors, list(captions))
@@ -495,8 +494,7 @@ def _unchanged(row, path: Path) -> bool:
 
 
 def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
-         device: str | torch.device = "cpu", batch_size: int = 64, workers: int = 2,
-         progress: bool = True) -> UpdateReport:
+         batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
     """Makes the index's images under the folder ``images`` what is there now: files not in the index are added,
     files whose content changed (sha256; size + mtime spare reading unchanged ones) are embedded again — under a
     new id, the old one removed — and indexed files that are gone (or now excluded) are removed. Images outside
@@ -525,7 +523,7 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                     changed.append(row.id)
                     new.append(path)
             report = UpdateReport(unchanged=unchanged)
-            emb = embed_image_files(model, new, batch_size=batch_size, device=device, workers=workers,
+            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
                                     progress=progress) if new else None
             report.skipped = emb.skipped if emb is not None else []
             if not gone and not changed and (emb is None or not emb.kept):

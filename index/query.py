@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import torch
 
 MAX_OFFSET = 10_000          # the deepest page a search may ask for (results skipped before the first one returned)
 SCORE_RANGES = {"cosine": (-1.0, 1.0), "order": (None, 0.0)}     # what each similarity's scores can be
@@ -161,27 +160,3 @@ def page(hits: Sequence[tuple[int, float]], k: int, offset: int = 0,
     if min_score is not None:
         hits = [h for h in hits if h[1] >= min_score]
     return list(hits[offset:offset + k])
-
-
-@torch.no_grad()
-def text_queries(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
-    """Sentences, each minus the meaning of its own words or phrases → query vectors ``(n, E)``:
-    ``normalise(r(text) − Σ r(w))`` in the common space (as query composition does for an image, W2VV §IV-C).
-    A text without words to subtract gets exactly its sentence embedding."""
-    from training.data.vocab import pad_batch
-
-    subtract = list(subtract) or [()] * len(texts)
-    if not any(subtract):
-        return model.embed_sentences(list(texts), batch_size=max(len(texts), 1))
-    device = next(model.parameters()).device
-    flat = list(texts) + [w for words in subtract for w in words]
-    ids, lengths = pad_batch(model.encode_text_ids(flat))
-    projected = model.project_texts(ids.to(device), lengths.to(device))
-    out, start = [], len(texts)
-    for row, words in enumerate(subtract):
-        query = projected[row]
-        if words:
-            query = query - projected[start:start + len(words)].sum(0)
-            start += len(words)
-        out.append(query)
-    return model.similarity.normalize(torch.stack(out))

@@ -69,7 +69,7 @@ class QueryBank:
         """Writes the bank beside the generations (once per content) and returns its manifest entry."""
         buf = io.BytesIO()
         arrays = {k: v for k, v in (("captions", self.captions), ("images", self.images)) if v is not None}
-        np.savez(buf, **arrays)
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
         data = buf.getvalue()
         name = f"querybank-{hashlib.blake2b(data, digest_size=10).hexdigest()}.npz"
         path = Path(root) / name
@@ -94,7 +94,7 @@ class QueryBank:
 
 def folded(manifest: dict, role: str) -> bool:
     """Whether the index of ``role`` in this manifest stores folded ``[v, −o]`` vectors."""
-    entry = manifest.get("querybank")
+    entry = manifest.get("querybank") or {}
     return bool(entry) and entry[BANK_ROLE[role]] > 0
 
 

@@ -178,14 +178,13 @@ class ShardEmbedder:
         self.model = load_model(io.BytesIO(model_bytes), device)      # type: ignore[arg-type]  # torch.load reads it
         if self.model.fingerprint != fingerprint:
             raise RuntimeError("the model loaded on the Ray worker is not the driver's")
-        self.fingerprint, self.device, self.batch_size = fingerprint, device, batch_size
+        self.fingerprint, self.batch_size = fingerprint, batch_size     # the model's device is the one it embeds on
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         data = []
         for number, start, key, paths_json in zip(batch["shard"], batch["start"], batch["key"], batch["paths"]):
             spec = ShardSpec(int(number), int(start), tuple(json.loads(str(paths_json))), str(key))
-            emb = embed_image_files(self.model, spec.paths, batch_size=self.batch_size, device=self.device,
-                                    workers=0, progress=False)
+            emb = embed_image_files(self.model, spec.paths, batch_size=self.batch_size, workers=0, progress=False)
             data.append(encode_shard(spec, emb, self.fingerprint))
         return {"shard": np.asarray(batch["shard"], dtype=np.int64), "data": np.array(data, dtype=object)}
 

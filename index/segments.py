@@ -165,8 +165,8 @@ class SideUpdate:
         role, entry = self.role, self.entry
         segments = segment_files(entry, role)
         deleted = np.union1d(read_deleted(self.src, role), np.asarray(self.removed, dtype=np.int64))
-        empty_file = self.src / empty_name(role)
-        empty_file = empty_file if "empty" in entry and empty_file.exists() else None
+        empty_path = self.src / empty_name(role)
+        empty_file = empty_path if "empty" in entry and empty_path.exists() else None
         if empty_file is None:       # an index written before segments: its first update derives the empty index
             template = VectorIndex.load(self.src / segments[0]["file"], role, self.similarity, entry["factory"],
                                         entry["nprobe"])

@@ -50,15 +50,15 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
         finally:
             await state.stop()
 
-    app = FastAPI(title="jointspace", version=__version__, lifespan=lifespan,
-                  description="Image–text retrieval in a common vector space: search a photo gallery with a "
-                              "sentence, rank captions for an image.")
+    app = _App(title="jointspace", version=__version__, lifespan=lifespan,
+               description="Image–text retrieval in a common vector space: search a photo gallery with a "
+                           "sentence, rank captions for an image.")
     app.state.service = state
     # security is declared, and enforced, only when there is a key
-    secured = (dict(dependencies=[Depends(require_api_key)], responses=error_responses(401))
-               if settings.api_key is not None else {})
+    keyed = settings.api_key is not None
     for api in (search_api, gallery_api, generate_api):
-        app.include_router(api.router, **secured)
+        app.include_router(api.router, dependencies=[Depends(require_api_key)] if keyed else None,
+                           responses=error_responses(401) if keyed else None)
     app.include_router(operations_api.router)
     add_page(app)
     _add_error_handlers(app)
@@ -66,8 +66,12 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
                        retry_after_s=settings.retry_after_s, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.openapi = lambda: _openapi(app, state)
     return app
+
+
+class _App(FastAPI):
+    def openapi(self) -> dict:
+        return _openapi(self, self.state.service)
 
 
 def _openapi(app: FastAPI, state: ServiceState) -> dict:

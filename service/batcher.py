@@ -52,8 +52,9 @@ class DynamicBatcher(Generic[T, R]):
         self._worker: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue(maxsize=self.max_queue)
-        self._worker = asyncio.create_task(self._run(), name=f"{self.name}-worker")
+        queue: asyncio.Queue = asyncio.Queue(maxsize=self.max_queue)
+        self._queue = queue
+        self._worker = asyncio.create_task(self._run(queue), name=f"{self.name}-worker")
 
     async def stop(self) -> None:
         if self._worker is not None:
@@ -97,13 +98,13 @@ class DynamicBatcher(Generic[T, R]):
         if self.metrics is not None:
             self.metrics.queue_depth.labels(self.name).set(self.depth)
 
-    async def _collect(self) -> list:
+    async def _collect(self, queue: asyncio.Queue) -> list:
         loop = asyncio.get_running_loop()
-        batch = [await self._queue.get()]
+        batch = [await queue.get()]
         deadline = loop.time() + self.max_wait
         while len(batch) < self.max_batch:
             try:
-                batch.append(self._queue.get_nowait())
+                batch.append(queue.get_nowait())
                 continue
             except asyncio.QueueEmpty:
                 pass
@@ -113,15 +114,15 @@ class DynamicBatcher(Generic[T, R]):
             if remaining <= 0:
                 break
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                batch.append(await asyncio.wait_for(queue.get(), remaining))
             except TimeoutError:
                 break
         return batch
 
-    async def _run(self) -> None:
+    async def _run(self, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
+            batch = await self._collect(queue)
             self._gauge()
             now, live = time.monotonic(), []
             for item, fut, deadline in batch:

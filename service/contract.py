@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from types import SimpleNamespace
+from types import GenericAlias, SimpleNamespace
 from typing import Annotated, Any
 
 from fastapi.exceptions import RequestValidationError
@@ -187,7 +187,8 @@ def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") 
     ``similarity``: the model's, which bounds ``min_score``."""
     k = json_int_field(ge=1, le=max_k, description=f"number of results, 1 to {max_k}")
     image_id = json_int_field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
-    terms = Annotated[list[_term(max_text_chars)], Field(max_length=MAX_TERMS)]
+    # list[term], the term's limits known only now: built as the generic alias it is
+    terms: Any = Annotated[GenericAlias(list, (_term(max_text_chars),)), Field(max_length=MAX_TERMS)]
     generated = json_int_field(ge=1, le=MAX_GENERATED)
     offset = json_int_field(ge=0, le=MAX_OFFSET, description=OFFSET_DESCRIPTION)
     min_score = Annotated[float, Field(**score_bounds(similarity)), BeforeValidator(json_number)]
@@ -457,8 +458,8 @@ RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
                                "schema": {"type": "integer", "minimum": 1}}}
 
 
-def error_responses(*codes: int) -> dict[int, dict]:
-    out: dict[int, dict] = {}
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         out[code] = {"model": Error, "description": ERROR_MEANINGS[code]}
         if code == 503:

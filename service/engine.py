@@ -1,9 +1,11 @@
 """One batch of queries → one forward pass of an encoder → one index search, or one decoding call. What the
 batchers run.
 
-Runs on the service's single compute thread (never on the event loop). On CUDA the forward passes (and the
-decoder's) run under fp16 autocast (``amp``); on CPU in float32. The index (a :class:`index.gallery.Gallery`)
-can be swapped for a newer generation at any time: each batch reads ``self.gallery`` once.
+Runs on the service's single compute thread (never on the event loop). Texts and pixels become embeddings
+through the project's one inference path (training/embed.py), under its autocast policy — bf16 on CUDA when the
+model allows it, float32 on CPU — and so do query composition and the decoder. The index (a
+:class:`index.gallery.Gallery`) can be swapped for a newer generation at any time: each batch reads
+``self.gallery`` once.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from index.query import page, text_queries
+from index.query import page
 from training.compose import compose_query
+from training.embed import embed_pixels, embed_texts, pixel_features
 from training.generate import caption_embeddings, decode_settings, identical_to
 
 Generated = list[tuple[str, float]]
@@ -54,29 +57,16 @@ def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> 
 
 
 class Engine:
-    def __init__(self, model, gallery, device: str | torch.device = "cpu", amp: bool = True):
+    def __init__(self, model, gallery):
+        """``model`` on the device it runs on (its parameters' device is where the batches go)."""
         self.model, self.gallery = model, gallery
-        self.device = torch.device(device)
-        self.amp = amp and self.device.type == "cuda"
 
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
+    def _text_vectors(self, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
+        """Sentences (each minus its own words) → vectors on the device, one forward pass."""
+        return embed_texts(self.model, texts, subtract, batch_size=max(len(texts), 1))
 
-    def _normalized(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
-        batch = torch.stack(list(pixels)).to(self.device, non_blocking=True)
-        return self.model.preprocess.normalize(batch)
-
-    @torch.inference_mode()
-    def _text_vectors(self, texts: Sequence[str]) -> torch.Tensor:
-        with self._autocast():
-            emb = self.model.embed_sentences(list(texts), batch_size=max(len(texts), 1))
-        return emb.float()
-
-    @torch.inference_mode()
     def _pixel_vectors(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
-        with self._autocast():
-            emb = self.model.embed_images(self._normalized(pixels))
-        return emb.float()
+        return embed_pixels(self.model, torch.stack(list(pixels)))
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Sentences → text embeddings, one forward pass."""
@@ -86,19 +76,11 @@ class Engine:
         """uint8 ``(crops, 3, S, S)`` tensors (``model.preprocess.pixels``) → image embeddings."""
         return self._pixel_vectors(pixels).cpu().numpy()
 
-    @torch.inference_mode()
-    def _text_queries(self, texts: Sequence[str], subtract: Sequence[Sequence[str]]) -> np.ndarray:
-        """Sentences, each minus its own words (``index.query.text_queries``) → query vectors, one forward pass."""
-        if not any(subtract):
-            return self.embed_texts(texts)
-        with self._autocast():
-            return text_queries(self.model, list(texts), list(subtract)).float().cpu().numpy()
-
     def search_texts(self, items: Sequence[tuple[str, int | Options]]) -> list[list[tuple[int, float]]]:
         """``(text, k or Options)`` queries → best-first ``(image id, score)`` lists."""
         gallery = self.gallery
         opts = [options(o) for _, o in items]
-        queries = self._text_queries([t for t, _ in items], [o.subtract for o in opts])
+        queries = self._text_vectors([t for t, _ in items], [o.subtract for o in opts]).cpu().numpy()
         return _paged(gallery, "images", queries, opts)
 
     def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[list[tuple[int, float]]]:
@@ -121,10 +103,9 @@ class Engine:
         of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
         then one index search."""
         gallery = self.gallery
-        with self._autocast():
-            features = self.model.image_features(self._normalized([p for p, *_ in items])).float()
-            queries = torch.stack([compose_query(self.model, f, add, subtract)
-                                   for f, (_, add, subtract, _) in zip(features, items)])
+        features = pixel_features(self.model, torch.stack([p for p, *_ in items]))
+        queries = torch.stack([compose_query(self.model, f, add, subtract)
+                               for f, (_, add, subtract, _) in zip(features, items)])
         return _paged(gallery, "images", queries.float().cpu().numpy(), [options(o) for *_, o in items])
 
     # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------
@@ -145,11 +126,9 @@ class Engine:
         out: list[Generated] = [[] for _ in settings]
         for width, rows in groups.items():
             index = torch.tensor(rows, device=vectors.device)
-            with self._autocast():
-                results = caption_embeddings(self.model, vectors.index_select(0, index),
-                                             n=max(settings[r][0] for r in rows), beam_size=width,
-                                             batch_size=len(rows),
-                                             exclude=[exclude[r] for r in rows] if exclude is not None else None)
+            results = caption_embeddings(self.model, vectors.index_select(0, index),
+                                         n=max(settings[r][0] for r in rows), beam_size=width, batch_size=len(rows),
+                                         exclude=[exclude[r] for r in rows] if exclude is not None else None)
             for row, result in zip(rows, results):
                 out[row] = result[:settings[row][0]]
         return out

@@ -18,7 +18,6 @@ class Settings(BaseSettings):
     port: int = 8000
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="where the encoders and FAISS run; auto = cuda when available")
-    amp: bool = Field(True, description="fp16 autocast for the forward passes on CUDA")
     # dynamic batching
     batching: bool = Field(True, description="false: every request is its own forward pass (max_batch = 1)")
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")

@@ -129,19 +129,19 @@ class ServiceState:
         return getattr(self.model, "decoder", None) is not None
 
     def _search_texts(self, items):
-        return self.engine.search_texts(items)
+        return self.loaded.engine.search_texts(items)
 
     def _search_pixels(self, items):
-        return self.engine.search_pixels(items)
+        return self.loaded.engine.search_pixels(items)
 
     def _compose_search(self, items):
-        return self.engine.compose_search(items)
+        return self.loaded.engine.compose_search(items)
 
     def _caption_pixels(self, items):
-        return self.engine.caption_pixels(items)
+        return self.loaded.engine.caption_pixels(items)
 
     def _paraphrase_texts(self, items):
-        return self.engine.paraphrase_texts(items)
+        return self.loaded.engine.paraphrase_texts(items)
 
     async def start(self) -> None:
         self._torch_threads = torch.get_num_threads()
@@ -174,26 +174,27 @@ class ServiceState:
                 self.model = await loop.run_in_executor(self.compute_pool, load_model, model_file, self.device)
             else:
                 self.model = self.model.to(self.device).eval()
-            if self.gallery is None:
+            gallery = self.gallery
+            if gallery is None:
                 if not self.settings.index:
                     raise ValueError("no index: set --index or JOINTSPACE_INDEX")
-                self.gallery = await loop.run_in_executor(self.compute_pool, self._open_gallery,
-                                                          self.settings.index)
+                gallery = self.gallery = await loop.run_in_executor(self.compute_pool, self._open_gallery,
+                                                                    self.settings.index)
             else:
-                await loop.run_in_executor(self.compute_pool, lambda: self.gallery.photos)   # warm, off the loop
+                await loop.run_in_executor(self.compute_pool, lambda: gallery.photos)   # warm, off the loop
             if self.has_decoder:
                 self.caption_batcher = self._batcher(self._caption_pixels, "caption")
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
-            self.engine = Engine(self.model, self.gallery, self.device, amp=self.settings.amp)
-            self._count_vectors()
+            self.engine = Engine(self.model, gallery)
+            self._count_vectors(gallery)
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
             # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of
             # every request in flight, once every few seconds of load on the 2-core dev machine.
             gc.freeze()
-            log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], self.gallery.root,
-                     self.gallery.generation)
+            log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], gallery.root,
+                     gallery.generation)
         except Exception as err:  # noqa: BLE001 - reported by /readyz and the log
             self.error = f"{type(err).__name__}: {err}"
             log.error("loading failed: %s", self.error)
@@ -208,28 +209,29 @@ class ServiceState:
         gallery.photos          # the photo table for filters and result metadata, read here, off the event loop
         return gallery
 
-    def _count_vectors(self) -> None:
-        self.metrics.index_vectors.labels("images").set(self.gallery.images.ntotal)
-        self.metrics.index_vectors.labels("captions").set(self.gallery.captions.ntotal)
+    def _count_vectors(self, gallery: Gallery) -> None:
+        self.metrics.index_vectors.labels("images").set(gallery.images.ntotal)
+        self.metrics.index_vectors.labels("captions").set(gallery.captions.ntotal)
 
     async def reload_if_changed(self) -> bool:
         """Swaps in the index's live generation when it is not the one loaded; True when it did."""
-        root = Path(self.gallery.root)
+        loaded = self.loaded
+        root = Path(loaded.gallery.root)
         try:
             generation = current_generation(root)
         except (FileNotFoundError, ValueError) as err:
             log.warning("index reload skipped: %s", err)
             return False
-        if generation == self.gallery.generation:
+        if generation == loaded.gallery.generation:
             return False
         loop = asyncio.get_running_loop()
         try:
             gallery = await loop.run_in_executor(self.decode_pool, self._open_gallery, root)
         except Exception as err:  # noqa: BLE001 - keep serving the generation we have
-            log.error("index reload failed, still serving %s: %s", self.gallery.generation, err)
+            log.error("index reload failed, still serving %s: %s", loaded.gallery.generation, err)
             return False
-        self.gallery = self.engine.gallery = gallery
-        self._count_vectors()
+        self.gallery = loaded.engine.gallery = gallery
+        self._count_vectors(gallery)
         log.info("index reloaded: %s", gallery.generation)
         return True
 

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.app import create_app
+from service.serve import spawn
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,30 +32,10 @@ SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 SEED, MAX_EXAMPLES = 0, 30
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(model: Path, index: Path, env: dict) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--index",
-                             str(index), "--port", str(port), "--log-level", "warning"], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_RELOAD_INTERVAL_S": "0", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            if proc.poll() is not None:
-                raise AssertionError(f"the server exited: {proc.stdout.read()}")
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not become ready")
+    proc, port = spawn(["--model", str(model), "--index", str(index), "--log-level", "warning"],
+                       env={"JOINTSPACE_RELOAD_INTERVAL_S": "0", **env}, timeout=90, capture=True)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("variant", ["retrieval model, no API key", "decoder model, API key"])

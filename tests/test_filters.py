@@ -17,7 +17,9 @@ from PIL import Image, ImageDraw
 from index.embed import embed_texts
 from index.faiss_index import VectorIndex
 from index.gallery import Gallery, build, current_generation
-from index.query import ImageFilter, format_time, parse_time, text_queries
+from index.query import ImageFilter, format_time, parse_time
+from training import embed as inference
+from training.data.vocab import pad_batch
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
@@ -127,12 +129,11 @@ def test_ivf_and_order_indexes_filter_inside_the_search():
 
 
 def test_text_subtract_and_time_parsing(model):
-    plain = text_queries(model, ["a red circle"], [()])
-    assert torch.allclose(plain, model.embed_sentences(["a red circle"]), atol=1e-6)
-    minus = text_queries(model, ["a red circle", "a red circle"], [("red",), ()])
+    plain = inference.embed_texts(model, ["a red circle"], [()])
+    assert torch.allclose(plain, model.embed_texts(*pad_batch(model.encode_text_ids(["a red circle"]))), atol=1e-6)
+    minus = inference.embed_texts(model, ["a red circle", "a red circle"], [("red",), ()])
     assert torch.allclose(minus[1], plain[0], atol=1e-6)               # rows do not leak into each other
     assert not torch.allclose(minus[0], plain[0], atol=1e-3)
-    from training.data.vocab import pad_batch
     ids, lengths = pad_batch(model.encode_text_ids(["a red circle", "red"]))
     p = model.project_texts(ids, lengths)
     assert torch.allclose(minus[0], model.similarity.normalize((p[0] - p[1])[None])[0], atol=1e-5)
@@ -191,7 +192,7 @@ def test_http_filters_paging_and_threshold_match_the_library(client, model, gall
 
 def test_text_subtract_over_http(client, model, gallery_dir):
     gallery = Gallery.load(gallery_dir, model=model)
-    q = text_queries(model, ["a red circle"], [("red", "circle")]).numpy()
+    q = inference.embed_texts(model, ["a red circle"], [("red", "circle")]).numpy()
     want = gallery.search_images(q, 5)[0]
     r = client.post("/v1/search/images", json={"text": "a red circle", "subtract": ["red", "circle"], "k": 5})
     assert r.status_code == 200 and [h["id"] for h in r.json()["results"]] == [i for i, _ in want]
@@ -287,7 +288,7 @@ def test_cli_search_with_filters_threshold_paging_and_an_example_photo(tiny_mode
     rc, hits, _ = _cli_search(tiny_model_path, gallery_dir, capsys, "--image", str(photo), "--k", "2")
     assert rc == 0 and hits[0]["path"] == str(photo.resolve())
     rc, hits, _ = _cli_search(tiny_model_path, gallery_dir, capsys, "--text", "a red circle", "--subtract", "red")
-    want = gallery.search_images(text_queries(model, ["a red circle"], [("red",)]).numpy(), 10)[0]
+    want = gallery.search_images(inference.embed_texts(model, ["a red circle"], [("red",)]).numpy(), 10)[0]
     assert rc == 0 and [h["id"] for h in hits] == [i for i, _ in want]
     gallery.close()
 

@@ -302,3 +302,32 @@ def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
             index.to_device("cuda")
     got = index.search(x[:5], 4)
     assert np.array_equal(got[1], expected[1]) and np.allclose(got[0], expected[0], atol=1e-5)
+
+
+def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
+    """One inference path (training/embed.py): evaluation's embeddings of a split, the index's of the same files
+    and captions, a composed query without words and the service engine's agree."""
+    from service.engine import Engine
+    from training.compose import compose_query, image_features_of
+    from training.data.features import ImageFiles
+    from training.data.preprocess import open_image
+    from training.embed import ImageSource, embed_image_source, embed_split
+
+    split = load_dataset(synth_small).split("test")
+    paths = [r.path for r in split.images]
+    texts = [c for r in split.images for c in r.captions]
+    img, cap, cap_to_img = embed_split(model, split, progress=False, workers=0)          # what evaluate scores
+    assert img.shape == (len(paths), model.cfg["model"]["embed_dim"]) and cap.shape[0] == len(texts)
+    files = embed_image_source(model, ImageSource("files", ImageFiles(paths, model.preprocess)), workers=0)
+    indexed = embed_image_files(model, paths, progress=False, workers=0)
+    assert indexed.kept == list(range(len(paths))) and not indexed.skipped
+    torch.testing.assert_close(torch.from_numpy(indexed.vectors), img, atol=1e-6, rtol=0)
+    torch.testing.assert_close(files.cpu(), img, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(embed_texts(model, texts, batch_size=7, progress=False)), cap,
+                               atol=1e-6, rtol=0)                   # batching does not change a sentence's vector
+    composed = compose_query(model, image_features_of(model, paths[3]))                 # no words: the image itself
+    torch.testing.assert_close(composed, img[3], atol=1e-6, rtol=0)
+    engine = Engine(model, gallery=None)
+    pixels = [model.preprocess.pixels(open_image(p)) for p in paths]
+    np.testing.assert_allclose(engine.embed_pixels(pixels), img.numpy(), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(engine.embed_texts(texts[:5]), cap[:5].numpy(), atol=1e-6, rtol=0)

@@ -4,7 +4,9 @@ imports nothing, and a ``model.pt`` pickles no class of this project (so moving 
 loading one). Every import counts: lazy ones inside functions and ``if TYPE_CHECKING:`` ones too."""
 import ast
 import pickle
+from importlib.util import resolve_name
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -28,28 +30,27 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
+def imported(path: Path, package: str) -> Iterator[str]:
+    """The dotted names that a module's import statements name, lazy ones included: ``import a.b`` → ``a.b``,
+    ``from a import b`` → ``a.b`` (a module, or a name in ``a``), relative ones resolved against ``package``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module → the project modules it imports (``from a.b import c`` counts a.b.c when c is a module)."""
+    """Module → the project modules it imports (the longest project module each imported name starts with)."""
     mods = modules(root)
     graph: dict[str, set[str]] = {name: set() for name in mods}
     for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" for a in node.names]   # a module, or a name in base
-            else:
-                continue
-            for target in targets:
-                while target and target not in mods:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    graph[name].add(target)
+        for target in imported(path, name if path.name == "__init__.py" else name.rpartition(".")[0]):
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
     return graph
 
 

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_config
 from training.data.datasets import load_dataset
 from training.data.vocab import pad_batch
-from training.embed import embed_split
+from training.embed import embed_split, embed_texts
 from training.models.factory import TEXT_ENCODERS, build_text_encoder
 from training.models.model import build_model, fingerprint, load_checkpoint, load_model
 from training.train import train
@@ -58,7 +58,7 @@ def test_train_saves_loadable_self_contained_model(synth_small, tmp_path):
     b = embed_split(again, test, progress=False, workers=0)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert model.fingerprint == payload["fingerprint"] == fingerprint(again)
-    sent = model.embed_sentences(["a red circle left of a blue square", "an unknownword"])
+    sent = embed_texts(model, ["a red circle left of a blue square", "an unknownword"])
     assert sent.shape == (2, 32) and torch.allclose(sent.norm(dim=1), torch.ones(2), atol=1e-5)
 
 
@@ -83,7 +83,7 @@ def test_variants_build_and_embed(similarity, projection):
     from training.data.vocab import Vocabulary
     cfg = tiny_config(model={"similarity": similarity, "projection": projection, "projection_hidden": 16})
     model = build_model(cfg, Vocabulary.build(["a red circle"])).eval()
-    emb = model.embed_sentences(["a red circle", "a"])
+    emb = embed_texts(model, ["a red circle", "a"])
     img = model.embed_images(torch.randn(2, 3, 32, 32))
     assert model.score(img, emb).shape == (2, 2)
     if similarity == "order":

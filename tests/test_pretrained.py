@@ -10,6 +10,7 @@ from index.gallery import Gallery
 from index.samples import SAMPLES, write_samples
 from service.cli import main as cli_main
 from training import pretrained
+from training.embed import embed_texts
 from training.models.model import load_checkpoint, load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,13 +59,13 @@ def test_index_build_and_search_use_the_shipped_model_by_default(shipped, tmp_pa
     found = 0
     for text, want in queries.items():
         top = [Path(gallery.meta.image(i).path).name for i, _ in
-               gallery.search_images(shipped.embed_sentences([text]).numpy(), 3)[0]]
+               gallery.search_images(embed_texts(shipped, [text]).numpy(), 3)[0]]
         found += want in top
     assert found >= 8, found
     gallery.close()
 
 
 def test_shipped_model_embeds_text_and_pixels_deterministically(shipped):
-    a = shipped.embed_sentences(["a dog runs on the beach"])
+    a = embed_texts(shipped, ["a dog runs on the beach"])
     assert a.shape == (1, 1024) and torch.allclose(a.norm(dim=-1), torch.ones(1), atol=1e-5)
-    torch.testing.assert_close(shipped.embed_sentences(["a dog runs on the beach"]), a)
+    torch.testing.assert_close(embed_texts(shipped, ["a dog runs on the beach"]), a)

@@ -6,6 +6,7 @@ import torch
 from service.cli import main as cli_main
 from training.config import build_config
 from training.data.vocab import Vocabulary
+from training.embed import embed_texts
 from training.models.model import build_model, fingerprint, load_checkpoint, load_model, save_model
 
 
@@ -40,7 +41,7 @@ def test_slim_model_loads_to_the_same_model_from_a_fraction_of_the_bytes(trained
     assert "backbone.conv_head.weight" in kept and "text_encoder.bert.encoder.layer.5.output.dense.weight" in kept
     assert "backbone.conv_stem.weight" not in kept and "text_encoder.bert.encoder.layer.0.output.dense.weight" \
         not in kept and "text_encoder.tokenizer_json" not in kept
-    torch.testing.assert_close(slim.embed_sentences(["a dog runs"]), full.embed_sentences(["a dog runs"]))
+    torch.testing.assert_close(embed_texts(slim, ["a dog runs"]), embed_texts(full, ["a dog runs"]))
 
 
 def test_slim_half_is_smaller_and_close(trained, tmp_path):
@@ -48,7 +49,7 @@ def test_slim_half_is_smaller_and_close(trained, tmp_path):
     assert cli_main(["slim", "--model", str(trained), "--out", str(out), "--half"]) == 0
     full, half = load_model(trained), load_model(out)
     assert half.fingerprint != full.fingerprint
-    torch.testing.assert_close(half.embed_sentences(["a dog runs"]), full.embed_sentences(["a dog runs"]),
+    torch.testing.assert_close(embed_texts(half, ["a dog runs"]), embed_texts(full, ["a dog runs"]),
                                atol=2e-3, rtol=0)
 
 

@@ -10,6 +10,7 @@ from training.caption_eval import CocoScorer, coco_scores, java_available
 from training.config import ConfigError
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary, tokenize
+from training.embed import embed_texts
 from training.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
 from training.models.attention import RegionWordAttention
 from training.models.model import build_model, load_model, save_model
@@ -97,7 +98,7 @@ def test_stt_training_saves_a_self_contained_model_with_decoder(synth_small, tmp
     model = load_model(tmp_path / "run" / "model.pt")
     again = load_model(tmp_path / "run" / "model.pt")
     assert model.decoder is not None and model.fingerprint == again.fingerprint
-    z = model.embed_sentences(["a red circle left of a blue square"])
+    z = embed_texts(model, ["a red circle left of a blue square"])
     assert caption_embeddings(model, z, n=2, beam_size=2) == caption_embeddings(again, z, n=2, beam_size=2)
 
 

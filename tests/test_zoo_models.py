@@ -7,6 +7,7 @@ import torch
 from training.compose import compose_query
 from training.config import build_config
 from training.data.vocab import Vocabulary, pad_batch
+from training.embed import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
 from training.models.factory import TEXT_ENCODERS, build_loss
 from training.models.model import build_model, load_model, save_model
@@ -74,11 +75,11 @@ def test_fitted_encoders_save_and_load_self_contained(tmp_path, encoder, options
     m = model_with({"encoder": encoder, "word_dim": 16, "hidden": 24, "options": options},
                    model={"projection": projection, "embed_dim": 64 if encoder == "w2vv" else 32})
     sentences = ["a dog runs on the red grass", "cats"]
-    before = m.embed_sentences(sentences)
+    before = embed_texts(m, sentences)
     assert before.shape == (2, m.cfg["model"]["embed_dim"]) and torch.isfinite(before).all()
     save_model(m, tmp_path / "model.pt")
     loaded = load_model(tmp_path / "model.pt")          # no fit(): everything comes from model.pt
-    torch.testing.assert_close(loaded.embed_sentences(sentences), before)
+    torch.testing.assert_close(embed_texts(loaded, sentences), before)
     if encoder == "ngram":
         assert loaded.text_encoder.layer.weight.shape[0] == 4 + 7
 
@@ -212,11 +213,11 @@ def test_minilm_matches_sentence_transformers_and_saves_self_contained(tmp_path,
     reference = torch.tensor(SentenceTransformer(str(get_model_path()), device="cpu").encode(sentences))
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
     assert not any(p.requires_grad for p in m.text_encoder.bert.parameters())    # frozen
-    before = m.embed_sentences(sentences)
+    before = embed_texts(m, sentences)
     save_model(m, tmp_path / "model.pt")
     import training.models.minilm as minilm
     monkeypatch.setattr(minilm, "package_dir", lambda: (_ for _ in ()).throw(AssertionError("package read")))
-    torch.testing.assert_close(load_model(tmp_path / "model.pt").embed_sentences(sentences), before)
+    torch.testing.assert_close(embed_texts(load_model(tmp_path / "model.pt"), sentences), before)
 
 
 def test_sgd_gives_the_ngram_layer_sparse_gradients_with_the_same_training(synth_small, tmp_path, monkeypatch):

@@ -16,15 +16,14 @@ from PIL import Image
 
 from training.data.preprocess import open_image
 from training.data.vocab import pad_batch
+from .embed import inference_autocast, pixel_features
 
 
 @torch.no_grad()
 def image_features_of(model, image: str | Path | Image.Image) -> torch.Tensor:
-    """A query image (path or PIL image) → its backbone features ``(D,)``."""
+    """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``)."""
     picture = image if isinstance(image, Image.Image) else open_image(image)
-    device = next(model.parameters()).device
-    pixels = model.preprocess(picture).unsqueeze(0).to(device)          # (1, crops, 3, S, S)
-    return model.image_features(pixels)[0]
+    return pixel_features(model, model.preprocess.pixels(picture).unsqueeze(0))[0]     # (1, crops, 3, S, S) in
 
 
 @torch.no_grad()
@@ -40,10 +39,12 @@ def compose_query(model, image_features: torch.Tensor, add: Sequence[str] = (),
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    query = model.project_features(image_features.to(device).view(1, -1))[0]
-    for texts, sign in ((add, 1.0), (subtract, -1.0)):
-        if texts:
-            ids, lengths = pad_batch(model.encode_text_ids(list(texts)))
-            query = query + sign * model.project_texts(ids.to(device), lengths.to(device)).sum(0)
+    with inference_autocast(model, device):        # the inference policy (embed.py), as for every query
+        query = model.project_features(image_features.to(device).view(1, -1))[0]
+        for texts, sign in ((add, 1.0), (subtract, -1.0)):
+            if texts:
+                ids, lengths = pad_batch(model.encode_text_ids(list(texts)))
+                query = query + sign * model.project_texts(ids.to(device), lengths.to(device)).sum(0)
+        query = model.similarity.normalize(query.view(1, -1))[0].float()
     model.train(was_training)
-    return model.similarity.normalize(query.view(1, -1))[0]
+    return query

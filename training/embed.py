@@ -1,4 +1,18 @@
-"""Encode a data split with a model: where image inputs come from, and batched embedding of both sides.
+"""Encode with a model: the one inference path from image files, pixels and texts to embeddings, and where a data
+split's image inputs come from.
+
+Inference (``evaluate``, ``compose``, ``index`` and the service all embed through these):
+
+* :func:`embed_pixels` — uint8 pixels (``model.preprocess.pixels``) → image embeddings;
+* :func:`embed_image_files` — image files, decoded by DataLoader workers, → image embeddings (an unreadable file
+  is skipped and reported);
+* :func:`embed_texts` — sentences, each optionally minus the meaning of some words (W2VV §IV-C) → text
+  embeddings.
+
+Autocast policy for inference (:func:`inference_autocast`): on CUDA, bf16 autocast unless the model's config
+says ``train.amp: off`` (a model trained in float32 is run in float32; an ensemble runs in bf16 only when every
+member allows it); on CPU, float32. The projection's BatchNorm normalises in float32 either way
+(``projection.Float32BatchNorm1d``). Embeddings come back as float32.
 
 An :class:`ImageSource` is what an image index turns into for the model:
 
@@ -11,14 +25,19 @@ An :class:`ImageSource` is what an image index turns into for the model:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence, cast
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
 from training.data.features import ImageFiles, extract_features, load_pixels
+from training.data.preprocess import open_image
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 
@@ -86,71 +105,191 @@ def autocast(device: torch.device, amp: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
 
+# --- inference: the one path from pixels, image files and texts to embeddings --------------------------------------
+
+def model_allows_amp(model) -> bool:
+    """Whether the model may run under bf16 autocast: its config's ``train.amp`` is not ``off`` (for an ensemble:
+    no member's is)."""
+    members = getattr(model, "models", None)
+    if members is not None:
+        return all(model_allows_amp(m) for m in members)
+    return model.cfg.get("train", {}).get("amp", "auto") != "off"
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def inference_autocast(model, device: torch.device | None = None):
+    """The autocast context of every inference forward pass (module docstring: bf16 on CUDA when the model
+    allows it, else none)."""
+    device = device_of(model) if device is None else torch.device(device)
+    return autocast(device, model_allows_amp(model))
+
+
 @torch.no_grad()
-def embed_image_source(model, source: ImageSource, batch_size: int = 128, device="cpu", amp: bool = False,
-                       workers: int = 2) -> torch.Tensor:
-    device = torch.device(device)
+def embed_pixels(model, pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels ``(B, crops, 3, S, S)`` (``model.preprocess.pixels``, stacked) → image embeddings ``(B, E)``,
+    float32 on the model's device. The caller puts the model in eval mode."""
+    device = device_of(model)
+    with inference_autocast(model, device):
+        return model.embed_images(model.preprocess.normalize(pixels.to(device, non_blocking=True))).float()
+
+
+@torch.no_grad()
+def embed_texts(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] = (), batch_size: int = 256,
+                progress: bool = False) -> torch.Tensor:
+    """Sentences → text embeddings ``(n, E)``, float32 on the model's device, ``batch_size`` sentences a forward
+    pass. With ``subtract`` (one list of words or phrases per sentence): ``normalise(r(text) − Σ r(w))`` in the
+    common space, as query composition does for an image (W2VV §IV-C); a sentence without words to subtract gets
+    exactly its sentence embedding. The caller puts the model in eval mode."""
+    device = device_of(model)
+    words = [list(w) for w in subtract] if subtract else [[] for _ in texts]
+    if len(words) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(words)} lists of words to subtract")
+    out = []
+    for start in tqdm(range(0, len(texts), batch_size), desc="embedding texts", unit="batch",
+                      disable=not progress or len(texts) <= batch_size):
+        batch, minus = list(texts[start:start + batch_size]), words[start:start + batch_size]
+        flat = batch + [w for ws in minus for w in ws]
+        ids, lengths = pad_batch(model.encode_text_ids(flat))
+        with inference_autocast(model, device):
+            projected = model.project_texts(ids.to(device), lengths.to(device))
+            queries, at = projected[:len(batch)], len(batch)
+            if at < len(flat):
+                rows = []
+                for row, ws in enumerate(minus):
+                    rows.append(queries[row] - projected[at:at + len(ws)].sum(0) if ws else queries[row])
+                    at += len(ws)
+                queries = torch.stack(rows)
+            out.append(model.similarity.normalize(queries).float())
+    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device)
+
+
+def read_image(path: str | Path) -> tuple[Image.Image, None]:
+    """The default reader of :func:`embed_image_files`: the upright RGB image, nothing else."""
+    return open_image(path), None
+
+
+@dataclass
+class FileEmbeddings:
+    vectors: np.ndarray                    # (m, E) float32, one row per readable image
+    kept: list[int]                        # positions (in the input list) of those m images
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
+    extras: list[Any] = field(default_factory=list)                # what ``read`` returned besides the image
+
+
+class _Decoded(Dataset):
+    def __init__(self, paths: Sequence[str | Path], preprocess, read: Callable[[str], tuple[Image.Image, Any]]):
+        self.paths, self.preprocess, self.read = [str(p) for p in paths], preprocess, read
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        try:
+            image, extra = self.read(self.paths[i])
+            return i, (self.preprocess.pixels(image), extra), None
+        except Exception as err:  # noqa: BLE001 - any decoding failure means "skip this file"
+            return i, None, f"{type(err).__name__}: {err}"
+
+
+def _collate(items):
+    ok = [(i, px) for i, px, _ in items if px is not None]
+    bad = [(i, reason) for i, px, reason in items if px is None]
+    pixels = torch.stack([px for _, (px, _) in ok]) if ok else None
+    return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok]
+
+
+@torch.no_grad()
+def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
+                      progress: bool = True, read: Callable[[str], tuple[Image.Image, Any]] = read_image
+                      ) -> FileEmbeddings:
+    """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path → the
+    upright image and anything else to keep of the file) and preprocessed in DataLoader workers; a file that
+    cannot be read is skipped and reported, never fatal. Puts the model in eval mode."""
+    model.eval()
+    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
+    loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, num_workers=workers,
+                        collate_fn=_collate, generator=torch.Generator())     # leaves the global RNG alone
+    vectors, kept, skipped, extras = [], [], [], []
+    for idx, pixels, bad, extra in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
+        skipped += [(str(paths[i]), reason) for i, reason in bad]
+        if pixels is None:
+            continue
+        vectors.append(embed_pixels(model, pixels).cpu().numpy())
+        kept += idx
+        extras += extra
+    out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras)
+
+
+@torch.no_grad()
+def pixel_features(model, pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels ``(B, crops, 3, S, S)`` → backbone features ``(B, D)``, float32 on the model's device (what
+    query composition starts from)."""
+    device = device_of(model)
+    with inference_autocast(model, device):
+        return model.image_features(model.preprocess.normalize(pixels.to(device, non_blocking=True))).float()
+
+
+@torch.no_grad()
+def embed_image_source(model, source: ImageSource, batch_size: int = 128, workers: int = 2) -> torch.Tensor:
+    """Every image of ``source`` → embeddings ``(N, E)`` on the model's device: pixels through
+    :func:`embed_pixels`, precomputed features (or a ``views`` source's evaluation view) through the model's
+    projection, under the same autocast policy."""
+    device = device_of(model)
     was_training = model.training
     model.eval()
     out = []
-    kind = "features" if source.kind == "views" else source.kind
     if source.kind == "files":
         loader = DataLoader(cast(ImageFiles, source.data), batch_size=batch_size, num_workers=workers,
                             generator=torch.Generator())      # leaves the global RNG alone (features.image_loader)
-        batches = (pixels for _, pixels in loader)
+        out = [embed_pixels(model, pixels) for _, pixels in loader]
     else:
         data = cast(torch.Tensor, source.data)
         data = data[:, 0] if source.kind == "views" else data     # views: the evaluation view
-        batches = (data[i:i + batch_size] for i in range(0, len(source), batch_size))
-    for batch in batches:
-        with autocast(device, amp):
-            out.append(image_inputs_to_embedding(model, kind, batch.to(device)).float())
+        for i in range(0, len(source), batch_size):
+            batch = data[i:i + batch_size]
+            if source.kind == "pixels":
+                out.append(embed_pixels(model, batch))
+            else:
+                with inference_autocast(model, device):
+                    out.append(model.embed_features(batch.to(device)).float())
     model.train(was_training)
     return torch.cat(out)
 
 
 @torch.no_grad()
-def embed_views(model, source: ImageSource, batch_size: int = 128, device="cpu", amp: bool = False) -> torch.Tensor:
+def embed_views(model, source: ImageSource, batch_size: int = 128) -> torch.Tensor:
     """Every view of a ``views`` source → embeddings ``(N, V, E)``."""
-    device = torch.device(device)
+    device = device_of(model)
     was_training = model.training
     model.eval()
     views = cast(torch.Tensor, source.data)
     flat = views.flatten(0, 1)
     out = []
     for i in range(0, len(flat), batch_size):
-        with autocast(device, amp):
+        with inference_autocast(model, device):
             out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
     model.train(was_training)
     return torch.cat(out).view(views.shape[0], views.shape[1], -1)
 
 
-@torch.no_grad()
-def embed_caption_ids(model, id_lists: Sequence[Sequence[int]], batch_size: int = 512, device="cpu",
-                      amp: bool = False) -> torch.Tensor:
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    out = []
-    for start in range(0, len(id_lists), batch_size):
-        ids, lengths = pad_batch([list(x) for x in id_lists[start:start + batch_size]])
-        with autocast(device, amp):
-            out.append(model.embed_texts(ids.to(device), lengths.to(device)).float())
-    model.train(was_training)
-    return torch.cat(out)
-
-
 def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
                 amp: bool = False, source: ImageSource | None = None):
-    """Embeds every image and caption of ``dataset`` (a CaptionDataset).
+    """Embeds every image and caption of ``dataset`` (a CaptionDataset) with the inference path above.
+    ``device`` and ``amp`` are for extracting backbone features when ``source`` is not given.
     Returns ``(image_emb (N, E), caption_emb (M, E), cap_to_img (M,))``."""
     if source is None:
         source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
                               workers=workers, progress=progress, amp=amp)
-    img_emb = embed_image_source(model, source, device=device, amp=amp, workers=workers)
-    cap_ids = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
+    img_emb = embed_image_source(model, source, workers=workers)
+    was_training = model.training
+    model.eval()
+    cap_emb = embed_texts(model, [c for r in dataset.images for c in r.captions], batch_size=512)
+    model.train(was_training)
     cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)
-    cap_emb = embed_caption_ids(model, cap_ids, device=device, amp=amp)
     return img_emb.cpu(), cap_emb.cpu(), cap_to_img
 
 
@@ -168,14 +307,15 @@ def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128
         batches = (source.data[i:i + batch_size] for i in range(0, len(source), batch_size))
     regions = []
     for batch in batches:
-        batch = batch.to(device)
-        feats = batch if source.kind == "features" else model.image_features(model.preprocess.normalize(batch))
-        regions.append(model.embed_regions(feats).float().cpu())
+        feats = batch.to(device) if source.kind == "features" else pixel_features(model, batch)
+        with inference_autocast(model, device):
+            regions.append(model.embed_regions(feats).float().cpu())
     ids_all = [model.encode_text_ids([c])[0] for r in dataset.images for c in r.captions]
     ids, lengths = pad_batch(ids_all)
     words, masks = [], []
     for start in range(0, len(ids_all), batch_size):
-        w, m = embed_words(model, ids[start:start + batch_size].to(device), lengths[start:start + batch_size])
+        with inference_autocast(model, device):
+            w, m = embed_words(model, ids[start:start + batch_size].to(device), lengths[start:start + batch_size])
         words.append(w.float().cpu())
         masks.append(m.cpu())
     cap_to_img = torch.tensor([r.image_id for r in dataset.images for _ in r.captions], dtype=torch.long)

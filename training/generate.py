@@ -15,6 +15,7 @@ from PIL import Image
 
 from training.data.preprocess import open_image
 from training.data.vocab import tokenize
+from .embed import device_of, embed_pixels, embed_texts, inference_autocast
 
 Result = list[tuple[str, float]]
 
@@ -71,9 +72,10 @@ def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: i
     out: list[Result] = []
     for start in range(0, embeddings.shape[0], batch_size):
         z = embeddings[start:start + batch_size].to(device)
-        hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts["max_len"],
-                                length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"],
-                                no_repeat_ngram=opts["no_repeat_ngram"])
+        with inference_autocast(model, device):        # the inference policy (embed.py)
+            hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts["max_len"],
+                                    length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"],
+                                    no_repeat_ngram=opts["no_repeat_ngram"])
         for row, row_hyps in enumerate(hyps):
             banned = set(exclude[start + row]) if exclude is not None else set()
             texts = [(model.vocab.decode(h.ids), h.score) for h in row_hyps]
@@ -84,14 +86,12 @@ def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: i
 
 @torch.no_grad()
 def embed_image_inputs(model, images: Sequence[str | Path | Image.Image], batch_size: int = 32) -> torch.Tensor:
-    """Image files or PIL images → common-space vectors, preprocessed as in training."""
-    device = next(model.parameters()).device
+    """Image files or PIL images → common-space vectors, preprocessed as in training (``embed.embed_pixels``)."""
     out = []
     for start in range(0, len(images), batch_size):
         batch = [im if isinstance(im, Image.Image) else open_image(im) for im in images[start:start + batch_size]]
-        pixels = torch.stack([model.preprocess.pixels(im) for im in batch]).to(device)
-        out.append(model.embed_images(model.preprocess.normalize(pixels)))
-    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device)
+        out.append(embed_pixels(model, torch.stack([model.preprocess.pixels(im) for im in batch])))
+    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device_of(model))
 
 
 def caption_images(model, images: Sequence[str | Path | Image.Image], n: int = 1, **options) -> list[Result]:
@@ -117,7 +117,7 @@ def paraphrase_texts(model, texts: Sequence[str], n: int = 1, drop_identical: bo
     require_decoder(model)
     was_training = model.training
     model.eval()
-    emb = model.embed_sentences(list(texts))
+    emb = embed_texts(model, list(texts))
     model.train(was_training)
     exclude = identical_to(texts) if drop_identical else None
     return caption_embeddings(model, emb, n=n, exclude=exclude, **options)

@@ -90,7 +90,7 @@ class SelfCriticalStage:
             img, cap, _ = embed_split(model, dataset, device=device, amp=trainer.amp,
                                       workers=self.cfg["train"]["workers"], source=source)
             # image.train_crops: each update reads a random view of each training image
-            views = embed_views(model, source, device=device, amp=trainer.amp) if source.kind == "views" else None
+            views = embed_views(model, source) if source.kind == "views" else None
             self.splits[name] = _Split(dataset, img.to(device), cap.to(device), views)
         self.words = model.vocab
 

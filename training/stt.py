@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 from training.models.model import load_checkpoint
-from .embed import (ImageSource, batch_features, embed_caption_ids, embed_image_source,
+from .embed import (ImageSource, batch_features, embed_image_source, embed_texts,
                     image_inputs_to_embedding)
 from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer
@@ -204,11 +204,10 @@ class STTTrainer(Trainer):
         decoder = cast("SentenceDecoder", model.decoder)     # an STT model has one
         was_training = model.training
         model.eval()
-        img_emb = embed_image_source(model, source, device=self.device, amp=self.amp,
-                                     workers=self.cfg["train"]["workers"]).to(self.device)
+        img_emb = embed_image_source(model, source, workers=self.cfg["train"]["workers"]).to(self.device)
         texts = [c for r in self.val_set.images for c in r.captions]
         caps = model.encode_text_ids(texts)
-        cap_emb = embed_caption_ids(model, caps, device=self.device, amp=self.amp)
+        cap_emb = embed_texts(model, texts, batch_size=512)
         targets = self.decoder_ids(texts, caps)
         pairs = []
         start = 0

@@ -32,9 +32,14 @@ def _generated(results: list[tuple[str, float]]) -> list[GeneratedText]:
     return [GeneratedText(text=text, score=score) for text, score in results]
 
 
-@router.post("/captions", response_model=GeneratedCaptions, responses=error_responses(*POST_ERRORS, 409),
-             summary="Image → generated captions, best first (needs a model with a decoder)",
-             description=DECODER_NOTE, openapi_extra={"x-requires-decoder": True})
+def _decoder_route(path: str, response_model: type, summary: str):
+    """A POST route that needs the decoder: its 409, and ``x-requires-decoder`` in the OpenAPI document."""
+    return router.post(path, response_model=response_model, responses=error_responses(*POST_ERRORS, 409),
+                       summary=summary, description=DECODER_NOTE, openapi_extra={"x-requires-decoder": True})
+
+
+@_decoder_route("/captions", GeneratedCaptions, "Image → generated captions, best first (needs a model with a "
+                                                "decoder)")
 async def captions(request: Request, state: ServiceState = Depends(service)):
     batcher = _decoder(state.caption_batcher, state, "caption generation")
     body_kind(request, ("form",), "send multipart/form-data with an 'image' file (and optional 'n', 'beam_size')")
@@ -44,9 +49,8 @@ async def captions(request: Request, state: ServiceState = Depends(service)):
     return GeneratedCaptions(captions=_generated(results))
 
 
-@router.post("/paraphrases", response_model=Paraphrases, responses=error_responses(*POST_ERRORS, 409),
-             summary="Sentence → paraphrases, best first, never the sentence itself (needs a model with a decoder)",
-             description=DECODER_NOTE, openapi_extra={"x-requires-decoder": True})
+@_decoder_route("/paraphrases", Paraphrases, "Sentence → paraphrases, best first, never the sentence itself (needs "
+                                             "a model with a decoder)")
 async def paraphrases(request: Request, state: ServiceState = Depends(service)):
     batcher = _decoder(state.paraphrase_batcher, state, "paraphrase generation")
     body_kind(request, ("json",), "send JSON {\"text\": ..., \"n\": ..., \"beam_size\": ...}")

@@ -374,49 +374,32 @@ async function showGenerated(pending, slot, signal) {
   }
 }
 
-el.file.addEventListener("change", () => {
-  const [file] = el.file.files;
-  el.file.value = "";                   // choosing the same file again searches again
-  if (file) searchImage(file);
-});
-
-for (const type of ["dragenter", "dragover"]) {
-  el.drop.addEventListener(type, (event) => {
+// a file input and its drop zone: a chosen or dropped file goes to `search`; dropping something else says `hint`
+function acceptImages(input, zone, search, hint) {
+  input.addEventListener("change", () => {
+    const [file] = input.files;
+    input.value = "";                   // choosing the same file again searches again
+    if (file) search(file);
+  });
+  for (const type of ["dragenter", "dragover"]) {
+    zone.addEventListener(type, (event) => {
+      event.preventDefault();
+      if (!input.disabled) zone.classList.add("over");
+    });
+  }
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (event) => {
     event.preventDefault();
-    if (!el.file.disabled) el.drop.classList.add("over");
+    zone.classList.remove("over");
+    if (input.disabled) return;
+    const [file] = event.dataTransfer.files;
+    if (file) search(file);
+    else showError(new ApiError(0, hint));
   });
 }
-el.drop.addEventListener("dragleave", () => el.drop.classList.remove("over"));
-el.drop.addEventListener("drop", (event) => {
-  event.preventDefault();
-  el.drop.classList.remove("over");
-  if (el.file.disabled) return;
-  const [file] = event.dataTransfer.files;
-  if (file) searchImage(file);
-  else showError(new ApiError(0, `Drop an image file (${FORMATS}).`));
-});
 
-el.similarFile.addEventListener("change", () => {
-  const [file] = el.similarFile.files;
-  el.similarFile.value = "";            // choosing the same file again searches again
-  if (file) searchSimilar(file);
-});
-
-for (const type of ["dragenter", "dragover"]) {
-  el.similarDrop.addEventListener(type, (event) => {
-    event.preventDefault();
-    if (!el.similarFile.disabled) el.similarDrop.classList.add("over");
-  });
-}
-el.similarDrop.addEventListener("dragleave", () => el.similarDrop.classList.remove("over"));
-el.similarDrop.addEventListener("drop", (event) => {
-  event.preventDefault();
-  el.similarDrop.classList.remove("over");
-  if (el.similarFile.disabled) return;
-  const [file] = event.dataTransfer.files;
-  if (file) searchSimilar(file);
-  else showError(new ApiError(0, `Drop a photo (${FORMATS}).`));
-});
+acceptImages(el.file, el.drop, searchImage, `Drop an image file (${FORMATS}).`);
+acceptImages(el.similarFile, el.similarDrop, searchSimilar, `Drop a photo (${FORMATS}).`);
 
 // --- sentence → paraphrases (with a decoder) -------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.data.vocab import Vocabulary, pad_batch
-from .similarity import build_similarity
+from .similarity import Similarity, build_similarity
 
 if TYPE_CHECKING:
     from training.data.preprocess import Preprocess
@@ -46,7 +46,23 @@ class Member(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
-class EnsembleEmbedding(nn.Module):
+class CommonSpace(nn.Module):
+    """What a model of the common space (``model.JointEmbedding``) and an ensemble of them do alike, given the
+    subclass's ``similarity`` and ``project_texts``: normalised text embeddings and scores. (Raw sentences go
+    through ``training.embed.embed_texts``, the one text inference path.)"""
+    similarity: Similarity
+
+    def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.similarity.normalize(self.project_texts(ids, lengths))
+
+    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
+        return self.similarity(images, captions)
+
+
+class EnsembleEmbedding(CommonSpace):
     """Members' embeddings, normalised, weighted and concatenated (see the module docstring)."""
 
     def __init__(self, members: Sequence[nn.Module], weights: Sequence[float], names: Sequence[str]):
@@ -124,20 +140,6 @@ class EnsembleEmbedding(nn.Module):
             m_ids, m_lengths = pad_batch(m.encode_text_ids(texts))
             parts.append(m.project_texts(m_ids.to(ids.device), m_lengths.to(ids.device)))
         return self._combine(parts)
-
-    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.project_texts(ids, lengths))
-
-    @torch.no_grad()
-    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-        """Raw sentences → common space (inference helper)."""
-        device = next(self.parameters()).device
-        out = [self.embed_texts(*(x.to(device) for x in pad_batch(self.encode_text_ids(texts[i:i + batch_size]))))
-               for i in range(0, len(texts), batch_size)]
-        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
-
-    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-        return self.similarity(images, captions)
 
 
 def member_payloads(model: EnsembleEmbedding) -> list[dict]:

@@ -19,11 +19,11 @@ from torch import nn
 
 from training.data.fileio import atomic_path
 from training.data.preprocess import Preprocess
-from training.data.vocab import Vocabulary, pad_batch
+from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import LITE_PACKAGES, Backbone, SplitCNN
 from .decoder import build_decoder
-from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
+from .ensemble import KIND as ENSEMBLE_KIND, CommonSpace, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .factory import build_backbone, build_similarity, build_text_encoder
 from .pooling import Pool
 from .projection import build_projection
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 FORMAT = "jointspace-model/1"
 
 
-class JointEmbedding(nn.Module):
+class JointEmbedding(CommonSpace):
     def __init__(self, cfg: dict, vocab: Vocabulary, backbone: Backbone):
         super().__init__()
         self.cfg = cfg
@@ -139,21 +139,6 @@ class JointEmbedding(nn.Module):
         """Padded ids → the common space, before the similarity's normalisation."""
         return self.text_proj(self.text_encoder(ids, lengths))
 
-    def embed_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.project_texts(ids, lengths))
-
-    @torch.no_grad()
-    def embed_sentences(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-        """Raw sentences → common space (inference helper)."""
-        device = next(self.parameters()).device
-        out = []
-        for start in range(0, len(texts), batch_size):
-            ids, lengths = pad_batch(self.encode_text_ids(texts[start:start + batch_size]))
-            out.append(self.embed_texts(ids.to(device), lengths.to(device)))
-        return torch.cat(out) if out else torch.zeros(0, self.cfg["model"]["embed_dim"], device=device)
-
-    def score(self, images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-        return self.similarity(images, captions)
 
     # --- training helpers -------------------------------------------------------------------------
     def set_backbone_trainable(self, trainable: bool) -> None:

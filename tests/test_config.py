@@ -71,3 +71,14 @@ def test_typed_config_names_the_misspelt_key_or_option_and_what_is_allowed():
     # the shipped configs are all valid
     for path in sorted(Path(__file__).resolve().parents[1].glob("configs/**/*.yaml")):
         load_config(path)
+
+
+def test_decoder_configs_on_the_shipped_space_read_its_image_features():
+    """configs/stt_flickr8k_frozen.yaml and _scst.yaml start from a configs/flickr8k.yaml model
+    (train.init_from): their image section must give the same backbone and preprocessing, or init_from refuses."""
+    root = Path(__file__).resolve().parents[1] / "configs"
+    shipped = load_config(root / "flickr8k.yaml")["image"]
+    for name in ("stt_flickr8k_frozen.yaml", "stt_flickr8k_scst.yaml"):
+        image = load_config(root / name)["image"]
+        for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks"):
+            assert image[key] == shipped[key], (name, key)

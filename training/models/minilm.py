@@ -109,15 +109,18 @@ class _Attention(nn.Module):
         self.output = _DenseNorm(h, h)
         self.heads = ARCH["num_attention_heads"]
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
+    def forward(self, x: torch.Tensor, at: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """``x (N, H)``: the states of the N tokens kept, at flat positions ``at`` of the ``(B, T)`` batch
+        that ``keep (B, 1, 1, T)`` masks. Only attention needs the padded layout."""
+        b, t, h = keep.shape[0], keep.shape[-1], x.shape[-1]
 
         def split(linear):
-            return linear(x).view(b, t, self.heads, h // self.heads).transpose(1, 2)
+            padded = x.new_zeros(b * t, h).index_copy(0, at, linear(x))
+            return padded.view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
         ctx = F.scaled_dot_product_attention(split(self.self.query), split(self.self.key), split(self.self.value),
                                              attn_mask=keep, dropout_p=0.1 if self.training else 0.0)
-        return self.output(ctx.transpose(1, 2).reshape(b, t, h), x)
+        return self.output(ctx.transpose(1, 2).reshape(b * t, h)[at], x)
 
 
 class _Intermediate(nn.Module):
@@ -136,8 +139,8 @@ class _Layer(nn.Module):
         self.intermediate = _Intermediate()
         self.output = _DenseNorm(ARCH["intermediate_size"], ARCH["hidden_size"])
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        x = self.attention(x, keep)
+    def forward(self, x: torch.Tensor, at: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, at, keep)
         return self.output(self.intermediate(x), x)
 
 
@@ -157,11 +160,21 @@ class MiniLMBert(nn.Module):
 
     def layers(self, x: torch.Tensor, valid: torch.Tensor, first: int = 0, last: int | None = None) -> torch.Tensor:
         """Hidden states after layers ``first..last-1`` from the states ``x`` entering layer ``first``
-        (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to."""
+        (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to.
+
+        The layers run on the valid tokens alone, packed (padding and dropped tokens are neither keys nor
+        pooled, so their states never matter): in a batch of captions about half the positions are padding,
+        and the dense layers' cost follows the tokens computed. Positions outside ``valid`` come back as 0."""
+        layers = self.encoder.layer[first:last]
+        if len(layers) == 0:
+            return x
+        b, t, h = x.shape
+        at = valid.reshape(-1).nonzero().squeeze(1)
         keep = valid[:, None, None, :]
-        for layer in self.encoder.layer[first:last]:
-            x = layer(x, keep)
-        return x
+        packed = x.reshape(b * t, h)[at]
+        for layer in layers:
+            packed = layer(packed, at, keep)
+        return x.new_zeros(b * t, h).index_copy(0, at, packed).view(b, t, h)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))

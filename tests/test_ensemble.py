@@ -15,6 +15,7 @@ from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
+from training.data.preprocess import Preprocess, StackedPreprocess, open_image
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import load_model
@@ -25,10 +26,11 @@ QUERIES = ["a red circle above a blue square", "a small green triangle", "two ye
 
 @pytest.fixture(scope="module")
 def members(synth_small, tiny_model_path, tmp_path_factory):
-    """The shared tiny model and a second one (other seed, a bag-of-words text side)."""
+    """The shared tiny model (32 px) and a second one (other seed, a bag-of-words text side, 40 px images: the
+    members read different pixels)."""
     out = tmp_path_factory.mktemp("second")
-    train(tiny_config(train={"epochs": 1, "seed": 3}, text={"encoder": "bow", "hidden": 32}), synth_small, out,
-          progress=False, log=lambda *_: None)
+    train(tiny_config(train={"epochs": 1, "seed": 3}, text={"encoder": "bow", "hidden": 32},
+                      image={"image_size": 40, "resize": 40}), synth_small, out, progress=False, log=lambda *_: None)
     return [tiny_model_path, out / "model.pt"]
 
 
@@ -80,6 +82,24 @@ def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensembl
         r = client.post("/v1/search/images", json={"text": QUERIES[0], "k": 5})
         assert r.status_code == 200
         assert [x["id"] for x in r.json()["results"]] == torch.argsort(-expected[:, 0])[:5].tolist()
+
+
+def test_members_with_other_preprocessing_read_their_own_pixels(members, synth_small):
+    models = [load_model(p) for p in members]
+    ensemble = EnsembleEmbedding(models, [1.0, 1.0], ["a", "b"])
+    pre = ensemble.preprocess
+    assert isinstance(pre, StackedPreprocess) and pre.image_size == 40 and pre.channels == 6
+    picture = open_image(load_dataset(synth_small).split("test").images[0].path)
+    stacked = pre.pixels(picture)
+    assert stacked.shape == (1, 6, 40, 40)
+    for m, part in zip(models, pre.split(stacked)):                  # bit-identical to each member's own
+        assert torch.equal(part, m.preprocess.pixels(picture))
+    for m, part in zip(models, pre.split(pre.normalize(stacked))):
+        torch.testing.assert_close(part, m.preprocess(picture), atol=0, rtol=0)
+    same = EnsembleEmbedding([models[0], load_model(members[0])], [1.0, 1.0], ["a", "a2"])
+    assert isinstance(same.preprocess, Preprocess)                   # equal preprocessing: the member's own
+    with pytest.raises(ValueError, match="same number of crops"):
+        StackedPreprocess((Preprocess(image_size=32, crops=1), Preprocess(image_size=40, crops=5)))
 
 
 def test_ensemble_evaluates_as_one_model(members, ensemble_path, synth_small):

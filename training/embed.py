@@ -60,7 +60,7 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
                                  progress=progress, amp=amp)
         return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
     pre = model.preprocess
-    if len(paths) * pre.crops * 3 * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
+    if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
         return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
     return ImageSource("files", ImageFiles(paths, pre))
 

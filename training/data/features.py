@@ -22,13 +22,13 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from .fileio import atomic_path, write_json
-from .preprocess import Preprocess, open_image
+from .preprocess import ImagePreprocess, open_image
 
 
 class ImageFiles(Dataset):
     """``(index, uint8 pixels (crops, 3, S, S))`` for each file; decoding runs in DataLoader workers."""
 
-    def __init__(self, paths: Sequence[str | Path], preprocess: Preprocess):
+    def __init__(self, paths: Sequence[str | Path], preprocess: ImagePreprocess):
         self.paths = [str(p) for p in paths]
         self.preprocess = preprocess
 
@@ -42,7 +42,7 @@ class ImageFiles(Dataset):
             raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
 
 
-def image_loader(paths, preprocess: Preprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
+def image_loader(paths, preprocess: ImagePreprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
     workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
     # its own generator: iterating a loader draws a seed, which must not come from the global RNG (a warm or
     # a cold feature cache would otherwise give the training that follows different random numbers)
@@ -50,11 +50,11 @@ def image_loader(paths, preprocess: Preprocess, batch_size: int = 64, workers: i
                       persistent_workers=False, generator=torch.Generator())
 
 
-def load_pixels(paths, preprocess: Preprocess, workers: int = 2, progress: bool = True,
+def load_pixels(paths, preprocess: ImagePreprocess, workers: int = 2, progress: bool = True,
                 desc: str = "decoding images") -> torch.Tensor:
     """All images as one uint8 tensor ``(N, crops, 3, S, S)`` (small data sets / trainable backbones)."""
     crops, side = preprocess.crops, preprocess.image_size
-    out = torch.empty(len(paths), crops, 3, side, side, dtype=torch.uint8)
+    out = torch.empty(len(paths), crops, preprocess.channels, side, side, dtype=torch.uint8)
     for idx, pixels in tqdm(image_loader(paths, preprocess, workers=workers), desc=desc, disable=not progress,
                             unit="batch"):
         out[idx] = pixels
@@ -82,7 +82,7 @@ def file_digest(path: str | Path) -> bytes:
     return h.digest()
 
 
-def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Preprocess, paths,
+def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: ImagePreprocess, paths,
                    per_view: bool = False) -> dict:
     files = hashlib.blake2b(digest_size=32)
     for p in paths:                    # rows follow the order of paths, so the order is part of the key
@@ -99,7 +99,7 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Pr
 @torch.no_grad()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
                      batch_size: int = 64, device: str | torch.device = "cpu", workers: int = 2,
-                     progress: bool = True, amp: bool = False, preprocess: Preprocess | None = None,
+                     progress: bool = True, amp: bool = False, preprocess: ImagePreprocess | None = None,
                      per_view: bool = False) -> np.ndarray:
     """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
 

@@ -54,8 +54,66 @@ class Preprocess:
         std = torch.tensor(self.std, device=x.device).view(3, 1, 1)
         return (x - mean) / std
 
+    @property
+    def channels(self) -> int:
+        """Channels of a view in ``pixels`` (3: RGB)."""
+        return 3
+
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.normalize(self.pixels(image))
+
+
+@dataclass(frozen=True)
+class StackedPreprocess:
+    """The preprocessing of an ensemble whose members read different pixels (e.g. 224 and 260 px): each member's
+    own :class:`Preprocess` of the same decoded image, stacked along the channel axis, each view in the top-left
+    corner of the largest member's size. One image still gives one uint8 tensor ``(crops, 3k, S, S)``, so the
+    loaders, the feature cache and the service pass it on unchanged; :meth:`split` gives each member exactly the
+    pixels its own preprocessing makes."""
+    members: tuple[Preprocess, ...]
+
+    def __post_init__(self):
+        if len({m.crops for m in self.members}) > 1:
+            raise ValueError(f"members must take the same number of crops per image, got "
+                             f"{[m.crops for m in self.members]}")
+
+    @property
+    def image_size(self) -> int:
+        return max(m.image_size for m in self.members)
+
+    @property
+    def crops(self) -> int:
+        return self.members[0].crops
+
+    @property
+    def channels(self) -> int:
+        return 3 * len(self.members)
+
+    def to_dict(self) -> dict:
+        return {"stacked": [m.to_dict() for m in self.members]}
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        side = self.image_size
+        out = torch.zeros(self.crops, self.channels, side, side, dtype=torch.uint8)
+        for i, m in enumerate(self.members):
+            out[:, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m.pixels(image)
+        return out
+
+    def split(self, stacked: torch.Tensor) -> list[torch.Tensor]:
+        """``(..., 3k, S, S)`` → each member's ``(..., 3, S_i, S_i)`` (uint8 pixels or normalised images)."""
+        return [stacked[..., 3 * i:3 * i + 3, :m.image_size, :m.image_size] for i, m in enumerate(self.members)]
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(pixels.shape, dtype=torch.float32, device=pixels.device)
+        for i, (m, part) in enumerate(zip(self.members, self.split(pixels))):
+            out[..., 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m.normalize(part)
+        return out
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.normalize(self.pixels(image))
+
+
+ImagePreprocess = Preprocess | StackedPreprocess    # what a model's ``preprocess`` is
 
 
 # --- decoding: every format the gallery indexes -----------------------------------------------------------------

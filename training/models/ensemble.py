@@ -7,9 +7,11 @@ over the concatenated vectors ranks by the ensemble's score. :class:`EnsembleEmb
 ``JointEmbedding`` that evaluation, indexing, query composition and the service call, so they take an
 ensemble ``model.pt`` unchanged; ``model.save_model`` / ``model.load_model`` write and read it.
 
-Members must read the same pixels (equal preprocessing), so one decoded image feeds them all; each tokenises
-text its own way, so the ensemble's own "token ids" are the text's UTF-8 bytes (+1, 0 is padding), decoded back
-to text and re-tokenised by each member.
+One decoded image feeds all members: when their preprocessing differs (another image size, say EfficientNet-Lite0
+at 224 px with Lite2 at 260), the ensemble's pixels are the members' own, stacked along the channel axis
+(``preprocess.StackedPreprocess``), and each member reads exactly its part. Each member tokenises text its own
+way, so the ensemble's own "token ids" are the text's UTF-8 bytes (+1, 0 is padding), decoded back to text and
+re-tokenised by each member.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.data.preprocess import StackedPreprocess
 from training.data.vocab import Vocabulary, pad_batch
 from .similarity import Similarity, build_similarity
 
@@ -76,9 +79,9 @@ class EnsembleEmbedding(CommonSpace):
             if m.cfg["model"]["similarity"] != "cosine":
                 raise ValueError(f"{name}: ensembles combine cosine-similarity models; it uses "
                                  f"{m.cfg['model']['similarity']!r}")
-            if m.preprocess.to_dict() != models[0].preprocess.to_dict():
-                raise ValueError(f"{name}: its image preprocessing {m.preprocess.to_dict()} differs from "
-                                 f"{names[0]}'s {models[0].preprocess.to_dict()}; members must read the same pixels")
+            if m.preprocess.crops != models[0].preprocess.crops:
+                raise ValueError(f"{name}: it averages {m.preprocess.crops} crops per image and {names[0]} "
+                                 f"{models[0].preprocess.crops}; members must take the same number of crops")
         self.members = nn.ModuleList(members)
         self.weights = [float(w) for w in weights]
         self.names = list(names)
@@ -90,7 +93,9 @@ class EnsembleEmbedding(CommonSpace):
                           "decoder": {"enabled": False}, "attention": {"enabled": False}}
         self.vocab = Vocabulary.build([])
         self.similarity = build_similarity("cosine")
-        self.preprocess = models[0].preprocess
+        same = all(m.preprocess == models[0].preprocess for m in models)
+        self.preprocess: Preprocess | StackedPreprocess = (
+            models[0].preprocess if same else StackedPreprocess(tuple(m.preprocess for m in models)))
         self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in models)
         self.backbone = nn.ModuleList(m.backbone for m in models)
         self.backbone_pretrained = all(m.backbone_pretrained for m in models)
@@ -113,7 +118,9 @@ class EnsembleEmbedding(CommonSpace):
 
     # --- image side -------------------------------------------------------------------------------
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
-        return torch.cat([m.image_features(images, pool=pool) for m in self.models], dim=-1)
+        parts = self.preprocess.split(images) if isinstance(self.preprocess, StackedPreprocess) else \
+            [images] * len(self.models)
+        return torch.cat([m.image_features(part, pool=pool) for m, part in zip(self.models, parts)], dim=-1)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         parts, start = [], 0

@@ -165,11 +165,27 @@ def test_image_cached_activations_give_the_whole_model(blocks, pooling):
     ("train", {"cache_dtype": "int8"}, "cache_dtype"),
     ("train", {"lr_schedule": "cosine", "warmup_steps": -1}, "warmup_steps"),
     ("train", {"encoder_lr_factor": 0}, "encoder_lr_factor"),
+    ("image", {"backbone": "efficientnet_lite0", "resize": 224, "feature_dropout": 1.0}, "feature_dropout"),
 ])
 def test_bad_partial_finetuning_configs_are_errors(section, values, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         cfg = build_config({section: values, "text": {"encoder": "bow"}})
         build_model(cfg, Vocabulary.build(["a dog"]), load_weights=False)
+
+
+def test_feature_dropout_acts_in_training_only():
+    torch.manual_seed(0)
+    plain = build_model(tiny_config(), Vocabulary.build(["a dog"]), load_weights=False)
+    dropped = build_model(tiny_config(image={"feature_dropout": 0.5}), Vocabulary.build(["a dog"]), load_weights=False)
+    dropped.load_state_dict(plain.state_dict())                  # no parameters of its own: same keys
+    features = torch.rand(8, plain.feature_dim) + 0.1
+    plain.train(), dropped.train()
+    a, b = dropped.project_features(features), dropped.project_features(features)
+    assert not torch.allclose(a, b) and not torch.allclose(a, plain.project_features(features))
+    masked = dropped.feature_dropout(features)
+    assert 0.2 < (masked == 0).float().mean() < 0.8                  # about half the features dropped
+    plain.eval(), dropped.eval()
+    torch.testing.assert_close(dropped.embed_features(features), plain.embed_features(features), atol=0, rtol=0)
 
 
 def test_smallcnn_cannot_be_split():

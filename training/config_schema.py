@@ -39,6 +39,8 @@ class ImageSection(Section):
                              "MBConv blocks from the top) train over cached activations of the units below; 0 = "
                              "frozen", ge=0)
     pooling: Literal["mean", "gpo"] = F("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
+    feature_dropout: float = F(0.0, "dropout on the pooled backbone features before the projection, in training "
+                                    "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
     options: dict = F({}, "backbone-specific options (smallcnn: width, out_dim)")
 
 

@@ -63,6 +63,9 @@ class JointEmbedding(CommonSpace):
             self.bottom_shape = self.image_split.bottom_shape(im["image_size"])
             self.feature_dim = region_dim = cast(int, backbone.module.num_features)   # an EfficientNet's
             self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
+        # dropout on the pooled features in training (image.feature_dropout): a frozen backbone gives each training
+        # image one fixed vector, which the projection could otherwise learn by heart
+        self.feature_dropout = nn.Dropout(im.get("feature_dropout", 0.0))
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
         self.text_proj = build_projection(cfg["model"], cast(int, self.text_encoder.out_dim),
@@ -105,7 +108,7 @@ class JointEmbedding(CommonSpace):
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → the common space, before the similarity's normalisation."""
-        return self.image_proj(self.pooled_features(features))
+        return self.image_proj(self.feature_dropout(self.pooled_features(features)))
 
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone features → common space."""

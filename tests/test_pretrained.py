@@ -23,7 +23,8 @@ def shipped():
 
 def test_the_shipped_file_is_small_slim_and_the_reported_model(shipped):
     path = pretrained.model_path()
-    assert path.stat().st_size <= 25 * 1024 ** 2
+    # float32 trained tensors only: MiniLM's top 4 layers, GPO and both projections (8.8 M values, 35 MB)
+    assert path.stat().st_size <= 40 * 1024 ** 2
     payload = load_checkpoint(path)
     assert payload["slim"]["omitted"] > 0 and "backbone.conv_stem.weight" not in payload["state_dict"]
     assert shipped.cfg["name"] == "flickr8k" and shipped.cfg["text"]["encoder"] == "minilm"

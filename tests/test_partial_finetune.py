@@ -64,6 +64,18 @@ def test_minilm_layers_skip_padding_and_dropped_tokens_exactly():
         assert not batched[~valid].any()             # positions not attended come back as zeros
 
 
+def test_minilm_packed_layers_run_under_bf16_autocast():
+    """Inference on CUDA runs under bf16 autocast (training/embed.py); the packed layers mix the dtypes it makes."""
+    enc = _minilm(train_layers=2, pooling="gpo")
+    enc.eval()
+    batch = pad_batch([enc.encode_text(s) for s in SENTENCES])
+    with torch.no_grad():
+        exact = enc(*batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = enc(*batch)
+    torch.testing.assert_close(low.float(), exact, atol=2e-2, rtol=0)
+
+
 def test_minilm_state_cache_is_keyed_reused_and_float16_is_close(tmp_path):
     enc = _minilm(train_layers=2)
     ids = [enc.encode_text(s) for s in SENTENCES]

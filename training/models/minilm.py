@@ -115,7 +115,8 @@ class _Attention(nn.Module):
         b, t, h = keep.shape[0], keep.shape[-1], x.shape[-1]
 
         def split(linear):
-            padded = x.new_zeros(b * t, h).index_copy(0, at, linear(x))
+            y = linear(x)                     # its own dtype (bf16 under autocast)
+            padded = y.new_zeros(b * t, h).index_copy(0, at, y)
             return padded.view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
         ctx = F.scaled_dot_product_attention(split(self.self.query), split(self.self.key), split(self.self.value),
@@ -174,7 +175,7 @@ class MiniLMBert(nn.Module):
         packed = x.reshape(b * t, h)[at]
         for layer in layers:
             packed = layer(packed, at, keep)
-        return x.new_zeros(b * t, h).index_copy(0, at, packed).view(b, t, h)
+        return packed.new_zeros(b * t, h).index_copy(0, at, packed).view(b, t, h)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))

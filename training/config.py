@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from training.models.options import IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, NoOptions
-from .config_schema import RunConfig, defaults
+from .config_schema import ExtraBackbone, RunConfig, defaults
 
 DEFAULTS: dict[str, Any] = defaults()       # every key and its default: config_schema.py
 
@@ -91,6 +91,9 @@ def build_config(file_values: dict | None = None, overrides: Sequence[str] = ())
         keys, value = parse_override(item)
         cfg = _merge(cfg, _nest(keys, value))
     validate(cfg)
+    # every key of each extra backbone, its defaults filled in (the code reads cfg["image"]["extra_backbones"])
+    cfg["image"]["extra_backbones"] = [ExtraBackbone.model_validate(e).model_dump()
+                                       for e in cfg["image"]["extra_backbones"]]
     return cfg
 
 
@@ -109,7 +112,8 @@ def _where(loc: tuple) -> str:
 
 
 def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
-    first = err.errors()[0]
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])   # a misspelt key first
     key = prefix + _where(first["loc"])
     if first["type"] == "extra_forbidden":
         return ConfigError(f"unknown config key '{key}'")
@@ -163,6 +167,10 @@ def validate(cfg: dict) -> None:
     if (im["train_blocks"] or im["pooling"] != "mean") and (im["crops"] != 1 or cfg["attention"]["enabled"]):
         raise ConfigError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention "
                           "(the cached activations are per view, pooled after the trained top)")
+    if im["extra_backbones"] and (im["train_blocks"] or im["pooling"] != "mean" or im["train_crops"]
+                                  or cfg["attention"]["enabled"] or cfg["train"]["finetune_epochs"]):
+        raise ConfigError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
+                          "image.pooling: gpo, image.train_crops, attention or train.finetune_epochs")
     if cfg["model"]["similarity"] not in ("cosine", "order"):
         raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
     if cfg["loss"]["reduction"] not in ("sum", "mean"):

@@ -22,6 +22,13 @@ class DataSection(Section):
                                  ge=1)
 
 
+class ExtraBackbone(Section):
+    backbone: str = F(..., "a pretrained (frozen) backbone by name, as image.backbone")
+    weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
+    image_size: int = F(..., "its network input side (its own preprocessing of the same image)", ge=8)
+    resize: int = F(..., "its shorter side before cropping", ge=8)
+
+
 class ImageSection(Section):
     backbone: str = F("resnet152", "image backbone by name (factory.py): efficientnet_lite0/1/2 (offline weights; "
                                    "native sizes 224/240/260), resnet18..152, vgg16/19, smallcnn")
@@ -42,6 +49,9 @@ class ImageSection(Section):
     feature_dropout: float = F(0.0, "dropout on the pooled backbone features before the projection, in training "
                                     "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
     options: dict = F({}, "backbone-specific options (smallcnn: width, out_dim)")
+    extra_backbones: list[ExtraBackbone] = F([], "more frozen pretrained backbones read beside image.backbone, "
+                                                 "each with its own input size ({backbone, image_size, resize, "
+                                                 "weights}); their pooled features are concatenated")
 
 
 class TextSection(Section):

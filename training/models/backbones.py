@@ -8,6 +8,11 @@
 * ``smallcnn`` — a small CNN trained from scratch (the synthetic set); it keeps a coarse spatial grid
   instead of global pooling, so spatial relations ("left of") survive.
 
+``image.extra_backbones`` adds more frozen pretrained backbones beside ``image.backbone``
+(:class:`ConcatBackbone`): each reads its own preprocessing of the same image (e.g. Lite2 at 260 px and Lite0 at
+224 px, stacked along the channel axis by ``preprocess.StackedPreprocess``) and their pooled features are
+concatenated, so the projection above sees what both networks see.
+
 Each builder returns a :class:`Backbone`: a module mapping normalised images ``(B, 3, S, S)`` to
 features ``(B, D)``, its feature size ``D``, its preprocessing and whether it came pretrained (frozen
 backbones have their features precomputed once and cached, see ``data/features.py``).
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import torch
 from torch import nn
 
-from training.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from training.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess, Preprocess, StackedPreprocess
 from .registry import Registry
 
 if TYPE_CHECKING:
@@ -35,14 +40,46 @@ class Backbone:
     name: str
     module: nn.Module
     dim: int
-    preprocess: Preprocess
+    preprocess: ImagePreprocess
     pretrained: bool   # True: frozen ImageNet features (cacheable); False: trained with the model
 
 
 def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
     """``cfg_image`` is the config's ``image`` section. ``load_weights=False`` builds the architecture only
     (used when a saved model.pt supplies every weight)."""
-    return BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
+    main = BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
+    extras = cfg_image.get("extra_backbones") or []
+    if not extras:
+        return main
+    parts = [main]
+    for extra in extras:
+        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": []}
+        parts.append(BACKBONES.get(extra["backbone"])(sub, load_weights))
+    for part in parts:
+        if not part.pretrained:
+            raise ValueError(f"image.extra_backbones combine frozen pretrained backbones; {part.name} is trained "
+                             "from scratch")
+    if any(not isinstance(p.preprocess, Preprocess) for p in parts):
+        raise ValueError("image.extra_backbones: each backbone reads one plain preprocessing")
+    stacked = StackedPreprocess(tuple(cast(Preprocess, p.preprocess) for p in parts))
+    return Backbone("+".join(p.name for p in parts), ConcatBackbone([p.module for p in parts], stacked),
+                    sum(p.dim for p in parts), stacked, pretrained=True)
+
+
+class ConcatBackbone(nn.Module):
+    """Several backbones over one image: the stacked pixels ``(B, 3k, S, S)`` are split into each one's own
+    ``(B, 3, S_i, S_i)`` and their pooled features concatenated ``(B, D_1 + ... + D_k)``."""
+
+    def __init__(self, nets: list[nn.Module], preprocess: StackedPreprocess):
+        super().__init__()
+        self.nets = nn.ModuleList(nets)
+        self.stacked = preprocess
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        fmt = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else \
+            torch.contiguous_format
+        return torch.cat([net(part.contiguous(memory_format=fmt))
+                          for net, part in zip(self.nets, self.stacked.split(images))], dim=-1)
 
 
 def _preprocess(cfg_image: dict, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Preprocess:

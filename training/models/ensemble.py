@@ -26,7 +26,7 @@ from training.data.vocab import Vocabulary, pad_batch
 from .similarity import Similarity, build_similarity
 
 if TYPE_CHECKING:
-    from training.data.preprocess import Preprocess
+    from training.data.preprocess import ImagePreprocess
 
 KIND = "ensemble"
 MAX_TEXT_BYTES = 2048
@@ -36,7 +36,7 @@ class Member(Protocol):
     """What an ensemble uses of a member: a ``model.JointEmbedding`` (not imported: model.py imports this module)."""
     cfg: dict
     vocab: Vocabulary
-    preprocess: Preprocess
+    preprocess: ImagePreprocess
     backbone_name: str
     backbone: nn.Module
     backbone_pretrained: bool
@@ -94,8 +94,12 @@ class EnsembleEmbedding(CommonSpace):
         self.vocab = Vocabulary.build([])
         self.similarity = build_similarity("cosine")
         same = all(m.preprocess == models[0].preprocess for m in models)
-        self.preprocess: Preprocess | StackedPreprocess = (
-            models[0].preprocess if same else StackedPreprocess(tuple(m.preprocess for m in models)))
+        # each member's plain preprocessings (a member reading several backbones has one per backbone), in order
+        leaves = [m.preprocess.members if isinstance(m.preprocess, StackedPreprocess) else (m.preprocess,)
+                  for m in models]
+        self._leaf_counts = [len(x) for x in leaves]
+        self.preprocess: ImagePreprocess = (
+            models[0].preprocess if same else StackedPreprocess(tuple(p for x in leaves for p in x)))
         self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in models)
         self.backbone = nn.ModuleList(m.backbone for m in models)
         self.backbone_pretrained = all(m.backbone_pretrained for m in models)
@@ -118,8 +122,14 @@ class EnsembleEmbedding(CommonSpace):
 
     # --- image side -------------------------------------------------------------------------------
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
-        parts = self.preprocess.split(images) if isinstance(self.preprocess, StackedPreprocess) else \
-            [images] * len(self.models)
+        parts, start = [], 0
+        for m, count in zip(self.models, self._leaf_counts):
+            if isinstance(self.preprocess, StackedPreprocess):   # the member's channels, at its own size
+                side = m.preprocess.image_size
+                parts.append(images[..., 3 * start:3 * (start + count), :side, :side])
+            else:
+                parts.append(images)
+            start += count
         return torch.cat([m.image_features(part, pool=pool) for m, part in zip(self.models, parts)], dim=-1)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:

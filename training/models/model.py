@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from training.data.fileio import atomic_path
-from training.data.preprocess import Preprocess
+from training.data.preprocess import ImagePreprocess
 from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import LITE_PACKAGES, Backbone, SplitCNN
@@ -44,7 +44,7 @@ class JointEmbedding(CommonSpace):
         self.backbone: nn.Module = backbone.module
         self.backbone_pretrained = backbone.pretrained
         self.feature_dim = backbone.dim
-        self.preprocess: Preprocess = backbone.preprocess
+        self.preprocess: ImagePreprocess = backbone.preprocess
         att = cfg.get("attention", {})
         self.attention = None
         region_dim = backbone.dim
@@ -218,7 +218,8 @@ def _package_versions(cfg: dict) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in (cfg["image"]["backbone"], cfg["text"]["encoder"]):
+    extras = [e["backbone"] for e in cfg["image"].get("extra_backbones") or []]
+    for name in (cfg["image"]["backbone"], *extras, cfg["text"]["encoder"]):
         if name in PACKAGES:
             try:
                 out[PACKAGES[name]] = version(PACKAGES[name])

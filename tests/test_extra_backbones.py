@@ -1,5 +1,7 @@
 """image.extra_backbones: one model reading several frozen pretrained CNNs, each at its own input size; their
 pooled features are concatenated (cached once), and the model serves from pixels exactly as it trained."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -24,7 +26,8 @@ IMAGE = {"backbone": "efficientnet_lite0", "image_size": 40, "resize": 40, "opti
 @pytest.fixture(scope="module")
 def two_backbone_run(synth_small, tmp_path_factory):
     out = tmp_path_factory.mktemp("two_backbones")
-    cfg = tiny_config(image={**IMAGE, "feature_dropout": 0.2, "cache_dir": str(out / "cache")})
+    cfg = tiny_config(image={**IMAGE, "feature_dropout": 0.2, "train_crops": 5, "train_resize": 48,
+                             "cache_dir": str(out / "cache")})
     train(cfg, synth_small, out, progress=False, log=lambda *_: None)
     return cfg, out
 
@@ -57,7 +60,11 @@ def test_cached_training_features_and_serving_from_pixels_agree(two_backbone_run
     paths = [r.path for r in load_dataset(synth_small).split("test").images]
     cached = extract_features(model, paths, cache_dir=cfg["image"]["cache_dir"], progress=False, workers=0)
     assert cached.shape == (len(paths), 2560)          # the training run's cache, found again (same key)
-    assert len(list((out / "cache").glob("*.npy"))) >= 2
+    manifests = [json.loads(p.read_text()) for p in (out / "cache").glob("*.json")]
+    views = [m for m in manifests if m.get("per_view")]          # image.train_crops: 5 views of each network
+    assert views and all(v["preprocess"] == {"stacked": [
+        {**model.preprocess.members[0].to_dict(), "crops": 5, "resize": 48},
+        {**model.preprocess.members[1].to_dict(), "crops": 5, "resize": 38}]} for v in views)
     with torch.no_grad():
         from_cache = model.embed_features(torch.from_numpy(np.array(cached))).numpy()
     served = embed_image_files(model, paths, progress=False, workers=0).vectors
@@ -95,6 +102,8 @@ def test_bad_extra_backbones_are_refused_before_any_work():
         tiny_config(image={**IMAGE, "train_blocks": 1})
     with pytest.raises(ConfigError, match="extra_backbones are frozen"):
         tiny_config(image={**IMAGE, "pooling": "gpo"})
+    with pytest.raises(ConfigError, match="extra_backbones are frozen"):
+        tiny_config(image=IMAGE, attention={"enabled": True})
     with pytest.raises(ConfigError, match="extra_backbones are frozen"):
         tiny_config(image=IMAGE, train={"finetune_epochs": 1})
     with pytest.raises(ValueError, match="trained from scratch"):

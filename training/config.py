@@ -167,10 +167,10 @@ def validate(cfg: dict) -> None:
     if (im["train_blocks"] or im["pooling"] != "mean") and (im["crops"] != 1 or cfg["attention"]["enabled"]):
         raise ConfigError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention "
                           "(the cached activations are per view, pooled after the trained top)")
-    if im["extra_backbones"] and (im["train_blocks"] or im["pooling"] != "mean" or im["train_crops"]
-                                  or cfg["attention"]["enabled"] or cfg["train"]["finetune_epochs"]):
+    if im["extra_backbones"] and (im["train_blocks"] or im["pooling"] != "mean" or cfg["attention"]["enabled"]
+                                  or cfg["train"]["finetune_epochs"]):
         raise ConfigError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
-                          "image.pooling: gpo, image.train_crops, attention or train.finetune_epochs")
+                          "image.pooling: gpo, attention or train.finetune_epochs")
     if cfg["model"]["similarity"] not in ("cosine", "order"):
         raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
     if cfg["loss"]["reduction"] not in ("sum", "mean"):

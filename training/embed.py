@@ -26,7 +26,7 @@ An :class:`ImageSource` is what an image index turns into for the model:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
 
@@ -71,7 +71,7 @@ def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: i
     resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
     if base.kind != "features":
         raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
-    pre = replace(model.preprocess, crops=crops, resize=resize)
+    pre = model.preprocess.views(crops, resize)
     views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
                              amp=amp, preprocess=pre, per_view=True)
     base_features = cast(torch.Tensor, base.data)

@@ -6,7 +6,7 @@ their horizontal flips; the backbone features of the crops are averaged.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -59,6 +59,10 @@ class Preprocess:
         """Channels of a view in ``pixels`` (3: RGB)."""
         return 3
 
+    def views(self, crops: int, resize: int) -> "Preprocess":
+        """``crops`` crops of the image resized to ``resize`` (view augmentation, ``image.train_crops``)."""
+        return replace(self, crops=crops, resize=resize)
+
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return self.normalize(self.pixels(image))
 
@@ -91,6 +95,12 @@ class StackedPreprocess:
 
     def to_dict(self) -> dict:
         return {"stacked": [m.to_dict() for m in self.members]}
+
+    def views(self, crops: int, resize: int) -> "StackedPreprocess":
+        """Each member's ``crops`` crops, cut with the same geometry: ``resize`` is the largest member's side,
+        the others' are scaled by their input size."""
+        return StackedPreprocess(tuple(m.views(crops, round(resize * m.image_size / self.image_size))
+                                       for m in self.members))
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
         side = self.image_size

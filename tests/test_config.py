@@ -80,5 +80,5 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
     shipped = load_config(root / "flickr8k.yaml")["image"]
     for name in ("stt_flickr8k_frozen.yaml", "stt_flickr8k_scst.yaml"):
         image = load_config(root / name)["image"]
-        for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks"):
+        for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks", "extra_backbones"):
             assert image[key] == shipped[key], (name, key)

@@ -23,10 +23,11 @@ def shipped():
 
 def test_the_shipped_file_is_small_slim_and_the_reported_model(shipped):
     path = pretrained.model_path()
-    # float32 trained tensors only: MiniLM's top 4 layers, GPO and both projections (8.8 M values, 35 MB)
-    assert path.stat().st_size <= 40 * 1024 ** 2
+    # float32 trained tensors only: MiniLM's top 4 layers, GPO and both projections (11.4 M values, 46 MB; the image
+    # projection reads three CNNs' 3,840 concatenated features)
+    assert path.stat().st_size <= 50 * 1024 ** 2
     payload = load_checkpoint(path)
-    assert payload["slim"]["omitted"] > 0 and "backbone.conv_stem.weight" not in payload["state_dict"]
+    assert payload["slim"]["omitted"] > 0 and not any(k.startswith("backbone.") for k in payload["state_dict"])
     assert shipped.cfg["name"] == "flickr8k" and shipped.cfg["text"]["encoder"] == "minilm"
     # the dev R-sum it was selected with is the shipped row of the results the docs are generated from
     rows = json.loads((REPO / "benchmarks" / "results" / "flickr8k_dev.json").read_text())["rows"]

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,14 +126,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.model) == bool(args.config):
         ap.error("give --config (and --out) to train, or --model to evaluate")
+    if args.config and not args.out:
+        ap.error("--config needs --out")
+    scratch: list[str] = []        # a cold feature cache, a built index: removed when the row is written
+    try:
+        return measure(args, scratch)
+    finally:
+        for path in scratch:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, scratch: list[str]) -> int:
     env = dict(os.environ)
     wall = peak = None
     at_start = commit()            # the code that runs is the code at the start
     if args.config:
-        if not args.out:
-            ap.error("--config needs --out")
         if args.cold_cache:
             env["JOINTSPACE_CACHE"] = tempfile.mkdtemp(prefix="jointspace-cold-")
+            scratch.append(env["JOINTSPACE_CACHE"])
         sets = [x for kv in args.overrides for x in ("--set", kv)]
         seconds = run([*JOINTSPACE, "train", "--config", args.config, "--data", args.data, "--out", args.out,
                        "--quiet", *sets], env)
@@ -146,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     out = model.with_name(model.stem + "_dev.json")
     if args.through_index:
         out = model.with_name(model.stem + ("_dev_index_qb.json" if args.querybank_norm else "_dev_index.json"))
-        index_dir = Path(tempfile.mkdtemp(prefix="jointspace-index-")) / "index"
+        scratch.append(tempfile.mkdtemp(prefix="jointspace-index-"))
+        index_dir = Path(scratch[-1]) / "index"
         run([*JOINTSPACE, "index", "build", "--model", str(model), "--data", args.data, "--split", "val",
              "--out", str(index_dir), "--quiet", *(["--querybank", args.data] if args.querybank_norm else [])], env)
         out.write_text(json.dumps(served_metrics(model, index_dir, args.data), indent=2) + "\n")

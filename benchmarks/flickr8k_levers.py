@@ -19,6 +19,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.config and not args.out:
         ap.error("--config needs --out")
     scratch: list[str] = []        # a cold feature cache, a built index: removed when the row is written
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # killed: still clean up (subprocess.run kills the child)
+        signal.signal(sig, _exit_on_signal)
     try:
         return measure(args, scratch)
     finally:
         for path in scratch:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def measure(args: argparse.Namespace, scratch: list[str]) -> int:

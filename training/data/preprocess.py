@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torchvision.transforms.functional as TF
@@ -109,9 +110,16 @@ class StackedPreprocess:
             out[:, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m.pixels(image)
         return out
 
-    def split(self, stacked: torch.Tensor) -> list[torch.Tensor]:
-        """``(..., 3k, S, S)`` → each member's ``(..., 3, S_i, S_i)`` (uint8 pixels or normalised images)."""
-        return [stacked[..., 3 * i:3 * i + 3, :m.image_size, :m.image_size] for i, m in enumerate(self.members)]
+    def split(self, stacked: torch.Tensor, groups: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """``(..., 3k, S, S)`` → each member's ``(..., 3, S_i, S_i)`` (uint8 pixels or normalised images).
+        ``groups`` takes consecutive members together (an ensemble member reading several backbones): ``[2, 1]``
+        gives the first two members' channels at the larger of their sizes, then the third's."""
+        parts, start = [], 0
+        for count in groups or [1] * len(self.members):
+            side = max(m.image_size for m in self.members[start:start + count])
+            parts.append(stacked[..., 3 * start:3 * (start + count), :side, :side])
+            start += count
+        return parts
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(pixels.shape, dtype=torch.float32, device=pixels.device)

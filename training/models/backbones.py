@@ -59,8 +59,6 @@ def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
         if not part.pretrained:
             raise ValueError(f"image.extra_backbones combine frozen pretrained backbones; {part.name} is trained "
                              "from scratch")
-    if any(not isinstance(p.preprocess, Preprocess) for p in parts):
-        raise ValueError("image.extra_backbones: each backbone reads one plain preprocessing")
     stacked = StackedPreprocess(tuple(cast(Preprocess, p.preprocess) for p in parts))
     return Backbone("+".join(p.name for p in parts), ConcatBackbone([p.module for p in parts], stacked),
                     sum(p.dim for p in parts), stacked, pretrained=True)

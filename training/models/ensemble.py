@@ -122,14 +122,9 @@ class EnsembleEmbedding(CommonSpace):
 
     # --- image side -------------------------------------------------------------------------------
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
-        parts, start = [], 0
-        for m, count in zip(self.models, self._leaf_counts):
-            if isinstance(self.preprocess, StackedPreprocess):   # the member's channels, at its own size
-                side = m.preprocess.image_size
-                parts.append(images[..., 3 * start:3 * (start + count), :side, :side])
-            else:
-                parts.append(images)
-            start += count
+        # each member's channels at its own size (or all of them, when the members share one preprocessing)
+        parts = (self.preprocess.split(images, self._leaf_counts) if isinstance(self.preprocess, StackedPreprocess)
+                 else [images] * len(self.models))
         return torch.cat([m.image_features(part, pool=pool) for m, part in zip(self.models, parts)], dim=-1)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:

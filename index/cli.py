@@ -212,27 +212,27 @@ def _querybank(args, model):
     """The query bank of ``index build --querybank``: embedded captions (a text file) or captions + images (the
     chosen split of a captioned data set)."""
     from training.data.datasets import load_dataset
+    from training.embed import device_of, embed_split
 
-    from .embed import embed_image_files, embed_texts
+    from .embed import embed_texts
     from .querybank import QueryBank
 
     source = Path(args.querybank)
     if source.is_file():
-        texts, image_paths = _read_lines(source), []
-    elif source.is_dir():
-        records = load_dataset(source).split(args.querybank_split).images
-        texts, image_paths = [c for r in records for c in r.captions], [r.path for r in records]
-    else:
+        texts = _read_lines(source)
+        if not texts:
+            raise ValueError(f"--querybank: {source} holds no captions")
+        return QueryBank(captions=embed_texts(model, texts, progress=not args.quiet), beta=args.qb_beta)
+    if not source.is_dir():
         raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
-    if not texts:
+    split = load_dataset(source).split(args.querybank_split)
+    if not any(r.captions for r in split.images):
         raise ValueError(f"--querybank: {source} holds no captions")
-    captions = embed_texts(model, texts, progress=not args.quiet)
-    images = None
-    if image_paths:
-        emb = embed_image_files(model, image_paths, batch_size=args.batch_size, workers=args.workers,
-                                progress=not args.quiet)
-        images = emb.vectors if emb.kept else None
-    return QueryBank(captions=captions, images=images, beta=args.qb_beta)
+    # as evaluation embeds a split: a frozen backbone's features come from (and go to) the feature cache, so
+    # rebuilding with the same bank does not run the CNN over the training images again
+    images, captions, _ = embed_split(model, split, device=device_of(model), workers=args.workers,
+                                      progress=not args.quiet)
+    return QueryBank(captions=captions.numpy(), images=images.numpy(), beta=args.qb_beta)
 
 
 def _memory_budget(text: str | None, factory: str | None) -> int | None:

@@ -8,6 +8,9 @@ import torch
 
 from conftest import tiny_config
 from index.embed import embed_image_files
+from index.gallery import read_manifest
+from index.querybank import QueryBank
+from service.cli import main as cli_main
 from training.config import ConfigError
 from training.data.datasets import load_dataset
 from training.data.features import extract_features
@@ -90,6 +93,29 @@ def test_an_ensemble_member_reading_two_backbones_gets_its_own_pixels(two_backbo
         got = ensemble.image_features(torch.stack([pre(p) for p in pictures]))
         own = [m.image_features(torch.stack([m.preprocess(p) for p in pictures])) for m in members]
     torch.testing.assert_close(got, torch.cat(own, 1), atol=1e-5, rtol=0)
+
+
+def test_a_data_set_query_bank_reads_the_feature_cache(two_backbone_run, synth_small, tmp_path, monkeypatch):
+    """`index build --querybank DATA`: the bank split's images go through the feature cache (a rebuild does not
+    run the CNNs again) and equal what the model serves from pixels."""
+    _, out = two_backbone_run
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(cache))
+    root = tmp_path / "index"
+    args = ["index", "build", "--model", str(out / "model.pt"), "--data", str(synth_small), "--split", "val",
+            "--out", str(root), "--workers", "0", "--quiet", "--querybank", str(synth_small)]
+    assert cli_main(args) == 0
+    train_paths = [r.path for r in load_dataset(synth_small).split("train").images]
+    entries = list((cache / "features").glob("*.json"))
+    assert [json.loads(e.read_text())["n"] for e in entries] == [len(train_paths)]
+    bank = QueryBank.load(root, read_manifest(root)["querybank"])
+    served = embed_image_files(load_model(out / "model.pt"), train_paths, progress=False, workers=0).vectors
+    assert bank.images is not None and bank.images.shape == served.shape
+    np.testing.assert_allclose(bank.images.astype(np.float32), served, atol=2e-3)   # the bank is kept in fp16
+    stamp = entries[0].with_suffix(".npy").stat().st_mtime_ns
+    assert cli_main(args) == 0
+    assert list((cache / "features").glob("*.json")) == entries
+    assert entries[0].with_suffix(".npy").stat().st_mtime_ns == stamp
 
 
 def test_bad_extra_backbones_are_refused_before_any_work():

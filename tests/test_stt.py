@@ -43,7 +43,7 @@ def test_eq12_without_decoder_terms_is_exactly_the_retrieval_loss(synth_small, t
     cfg = tiny_config(decoder={**STT, "lambda_ic": 0.0, "lambda_para": 0.0})
     trainer = STTTrainer(cfg, synth_small, tmp_path, progress=False, log=quiet)
     batch, kind = batch_of(trainer)
-    images, ids_a, len_a, ids_b, len_b, img_idx = batch
+    images, ids_a, len_a, ids_b, len_b, img_idx, cap_idx = batch
     assert not torch.equal(ids_a, ids_b)                                 # caption B is another caption
     model = trainer.model
     loss = trainer.batch_loss(batch, kind, warm=False)
@@ -75,9 +75,9 @@ def test_decoder_writes_vocabulary_words_when_the_text_encoder_tokenises_itself(
     assert trainer.train_ids[0] != model.vocab.encode(texts[0])          # the encoder's ids are not words
     sample = trainer.make_loader(Stage("main", 1, 1e-3, 16, True), trainer.source(trainer.train_set, True),
                                  torch.Generator().manual_seed(0)).dataset
-    _, enc_a, target_b, img = sample[0]
+    _, enc_a, target_b, img, cap_a = sample[0]
     _, a, b = sample.triples[0]
-    assert enc_a == trainer.train_ids[a] and target_b == model.vocab.encode(texts[b])
+    assert cap_a == a and enc_a == trainer.train_ids[a] and target_b == model.vocab.encode(texts[b])
     assert model.vocab.decode(target_b) == " ".join(tokenize(texts[b]))
     trainer.run()
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -341,6 +341,42 @@ def test_decoder_trained_on_a_frozen_retrieval_space_keeps_its_retrieval(synth_s
     assert (r1["i2t"], r1["t2i"], r1["rsum"]) == (r0["i2t"], r0["t2i"], r0["rsum"])
     log = [json.loads(line) for line in (tmp_path / "stt" / "log.jsonl").read_text().splitlines()]
     assert log[0]["val"]["nll"]["ic"] > log[-1]["val"]["nll"]["ic"]      # the captioner learns
+
+
+def test_a_frozen_text_side_embeds_each_training_caption_once(synth_small, tmp_path):
+    """With ``train.freeze`` naming the text encoder and its projection, caption A's embedding comes from a table
+    made once before the stage; a step's loss and gradients are those of running the text encoder in the step."""
+    from training.train import train
+
+    train(tiny_config(train={"epochs": 1}), synth_small, tmp_path / "retrieval", progress=False, log=quiet)
+    frozen = ["image_proj", "text_encoder", "text_proj"]
+    cfg = tiny_config(decoder={**STT, "lambda_sim": 0.0},
+                      train={"epochs": 1, "sampling": "image", "freeze": frozen,
+                             "init_from": str(tmp_path / "retrieval" / "model.pt")})
+    trainer = STTTrainer(cfg, synth_small, tmp_path / "stt", progress=False, log=quiet)
+    model = trainer.model
+    batch, kind = batch_of(trainer)
+    table = trainer._fixed_captions
+    assert table is not None and table.shape == (len(trainer.train_ids), cfg["model"]["embed_dim"])
+    model.train()
+    for name in frozen:                       # as the trainer runs a stage: frozen modules in eval mode
+        getattr(model, name).eval()
+    losses, grads = [], []
+    for fixed in (table, None):
+        trainer._fixed_captions = fixed
+        model.zero_grad()
+        torch.manual_seed(0)                  # the same decoder dropout in both steps
+        loss = trainer.batch_loss(batch, kind, warm=False)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.decoder.parameters()]))
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    # a text side that trains is embedded in every step
+    trainable = STTTrainer(tiny_config(decoder=STT, train={"epochs": 1, "sampling": "image"}), synth_small,
+                           tmp_path / "joint", progress=False, log=quiet)
+    batch_of(trainable)
+    assert trainable._fixed_captions is None
 
 
 def test_init_from_and_freeze_refuse_what_cannot_work(synth_small, tmp_path):

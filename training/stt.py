@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 from training.models.model import load_checkpoint
-from .embed import (ImageSource, batch_features, embed_image_source, embed_texts,
+from .embed import (ImageSource, autocast, batch_features, embed_image_source, embed_texts,
                     image_inputs_to_embedding)
 from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer
@@ -52,7 +52,8 @@ def ordered_pairs(cap_to_img: list[int]) -> list[tuple[int, int, int]]:
 
 
 class TripleDataset(Dataset):
-    """``(image input, encoder ids of caption A, decoder word ids of caption B, image index)`` for each triple.
+    """``(image input, encoder ids of caption A, decoder word ids of caption B, image index, caption A's index)``
+    for each triple.
 
     ``caption_ids`` are what the text encoder reads, ``target_ids`` the vocabulary word ids the decoder writes;
     they are the same lists unless the encoder tokenises text itself (MiniLM's WordPiece, BiR's n-grams)."""
@@ -68,14 +69,15 @@ class TripleDataset(Dataset):
     def __getitem__(self, i: int):
         img, a, b = self.triples[i]
         image = self.source.data[img][1] if self.source.kind == "files" else self.source.data[img]
-        return image, self.caption_ids[a], self.target_ids[b], img
+        return image, self.caption_ids[a], self.target_ids[b], img, a
 
 
 def collate_triples(batch):
-    images, ids_a, ids_b, img_idx = zip(*batch)
+    images, ids_a, ids_b, img_idx, cap_idx = zip(*batch)
     a, len_a = pad_batch(list(ids_a))
     b, len_b = pad_batch(list(ids_b))
-    return torch.stack(images), a, len_a, b, len_b, torch.tensor(img_idx, dtype=torch.long)
+    return (torch.stack(images), a, len_a, b, len_b, torch.tensor(img_idx, dtype=torch.long),
+            torch.tensor(cap_idx, dtype=torch.long))
 
 
 class STTLoss(torch.nn.Module):
@@ -121,6 +123,7 @@ class STTTrainer(Trainer):
         self.triples = ordered_pairs(self.train_cap_to_img)
         self.target_ids = self.decoder_ids([c for r in self.train_set.images for c in r.captions], self.train_ids)
         self._parts: list[dict] = []
+        self._fixed_captions: torch.Tensor | None = None    # see fixed_caption_embeddings
 
     def decoder_ids(self, texts: list[str], encoder_ids: list[list[int]]) -> list[list[int]]:
         """The vocabulary word ids the decoder writes for ``texts``: ``encoder_ids`` themselves unless the text
@@ -132,16 +135,44 @@ class STTTrainer(Trainer):
     # --- training ----------------------------------------------------------------------------------
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         t = self.cfg["train"]
+        self._fixed_captions = self.fixed_caption_embeddings()
         data = TripleDataset(train_source, self.train_ids, self.triples, self.target_ids)
         sampler = self.sampler(data, [img for img, _, _ in self.triples], generator)
         return DataLoader(data, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_triples,
                           drop_last=len(sampler) > stage.batch_size,
                           num_workers=t["workers"] if train_source.kind == "files" else 0)
 
-    def embed_batch(self, images: torch.Tensor, kind: str, ids_a, len_a, img_idx, warm: bool):
+    @torch.no_grad()
+    def fixed_caption_embeddings(self, batch_size: int = 256) -> torch.Tensor | None:
+        """Every training caption's embedding, when the text side cannot change (``train.freeze`` names
+        ``text_encoder`` and ``text_proj``, e.g. the decoder stages on a finished model's space) and no attention
+        reads the words; else None. A frozen module runs in eval mode, so caption A's embedding is the same in
+        every step: it is computed once here (``(M, E)`` on the training device) instead of running the text
+        encoder, all of MiniLM's layers say, in every step."""
+        model = self.model
+        text = [p for m in (model.text_encoder, model.text_proj) for p in m.parameters()]
+        if model.attention is not None or any(p.requires_grad for p in text):
+            return None
+        if self._fixed_captions is not None:
+            return self._fixed_captions
+        modes = [(m, m.training) for m in (model.text_encoder, model.text_proj)]
+        for m, _ in modes:
+            m.eval()
+        out = []
+        for start in range(0, len(self.train_ids), batch_size):
+            ids, lengths = pad_batch(self.train_ids[start:start + batch_size])
+            with autocast(self.device, self.amp):
+                out.append(model.embed_texts(ids.to(self.device), lengths.to(self.device)))
+        for m, mode in modes:
+            m.train(mode)
+        return torch.cat(out)
+
+    def embed_batch(self, images: torch.Tensor, kind: str, ids_a, len_a, img_idx, warm: bool,
+                    cap_idx: torch.Tensor | None = None):
         """Image and caption-A embeddings of a batch and its ranking loss ``L_sim``."""
         model = self.model
-        cap_emb = model.embed_texts(ids_a, len_a)
+        fixed = self._fixed_captions
+        cap_emb = fixed[cap_idx] if fixed is not None and cap_idx is not None else model.embed_texts(ids_a, len_a)
         if model.attention is None:
             img_emb = image_inputs_to_embedding(model, kind, images)
             return img_emb, cap_emb, self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
@@ -156,8 +187,8 @@ class STTTrainer(Trainer):
         return img_emb, cap_emb, l_sim
 
     def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
-        images, ids_a, len_a, ids_b, len_b, img_idx = (x.to(self.device) for x in batch)
-        img_emb, cap_emb, l_sim = self.embed_batch(images, kind, ids_a, len_a, img_idx, warm)
+        images, ids_a, len_a, ids_b, len_b, img_idx, cap_idx = (x.to(self.device) for x in batch)
+        img_emb, cap_emb, l_sim = self.embed_batch(images, kind, ids_a, len_a, img_idx, warm, cap_idx)
         loss, parts = self.stt_loss(l_sim, self.model.decoder, img_emb, cap_emb, ids_b, len_b)
         self._parts.append(parts)
         return loss

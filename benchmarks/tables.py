@@ -206,14 +206,6 @@ def t_stt_cpu_teacher_forced() -> str:
                             "train wall"], cells, rows, data)
 
 
-def t_stt_cpu_shipped() -> str:
-    data = load("stt_cpu_shipped.json")
-    rows = data["rows"]
-    cells = [[r["stage"], r["steps"], f(r["rsum"]), r["decoding"], *stt_row_cells(r), r["train_wall"]] for r in rows]
-    return with_provenance(["stage", "steps (lr)", "R-sum", "decoding", *SCORE_HEADERS, "train wall"], cells, rows,
-                           data)
-
-
 def t_stt_cpu_scst() -> str:
     data = load("stt_cpu_scst.json")
     rows = data["rows"]
@@ -386,7 +378,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_synthetic": t_stt_synthetic,
     "stt_cpu_teacher_forced": t_stt_cpu_teacher_forced,
     "stt_cpu_scst": t_stt_cpu_scst,
-    "stt_cpu_shipped": t_stt_cpu_shipped,
     "stt_cpu_scst_curve": t_stt_cpu_scst_curve,
     "stt_cpu_nll_curve": t_stt_cpu_nll_curve,
     "stt_decoding_sweep": t_stt_decoding_sweep,

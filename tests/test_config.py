@@ -77,8 +77,16 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
     """configs/stt_flickr8k_frozen.yaml and _scst.yaml start from a configs/flickr8k.yaml model
     (train.init_from): their image section must give the same backbone and preprocessing, or init_from refuses."""
     root = Path(__file__).resolve().parents[1] / "configs"
-    shipped = load_config(root / "flickr8k.yaml")["image"]
+    shipped = load_config(root / "flickr8k.yaml")
     for name in ("stt_flickr8k_frozen.yaml", "stt_flickr8k_scst.yaml"):
-        image = load_config(root / name)["image"]
+        cfg = load_config(root / name)
         for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks", "extra_backbones"):
-            assert image[key] == shipped[key], (name, key)
+            assert cfg["image"][key] == shipped["image"][key], (name, key)
+        # the text tower and the space are loaded from the shipped model: same encoder, layers, pooling and width
+        # (token dropout only acts while the text tower trains, and these configs freeze it)
+        def inference_options(options):
+            return {k: v for k, v in options.items() if k != "token_dropout"}
+        assert cfg["text"]["encoder"] == shipped["text"]["encoder"], name
+        assert inference_options(cfg["text"]["options"]) == inference_options(shipped["text"]["options"]), name
+        assert cfg["model"] == shipped["model"], name
+        assert "text_encoder" in cfg["train"]["freeze"], name

@@ -73,6 +73,11 @@ def test_typed_config_names_the_misspelt_key_or_option_and_what_is_allowed():
         load_config(path)
 
 
+def _inference_options(options: dict) -> dict:
+    """Text options without token dropout, which only acts while the text tower trains (the STT configs freeze it)."""
+    return {k: v for k, v in options.items() if k != "token_dropout"}
+
+
 def test_decoder_configs_on_the_shipped_space_read_its_image_features():
     """configs/stt_flickr8k_frozen.yaml and _scst.yaml start from a configs/flickr8k.yaml model
     (train.init_from): their image section must give the same backbone and preprocessing, or init_from refuses."""
@@ -83,10 +88,7 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
         for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks", "extra_backbones"):
             assert cfg["image"][key] == shipped["image"][key], (name, key)
         # the text tower and the space are loaded from the shipped model: same encoder, layers, pooling and width
-        # (token dropout only acts while the text tower trains, and these configs freeze it)
-        def inference_options(options):
-            return {k: v for k, v in options.items() if k != "token_dropout"}
         assert cfg["text"]["encoder"] == shipped["text"]["encoder"], name
-        assert inference_options(cfg["text"]["options"]) == inference_options(shipped["text"]["options"]), name
+        assert _inference_options(cfg["text"]["options"]) == _inference_options(shipped["text"]["options"]), name
         assert cfg["model"] == shipped["model"], name
         assert "text_encoder" in cfg["train"]["freeze"], name

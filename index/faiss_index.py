@@ -49,6 +49,8 @@ import torch
 
 from training.models.similarity import build_similarity
 
+from .torch_search import TorchFlatSearch
+
 try:
     import faiss
 except ImportError as err:  # pragma: no cover - depends on the install
@@ -59,6 +61,8 @@ FLAT_LIMIT = 50_000          # below: exact Flat
 SQ_FROM = 1_000_000          # from here: IVF with 8-bit scalar quantisation
 TRAIN_PER_LIST = 64          # training sample: this many points per inverted list (FAISS warns below 39)
 ID_BYTES = 56                # per vector: its int64 id + its entry in the id hash table (measured: 50-55 bytes)
+GPU_MAX_K = 2048             # faiss-gpu returns at most this many results a query: deeper pages search the CPU index
+SEARCH_BACKENDS = ("auto", "faiss", "torch")
 ROLES = ("images", "captions")
 SIMILARITIES = ("cosine", "order")
 
@@ -154,6 +158,9 @@ class VectorIndex:
         if nprobe is not None:
             faiss.ParameterSpace().set_index_parameter(index, "nprobe", int(nprobe))
         self._search_index = index          # a GPU copy after to_device("cuda")
+        self._torch: TorchFlatSearch | None = None     # the torch search (to_device), else None
+        self._device: str | torch.device = "cpu"
+        self._backend_setting = "auto"
         self._exact: tuple[np.ndarray, torch.Tensor] | None = None   # order similarity: (ids, vectors)
 
     # --- construction -------------------------------------------------------------------------------------
@@ -197,30 +204,60 @@ class VectorIndex:
     def save(self, path: str | Path) -> None:
         faiss.write_index(self.index, str(path))
 
-    def to_device(self, device: str | torch.device) -> "VectorIndex":
-        """Search on the GPU (``index_cpu_to_gpu``) when ``device`` is CUDA and FAISS has GPU support; the CPU
-        index stays the one that is updated and saved. Same results within float tolerance."""
-        if torch.device(device).type != "cuda" or self.similarity == "order":
-            self._search_index = self.index      # order: scored in torch on the model's device instead
+    def to_device(self, device: str | torch.device, backend: str = "auto") -> "VectorIndex":
+        """Where searches run. ``backend`` ``auto``: on a CUDA ``device``, FAISS's GPU index
+        (``index_cpu_to_gpu``) when FAISS has GPU support, else a ``Flat`` index as chunked matmul + top-k in
+        torch on the GPU (:class:`~index.torch_search.TorchFlatSearch`), else (IVF, PQ, … with faiss-cpu) the
+        CPU index; on the CPU, the CPU index. ``faiss``: FAISS only (GPU when it can). ``torch``: the torch
+        search on ``device``, for ``Flat`` indexes. The CPU index stays the one that is updated and saved. Same
+        results within float tolerance; :attr:`backend` names the one in use."""
+        if backend not in SEARCH_BACKENDS:
+            raise ValueError(f"search backend must be one of {SEARCH_BACKENDS}, not {backend!r}")
+        self._device, self._backend_setting = device, backend
+        self._search_index, self._torch = self.index, None
+        dev = torch.device(device)
+        if self.similarity == "order":       # scored in torch by the similarity itself (_search_exact)
             return self
-        if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-            warnings.warn("FAISS has no GPU support here (faiss-cpu, or no GPU visible to FAISS): the index is "
-                          "searched on the CPU (install jointspace[gpu] for GPU search)", RuntimeWarning, stacklevel=2)
-            self._search_index = self.index
+        flat = self._flat()
+        faiss_gpu = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+        if backend == "torch" or (backend == "auto" and dev.type == "cuda" and not faiss_gpu and flat is not None):
+            if flat is None:
+                raise ValueError(f"the torch search backend searches Flat indexes only, not {self.factory!r}")
+            vectors = flat.reconstruct_n(0, flat.ntotal) if flat.ntotal else np.zeros((0, self.dim), np.float32)
+            self._torch = TorchFlatSearch(vectors, self.ids(), dev)
             return self
-        if torch.device(device).index is None and faiss.get_num_gpus() > 1:
+        if dev.type != "cuda":
+            return self
+        if not faiss_gpu:
+            warnings.warn(f"FAISS has no GPU support here (faiss-cpu, or no GPU visible to FAISS): the "
+                          f"{self.factory!r} index is searched on the CPU (install jointspace[gpu] for GPU search; "
+                          f"Flat indexes are searched on the GPU in torch)", RuntimeWarning, stacklevel=2)
+            return self
+        if dev.index is None and faiss.get_num_gpus() > 1:
             # every GPU of the host holds a shard (IndexShards); not run by the test suite (no multi-GPU host)
             options = faiss.GpuMultipleClonerOptions()
             options.shard = True
             self._search_index = faiss.index_cpu_to_all_gpus(self.index, co=options)
         else:
             self._gpu_resources = faiss.StandardGpuResources()
-            self._search_index = faiss.index_cpu_to_gpu(self._gpu_resources, torch.device(device).index or 0,
-                                                         self.index)
+            self._search_index = faiss.index_cpu_to_gpu(self._gpu_resources, dev.index or 0, self.index)
         if self.nprobe is not None:
             faiss.GpuParameterSpace().set_index_parameter(self._search_index, "nprobe", int(self.nprobe))
-        self._device = device
         return self
+
+    @property
+    def backend(self) -> str:
+        """What searches run on: ``faiss-cpu``, ``faiss-gpu``, ``torch-cuda-fp16``, ``torch-cpu-fp32``, …"""
+        if self._torch is not None:
+            return self._torch.name
+        return "faiss-cpu" if self._search_index is self.index else "faiss-gpu"
+
+    def _flat(self):
+        """The ``IndexFlat`` inside a ``Flat`` index's id map; None for any other type."""
+        if not isinstance(self.index, faiss.IndexIDMap2):
+            return None
+        inner = faiss.downcast_index(self.index.index)
+        return inner if isinstance(inner, faiss.IndexFlat) else None
 
     # --- updates ------------------------------------------------------------------------------------------
     def add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
@@ -245,8 +282,8 @@ class VectorIndex:
 
     def _changed(self) -> None:
         self._exact = None
-        if self._search_index is not self.index:
-            self.to_device(self._device)
+        if self._search_index is not self.index or self._torch is not None:
+            self.to_device(self._device, self._backend_setting)
 
     # --- reads --------------------------------------------------------------------------------------------
     @property
@@ -291,9 +328,12 @@ class VectorIndex:
             exclude = None
         if self.similarity == "order":
             return self._search_exact(queries, k, ids, exclude)
+        if self._torch is not None:
+            return self._torch.search(queries, k, only=ids, exclude=exclude)
         if ids is None and exclude is None:
-            return self._search_index.search(queries, k)
-        if exclude is not None and self._search_index is not self.index and k + len(exclude) <= 2048:
+            # a page deeper than faiss-gpu returns is searched on the CPU index
+            return (self._search_index if k <= GPU_MAX_K else self.index).search(queries, k)
+        if exclude is not None and self._search_index is not self.index and k + len(exclude) <= GPU_MAX_K:
             # a GPU index takes no selector: ask for k more than may be excluded, then drop the excluded
             scores, found = self._search_index.search(queries, k + len(exclude))
             return _drop(scores, found, exclude, k)

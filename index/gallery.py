@@ -92,10 +92,11 @@ class Gallery:
 
     @classmethod
     def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu", readonly: bool = True,
-             mmap: bool = False, previous: "Gallery | None" = None) -> "Gallery":
+             mmap: bool = False, previous: "Gallery | None" = None, backend: str = "auto") -> "Gallery":
         """Loads the live generation. With ``model``, refuses an index built with another model. ``mmap``:
         memory-map the FAISS files instead of reading them (see ``VectorIndex.load``). ``previous``: a loaded
-        generation of the same index whose segments are taken as they are, not read again."""
+        generation of the same index whose segments are taken as they are, not read again. ``backend``: what
+        searches run on (``VectorIndex.to_device``: ``auto``, ``faiss`` or ``torch``)."""
         root = Path(root)
         generation = current_generation(root)
         gen_dir = root / generation
@@ -104,7 +105,7 @@ class Gallery:
             check_model(manifest, model, root)
         sim, key = manifest["similarity"], manifest.get("index_id", "")
         images, captions = (SegmentedIndex.load(gen_dir, role, sim, manifest[role], key, mmap=mmap, device=device,
-                                                previous=getattr(previous, role, None))
+                                                previous=getattr(previous, role, None), backend=backend)
                             for role in ("images", "captions"))
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
         return cls(root, generation, manifest, images, captions, meta)

@@ -70,25 +70,29 @@ class SegmentedIndex:
         self.segments, self.deleted, self.key = segments, np.sort(deleted.astype(np.int64)), key
         self._deleted_set = set(self.deleted.tolist())
         self._mmap = False
+        self._placement = ("cpu", "auto")      # (device, backend) the segments were loaded for
 
     @classmethod
     def load(cls, gen_dir: Path, role: str, similarity: str, entry: dict, key: str = "", mmap: bool = False,
-             device: str | torch.device = "cpu", previous: "SegmentedIndex | None" = None) -> "SegmentedIndex":
+             device: str | torch.device = "cpu", previous: "SegmentedIndex | None" = None,
+             backend: str = "auto") -> "SegmentedIndex":
         """Loads a generation's segments. ``key`` names the index the files belong to (a segment file's name is
         unique within it); a segment of ``previous`` with the same key and name is taken as it is, not read
-        again (segments never change). ``mmap``: see :meth:`VectorIndex.load`."""
+        again (segments never change). ``mmap``: see :meth:`VectorIndex.load`; ``backend``: see
+        :meth:`VectorIndex.to_device`."""
         reuse = {}
-        if previous is not None and key and previous.key == key and previous._mmap == mmap:
+        if (previous is not None and key and previous.key == key and previous._mmap == mmap
+                and previous._placement == (str(device), backend)):
             reuse = dict(previous.segments)
         segments = []
         for seg in segment_files(entry, role):
             index = reuse.get(seg["file"])
             if index is None:
                 index = VectorIndex.load(gen_dir / seg["file"], role, similarity, entry["factory"],
-                                         entry["nprobe"], mmap=mmap).to_device(device)
+                                         entry["nprobe"], mmap=mmap).to_device(device, backend)
             segments.append((seg["file"], index))
         out = cls(role, similarity, entry["factory"], entry["nprobe"], segments, read_deleted(gen_dir, role), key)
-        out._mmap = mmap
+        out._mmap, out._placement = mmap, (str(device), backend)
         return out
 
     # --- reads --------------------------------------------------------------------------------------------
@@ -100,10 +104,18 @@ class SegmentedIndex:
     def ntotal(self) -> int:
         return sum(index.ntotal for _, index in self.segments) - len(self.deleted)
 
-    def to_device(self, device: str | torch.device) -> "SegmentedIndex":
+    def to_device(self, device: str | torch.device, backend: str = "auto") -> "SegmentedIndex":
         for _, index in self.segments:
-            index.to_device(device)
+            index.to_device(device, backend)
+        self._placement = (str(device), backend)
         return self
+
+    @property
+    def backend(self) -> str:
+        """The search backend of the segments (``VectorIndex.backend``), e.g. ``faiss-cpu`` or
+        ``torch-cuda-fp16``; several joined with ``+`` when they differ."""
+        names = sorted({index.backend for _, index in self.segments})
+        return "+".join(names) if names else "none"
 
     def reconstruct(self, id_: int) -> np.ndarray:
         if int(id_) in self._deleted_set:

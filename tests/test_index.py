@@ -287,12 +287,13 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
 
 
 def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
-    """Where FAISS has no GPU support (faiss-cpu, as in CI) a CUDA device still searches, on the CPU, and says so.
-    (The faiss-gpu path, index_cpu_to_gpu, needs a GPU machine; none is available to these tests.)"""
+    """Where FAISS has no GPU support (faiss-cpu, as in CI) a CUDA device still searches an IVF index, on the CPU,
+    and says so (a Flat one is searched in torch on the GPU: tests/test_torch_search.py). (The faiss-gpu path,
+    index_cpu_to_gpu, needs a GPU machine; none is available to these tests.)"""
     import faiss
 
     x = _clustered(300, 16, 3)
-    index = VectorIndex.create(16, "images", "cosine", "Flat")
+    index = VectorIndex.create(16, "images", "cosine", "IVF4,Flat", train_vectors=x, nprobe=4)
     index.add(x, np.arange(300))
     expected = index.search(x[:5], 4)
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
@@ -302,6 +303,7 @@ def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
             index.to_device("cuda")
     got = index.search(x[:5], 4)
     assert np.array_equal(got[1], expected[1]) and np.allclose(got[0], expected[0], atol=1e-5)
+    assert index.backend == ("faiss-gpu" if faiss.get_num_gpus() > 0 else "faiss-cpu")
 
 
 def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):

@@ -1,0 +1,113 @@
+"""Exact search in torch (the GPU search without faiss-gpu), run here on the CPU: the same ids and scores as
+FAISS's Flat index — filtered, with tombstones, across segments, in chunks, and deeper than faiss-gpu's 2,048."""
+import numpy as np
+import pytest
+import torch
+
+from index.faiss_index import VectorIndex
+from index.gallery import Gallery, add_vectors, build_from_vectors, remove
+from index.torch_search import TorchFlatSearch, float16_fits
+
+DIM = 24
+FP = "f" * 64
+
+
+def _unit(n, seed, dim=DIM):
+    x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _flat(n=3000, seed=0):
+    index = VectorIndex.create(DIM, "images", "cosine", "Flat")
+    ids = np.random.default_rng(seed + 1).permutation(10 * n)[:n]          # sparse, unordered ids
+    index.add(_unit(n, seed), ids)
+    return index, ids
+
+
+def _same(a, b, atol=1e-5):
+    (sa, ia), (sb, ib) = a, b
+    assert ia.shape == ib.shape and (ia == ib).all()
+    assert np.allclose(sa[ia >= 0], sb[ib >= 0], atol=atol)
+
+
+def _same_hits(got, want):
+    assert [[i for i, _ in h] for h in got] == [[i for i, _ in h] for h in want]
+    assert np.allclose([[s for _, s in h] for h in got], [[s for _, s in h] for h in want], atol=1e-5)
+
+
+def test_torch_backend_returns_faiss_flat_ids_and_scores():
+    index, ids = _flat()
+    q = _unit(9, 42)
+    want = index.search(q, 25)
+    assert index.backend == "faiss-cpu"
+    index.to_device("cpu", "torch")
+    assert index.backend == "torch-cpu-fp32"
+    _same(index.search(q, 25), want)
+    index.to_device("cpu", "faiss")
+    assert index.backend == "faiss-cpu"
+
+
+def test_torch_backend_filters_and_tombstones_inside_the_search():
+    index, ids = _flat()
+    q = _unit(5, 7)
+    only = ids[::7]
+    deleted = ids[:1500]
+    want_only, want_excl = index.search(q, 40, ids=only), index.search(q, 40, exclude=deleted)
+    index.to_device("cpu", "torch")
+    _same(index.search(q, 40, ids=only), want_only)
+    _same(index.search(q, 40, exclude=deleted), want_excl)
+    assert not np.isin(index.search(q, 40, exclude=deleted)[1], deleted).any()
+    # fewer ids pass than k: the rest is -1 padding, as FAISS pads
+    scores, found = index.search(q, 10, ids=ids[:3])
+    assert (found[:, :3] >= 0).all() and found.shape == (5, 3)
+
+
+def test_chunked_search_equals_one_matmul_and_pages_go_deeper_than_faiss_gpu():
+    vectors, ids = _unit(5000, 3), np.arange(5000) * 3
+    q = _unit(4, 11)
+    whole = TorchFlatSearch(vectors, ids, "cpu")
+    chunked = TorchFlatSearch(vectors, ids, "cpu", scratch_bytes=4 * 4 * 700)     # 700 rows a chunk
+    exclude = ids[1::2]
+    _same(chunked.search(q, 3000), whole.search(q, 3000))                       # k > 2,048
+    _same(chunked.search(q, 100, exclude=exclude), whole.search(q, 100, exclude=exclude))
+    scores, found = whole.search(q, 3000)
+    exact = q @ vectors.T
+    assert np.allclose(scores, -np.sort(-exact, axis=1)[:, :3000], atol=1e-5)
+    assert (np.diff(scores, axis=1) <= 1e-7).all()                              # best first
+
+
+def test_float16_only_where_scores_stay_within_tolerance():
+    assert float16_fits(torch.from_numpy(_unit(500, 1, dim=64))) == torch.float16
+    # long vectors: float16 rounding is far above 1e-3 in the score
+    assert float16_fits(torch.from_numpy(100 * _unit(500, 1, dim=64))) == torch.float32
+    half = TorchFlatSearch(_unit(800, 2), np.arange(800), "cpu", dtype=torch.float16)
+    full = TorchFlatSearch(_unit(800, 2), np.arange(800), "cpu")
+    q = _unit(6, 5)
+    assert half.name == "torch-cpu-fp16"
+    assert np.abs(half.search(q, 10)[0] - full.search(q, 10)[0]).max() <= 1e-3
+
+
+def test_torch_backend_needs_a_flat_index():
+    index = VectorIndex.create(DIM, "images", "cosine", "IVF4,Flat", train_vectors=_unit(400, 0))
+    with pytest.raises(ValueError, match="Flat indexes only"):
+        index.to_device("cpu", "torch")
+    with pytest.raises(ValueError, match="search backend must be one of"):
+        index.to_device("cpu", "gpu")
+
+
+def test_segments_with_tombstones_search_alike_on_both_backends(tmp_path):
+    root = tmp_path / "index"
+    build_from_vectors(root, FP, "cosine", _unit(400, 0), np.arange(400), [(f"/p/{i}.jpg", None) for i in range(400)],
+                       _unit(30, 99), [(f"caption {i}", None) for i in range(30)], factory="Flat")
+    add_vectors(root, FP, _unit(300, 5), [(f"/q/{i}.jpg", None) for i in range(300)])
+    remove(root, image_ids=list(range(0, 700, 29)))          # a few tombstones: no compaction
+    q = _unit(8, 21)
+    faiss_side = Gallery.load(root, backend="faiss")
+    torch_side = Gallery.load(root, backend="torch")
+    assert len(torch_side.images.segments) == 2 and len(torch_side.images.deleted) > 0
+    assert torch_side.images.backend == "torch-cpu-fp32" and faiss_side.images.backend == "faiss-cpu"
+    _same_hits(torch_side.search_images(q, 50), faiss_side.search_images(q, 50))
+    allowed = np.arange(1, 700, 2)
+    got = torch_side.search_images(q, 20, allowed=allowed, offset=5)
+    _same_hits(got, faiss_side.search_images(q, 20, allowed=allowed, offset=5))
+    assert all(i % 29 and i % 2 for hits in got for i, _ in hits)

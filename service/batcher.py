@@ -5,7 +5,8 @@ more until it holds ``max_batch`` or ``max_wait_ms`` have passed since it took t
 whole batch in a thread executor (so the event loop keeps accepting requests while the model runs) and
 resolves each request's future with its own result. While a batch runs, new requests queue up and form the
 next batch, so under load batches fill without waiting. A full queue refuses at once (:class:`QueueFull`,
-answered 503 + Retry-After) rather than growing memory.
+answered 503 + Retry-After) rather than growing memory. When a batch fails, each of its requests is run again on
+its own, so one bad request fails alone and never takes the other requests of its batch with it.
 
 Waiting is adaptive when the batcher is told how many requests are on their way (``pending``: requests the
 server has received for this batcher, counting the queued ones — e.g. still being parsed or decoded): once
@@ -119,6 +120,24 @@ class DynamicBatcher(Generic[T, R]):
                 break
         return batch
 
+    async def _one_by_one(self, batch: list) -> None:
+        """Runs each request of a failed batch on its own, so that one bad request fails alone and the others of
+        its batch still get their results."""
+        loop = asyncio.get_running_loop()
+        for item, fut in batch:
+            if fut.done():
+                continue
+            try:
+                result = await loop.run_in_executor(self.executor, self.fn, [item])
+                if len(result) != 1:
+                    raise RuntimeError(f"{self.name}: {len(result)} results for 1 request")
+            except Exception as err:  # noqa: BLE001 - this request's own error
+                if not fut.done():
+                    fut.set_exception(err)
+                continue
+            if not fut.done():
+                fut.set_result(result[0])
+
     async def _run(self, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -142,10 +161,12 @@ class DynamicBatcher(Generic[T, R]):
                 results = await loop.run_in_executor(self.executor, self.fn, [item for item, _ in batch])
                 if len(results) != len(batch):
                     raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} requests")
-            except Exception as err:  # noqa: BLE001 - every waiting request gets the error
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(err)
+            except Exception as err:  # noqa: BLE001 - the batch failed: find the request(s) that made it fail
+                if len(batch) == 1:
+                    if not batch[0][1].done():
+                        batch[0][1].set_exception(err)
+                else:
+                    await self._one_by_one(batch)
                 continue
             if self.metrics is not None:
                 self.metrics.batch_size.labels(self.name).observe(len(batch))

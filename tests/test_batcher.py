@@ -34,23 +34,29 @@ def test_concurrent_items_are_batched_up_to_max_batch_and_answered_in_order():
     assert sorted(x for batch in seen for x in batch) == list(range(30))          # each item exactly once
 
 
-def test_an_error_reaches_every_request_of_its_batch_and_the_batcher_goes_on():
+def test_a_failing_request_fails_alone_and_the_rest_of_its_batch_is_answered():
+    calls = []
+
     def fail_on_13(items):
+        calls.append(list(items))
         if 13 in items:
-            raise ValueError("bad batch")
-        return list(items)
+            raise ValueError("bad request 13")
+        return [x * 10 for x in items]
 
     async def main():
         with ThreadPoolExecutor(1) as pool:
-            b = DynamicBatcher(fail_on_13, pool, max_batch=4, max_wait_ms=20)
+            b = DynamicBatcher(fail_on_13, pool, max_batch=8, max_wait_ms=50)
             await b.start()
-            first = await asyncio.gather(*(b.submit(i) for i in (12, 13)), return_exceptions=True)
+            first = await asyncio.gather(*(b.submit(i) for i in (11, 12, 13, 14)), return_exceptions=True)
             after = await b.submit(7)
             await b.stop()
             return first, after
 
     first, after = _run(main())
-    assert all(isinstance(r, ValueError) for r in first) and after == 7
+    assert first[:2] == [110, 120] and first[3] == 140 and after == 70
+    assert isinstance(first[2], ValueError) and "13" in str(first[2])
+    assert calls[0] == [11, 12, 13, 14]                 # tried as one batch first, then each on its own
+    assert [11] in calls and [13] in calls
 
 
 def test_full_queue_refuses_at_once():

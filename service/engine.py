@@ -9,6 +9,8 @@ model allows it, float32 on CPU — and so do query composition and the decoder.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,8 +19,11 @@ import torch
 
 from index.query import page
 from training.compose import compose_query
-from training.embed import embed_pixels, embed_texts, pixel_features
+from training.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
 from training.generate import caption_embeddings, decode_settings, identical_to
+from training.shapes import Shapes
+
+log = logging.getLogger("jointspace.service")
 
 Generated = list[tuple[str, float]]
 
@@ -57,16 +62,37 @@ def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> 
 
 
 class Engine:
-    def __init__(self, model, gallery):
-        """``model`` on the device it runs on (its parameters' device is where the batches go)."""
-        self.model, self.gallery = model, gallery
+    def __init__(self, model, gallery, shapes: Shapes | None = None):
+        """``model`` on the device it runs on (its parameters' device is where the batches go). ``shapes``: the
+        batch sizes every forward pass runs at (training/shapes.py); None: each batch at its own size."""
+        self.model, self.gallery, self.shapes = model, gallery, shapes
 
     def _text_vectors(self, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
-        """Sentences (each minus its own words) → vectors on the device, one forward pass."""
-        return embed_texts(self.model, texts, subtract, batch_size=max(len(texts), 1))
+        """Sentences (each minus its own words) → vectors on the device, one forward pass (per bucket)."""
+        return embed_texts(self.model, texts, subtract, batch_size=max(len(texts), 1), shapes=self.shapes)
 
     def _pixel_vectors(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
-        return embed_pixels(self.model, torch.stack(list(pixels)))
+        return embed_pixels(self.model, torch.stack(list(pixels)), shapes=self.shapes)
+
+    def warm_up(self, sizes: Sequence[int]) -> float:
+        """Runs the text and image searches once at each batch size of ``sizes`` (and the decoder, when the model
+        has one, at the smallest), so that no request pays a shape's first-call cost (seconds on a GPU: kernel
+        selection and compilation). Query composition runs the same image backbone at the same sizes. A route
+        whose warm-up fails is logged and left for its requests to report. Returns the seconds it took."""
+        start = time.perf_counter()
+        pre = self.model.preprocess
+        blank = torch.zeros(pre.crops, pre.channels, pre.image_size, pre.image_size, dtype=torch.uint8)
+        runs = {"text search": lambda n: self.search_texts([(PAD_TEXT, 1)] * n),
+                "image search": lambda n: self.search_pixels([(blank, 1)] * n)}
+        if getattr(self.model, "decoder", None) is not None and sizes:
+            runs["captioning"] = lambda n: self.caption_pixels([(blank, 1, None)] * n) if n == min(sizes) else None
+        for route, run in runs.items():
+            try:
+                for size in sizes:
+                    run(size)
+            except Exception as err:  # noqa: BLE001 - the route's own requests will say what is wrong
+                log.warning("warm-up of the %s failed: %s: %s", route, type(err).__name__, err)
+        return time.perf_counter() - start
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Sentences → text embeddings, one forward pass."""
@@ -103,7 +129,7 @@ class Engine:
         of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
         then one index search."""
         gallery = self.gallery
-        features = pixel_features(self.model, torch.stack([p for p, *_ in items]))
+        features = pixel_features(self.model, torch.stack([p for p, *_ in items]), shapes=self.shapes)
         queries = torch.stack([compose_query(self.model, f, add, subtract)
                                for f, (_, add, subtract, _) in zip(features, items)])
         return _paged(gallery, "images", queries.float().cpu().numpy(), [options(o) for *_, o in items])

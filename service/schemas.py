@@ -76,3 +76,8 @@ class Ready(BaseModel):
     max_k: int | None = Field(None, description="the largest k a search may ask for")
     similarity: str | None = Field(None, description="the model's similarity (cosine: scores from -1 to 1; order: "
                                                      "at most 0), which bounds min_score")
+    search_backend: str | None = Field(None, description="what searches the index: faiss-cpu, faiss-gpu, or exact "
+                                                         "matmul + top-k in torch (torch-cuda-fp16, …)")
+    batch_sizes: list[int] | None = Field(None, description="the batch sizes the encoders run at (none: any)")
+    warmup_seconds: float | None = Field(None, description="how long running each warmed batch size took before "
+                                                           "ready")

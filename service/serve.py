@@ -32,6 +32,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after it "
                                                      "arrived is answered 503 + Retry-After, not computed; 0 = none "
                                                      "(env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--batch-sizes", help="the batch sizes forward passes run at: auto (powers of two up to "
+                                         "--max-batch) or e.g. 1,4,16,64 (env JOINTSPACE_BATCH_SIZES)")
+    p.add_argument("--bucket-mode", choices=["auto", "pad", "split", "off"],
+                   help="how batches reach those sizes (env JOINTSPACE_BUCKET_MODE, default auto)")
+    p.add_argument("--warmup", choices=["auto", "all", "smallest", "off"],
+                   help="batch sizes run before /readyz says ready (env JOINTSPACE_WARMUP, default auto: all on "
+                        "CUDA, the smallest on the CPU)")
+    p.add_argument("--search-backend", choices=["auto", "faiss", "torch"],
+                   help="what searches the index (env JOINTSPACE_SEARCH_BACKEND, default auto)")
     p.add_argument("--index-mmap", dest="index_mmap", action="store_const", const=True,
                    help="memory-map the index files instead of reading them into RAM (env JOINTSPACE_INDEX_MMAP)")
     p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),
@@ -95,7 +104,7 @@ def cmd_serve(args) -> int:
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
     gallery = Gallery.load(settings.index, model=model, device=device,     # refuses another model's index
-                           mmap=settings.index_mmap)
+                           mmap=settings.index_mmap, backend=settings.search_backend)
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     host = f"[{host}]" if ":" in host else host
     print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "

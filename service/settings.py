@@ -5,8 +5,10 @@ Every field reads the environment variable ``JOINTSPACE_<FIELD NAME IN CAPITALS>
 """
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from training.shapes import bucket_sizes
 
 
 class Settings(BaseSettings):
@@ -23,6 +25,21 @@ class Settings(BaseSettings):
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")
     max_wait_ms: float = Field(2.0, ge=0, le=1000,
                                description="longest a request waits for others to join its batch")
+    # shape discipline (training/shapes.py): the encoders see only these batch sizes, each warmed before ready
+    batch_sizes: str = Field("auto", description="the batch sizes forward passes run at: auto (1, 2, 4, … up to "
+                                                 "max_batch, and max_batch) or comma-separated sizes including 1")
+    bucket_mode: str = Field("auto", pattern="^(auto|pad|split|off)$",
+                             description="how a batch reaches those sizes: pad (one pass at the next size up, the "
+                                         "extra rows dropped), split (passes that add up exactly), auto (images "
+                                         "padded on CUDA and split on the CPU, texts padded), off (any size)")
+    warmup: str = Field("auto", pattern="^(auto|all|smallest|off)$",
+                        description="batch sizes run once before /readyz says ready: all, the smallest, none, or "
+                                    "auto (all on CUDA, where each new shape costs seconds on its first call; the "
+                                    "smallest on the CPU)")
+    search_backend: str = Field("auto", pattern="^(auto|faiss|torch)$",
+                                description="what searches the index: auto (FAISS, on the GPU with faiss-gpu; a Flat "
+                                            "index on a CUDA device without faiss-gpu: matmul + top-k in torch), "
+                                            "faiss, or torch (Flat indexes only)")
     # load shedding
     max_queue: int = Field(256, ge=1, description="most requests the model holds at once (being read and decoded, "
                                                   "waiting for a batch, or computed); one more is answered 503 + "
@@ -47,6 +64,11 @@ class Settings(BaseSettings):
                                                 "vectors, searches read pages from disk or the page cache")
     reload_interval_s: float = Field(2.0, ge=0, description="how often to look for a new index generation "
                                                              "(written by jointspace index add/remove); 0 = never")
+
+    @model_validator(mode="after")
+    def _batch_sizes_fit(self) -> Settings:
+        bucket_sizes(self.batch_sizes, self.max_batch)       # ValueError naming what is wrong
+        return self
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -20,6 +20,8 @@ from index.gallery import Gallery, current_generation, read_manifest
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding, load_model
 from training.pretrained import resolve
+from training.shapes import Shapes
+from training.shapes import resolve as resolve_shapes
 
 from .batcher import DynamicBatcher
 from .contract import request_forms, request_models
@@ -66,7 +68,12 @@ class ServiceState:
         self.model, self.gallery = model, gallery
         self.engine: Engine | None = None
         self.error: str | None = None
+        self.phase = "loading"              # loading → warming up → ready (or the error)
+        self.warmup_seconds: float | None = None
         self.device = resolve_device(settings.device)
+        max_batch = settings.max_batch if settings.batching else 1
+        self.shapes: Shapes | None = resolve_shapes(settings.batch_sizes if settings.batching else "1", max_batch,
+                                                    settings.bucket_mode, self.device.type)
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
@@ -115,6 +122,18 @@ class ServiceState:
     @property
     def ready(self) -> bool:
         return self.engine is not None
+
+    def warmup_sizes(self) -> tuple[int, ...]:
+        """The batch sizes run before ready (``settings.warmup``; auto: all on CUDA, the smallest on the CPU)."""
+        sizes = self.shapes.sizes if self.shapes is not None else (1,)
+        mode = self.settings.warmup
+        if mode == "auto":
+            mode = "all" if self.device.type == "cuda" else "smallest"
+        return {"all": sizes, "smallest": sizes[:1], "off": ()}[mode]
+
+    @property
+    def search_backend(self) -> str:
+        return self.gallery.images.backend if self.gallery is not None else "none"
 
     @property
     def loaded(self) -> Loaded:
@@ -174,6 +193,7 @@ class ServiceState:
                 self.model = await loop.run_in_executor(self.compute_pool, load_model, model_file, self.device)
             else:
                 self.model = self.model.to(self.device).eval()
+            model = self.model
             gallery = self.gallery
             if gallery is None:
                 if not self.settings.index:
@@ -187,7 +207,15 @@ class ServiceState:
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
-            self.engine = Engine(self.model, gallery)
+            engine = Engine(model, gallery, self.shapes)
+            sizes = self.warmup_sizes()
+            self.phase = "warming up"
+            self.warmup_seconds = await loop.run_in_executor(self.compute_pool, engine.warm_up, sizes)
+            log.info("warm-up: batch sizes %s of the text and image searches in %.1f s (device %s, search backend "
+                     "%s)", ",".join(map(str, sizes)) or "none", self.warmup_seconds, self.device,
+                     gallery.images.backend)
+            self.engine = engine
+            self.phase = "ready"
             self._count_vectors(gallery)
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
             # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of
@@ -205,7 +233,7 @@ class ServiceState:
     def _open_gallery(self, root: str | Path) -> Gallery:
         # the segments the loaded generation shares with the new one are taken as they are, not read again
         gallery = Gallery.load(root, model=self.model, device=self.device, mmap=self.settings.index_mmap,
-                               previous=self.gallery)
+                               previous=self.gallery, backend=self.settings.search_backend)
         gallery.photos          # the photo table for filters and result metadata, read here, off the event loop
         return gallery
 

@@ -40,8 +40,10 @@ from training.data.features import ImageFiles, extract_features, load_pixels
 from training.data.preprocess import open_image
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
+from training.shapes import Shapes, plan
 
 PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
+PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
 
 
 @dataclass
@@ -127,22 +129,56 @@ def inference_autocast(model, device: torch.device | None = None):
     return autocast(device, model_allows_amp(model))
 
 
+def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, shapes: Shapes | None,
+              ) -> torch.Tensor:
+    """``fn`` over uint8 ``pixels`` ``(B, ...)`` at the bucket sizes of ``shapes`` (training/shapes.py): zero
+    images pad a chunk to its size and their rows are dropped, so every call sees a bucket's shape."""
+    if shapes is None or not len(pixels):
+        return fn(pixels)
+    out = []
+    for chunk in plan(len(pixels), shapes.sizes, shapes.images):
+        part = pixels[chunk.start:chunk.start + chunk.count]
+        if chunk.size > chunk.count:
+            part = torch.cat([part, part.new_zeros((chunk.size - chunk.count, *part.shape[1:]))])
+        out.append(fn(part)[:chunk.count])
+    return torch.cat(out)
+
+
 @torch.no_grad()
-def embed_pixels(model, pixels: torch.Tensor) -> torch.Tensor:
+def embed_pixels(model, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` (``model.preprocess.pixels``, stacked) → image embeddings ``(B, E)``,
-    float32 on the model's device. The caller puts the model in eval mode."""
+    float32 on the model's device, every forward pass at a bucket size of ``shapes`` when given. The caller puts
+    the model in eval mode."""
     device = device_of(model)
-    with inference_autocast(model, device):
-        return model.embed_images(model.preprocess.normalize(pixels.to(device, non_blocking=True))).float()
+
+    def run(batch: torch.Tensor) -> torch.Tensor:
+        with inference_autocast(model, device):
+            return model.embed_images(model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
+    return _bucketed(run, pixels, shapes)
+
+
+def _project_texts(model, texts: list[str], device: torch.device, shapes: Shapes | None) -> torch.Tensor:
+    """Sentences → projected (not yet normalised) text vectors, one forward pass per bucket chunk."""
+    chunks = plan(len(texts), shapes.sizes, shapes.texts) if shapes is not None and texts else []
+    if not chunks:
+        ids, lengths = pad_batch(model.encode_text_ids(texts))
+        return model.project_texts(ids.to(device), lengths.to(device))
+    out = []
+    for chunk in chunks:
+        part = texts[chunk.start:chunk.start + chunk.count] + [PAD_TEXT] * (chunk.size - chunk.count)
+        ids, lengths = pad_batch(model.encode_text_ids(part))
+        out.append(model.project_texts(ids.to(device), lengths.to(device))[:chunk.count])
+    return torch.cat(out)
 
 
 @torch.no_grad()
 def embed_texts(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] = (), batch_size: int = 256,
-                progress: bool = False) -> torch.Tensor:
+                progress: bool = False, shapes: Shapes | None = None) -> torch.Tensor:
     """Sentences → text embeddings ``(n, E)``, float32 on the model's device, ``batch_size`` sentences a forward
-    pass. With ``subtract`` (one list of words or phrases per sentence): ``normalise(r(text) − Σ r(w))`` in the
-    common space, as query composition does for an image (W2VV §IV-C); a sentence without words to subtract gets
-    exactly its sentence embedding. The caller puts the model in eval mode."""
+    pass (with ``shapes``: each at a bucket size, padded with :data:`PAD_TEXT`). With ``subtract`` (one list of
+    words or phrases per sentence): ``normalise(r(text) − Σ r(w))`` in the common space, as query composition
+    does for an image (W2VV §IV-C); a sentence without words to subtract gets exactly its sentence embedding.
+    The caller puts the model in eval mode."""
     device = device_of(model)
     words = [list(w) for w in subtract] if subtract else [[] for _ in texts]
     if len(words) != len(texts):
@@ -152,9 +188,8 @@ def embed_texts(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] =
                       disable=not progress or len(texts) <= batch_size):
         batch, minus = list(texts[start:start + batch_size]), words[start:start + batch_size]
         flat = batch + [w for ws in minus for w in ws]
-        ids, lengths = pad_batch(model.encode_text_ids(flat))
         with inference_autocast(model, device):
-            projected = model.project_texts(ids.to(device), lengths.to(device))
+            projected = _project_texts(model, flat, device, shapes)
             queries, at = projected[:len(batch)], len(batch)
             if at < len(flat):
                 rows = []
@@ -225,12 +260,15 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
 
 
 @torch.no_grad()
-def pixel_features(model, pixels: torch.Tensor) -> torch.Tensor:
+def pixel_features(model, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` → backbone features ``(B, D)``, float32 on the model's device (what
-    query composition starts from)."""
+    query composition starts from); at the bucket sizes of ``shapes`` when given."""
     device = device_of(model)
-    with inference_autocast(model, device):
-        return model.image_features(model.preprocess.normalize(pixels.to(device, non_blocking=True))).float()
+
+    def run(batch: torch.Tensor) -> torch.Tensor:
+        with inference_autocast(model, device):
+            return model.image_features(model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
+    return _bucketed(run, pixels, shapes)
 
 
 @torch.no_grad()

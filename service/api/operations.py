@@ -25,14 +25,16 @@ async def healthz():
 async def readyz(request: Request):
     state = _state(request)
     if not state.ready:
-        status = f"error: {state.error}" if state.error else "loading"
+        status = f"error: {state.error}" if state.error else state.phase
         return JSONResponse({"status": status, "detail": f"not ready ({status})"}, status_code=503)
     loaded = state.loaded
     return Ready(status="ready", model_fingerprint=loaded.model.fingerprint,
                  index_generation=loaded.gallery.generation, images=loaded.gallery.images.ntotal,
                  captions=loaded.gallery.captions.ntotal, device=str(state.device), decoder=state.has_decoder,
                  api_key_required=state.settings.api_key is not None, max_k=state.settings.max_k,
-                 similarity=state.similarity)
+                 similarity=state.similarity, search_backend=loaded.gallery.images.backend,
+                 batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
+                 warmup_seconds=state.warmup_seconds)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

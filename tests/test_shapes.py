@@ -1,0 +1,163 @@
+"""Shape discipline for inference: batches reach the encoders only at the bucket sizes (padded or split), padded
+rows never reach a result, results equal the unpadded ones, and the service is not ready until every bucket is
+warmed."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from index.gallery import Gallery
+from service.app import create_app
+from service.engine import Engine, Options
+from service.settings import Settings
+from training.models.model import load_model
+from training.shapes import Chunk, bucket_sizes, plan, resolve
+
+
+def test_bucket_sizes_and_plans():
+    assert bucket_sizes("auto", 64) == (1, 2, 4, 8, 16, 32, 64)
+    assert bucket_sizes("auto", 48) == (1, 2, 4, 8, 16, 32, 48)
+    assert bucket_sizes("1, 4,16", 16) == (1, 4, 16)
+    for bad, match in [("4,16", "include 1"), ("1,x", "comma-separated"), ("1,128", "above max_batch")]:
+        with pytest.raises(ValueError, match=match):
+            bucket_sizes(bad, 64)
+    sizes = bucket_sizes("auto", 64)
+    assert plan(5, sizes, "pad") == [Chunk(0, 5, 8)]
+    assert plan(5, sizes, "split") == [Chunk(0, 4, 4), Chunk(4, 1, 1)]
+    for n in range(1, 200):
+        for mode in ("pad", "split"):
+            chunks = plan(n, sizes, mode)
+            assert all(c.size in sizes and 1 <= c.count <= c.size for c in chunks)
+            assert [c.start for c in chunks] == list(np.cumsum([0] + [c.count for c in chunks])[:-1])
+            assert sum(c.count for c in chunks) == n
+            if mode == "split":
+                assert all(c.count == c.size for c in chunks)          # no padding at all
+            elif n <= 64:
+                assert len(chunks) == 1 and chunks[0].size < 2 * n     # one pass, less than double
+    assert resolve("auto", 64, "auto", "cuda").images == "pad"
+    assert resolve("auto", 64, "auto", "cpu").images == "split"
+    assert resolve("auto", 64, "off", "cuda") is None
+
+
+def test_settings_name_a_bad_batch_size():
+    with pytest.raises(ValueError, match="above max_batch"):
+        Settings(batch_sizes="1,2,128", max_batch=64)
+    with pytest.raises(ValueError, match="bucket_mode"):
+        Settings(bucket_mode="sometimes")
+
+
+class _Recorder:
+    """Wraps the encoders' entry points of a model and records each forward pass's batch size."""
+
+    def __init__(self, model):
+        self.images: list[int] = []
+        self.texts: list[int] = []
+        embed_images, project_texts = model.embed_images, model.project_texts
+
+        def images(x, *a, **kw):
+            self.images.append(x.shape[0])
+            return embed_images(x, *a, **kw)
+
+        def texts(ids, lengths, *a, **kw):
+            self.texts.append(ids.shape[0])
+            return project_texts(ids, lengths, *a, **kw)
+        model.embed_images, model.project_texts = images, texts
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_path, tiny_index_dir):
+    model = load_model(tiny_model_path)
+    return model, Gallery.load(tiny_index_dir, model=model)
+
+
+def _pixels(model, n, seed=0):
+    pre = model.preprocess
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (pre.crops, pre.channels, pre.image_size, pre.image_size), generator=g,
+                          dtype=torch.uint8) for _ in range(n)]
+
+
+def _same(a, b):
+    assert [[i for i, _ in r] for r in a] == [[i for i, _ in r] for r in b]
+    assert np.allclose([[s for _, s in r] for r in a], [[s for _, s in r] for r in b], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["pad", "split"])
+def test_only_bucket_shapes_reach_the_encoders_and_results_equal_the_unpadded(loaded, mode):
+    model, gallery = loaded
+    plain = Engine(model, gallery)
+    shapes = resolve("1,2,4,8", 8, mode, "cpu")
+    bucketed = Engine(model, gallery, shapes)
+    rec = _Recorder(model)
+    texts = ["a red circle", "a blue square above a green triangle", "two shapes", "a yellow star", "a circle"]
+    pixels = _pixels(model, 7)
+    want_t = plain.search_texts([(t, 5) for t in texts])
+    want_p = plain.search_pixels([(p, 5) for p in pixels])
+    assert rec.texts == [5] and rec.images == [7]                  # without shapes: the batch's own size
+    rec.texts.clear(), rec.images.clear()
+    got_t = bucketed.search_texts([(t, 5) for t in texts])
+    got_p = bucketed.search_pixels([(p, 5) for p in pixels])
+    assert set(rec.texts) <= {1, 2, 4, 8} and set(rec.images) <= {1, 2, 4, 8}
+    assert (rec.texts, rec.images) == (([8], [8]) if mode == "pad" else ([4, 1], [4, 2, 1]))
+    assert len(got_t) == 5 and len(got_p) == 7                     # padded rows never reach a result
+    _same(got_t, want_t)
+    _same(got_p, want_p)
+    # words to subtract join the sentences in one forward pass: that pass is bucketed too
+    opts = [Options(k=5, subtract=("red",)), Options(k=5), Options(k=5, subtract=("blue", "square"))]
+    items = list(zip(texts[:3], opts))
+    want = plain.search_texts(items)
+    assert rec.texts[-1] == 6                                      # 3 sentences + 3 words: one pass of 6
+    rec.texts.clear()
+    _same(bucketed.search_texts(items), want)
+    assert rec.texts == ([8] if mode == "pad" else [4, 2])
+
+
+def test_warm_up_runs_every_size_of_both_searches(loaded):
+    model, gallery = loaded
+    engine = Engine(model, gallery, resolve("1,2,4", 4, "pad", "cpu"))
+    rec = _Recorder(model)
+    seconds = engine.warm_up((1, 2, 4))
+    assert rec.texts == [1, 2, 4] and rec.images == [1, 2, 4] and seconds > 0
+
+
+def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
+    base = dict(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=16)
+    from service.metrics import Metrics
+    from service.state import ServiceState
+
+    state = ServiceState(Settings(**base), Metrics())
+    assert state.warmup_sizes() == (1,)                            # auto on the CPU: the smallest
+    state.device = torch.device("cuda")                            # (no CUDA needed to choose the sizes)
+    assert state.warmup_sizes() == (1, 2, 4, 8, 16)                # auto on CUDA: all of them
+    assert ServiceState(Settings(**base, warmup="off"), Metrics()).warmup_sizes() == ()
+    assert ServiceState(Settings(**base, batching=False), Metrics()).shapes.sizes == (1,)
+
+
+def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypatch):
+    release, seen = threading.Event(), []
+    warm_up = Engine.warm_up
+
+    def held(self, sizes):
+        seen.append(tuple(sizes))
+        release.wait(30)
+        return warm_up(self, sizes)
+    monkeypatch.setattr(Engine, "warm_up", held)
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=8, warmup="all",
+                              reload_interval_s=0))
+    with TestClient(app) as client:
+        deadline = time.time() + 30
+        while not seen and time.time() < deadline:
+            time.sleep(0.02)
+        r = client.get("/readyz")
+        assert r.status_code == 503 and r.json()["status"] == "warming up"
+        assert client.post("/v1/search/images", json={"text": "a red circle"}).status_code == 503
+        release.set()
+        while client.get("/readyz").status_code != 200 and time.time() < deadline:
+            time.sleep(0.02)
+        ready = client.get("/readyz").json()
+    assert seen == [(1, 2, 4, 8)]
+    assert ready["status"] == "ready" and ready["batch_sizes"] == [1, 2, 4, 8]
+    assert ready["warmup_seconds"] > 0 and ready["search_backend"] == "faiss-cpu"

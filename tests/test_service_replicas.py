@@ -82,7 +82,7 @@ app = create_app(Settings(model=model, index=index, reload_interval_s=0.1))
 async def main():
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=60) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as c:
             for _ in range(1200):
                 r = await c.get("/readyz")
                 if r.status_code == 200 or "error" in r.json()["status"]:

@@ -1,5 +1,6 @@
 """What the service trusts: the Host names it answers (DNS rebinding), the origins that may read it (CORS, off by
-default), and how its images may be cached (private, no-store with a key, ETag and 304)."""
+default), how its images may be cached (private, no-store with a key, ETag and 304), and the files it serves (never
+through a symbolic link made after indexing)."""
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,3 +176,18 @@ def test_a_rebuilt_index_reusing_an_id_changes_its_etag(tiny_model_path, tmp_pat
     add(tmp_path / "index", model, [_photo(tmp_path / "photos" / "p3.jpg", 3)], progress=False, workers=0)
     with _ready(_client(tiny_model_path, tmp_path / "index")) as c:                 # a new generation
         assert c.get("/v1/images/0").headers["etag"] != now.headers["etag"]
+
+
+def test_a_gallery_file_replaced_by_a_link_is_not_served(tiny_model_path, tmp_path):
+    photos = [_photo(tmp_path / "photos" / f"p{i}.jpg", i) for i in range(2)]
+    secret = _photo(tmp_path / "elsewhere" / "secret.jpg", 7)
+    build(tmp_path / "index", load_model(tiny_model_path), photos, progress=False, workers=0)
+    photos[1].unlink()
+    photos[1].symlink_to(secret)                                      # made after indexing
+    with _ready(_client(tiny_model_path, tmp_path / "index")) as c:
+        assert c.get("/v1/images/0").status_code == 200
+        for url in ("/v1/images/1", "/v1/images/1?size=32"):
+            r = c.get(url)
+            assert r.status_code == 404 and "symbolic link" in r.json()["detail"], r.text
+        r = c.post("/v1/search/images", json={"image_id": 1})
+        assert r.status_code == 404

@@ -107,8 +107,9 @@ def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
 
 
 def gallery_entry(image_id: int, state: ServiceState) -> tuple[ImageRow, pathlib.Path, os.stat_result]:
-    """A gallery image's metadata row, file and the file's ``stat``; 404 when the id is unknown or the file is
-    gone."""
+    """A gallery image's metadata row, file and the file's ``stat``; 404 when the id is unknown, the file is gone,
+    or its path now leads through a symbolic link (the index stores every path with its links resolved, so a link
+    there was made after indexing: it is not followed, docs/index.md)."""
     row = state.loaded.gallery.meta.image(image_id)
     if row is None:
         raise HTTPException(404, f"no gallery image with id {image_id}")
@@ -119,6 +120,9 @@ def gallery_entry(image_id: int, state: ServiceState) -> tuple[ImageRow, pathlib
         info = None
     if info is None or not stat.S_ISREG(info.st_mode):
         raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
+    if os.path.realpath(path) != os.path.abspath(path):
+        raise HTTPException(404, f"gallery image {image_id} is not served: its path now leads through a symbolic "
+                                 f"link (run jointspace index sync)")
     return row, path, info
 
 

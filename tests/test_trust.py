@@ -1,6 +1,7 @@
 """What the service trusts: the Host names it answers (DNS rebinding), the origins that may read it (CORS, off by
-default), how its images may be cached (private, no-store with a key, ETag and 304), and the files it serves (never
-through a symbolic link made after indexing)."""
+default), how its images may be cached (private, no-store with a key, ETag and 304), the files it serves (never through a
+symbolic link made after indexing), and index paths with URI characters (model files that may only hold tensors
+and plain values: tests/test_model.py)."""
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,8 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
-from index.gallery import add, build
+from index.gallery import Gallery, add, build, sync
 from service.app import create_app
+from service.cli import main as cli_main
 from service.settings import Settings
 from service.trust import host_name
 from training.models.model import load_model
@@ -191,3 +193,28 @@ def test_a_gallery_file_replaced_by_a_link_is_not_served(tiny_model_path, tmp_pa
             assert r.status_code == 404 and "symbolic link" in r.json()["detail"], r.text
         r = c.post("/v1/search/images", json={"image_id": 1})
         assert r.status_code == 404
+
+
+# --- index paths with URI characters -----------------------------------------------------------------------------
+
+def test_an_index_and_photos_under_uri_characters_build_load_sync_and_serve(tiny_model_path, tmp_path):
+    odd = tmp_path / "a#b%20c?d" / "x%y"
+    photos = [_photo(odd / "ph#o?s" / f"p{i}%3F.jpg", i) for i in range(3)]
+    index = odd / "in#dex?"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(odd / "ph#o?s"),
+                     "--out", str(index), "--quiet", "--workers", "0"]) == 0
+    model = load_model(tiny_model_path)
+    gallery = Gallery.load(index, model=model)
+    assert sorted(Path(r.path) for r in gallery.meta.all_images()) == sorted(p.resolve() for p in photos)
+    gallery.close()
+    _photo(odd / "ph#o?s" / "new.jpg", 9)
+    report = sync(index, model, odd / "ph#o?s", progress=False, workers=0)
+    assert len(report.image_ids) == 1 and report.unchanged == 3
+    with _ready(_client(tiny_model_path, index)) as c:
+        hits = c.post("/v1/search/images", json={"text": "a red circle", "k": 4}).json()["results"]
+        assert len(hits) == 4
+        by_id = {r.id: Path(r.path) for r in Gallery.load(index).meta.all_images()}
+        for hit in hits:
+            assert c.get(hit["uri"]).content == by_id[hit["id"]].read_bytes()
+        assert c.get(f"{hits[0]['uri']}?size=16").status_code == 200
+        assert c.get("/v1/folders").json()["folders"] == [{"folder": ".", "images": 4}]

@@ -139,6 +139,14 @@ def _report_skipped(skipped) -> None:
         print(f"{len(skipped)} unreadable image(s) skipped", file=sys.stderr)
 
 
+def _report_outside(outside) -> None:
+    """The symbolic links that were not followed because their target leaves the folder (docs/index.md)."""
+    for link, reason in outside:
+        print(f"skipped {link}: {reason}", file=sys.stderr)
+    if outside:
+        print(f"{len(outside)} symbolic link(s) leaving the folder skipped", file=sys.stderr)
+
+
 def _load(args):
     from training.models.model import load_model
     from training.pretrained import resolve
@@ -151,7 +159,7 @@ def _load(args):
 def cmd_build(args) -> int:
     from training.data.datasets import load_dataset
 
-    from .embed import find_images
+    from .embed import scan_images
     from .gallery import build
 
     max_memory = _memory_budget(args.max_index_memory, args.factory)
@@ -168,6 +176,7 @@ def cmd_build(args) -> int:
 
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     image_root = args.images
+    outside: list[tuple[str, str]] = []
     model, _ = _load(args)
     if args.data:
         if not args.split:
@@ -190,8 +199,10 @@ def cmd_build(args) -> int:
             paths = [p if p.is_absolute() else listing.parent / p for p in map(Path, _read_lines(args.images))]
             image_root = None
         else:
-            paths = find_images(args.images, args.exclude, not args.no_default_excludes)
+            scan = scan_images(args.images, args.exclude, not args.no_default_excludes)
+            paths, outside = scan.found, scan.outside
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
+    _report_outside(outside)
     if not paths:
         raise ValueError("no images to index")
     bank = _querybank(args, model) if args.querybank else None
@@ -270,18 +281,21 @@ def _build_on_ray(args, model, paths, captions, image_root, max_memory=None, que
 
 
 def cmd_add(args) -> int:
-    from .embed import find_images
+    from .embed import scan_images
     from .gallery import add
 
-    paths = []
+    paths, outside = [], []
     for p in args.paths:
         if Path(p).is_dir():
-            paths += find_images(p, args.exclude, not args.no_default_excludes)
+            scan = scan_images(p, args.exclude, not args.no_default_excludes)
+            paths += scan.found
+            outside += scan.outside
         elif not Path(p).exists():
             raise FileNotFoundError(f"no such file or folder: {p}")
         else:
             paths.append(Path(p))
     captions = _read_lines(args.captions) if args.captions else []
+    _report_outside(outside)
     if not paths and not captions:
         raise ValueError("nothing to add: give image paths and/or --captions")
     model, _ = _load(args)
@@ -300,9 +314,11 @@ def cmd_sync(args) -> int:
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes,
                   batch_size=args.batch_size, workers=args.workers, progress=not args.quiet)
     _report_skipped(report.skipped)
+    _report_outside(report.outside)
     print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
                       "removed": report.removed_images, "unchanged": report.unchanged,
-                      "skipped": len(report.skipped), "generation": report.generation}))
+                      "skipped": len(report.skipped), "links_outside": len(report.outside),
+                      "generation": report.generation}))
     return 0
 
 

@@ -37,22 +37,63 @@ def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:
                for pat in patterns)
 
 
+@dataclass
+class ImageScan:
+    """What :func:`scan_images` found in a folder."""
+    found: list[Path]                                   # image files to index, sorted
+    outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
+
+
 def find_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True) -> list[Path]:
     """Every image file (by suffix) under ``root``, recursively, in sorted order, without the files that
-    ``exclude`` (and, unless ``default_excludes`` is False, :data:`DEFAULT_EXCLUDES`) rule out."""
+    ``exclude`` (and, unless ``default_excludes`` is False, :data:`DEFAULT_EXCLUDES`) rule out; symbolic links
+    as :func:`scan_images` treats them."""
+    return scan_images(root, exclude, default_excludes).found
+
+
+def scan_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True) -> ImageScan:
+    """:func:`find_images`, and the symbolic links it did not follow. The symlink policy: the files indexed are
+    the folder's own. A link whose target lies outside the folder (after every link is resolved) is skipped and
+    listed in ``outside``, never followed — a link to a file or to a folder alike. A link to a file inside the
+    folder stands for that file, which is indexed once (under its real path: the index stores resolved paths);
+    a link to a folder inside is not descended (its files are found where they are)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no image directory at {root}")
+    real_root = root.resolve()
     patterns = [*(DEFAULT_EXCLUDES if default_excludes else ()), *exclude]
-    found = []
+    found: dict[Path, Path] = {}                         # real path → the path it was found under
+    outside: list[tuple[str, str]] = []
+
+    def leaves(link: Path) -> bool:
+        target = link.resolve()
+        if target == real_root or real_root in target.parents:
+            return False
+        outside.append((str(link), f"a symbolic link to {target}, outside {real_root}: not followed"))
+        return True
+
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames if not excluded(here / d, patterns))   # prune excluded folders
+        kept = []
+        for d in sorted(dirnames):
+            if excluded(here / d, patterns):            # prune excluded folders
+                continue
+            if (Path(dirpath) / d).is_symlink():        # os.walk does not descend links; list those leaving
+                leaves(Path(dirpath) / d)
+                continue
+            kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             path = Path(dirpath) / name
-            if path.suffix.lower() in IMAGE_SUFFIXES and not excluded(here / name, patterns) and path.is_file():
-                found.append(path)
-    return sorted(found)
+            if path.suffix.lower() not in IMAGE_SUFFIXES or excluded(here / name, patterns):
+                continue
+            link = path.is_symlink()
+            if (link and leaves(path)) or not path.is_file():
+                continue
+            real = path.resolve()
+            if real not in found or not link:           # a file and a link to it: the file itself
+                found[real] = path
+    return ImageScan(sorted(found.values()), sorted(outside))
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ import torch
 
 from training.data.fileio import created_mode, write_json, write_text
 
-from .embed import ImageEmbeddings, embed_image_files, embed_texts, find_images
+from .embed import ImageEmbeddings, embed_image_files, embed_texts, scan_images
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
@@ -79,6 +79,7 @@ class UpdateReport:
     generation: str = ""
     changed: list[int] = field(default_factory=list)            # sync: ids of re-embedded files (their new ids)
     unchanged: int = 0                                          # sync: files already indexed as they are
+    outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
 
 
 class Gallery:
@@ -501,10 +502,12 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
     new id, the old one removed — and indexed files that are gone (or now excluded) are removed. Images outside
     the folder are left alone. Nothing changed: no new generation (a second run does nothing). One new generation
     otherwise, written like every update (a process killed meanwhile leaves the previous one live). Files that
-    cannot be read are listed in ``skipped`` and left out of the index."""
+    cannot be read are listed in ``skipped`` and left out of the index; symbolic links whose target leaves the
+    folder are listed in ``outside`` and not followed (``index.embed.scan_images``)."""
     root = Path(root)
     folder = Path(images).resolve()
-    found = find_images(folder, exclude, default_excludes)
+    scan = scan_images(folder, exclude, default_excludes)
+    found = scan.found
     with _locked_for_update(root) as (gen_dir, manifest, vectors, caps):
         check_model(manifest, model, root)
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
@@ -523,7 +526,7 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                 else:
                     changed.append(row.id)
                     new.append(path)
-            report = UpdateReport(unchanged=unchanged)
+            report = UpdateReport(unchanged=unchanged, outside=scan.outside)
             emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
                                     progress=progress) if new else None
             report.skipped = emb.skipped if emb is not None else []

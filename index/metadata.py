@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -77,7 +78,9 @@ class Metadata:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no metadata database at {self.path}")
-            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            # a URI, so the path is percent-encoded: '#', '?' and '%' in a folder name are part of the path
+            uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=ro"
+            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
         else:
             self._conn = sqlite3.connect(self.path, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=DELETE")

@@ -5,7 +5,8 @@ Routes (service/api/, one module per resource): the ``/v1`` API — search (``/v
 ``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
 an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
 (``/docs``), written for this app's settings: its limits, its error responses, and API-key security only when a
-key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``.
+key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
+configured for is answered 421, and no other origin may read it unless configured (service/trust.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +32,7 @@ from .api import search as search_api
 from .api.deps import require_api_key
 from .settings import Settings
 from .state import ServiceState
+from .trust import TrustedHostMiddleware, allowed_hosts, cors_origins
 
 log = logging.getLogger("jointspace.service")
 BODY_SLACK = 1024 * 1024        # multipart framing and form fields on top of the image bytes
@@ -65,6 +68,12 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
     app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
                        retry_after_s=settings.retry_after_s, metrics=metrics)
+    origins = cors_origins(settings.cors_origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["content-type", "x-api-key", "authorization"],
+                           expose_headers=["etag", "retry-after"], max_age=600)
+    app.add_middleware(TrustedHostMiddleware, hosts=allowed_hosts(settings.allowed_hosts, settings.host))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

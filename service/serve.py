@@ -41,6 +41,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "CUDA, the smallest on the CPU)")
     p.add_argument("--search-backend", choices=["auto", "faiss", "torch"],
                    help="what searches the index (env JOINTSPACE_SEARCH_BACKEND, default auto)")
+    p.add_argument("--allowed-hosts", help="Host names served besides the loopback names and the bound address, "
+                                           "comma-separated (env JOINTSPACE_ALLOWED_HOSTS); others get 421")
+    p.add_argument("--cors-origins", help="origins allowed to read the API cross-site, comma-separated "
+                                          "(env JOINTSPACE_CORS_ORIGINS; default none)")
     p.add_argument("--index-mmap", dest="index_mmap", action="store_const", const=True,
                    help="memory-map the index files instead of reading them into RAM (env JOINTSPACE_INDEX_MMAP)")
     p.add_argument("--log-level", default=os.environ.get("JOINTSPACE_LOG_LEVEL", "info"),

@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     # access and upkeep
     api_key: SecretStr | None = Field(None, description="when set, every /v1/* route needs it "
                                                         "(header X-API-Key or Authorization: Bearer)")
+    allowed_hosts: str = Field("", description="Host names served besides localhost, 127.0.0.1, [::1] and the bound "
+                                               "address, comma-separated (the port is not compared; '*.example.com' "
+                                               "matches its subdomains, '*' any host); another Host is answered "
+                                               "421, so a web page cannot read the service through DNS rebinding")
+    cors_origins: str = Field("", description="origins whose web pages may read the API (CORS), comma-separated "
+                                              "(e.g. https://photos.example; '*' = any); empty: none, no CORS "
+                                              "headers are sent")
     index_mmap: bool = Field(False, description="memory-map the index's FAISS files (IVF inverted lists, Flat "
                                                 "vectors) instead of reading them into RAM: start-up reads no "
                                                 "vectors, searches read pages from disk or the page cache")

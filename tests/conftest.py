@@ -5,6 +5,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JOINTSPACE_CACHE", "")   # replaced per session below
+# Starlette's TestClient sends ``Host: testserver``: a name the service answers only when configured to
+# (service/trust.py); tests of the Host check pass their own allowed_hosts
+os.environ["JOINTSPACE_ALLOWED_HOSTS"] = "testserver"
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +114,7 @@ async def serve_app(app, work):
 
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as c:
             for _ in range(1200):
                 if (await c.get("/readyz")).status_code == 200:
                     break

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.settings import Settings
+from service.trust import TrustedHostMiddleware, allowed_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,6 +107,18 @@ def test_compose_file_is_valid_and_reserves_a_gpu():
     assert env["JOINTSPACE_MODEL"].startswith("/models/") and env["JOINTSPACE_INDEX"].startswith("/indexes/")
     # an unset JOINTSPACE_API_KEY reaches the container as "" — which must mean "no key", not "the empty key"
     assert env["JOINTSPACE_API_KEY"] == "" and Settings(api_key=env["JOINTSPACE_API_KEY"]).api_key is None
+    # the Host names the deployment's own clients send are served with the container's settings (bound to
+    # 0.0.0.0, JOINTSPACE_ALLOWED_HOSTS unset): the health checks, curl on the published port, the proxy passing
+    # the client's Host on, and HAProxy's HTTP/1.0 check without one; a rebinding page's name is not
+    assert env["JOINTSPACE_ALLOWED_HOSTS"] == "" and env["JOINTSPACE_CORS_ORIGINS"] == ""
+    hosts = TrustedHostMiddleware(None, allowed_hosts(env["JOINTSPACE_ALLOWED_HOSTS"], "0.0.0.0"))
+    assert all(hosts.allows(h) for h in ("127.0.0.1:8000", "127.0.0.1:18000", "localhost:8080", "[::1]:8000"))
+    assert not hosts.allows("evil.example")
+    checks = [(REPO / "Dockerfile").read_text(), " ".join(service["healthcheck"]["test"]),
+              (REPO / "deploy" / "smoke.sh").read_text()]
+    found = [h for text in checks for h in re.findall(r"https?://(\[[^\]]+\]|[^/:'\"$%]+)", text)]  # names
+    assert len(found) >= 3 and all(hosts.allows(h) for h in found), found
+    assert re.search(r"option httpchk GET /readyz$", (REPO / "deploy" / "haproxy.cfg").read_text(), re.M)
 
 
 def test_compose_validation_rejects_a_broken_file(tmp_path):

@@ -1,5 +1,9 @@
-"""Text encoders, model save/load round trip, and the training loop's bookkeeping on a tiny run."""
+"""Text encoders, model save/load round trip (model.pt holds only tensors and plain values, and loads with
+torch.load(weights_only=True)), and the training loop's bookkeeping on a tiny run."""
 import json
+import os
+import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,9 +12,13 @@ from conftest import tiny_config
 from training.data.datasets import load_dataset
 from training.data.vocab import pad_batch
 from training.embed import embed_split, embed_texts
+from training.models.ensemble import EnsembleEmbedding
 from training.models.factory import TEXT_ENCODERS, build_text_encoder
-from training.models.model import build_model, fingerprint, load_checkpoint, load_model
+from service.cli import main as cli_main
+from training.models.model import build_model, fingerprint, load_checkpoint, load_model, save_model, save_slim
 from training.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gru_ignores_padding_and_bow_ignores_order():
@@ -88,3 +96,50 @@ def test_variants_build_and_embed(similarity, projection):
     assert model.score(img, emb).shape == (2, 2)
     if similarity == "order":
         assert (emb >= 0).all() and (img >= 0).all()
+
+
+# --- model.pt: tensors and plain values only, read with torch.load(weights_only=True) ----------------------------
+
+def _plain_load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_old_and_new_model_files_load_with_weights_only(tiny_model_path, tiny_stt_model_path, tmp_path):
+    shipped = sorted((ROOT / "training" / "pretrained").glob("*.pt"))
+    assert shipped
+    model = load_model(tiny_model_path)                               # a trained model (trainer's extra)
+    save_slim(model, tmp_path / "slim.pt", half=True)
+    save_model(EnsembleEmbedding([model, load_model(tiny_model_path)], [0.5, 0.5], ["a", "b"]),
+               tmp_path / "ensemble.pt")
+    for path in (*shipped, tiny_model_path, tiny_stt_model_path, tmp_path / "slim.pt", tmp_path / "ensemble.pt"):
+        payload = _plain_load(path)                                   # torch's own allow-list, nothing added
+        assert payload["format"] == "jointspace-model/1", path
+        assert load_checkpoint(path)["fingerprint"] == payload["fingerprint"]
+        if path not in shipped:                # rebuilding the shipped model is tests/test_pretrained.py's
+            assert load_model(path).fingerprint == payload["fingerprint"], path
+
+
+def test_a_model_file_that_would_run_code_is_refused(tiny_model_path, tmp_path, capsys):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    payload = torch.load(tiny_model_path, map_location="cpu", weights_only=True)
+    payload["extra"] = {"note": Payload()}
+    torch.save(payload, tmp_path / "model.pt")
+    with pytest.raises(ValueError, match=r"is refused: it holds a Python object \((posix|os|nt)\.system\).*could "
+                                         r"run code"):
+        load_model(tmp_path / "model.pt")
+    assert not marker.exists()
+    with pytest.raises(pickle.UnpicklingError):                      # what weights_only=False would have run
+        _plain_load(tmp_path / "model.pt")
+    rc = cli_main(["index", "build", "--model", str(tmp_path / "model.pt"), "--images", str(tmp_path),
+                   "--out", str(tmp_path / "index"), "--quiet", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is refused" in err and "could run code" in err and "Traceback" not in err
+    assert not marker.exists()
+    (tmp_path / "junk.pt").write_bytes(b"not a model at all")
+    with pytest.raises(ValueError, match="not a jointspace model"):
+        load_model(tmp_path / "junk.pt")

@@ -53,11 +53,33 @@ def test_atomic_writes_get_the_umasks_mode(tmp_path, mask, file_mode, dir_mode):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def _enterable(path: Path) -> bool:
+    """Whether any user can reach ``path``: it and every folder above it have the x bit for others."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents])
+
+
 def _shared_dir() -> Path:
-    """A directory any user can enter (pytest's own tmp dirs are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="jointspace-replicas-"))
-    os.chmod(path, 0o755)
-    return path
+    """A new directory any user can enter (pytest's own tmp dirs are 0700, and so may be $TMPDIR's parents)."""
+    for parent in dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"]):
+        if Path(parent).is_dir() and _enterable(Path(parent)) and os.access(parent, os.W_OK):
+            path = Path(tempfile.mkdtemp(prefix="jointspace-replicas-", dir=parent))
+            os.chmod(path, 0o755)
+            return path
+    pytest.skip(f"no temporary directory that another user can enter ({tempfile.gettempdir()}, /tmp, /var/tmp, "
+                f"/dev/shm): the second replica, run as another user, could not read the shared index")
+
+
+def _readable_code(shared: Path) -> Path:
+    """A copy of the checkout's packages that any user can read, under ``shared``: the checkout itself may sit
+    under a private folder (a clone in ``mktemp -d``, a 0700 home directory), which the second replica, running as
+    another user, cannot enter. Python code and package data (the web page's static files); no model files."""
+    code = shared / "code"
+    for package in ("training", "index", "service"):
+        shutil.copytree(REPO / package, code / package, copy_function=shutil.copyfile,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pt"))
+    for path in [code, *code.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return code
 
 
 def _all_modes(root: Path) -> dict[str, int]:
@@ -65,8 +87,11 @@ def _all_modes(root: Path) -> dict[str, int]:
 
 
 # The second replica: its own process and — when the tests run as root — its own user (nobody), dropped to after
-# the imports (the interpreter itself may live where nobody can read, e.g. under /root). It serves the app on the
-# shared index over an in-process ASGI transport and answers the test's commands, one JSON line each.
+# the imports. It runs the checkout's code from a world-readable copy (_readable_code). The interpreter and its
+# packages may live where nobody can read (under /root, or a .venv inside a 0700 clone), so everything it will
+# import is imported first, as the starting user, by loading the model and the index once; as nobody, the app then
+# reads them again. It serves the app on the shared index over an in-process ASGI transport and answers the
+# test's commands, one JSON line each.
 REPLICA = r"""
 import asyncio, json, os, sys
 import httpx, faiss, torch, sqlite3, uvicorn
@@ -74,15 +99,18 @@ import service.app, service.state, index.gallery, training.models.model
 from service.app import create_app
 from service.settings import Settings
 
-model, index, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model, index_dir, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+warm = training.models.model.load_model(model)
+index.gallery.Gallery.load(index_dir, model=warm).close()
+del warm
 if uid != os.getuid():
     os.setgroups([]); os.setgid(uid); os.setuid(uid)
-app = create_app(Settings(model=model, index=index, reload_interval_s=0.1))
+app = create_app(Settings(model=model, index=index_dir, reload_interval_s=0.1))
 
 async def main():
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=60) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as c:
             for _ in range(1200):
                 r = await c.get("/readyz")
                 if r.status_code == 200 or "error" in r.json()["status"]:
@@ -121,8 +149,10 @@ def test_a_second_replica_as_another_user_reads_a_new_generation_while_the_first
         assert {m for p, m in modes.items() if (shared / p).is_file()} == {0o644}, modes   # manifest, CURRENT, …
 
         uid = NOBODY if os.geteuid() == 0 else os.geteuid()
+        code = _readable_code(shared)
         replica = subprocess.Popen([sys.executable, "-c", REPLICA, str(shared / "model.pt"), str(shared / "index"),
-                                    str(uid)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                    str(uid)], cwd=code,
+                                   env={**os.environ, "PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": "1"},
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             hello = json.loads(replica.stdout.readline() or json.dumps({"error": replica.stderr.read()}))

@@ -65,7 +65,7 @@ def test_sync_adds_changes_removes_and_is_idempotent(model, tiny_model_path, tmp
     gen = current_generation(out)
     rc, counts, _ = _sync_cli(tiny_model_path, photos, out, capsys)
     assert rc == 0 and counts == {"added": 0, "changed": 0, "removed": 0, "unchanged": 4, "skipped": 0,
-                                  "generation": gen}
+                                  "links_outside": 0, "generation": gen}
     # add two, change one (new content), touch one (same content, new mtime), delete one, one corrupt new file
     _photo(photos / "new1.jpg", 20)
     _photo(photos / "trip" / "new2.avif", 21, "AVIF")
@@ -103,6 +103,40 @@ def test_sync_adds_changes_removes_and_is_idempotent(model, tiny_model_path, tmp
     g = Gallery.load(out, model=model)
     assert sorted(Path(r.path).name for r in g.meta.all_images()) == ["a.jpg", "b.jpg", "new1.jpg", "o.jpg"]
     g.close()
+
+
+def test_links_leaving_the_folder_are_skipped_and_listed_and_sync_stays_idempotent(model, tiny_model_path,
+                                                                                     tmp_path, capsys):
+    photos, elsewhere = tmp_path / "photos", tmp_path / "elsewhere"
+    _photo(photos / "a.jpg", 0)
+    _photo(photos / "sub" / "c.jpg", 1)
+    secret = _photo(elsewhere / "secret.jpg", 2)
+    _photo(elsewhere / "private" / "s.jpg", 3)
+    (photos / "leak.jpg").symlink_to(secret)                          # a file outside
+    (photos / "holidays").symlink_to(elsewhere / "private")             # a folder outside
+    (photos / "deep").mkdir()
+    (photos / "deep" / "up.jpg").symlink_to(Path("..") / ".." / "elsewhere" / "secret.jpg")   # relative, outside
+    (photos / "alias.jpg").symlink_to(photos / "a.jpg")                 # a file inside: indexed once, as a.jpg
+    (photos / "again").symlink_to(photos / "sub")                       # a folder inside: its files where they are
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
+                     "--quiet", "--workers", "0"]) == 0
+    err = capsys.readouterr().err
+    for link in ("leak.jpg", "holidays", "deep/up.jpg"):
+        assert f"skipped {photos / link}: a symbolic link to " in err, err
+    assert "3 symbolic link(s) leaving the folder skipped" in err and "alias.jpg" not in err
+    rows = _paths(out, model)
+    assert sorted(rows) == ["a.jpg", "sub/c.jpg"]                       # no target outside, no duplicate
+    assert all(elsewhere not in Path(r.path).parents for r in rows.values())
+    gen = current_generation(out)
+    for _ in range(2):                                                  # every run: nothing to do, links listed
+        rc, counts, err = _sync_cli(tiny_model_path, photos, out, capsys)
+        assert rc == 0 and counts == {"added": 0, "changed": 0, "removed": 0, "unchanged": 2, "skipped": 0,
+                                      "links_outside": 3, "generation": gen}, counts
+        assert f"skipped {photos / 'leak.jpg'}" in err
+    report = sync(out, model, photos, progress=False, workers=0)
+    assert sorted(Path(link).name for link, _ in report.outside) == ["holidays", "leak.jpg", "up.jpg"]
+    assert report.generation == gen and current_generation(out) == gen
 
 
 def test_sync_errors_exit_2_with_a_message(tiny_model_path, tmp_path, capsys):

@@ -3,14 +3,18 @@ and decoding an image (an upload or a gallery file) off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import secrets
+import stat
 import time
 from typing import Any
 
 import torch
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from index.metadata import ImageRow
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
 from ..images import ImageError, upload_to_pixels
@@ -99,13 +103,27 @@ async def upload_pixels(data: bytes, state: ServiceState, request: Request, name
 
 def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
     """The file of a gallery image; 404 when the id is unknown or the file is gone."""
+    return gallery_entry(image_id, state)[1]
+
+
+def gallery_entry(image_id: int, state: ServiceState) -> tuple[ImageRow, pathlib.Path, os.stat_result]:
+    """A gallery image's metadata row, file and the file's ``stat``; 404 when the id is unknown, the file is gone,
+    or its path now leads through a symbolic link (the index stores every path with its links resolved, so a link
+    there was made after indexing: it is not followed, docs/index.md)."""
     row = state.loaded.gallery.meta.image(image_id)
     if row is None:
         raise HTTPException(404, f"no gallery image with id {image_id}")
     path = pathlib.Path(row.path)
-    if not path.is_file():
+    try:
+        info = path.stat()
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISREG(info.st_mode):
         raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
-    return path
+    if os.path.realpath(path) != os.path.abspath(path):
+        raise HTTPException(404, f"gallery image {image_id} is not served: its path now leads through a symbolic "
+                                 f"link (run jointspace index sync)")
+    return row, path, info
 
 
 async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -> torch.Tensor:

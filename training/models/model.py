@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, cast
 
@@ -271,8 +273,25 @@ def _rebuild_slim(payload: dict) -> JointEmbedding:
     return model
 
 
+# Every type a model.pt holds: tensors, and the plain values torch.load(weights_only=True) allows by default
+# (dict, list, tuple, str, int, float, bool, None, torch dtypes): save_model and save_slim write the config, the
+# vocabulary and the preprocessing as plain dicts, so no class of ours — or anyone's — is allow-listed on top.
+SAFE_GLOBALS: list = []
+
+
 def load_checkpoint(path: str | Path) -> dict:
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    """A ``model.pt``'s payload, unpickled with ``weights_only=True``: a file holding anything but tensors and
+    plain values (an object whose unpickling could run code) is refused with ValueError, never executed."""
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if found is None:
+            raise ValueError(f"{path} is not a jointspace model (not a torch file, or a damaged one)") from None
+        raise ValueError(f"{path} is refused: it holds a Python object ({found.group(1)}) where a jointspace model "
+                         f"holds only tensors and plain values, and unpickling it could run code. A model.pt "
+                         f"written by jointspace train, slim or ensemble never does") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a jointspace model (expected format {FORMAT})")
     return payload

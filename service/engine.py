@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -82,8 +82,9 @@ class Engine:
         start = time.perf_counter()
         pre = self.model.preprocess
         blank = torch.zeros(pre.crops, pre.channels, pre.image_size, pre.image_size, dtype=torch.uint8)
-        runs = {"text search": lambda n: self.search_texts([(PAD_TEXT, 1)] * n),
-                "image search": lambda n: self.search_pixels([(blank, 1)] * n)}
+        runs: dict[str, Callable[[int], object]] = {
+            "text search": lambda n: self.search_texts([(PAD_TEXT, 1)] * n),
+            "image search": lambda n: self.search_pixels([(blank, 1)] * n)}
         if getattr(self.model, "decoder", None) is not None and sizes:
             runs["captioning"] = lambda n: self.caption_pixels([(blank, 1, None)] * n) if n == min(sizes) else None
         for route, run in runs.items():

@@ -226,14 +226,20 @@ def test_mutilated_images_are_4xx_with_clean_messages(server):
 # --- thumbnails ----------------------------------------------------------------------------------------------
 
 def test_a_thumbnail_flood_is_bounded_and_does_not_starve_searches(server):
-    """20 clients ask for thumbnails of a 12-megapixel photo without pause while a caption search by upload (whose
-    decoding once shared the thumbnails' threads) and a text search run: both are answered within a second; the
-    flood beyond two thumbnails at once is refused at once with 503 + Retry-After."""
+    """30 clients ask for thumbnails of a 12-megapixel photo without pause while a caption search by upload (whose
+    decoding once shared the thumbnails' threads: it then waited for about 15 thumbnails) and a text search run:
+    each is answered within a second, or within five thumbnails' time on a machine so busy that one thumbnail
+    takes longer than 0.2 s; the flood beyond two thumbnails at once is refused at once with 503 + Retry-After."""
     url, _, big_id = server
     upload = _image((200, 150))
 
     async def run():
-        async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=64)) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            alone = []
+            for _ in range(2):
+                start = time.perf_counter()
+                assert (await c.get(f"/v1/images/{big_id}?size=1024")).status_code == 200
+                alone.append(time.perf_counter() - start)
             stop = asyncio.Event()
             answers: list[httpx.Response] = []
 
@@ -241,7 +247,7 @@ def test_a_thumbnail_flood_is_bounded_and_does_not_starve_searches(server):
                 while not stop.is_set():
                     answers.append(await c.get(f"/v1/images/{big_id}?size=1024"))
 
-            tasks = [asyncio.create_task(flood()) for _ in range(20)]
+            tasks = [asyncio.create_task(flood()) for _ in range(30)]
             await asyncio.sleep(0.5)
             took = []
             for _ in range(3):
@@ -256,10 +262,10 @@ def test_a_thumbnail_flood_is_bounded_and_does_not_starve_searches(server):
                 assert r.status_code == 200, r.text
             stop.set()
             await asyncio.gather(*tasks)
-            return took, answers
+            return took, answers, min(alone)
 
-    took, answers = asyncio.run(run())
-    assert max(took) < 1.0, took
+    took, answers, thumbnail_s = asyncio.run(run())
+    assert max(took) < max(1.0, 5 * thumbnail_s), (took, thumbnail_s)
     made = [r for r in answers if r.status_code == 200]
     refused = [r for r in answers if r.status_code == 503]
     assert made and refused and len(made) + len(refused) == len(answers), {r.status_code for r in answers}

@@ -15,8 +15,8 @@ JPEGs), driven by keep-alive clients with a think time, so that the service is b
 * ``slow_upload``: a photo uploaded at 64 kB/s (above the default minimum body rate): answered, never shed;
 * ``stalled_upload``: the headers of a 2 MB upload, then nothing: 408 after ``JOINTSPACE_BODY_TIMEOUT_S``.
 
-Every ``--sync-every`` seconds two new photos are written to the folder and one is deleted, then ``jointspace
-index sync`` runs; a change is *acknowledged* when sync exits 0. Halfway the service is killed with SIGKILL and
+``--sync-every`` seconds after the previous sync ended (or the start), two new photos are written to the folder
+and one is deleted, then ``jointspace index sync`` runs; a change is *acknowledged* when sync exits 0. Halfway the service is killed with SIGKILL and
 started again on the same port (as a supervisor would); the *kill window* runs from the kill until the new
 process answers ``/readyz`` plus one second. Reported: per route, the requests, their status classes, p50/p99
 latency of the answered ones; every 5xx and connection error outside the kill window (must be none); the
@@ -343,7 +343,7 @@ def verify(soak: Soak) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=600.0, help="how long the traffic runs (default 10 minutes)")
-    ap.add_argument("--sync-every", type=float, default=30.0, help="seconds between index syncs")
+    ap.add_argument("--sync-every", type=float, default=30.0, help="seconds from the end of one index sync to the next")
     ap.add_argument("--think-ms", type=float, default=100.0, help="mean pause of a client between requests")
     ap.add_argument("--photos", type=int, default=40, help="photos in the folder at the start")
     ap.add_argument("--model", type=Path, help="model.pt (default: the demo architecture, untrained)")

@@ -326,6 +326,31 @@ def t_service_load_cuda_h100() -> str:
     return with_provenance(headers, cells, [{}] * len(cells), {}, file=name, right=set(range(1, len(headers))))
 
 
+def t_soak_cpu() -> str:
+    data = load("soak_cpu.json")
+    rows = data["rows"]
+    cells = [[r["route"], f"{r['requests']:,}", f"{r['2xx']:,}", f"{r['4xx']:,}",
+              f"{r['outside_5xx']} / {r['outside_errors']}", f"{r['5xx']} / {r['errors']}", f(r["p50_ms"], 0),
+              f(r["p99_ms"], 0)] for r in rows]
+    headers = ["route", "requests", "2xx", "4xx", "5xx / connection errors outside the kill window",
+               "5xx / connection errors in all", "p50 ms", "p99 ms"]
+    table = with_provenance(headers, cells, [{}] * len(cells), data, right=set(range(1, len(headers))))
+    rss, check, syncs = data["rss_mb"], data["index_check"], data["syncs"]
+    window = data["kill_window_s"]
+    return (table + f"\n\n{data['seconds'] / 60:g} minutes; killed (SIGKILL) at {window[0]:.0f} s, ready again at "
+            f"{window[1] - 1:.0f} s (kill window {window[1] - window[0]:.0f} s); {sum(s['ok'] for s in syncs)} of "
+            f"{len(syncs)} syncs acknowledged; index afterwards: {check['indexed_photos']} photos, "
+            f"{len(check['missing'])} acknowledged ones missing, {len(check['unexpected'])} unexpected, "
+            f"latest generation served: {'yes' if check['served_generation_is_latest'] else 'no'}; server RSS "
+            f"(sampled every 5 s) first / peak / last: {_rss(rss['samples'], 0)} MB before the kill, "
+            f"{_rss(rss['samples'], 1, data['ready_again_s'])} MB after the restart (once ready).")
+
+
+def _rss(samples: list, life: int, since: float = 0.0) -> str:
+    mb = [m for t, m, n in samples if n == life and t >= since]
+    return f"{mb[0]:.0f} / {max(mb):.0f} / {mb[-1]:.0f}" if mb else "—"
+
+
 def t_index_recall_cpu() -> str:
     data = load("index_recall_cpu.json")
     rows = data["rows"]
@@ -414,6 +439,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
     "service_load_cuda_h100": t_service_load_cuda_h100,
+    "soak_cpu": t_soak_cpu,
     "index_recall_cpu": t_index_recall_cpu,
     "rcn_speed_cpu": t_rcn_speed_cpu,
     "scale_index": t_scale_index,

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .metrics import Metrics, MetricsMiddleware
 from .contract import error_responses, form_body
-from .middleware import BodyLimitMiddleware, InFlightMiddleware
+from .middleware import BodyMiddleware, InFlightMiddleware
 from .page import add_page
 from .api import gallery as gallery_api
 from .api import generate as generate_api
@@ -65,8 +65,11 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     app.include_router(operations_api.router)
     add_page(app)
     _add_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes + BODY_SLACK)
+    # outermost last: metrics see every request; a body is received whole before admission counts its request
     app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
+                       retry_after_s=settings.retry_after_s, metrics=metrics, thumbnail_limit=settings.max_thumbnails)
+    app.add_middleware(BodyMiddleware, limit=settings.max_upload_bytes + BODY_SLACK, timeout_s=settings.body_timeout_s,
+                       min_rate=settings.body_min_rate, buffer_bytes=settings.upload_buffer_bytes,
                        retry_after_s=settings.retry_after_s, metrics=metrics)
     origins = cors_origins(settings.cors_origins)
     if origins:

@@ -447,12 +447,14 @@ ERROR_MEANINGS = {
          "truncated",
     401: "missing or wrong API key",
     404: "no such gallery image",
+    408: "the request body arrived too slowly (JOINTSPACE_BODY_TIMEOUT_S plus 1 s per JOINTSPACE_BODY_MIN_RATE "
+         "bytes); the connection is closed",
     409: "the loaded model has no sentence decoder, which this route needs (see /readyz: decoder)",
     413: "the request body or the image is too large (bytes or pixels)",
     415: "an unsupported content type, or an upload that is not an image this service reads",
     422: "a field is missing, of the wrong type, out of range, unknown or blank",
-    503: "not ready yet, or overloaded: the request was shed (the queue was full or its deadline passed before "
-         "work began); retry after Retry-After seconds",
+    503: "not ready yet, or overloaded: the request was shed (the queue, the upload buffer or the thumbnail slots "
+         "were full, or its deadline passed before work began); retry after Retry-After seconds",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "required": True,
                                "schema": {"type": "integer", "minimum": 1}}}

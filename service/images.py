@@ -7,6 +7,7 @@ event loop (Pillow releases the GIL while decoding).
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -81,18 +82,36 @@ def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageError(413, f"image has too many pixels: {err}") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, MemoryError) as err:
-        raise ImageError(400, f"corrupt or truncated image: {err}") from None
+        raise ImageError(413, f"image has too many pixels: {public_reason(err)}") from None
+    except UnidentifiedImageError:
+        raise ImageError(400, f"corrupt image: its first bytes say {sniff(data[:64])}, but no decoder can read "
+                              f"it") from None
+    except Exception as err:  # noqa: BLE001 - any decoder error (Pillow, libheif, struct, ...) is the file's fault
+        raise ImageError(400, f"corrupt or truncated image: {public_reason(err)}") from None
+
+
+_REPR = re.compile(r"<[^<>]*>")                              # <_io.BytesIO object at 0x7f...>, <PIL...>
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\",:;)]*[\\/][^\s'\",:;)]*")    # anything with two path separators
+
+
+def public_reason(err: BaseException) -> str:
+    """A decoder's error message fit to show a client: no object reprs, memory addresses or file paths (the
+    service does not tell clients about its insides), at most 200 characters; the error's type name when nothing
+    is left."""
+    text = _PATH.sub("…", _ADDRESS.sub("…", _REPR.sub("…", str(err)))).strip(" :")
+    if not text or text == "…":
+        text = type(err).__name__
+    return text[:200]
 
 
 def _open_raw_file(path: Path, max_pixels: int) -> Image.Image:
     try:
         image = load_image(path)[0]
     except ValueError as err:            # rawpy not installed (UnsupportedImageError)
-        raise ImageError(415, str(err)) from None
+        raise ImageError(415, public_reason(err)) from None
     except Exception as err:  # noqa: BLE001 - LibRaw's errors: unreadable RAW
-        raise ImageError(400, f"unreadable camera RAW file: {type(err).__name__}: {err}") from None
+        raise ImageError(400, f"unreadable camera RAW file: {type(err).__name__}: {public_reason(err)}") from None
     if image.width * image.height > max_pixels:
         raise ImageError(413, f"image is {image.width}×{image.height} pixels; the limit is {max_pixels:,}")
     return image

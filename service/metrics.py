@@ -9,7 +9,11 @@
   ``JOINTSPACE_MAX_QUEUE`` bounds;
 * ``jointspace_shed_total{batcher, reason}`` — requests answered 503 without being computed: ``reason`` =
   ``queue_full`` (refused on arrival, or by a full batcher queue) or ``deadline`` (dropped when its deadline
-  passed before its batch began); ``batcher`` = ``admission`` for those refused on arrival;
+  passed before its batch began); ``batcher`` = ``admission`` for those refused on arrival, ``thumbnail`` for
+  thumbnails refused on arrival, ``uploads`` (``reason`` = ``buffer_full``) for bodies refused before they were
+  read because the upload buffer was full;
+* ``jointspace_bodies_receiving`` — request bodies being received now (not yet admitted);
+* ``jointspace_body_timeouts_total`` — requests answered 408 because their body arrived too slowly;
 * ``jointspace_index_vectors{side}`` — vectors in the live index generation.
 """
 from __future__ import annotations
@@ -42,6 +46,10 @@ class Metrics:
                                registry=self.registry)
         self.shed = Counter("jointspace_shed", "requests answered 503 without being computed",
                             ["batcher", "reason"], registry=self.registry)
+        self.bodies_receiving = Gauge("jointspace_bodies_receiving", "request bodies being received (not yet "
+                                                                     "admitted)", registry=self.registry)
+        self.body_timeouts = Counter("jointspace_body_timeouts", "requests answered 408: body too slow",
+                                     registry=self.registry)
         self.index_vectors = Gauge("jointspace_index_vectors", "vectors in the live index", ["side"],
                                    registry=self.registry)
 

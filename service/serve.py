@@ -29,9 +29,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-wait-ms", type=float, help="env JOINTSPACE_MAX_WAIT_MS (default 2)")
     p.add_argument("--max-queue", type=int, help="most requests the model holds at once; one more is answered "
                                                  "503 + Retry-After (env JOINTSPACE_MAX_QUEUE, default 256)")
-    p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after it "
-                                                     "arrived is answered 503 + Retry-After, not computed; 0 = none "
-                                                     "(env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after its "
+                                                     "body was complete is answered 503 + Retry-After, not "
+                                                     "computed; 0 = none (env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--body-timeout-s", type=float, help="seconds a request body gets, plus 1 s per --body-min-rate "
+                                                        "bytes sent; 408 after (env JOINTSPACE_BODY_TIMEOUT_S, "
+                                                        "default 10)")
+    p.add_argument("--body-min-rate", type=int, help="bytes/s a request body must keep up (env "
+                                                     "JOINTSPACE_BODY_MIN_RATE, default 16384)")
     p.add_argument("--batch-sizes", help="the batch sizes forward passes run at: auto (powers of two up to "
                                          "--max-batch) or e.g. 1,4,16,64 (env JOINTSPACE_BATCH_SIZES)")
     p.add_argument("--bucket-mode", choices=["auto", "pad", "split", "off"],

@@ -41,14 +41,29 @@ class Settings(BaseSettings):
                                             "index on a CUDA device without faiss-gpu: matmul + top-k in torch), "
                                             "faiss, or torch (Flat indexes only)")
     # load shedding
-    max_queue: int = Field(256, ge=1, description="most requests the model holds at once (being read and decoded, "
-                                                  "waiting for a batch, or computed); one more is answered 503 + "
-                                                  "Retry-After at once, before its body is read")
-    deadline_ms: float = Field(5000.0, ge=0, description="a request whose batch has not begun this long after it "
-                                                         "arrived is answered 503 + Retry-After without being "
-                                                         "computed; 0 = no deadline")
+    max_queue: int = Field(256, ge=1, description="most requests the model holds at once (their body received: "
+                                                  "being parsed and decoded, waiting for a batch, or computed); one "
+                                                  "more is answered 503 + Retry-After at once")
+    deadline_ms: float = Field(5000.0, ge=0, description="a request whose batch has not begun this long after its "
+                                                         "body was complete is answered 503 + Retry-After without "
+                                                         "being computed; 0 = no deadline")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
     decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
+    # request bodies and thumbnails
+    body_timeout_s: float = Field(10.0, gt=0, description="seconds a request body gets, plus 1 s for every "
+                                                          "body_min_rate bytes it sends; 408 when it has not "
+                                                          "arrived by then")
+    body_min_rate: int = Field(16_384, ge=1, description="bytes per second a request body must keep up after its "
+                                                         "first body_timeout_s seconds (408 below)")
+    upload_buffer_bytes: int = Field(256 * 1024 * 1024, ge=1,
+                                     description="most bytes of request bodies over 64 KiB held at once, each "
+                                                 "counted by its Content-Length from its first byte until it is "
+                                                 "answered; one more is answered 503 + Retry-After before it is "
+                                                 "read (JSON queries and small images take none)")
+    max_thumbnails: int = Field(16, ge=1, description="most thumbnails (/v1/images/{id}?size=) being made at once; "
+                                                      "one more is answered 503 + Retry-After at once")
+    thumbnail_workers: int = Field(1, ge=1, description="threads that make thumbnails (not the upload decoding "
+                                                        "threads)")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = all cores but one)")
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest image upload (413 beyond)")

@@ -77,6 +77,8 @@ class ServiceState:
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
+        # thumbnails have threads of their own (and a bound on how many wait: InFlightMiddleware)
+        self.thumbnail_pool = ThreadPoolExecutor(settings.thumbnail_workers, thread_name_prefix="jointspace-thumb")
         # requests on their way to each batcher (InFlightMiddleware)
         self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
         # the model's similarity bounds min_score: known from the index's manifest before anything is loaded
@@ -182,6 +184,7 @@ class ServiceState:
             await batcher.stop()
         self.compute_pool.shutdown(wait=False, cancel_futures=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.thumbnail_pool.shutdown(wait=False, cancel_futures=True)
         torch.set_num_threads(self._torch_threads)      # the process's setting, as it was before start()
         gc.unfreeze()                                   # let a clean shutdown free everything again
 

@@ -504,7 +504,7 @@ def test_requests_past_their_deadline_are_dropped_before_any_work(tiny_model_pat
     assert re.search(r"^jointspace_in_flight 0\.0$", metrics, re.M)
 
 
-def test_admission_refuses_beyond_max_queue_before_reading_the_body(tiny_model_path, tiny_index_dir):
+def test_admission_refuses_beyond_max_queue_before_any_work(tiny_model_path, tiny_index_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
                               max_queue=4, max_batch=1, max_wait_ms=0, deadline_ms=0))
 

@@ -37,17 +37,46 @@ def body_kind(request: Request, accepts: tuple[Kind, ...], send: str) -> Kind:
     raise HTTPException(415, send)
 
 
+MAX_INT_DIGITS = 100        # no field takes an integer near this long (ids are int64: 19 digits)
+
+
+class _TooManyDigits(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _json_int(text: str) -> int:
+    """A JSON integer, read only when it is short: Python refuses to convert long digit strings (over
+    ``sys.get_int_max_str_digits()``, 4,300) with a ValueError of its own, and converting one costs time
+    quadratic in its length."""
+    digits = len(text) - (text[0] == "-")
+    if digits > MAX_INT_DIGITS:
+        raise _TooManyDigits(digits)
+    return int(text)
+
+
+def _not_json(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity``: Python's json reads them, JSON has no such values."""
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
 async def _json_value(request: Request) -> Any:
-    """The request's JSON value, with FastAPI's own errors for a missing or malformed one."""
+    """The request's JSON value, with FastAPI's own errors for a missing or malformed one; an integer too long to
+    be any field's value is 422, nesting deeper than Python's parser goes is 400."""
     body = await request.body()
     if not body:
         raise RequestValidationError([{"type": "missing", "loc": ("body",), "input": None, "msg": "Field required"}])
     try:
-        return json.loads(body)
+        return json.loads(body, parse_int=_json_int, parse_constant=_not_json)
+    except _TooManyDigits as err:
+        raise RequestValidationError([{"type": "int_parsing", "loc": ("body",), "input": None,
+                                       "msg": f"a number in the body has {err.digits:,} digits; integers of more "
+                                              f"than {MAX_INT_DIGITS} digits are not read"}]) from None
     except json.JSONDecodeError as err:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", err.pos), "input": {},
                                        "msg": "JSON decode error", "ctx": {"error": err.msg}}]) from None
-    except (UnicodeDecodeError, RecursionError):
+    except (UnicodeDecodeError, RecursionError, ValueError):
         raise HTTPException(400, "There was an error parsing the body") from None
 
 

@@ -25,7 +25,7 @@ _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="
 _bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_API_KEY")
 
 # the error responses of every POST route (the 401 is added to every /v1 route when a key is set: service/app.py)
-POST_ERRORS = (400, 413, 415, 422, 503)
+POST_ERRORS = (400, 408, 413, 415, 422, 503)
 
 
 async def service(request: Request) -> ServiceState:

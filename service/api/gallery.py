@@ -91,7 +91,8 @@ async def get_image(request: Request, image_id: int = Path(..., ge=0, le=MAX_ID)
         return FileResponse(path, media_type=media_type_of(path), headers=headers)
     loop = asyncio.get_running_loop()
     try:
-        data, media = await loop.run_in_executor(state.decode_pool, thumbnail, path, size, state.settings.max_pixels)
+        data, media = await loop.run_in_executor(state.thumbnail_pool, thumbnail, path, size,
+                                                   state.settings.max_pixels)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status, f"gallery image {image_id}: {err.detail}")
     return Response(data, media_type=media, headers=headers)

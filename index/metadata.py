@@ -1,6 +1,7 @@
 """Gallery metadata in SQLite: image id → file path, capture time, size, folder and content hash; caption id →
 text; video id → file path, duration, size and its own vector; and when each was added. A video's moments are
-rows of the images table (their FAISS ids are image ids) with ``video_id``, ``t_start`` and ``t_end`` set.
+rows of the images table (their FAISS ids are image ids) with ``video_id``, ``t_start``, ``t_end`` and
+``t_frame`` (its thumbnail's time) set.
 
 One database file per index generation (see ``index.gallery``). Every change runs in one transaction, so a
 process killed mid-change leaves the database as it was before the change. The service reads it from
@@ -9,7 +10,7 @@ several threads: one connection, guarded by a lock.
 Indexes written before the photo columns existed (``taken``, ``width``, ``height``, ``folder``, ``sha256``,
 ``size``, ``mtime``) still load: opened for writing, the table gets the columns (NULL for the old rows); opened
 read-only, the missing columns read as NULL and ``folder`` is derived from the path. The same holds for the
-moment columns (``video_id``, ``t_start``, ``t_end``) and the ``videos`` table (read-only: no videos).
+moment columns (``video_id``, ``t_start``, ``t_end``, ``t_frame``) and the ``videos`` table (read-only: no videos).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ CREATE TABLE IF NOT EXISTS images (
     mtime  REAL,               -- the file's mtime when it was embedded
     video_id INTEGER,          -- a video's moment: the video (videos.id); NULL for a photo
     t_start  REAL,             -- the moment's span in the video, seconds
-    t_end    REAL
+    t_end    REAL,
+    t_frame  REAL              -- the time of its frame nearest the moment's vector (its thumbnail)
 );
 CREATE TABLE IF NOT EXISTS videos (
     id       INTEGER PRIMARY KEY,
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS captions (
 PHOTO_COLUMNS = (("taken", "REAL"), ("width", "INTEGER"), ("height", "INTEGER"), ("folder", "TEXT"),
                  ("sha256", "TEXT"), ("size", "INTEGER"), ("mtime", "REAL"))
 # a video moment's columns (NULL for photos), added to an older table alike
-MOMENT_COLUMNS = (("video_id", "INTEGER"), ("t_start", "REAL"), ("t_end", "REAL"))
+MOMENT_COLUMNS = (("video_id", "INTEGER"), ("t_start", "REAL"), ("t_end", "REAL"), ("t_frame", "REAL"))
 _IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS + MOMENT_COLUMNS)
 _VIDEO_COLUMNS = ("id", "path", "added", "taken", "width", "height", "folder", "sha256", "size", "mtime",
                   "duration", "fps")
@@ -86,6 +88,7 @@ class ImageRow:
     video_id: int | None = None          # a video's moment: its video and span in seconds
     t_start: float | None = None
     t_end: float | None = None
+    t_frame: float | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ class Metadata:
             info = row[2] if len(row) > 2 else None
             photo = (None,) * len(PHOTO_COLUMNS) if info is None else (
                 info.taken, info.width, info.height, info.folder, info.sha256, info.size, info.mtime)
-            moment = (getattr(info, "video_id", None), getattr(info, "start", None), getattr(info, "end", None))
+            moment = tuple(getattr(info, name, None) for name in ("video_id", "start", "end", "frame"))
             values.append((int(row[0]), str(row[1]), added, *photo, *moment))
         with self._lock, self._conn:
             self._conn.executemany(f"INSERT INTO images ({', '.join(_IMAGE_COLUMNS)}) VALUES "

@@ -21,7 +21,7 @@ import datetime as dt
 import hashlib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -75,6 +75,7 @@ class SegmentInfo:
     video_id: int
     start: float
     end: float
+    frame: float            # the time of the moment's frame nearest its vector: its thumbnail
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,7 @@ class Segment:
     start: float            # seconds: the first frame's time
     end: float              # seconds: the last frame's time plus one sampling interval (at most the duration)
     frames: tuple[int, int]  # [first, last + 1) positions in the video's sampled frames
+    best: float | None = None  # seconds: the frame nearest the moment's vector (set by embed_videos)
 
 
 def segment(times: Sequence[float], vectors: np.ndarray | None = None, window: float = DEFAULT_WINDOW,
@@ -379,7 +381,8 @@ class VideoEmbeddings:
             video_rows.append((vid, path, info, vector))
             for s in segs:
                 seg_rows.append((path, SegmentInfo(info.taken, info.width, info.height, info.folder, None, None,
-                                                   None, vid, round(s.start, 3), round(s.end, 3))))
+                                                   None, vid, round(s.start, 3), round(s.end, 3),
+                                                   round(s.start if s.best is None else s.best, 3))))
             vectors.append(seg_vecs)
         dim = self.vectors[0].shape[0] if self.vectors else 0
         return (np.concatenate(vectors).astype(np.float32) if vectors else np.zeros((0, dim), np.float32),
@@ -467,12 +470,14 @@ def embed_videos(model, paths: Sequence[str | Path], sampling: Sampling = DEFAUL
                          sha256=sha, size=size, mtime=mtime, duration=round(duration, 3), fps=facts.get("fps", 0.0),
                          rotation=facts.get("rotation", 0))
         segs = segment(ts, vectors, sampling.window, sampling.cut, 1.0 / sampling.rate, duration)
+        means = np.stack([mean_vector(vectors[a:b], model.similarity) for a, b in (s.frames for s in segs)])
+        segs = [replace(s, best=ts[s.frames[0] + int(np.argmax(vectors[s.frames[0]:s.frames[1]] @ m))])
+                for s, m in zip(segs, means)]
         out.kept.append(pos)
         out.info.append(info)
         out.vectors.append(mean_vector(vectors, model.similarity))
         out.segments.append(segs)
-        out.segment_vectors.append(np.stack([mean_vector(vectors[a:b], model.similarity)
-                                             for a, b in (s.frames for s in segs)]))
+        out.segment_vectors.append(means)
 
     for pos, kind, value in tqdm(loader, desc="reading videos", unit="frame", disable=not progress):
         if kind == "frame":

@@ -238,3 +238,97 @@ def test_an_index_written_before_videos_still_loads_and_gains_the_columns(tmp_pa
     meta = Metadata(db)                                      # opened for writing: migrated
     assert meta.image(0).t_start is None and meta.all_videos() == []
     meta.close()
+
+
+# --- the service: moments in search results, their frames, the video file with range requests ------------------
+
+@pytest.fixture(scope="module")
+def video_client(tiny_model_path, synth_small, tmp_path_factory):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    folder = _gallery_folder(tmp_path_factory.mktemp("served") / "media", synth_small)
+    out = folder.parent / "index"
+    photos = sorted(p for p in folder.glob("*") if p.suffix == ".jpg")
+    build(out, load_model(tiny_model_path), photos, video_paths=find_videos(folder), progress=False, workers=0,
+          image_root=folder, sampling=Sampling(window=2.0))
+    app = create_app(Settings(model=str(tiny_model_path), index=str(out), reload_interval_s=0))
+    with TestClient(app) as client:
+        for _ in range(1200):
+            if client.get("/readyz").status_code == 200:
+                break
+            import time
+
+            time.sleep(0.05)
+        gallery = Gallery.load(out)
+        moments = [r for r in gallery.meta.all_images() if r.video_id is not None]
+        videos = gallery.meta.all_videos()
+        gallery.close()
+        yield client, moments, videos
+
+
+def test_search_returns_moments_with_their_video_and_time_span(video_client):
+    client, moments, videos = video_client
+    r = client.post("/v1/search/images", json={"text": "a red square", "k": 6})
+    assert r.status_code == 200
+    hits = r.json()["results"]
+    assert {h["media"] for h in hits} == {"photo", "video"}
+    by_id = {m.id: m for m in moments}
+    for h in hits:
+        if h["media"] == "video":
+            m = by_id[h["id"]]
+            assert (h["video_id"], h["start"], h["end"]) == (m.video_id, m.t_start, m.t_end)
+            assert h["start"] <= h["frame"] < h["end"]
+        else:
+            assert h["video_id"] is None and h["start"] is None
+    moment = moments[0]
+    thumb = client.get(f"/v1/images/{moment.id}?size=32")          # the moment's frame, as a JPEG
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+    assert max(Image.open(__import__("io").BytesIO(thumb.content)).size) == 32
+    assert client.post("/v1/search/captions", json={"image_id": moment.id, "k": 3}).status_code == 200
+    similar = client.post("/v1/search/images", json={"image_id": moment.id, "k": 3})    # a moment as the query
+    assert similar.status_code == 200 and similar.json()["results"][0]["id"] == moment.id
+
+
+def test_the_video_file_is_streamed_with_range_requests(video_client):
+    client, _, videos = video_client
+    video = videos[0]
+    data = Path(video.path).read_bytes()
+    size = len(data)
+    whole = client.get(f"/v1/videos/{video.id}")
+    assert whole.status_code == 200 and whole.content == data and whole.headers["accept-ranges"] == "bytes"
+    assert whole.headers["content-type"] == "video/webm"                 # clips/blue.webm comes first
+    part = client.get(f"/v1/videos/{video.id}", headers={"Range": "bytes=10-109"})
+    assert part.status_code == 206 and part.content == data[10:110]
+    assert part.headers["content-range"] == f"bytes 10-109/{size}" and part.headers["content-length"] == "100"
+    tail = client.get(f"/v1/videos/{video.id}", headers={"Range": "bytes=-16"})
+    assert tail.status_code == 206 and tail.content == data[-16:]
+    rest = client.get(f"/v1/videos/{video.id}", headers={"Range": f"bytes={size - 5}-"})
+    assert rest.status_code == 206 and rest.content == data[-5:]
+    past = client.get(f"/v1/videos/{video.id}", headers={"Range": f"bytes={size + 1}-"})
+    assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{size}" and past.json()["detail"]
+    assert client.get(f"/v1/videos/{video.id}", headers={"Range": "bytes=9-3"}).status_code == 416
+    assert client.get(f"/v1/videos/{video.id}", headers={"Range": "items=0-3"}).status_code == 200   # ignored
+    assert client.get("/v1/videos/99").status_code == 404
+    assert client.get("/v1/videos/-1").status_code == 422
+
+
+def test_a_frame_of_a_video_and_the_openapi_document(video_client):
+    client, _, videos = video_client
+    red = next(v for v in videos if v.path.endswith("red.mp4"))
+    frame = client.get(f"/v1/videos/{red.id}/frame", params={"t": 1.0})
+    assert frame.status_code == 200 and frame.headers["content-type"] == "image/jpeg"
+    assert Image.open(__import__("io").BytesIO(frame.content)).size == (64, 64)
+    last = client.get(f"/v1/videos/{red.id}/frame", params={"t": 99})                # past its end: the last frame
+    assert last.status_code == 200 and last.content != frame.content
+    assert client.get(f"/v1/videos/{red.id}/frame", params={"t": -1}).status_code == 422
+    assert client.get(f"/v1/videos/{red.id}/frame", params={"size": 99999}).status_code == 422
+    paths = client.get("/openapi.json").json()["paths"]
+    responses = paths["/v1/videos/{video_id}"]["get"]["responses"]
+    assert {"200", "206", "416", "404"} <= set(responses)
+    assert "Content-Range" in responses["206"]["headers"]
+    assert "/v1/videos/{video_id}/frame" in paths
+    hit = client.get("/openapi.json").json()["components"]["schemas"]["ImageHit"]["properties"]
+    assert {"media", "video_id", "start", "end", "frame"} <= set(hit)

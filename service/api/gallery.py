@@ -1,5 +1,5 @@
 """The gallery: ``GET /v1/folders`` (its folders, for the folder filter) and ``GET /v1/images/{id}`` (an image
-file, or a JPEG thumbnail with ``?size=``)."""
+file, or a JPEG thumbnail with ``?size=``; for a video moment, its thumbnail frame)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +13,7 @@ from ..images import ImageError, media_type_of, thumbnail
 from ..schemas import Folder, Folders
 from ..state import ServiceState
 from .deps import gallery_file, service
+from .videos import frame_response, moment_seconds
 
 router = APIRouter(prefix="/v1")
 
@@ -29,7 +30,8 @@ async def folders(state: ServiceState = Depends(service)):
 @router.get("/images/{image_id}", responses={**error_responses(404, 422, 503), 200: {
                 "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
                 "description": "the image file (its sniffed type), or with ?size= a JPEG thumbnail"}},
-            response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size=")
+            response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size= (a video "
+                                             "moment: its thumbnail frame as a JPEG)")
 async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceState = Depends(service),
                     size: int | None = Query(None, ge=16, description="longest side of a JPEG thumbnail")):
     if size is not None and size > state.settings.max_thumbnail:
@@ -37,6 +39,9 @@ async def get_image(image_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceSt
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
                                        "msg": f"size must be at most {state.settings.max_thumbnail}"}])
     path = gallery_file(image_id, state)
+    row = state.loaded.gallery.meta.image(image_id)
+    if row is not None and row.video_id is not None:          # a video moment: its frame
+        return await frame_response(path, moment_seconds(row), size, state, f"gallery image {image_id}")
     headers = {"Cache-Control": "public, max-age=3600"}
     if size is None:
         return FileResponse(path, media_type=media_type_of(path), headers=headers)

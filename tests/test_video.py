@@ -332,3 +332,36 @@ def test_a_frame_of_a_video_and_the_openapi_document(video_client):
     assert "/v1/videos/{video_id}/frame" in paths
     hit = client.get("/openapi.json").json()["components"]["schemas"]["ImageHit"]["properties"]
     assert {"media", "video_id", "start", "end", "frame"} <= set(hit)
+
+
+# --- the generated test set of benchmarks/video_retrieval.py ---------------------------------------------------
+
+def _benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("video_retrieval",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" /
+                                                  "video_retrieval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_clips_hold_their_scenes_for_their_spans(tmp_path):
+    bench = _benchmark()
+    assert bench.tiou((0, 4), (2, 6)) == pytest.approx(2 / 6) and bench.tiou((0, 1), (2, 3)) == 0.0
+    truth = bench.make_clips(tmp_path, clips=1, scenes_per_clip=2, fps=2, size=64, seed=3)
+    (clip,) = truth
+    first, second = clip["scenes"]
+    assert first["start"] == 0 and first["end"] == second["start"] and second["end"] == clip["duration"]
+    assert 3 <= first["end"] <= 7 and len(first["captions"]) == 5
+    assert probe(clip["path"])["duration"] == pytest.approx(clip["duration"])
+    from training.data.synth import random_scenes
+
+    scene, _ = random_scenes(1, seed=5)[0]
+    for offset in ((1.0, 1.0), (-1.0, -1.0)):                      # far beyond the frame: clamped inside it
+        moved = bench.drift(scene, offset)
+        assert all(o.radius - 1e-9 <= c <= 1 - o.radius + 1e-9 for o in moved.objects for c in (o.x, o.y))
+        # the objects move together: their relative positions (the captions' relations) are kept
+        deltas = {(round(m.x - o.x, 6), round(m.y - o.y, 6)) for m, o in zip(moved.objects, scene.objects)}
+        assert len(deltas) == 1

@@ -161,6 +161,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=128, help="frame side in pixels")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--model-note", default="configs/demo.yaml on the synthetic set",
+                   help="how the model was trained, for the results file")
     p.add_argument("--hardware", default=f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()})")
     args = p.parse_args(argv)
     model = load_model(args.model).eval()
@@ -189,8 +191,8 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     result = {"description": f"{args.clips} generated clips ({args.scenes} synthetic scenes each, 3-7 s a scene, "
-                             f"{args.size} px, {args.fps} fps, H.264 by PyAV), frames sampled at 1/s; model "
-                             f"{Path(args.model).name} (configs/demo.yaml on the synthetic set)",
+                             f"{args.size} px, {args.fps} fps, H.264 by PyAV), frames sampled at 1/s; model: "
+                             f"{args.model_note}",
               "scenes": args.clips * args.scenes, "rows": rows, "speed": run, "hardware": args.hardware,
               "date": time.strftime("%Y-%m-%d"), "commit": commit}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -410,6 +410,29 @@ def t_embed_throughput() -> str:
                     f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
 
 
+def t_video_retrieval() -> str:
+    """benchmarks/video_retrieval.py: text → moment and text → video on generated clips, per moment setting."""
+    data = load("video_cpu.json")
+    rows = data["rows"]
+    cells = [[r["setting"], str(r["moments"]), join(r["moment_r"]), f(r["top_tiou"], 2), f(r["placed_tiou"], 2),
+              join(r["video_r_mean"]), join(r["video_r_best_moment"])] for r in rows]
+    table = with_provenance(["moments", "count", "text → moment R@1/5/10 (tIoU ≥ 0.5)", "tIoU of the top moment",
+                             "tIoU, right clip's best moment", "text → video R@1/5/10 (video vector)",
+                             "text → video R@1/5/10 (best moment)"], cells, rows, data, right={1, 3, 4})
+    return table + f" {data['description']}; {rows[0]['queries'] if rows else 0} queries (5 captions a scene)."
+
+
+def t_video_speed() -> str:
+    """benchmarks/video_retrieval.py: how fast videos are indexed."""
+    data = load("video_cpu.json")
+    r = data["speed"]
+    cells = [[f(r["video_seconds"]), str(r["frames"]), f(r["wall_s"], 2), f(r["video_s_per_s"]),
+              f(r["frames_per_s"]), f(r["decode_frames_per_s"])]]
+    return with_provenance(["video seconds", "frames sampled", "wall (s)", "video-seconds / s", "frames / s",
+                            "decoding alone: frames / s"], cells, [r], data, right={0, 1, 2, 3, 4, 5}) + \
+        f" {r['workers']} decoding workers, {r['torch_threads']} torch threads."
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -446,6 +469,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale_index_search": t_scale_index_search,
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
     "embed_throughput": t_embed_throughput,
+    "video_retrieval": t_video_retrieval,
+    "video_speed": t_video_speed,
 }
 
 

@@ -38,14 +38,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
     _embedding_options(b, cmd_build)
+    _video_options(b)
     _engine(b)
 
     a = isub.add_parser("add", help="add images and/or captions to an index without rebuilding it")
     a.add_argument("--index", required=True, help="index directory")
     a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
-    a.add_argument("paths", nargs="*", help="image files or directories to add")
+    a.add_argument("paths", nargs="*", help="image or video files, or directories, to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
     _embedding_options(a, cmd_add)
+    _video_options(a)
 
     y = isub.add_parser("sync", help="make the index match a folder: add new files, re-embed changed ones, remove "
                                      "deleted ones")
@@ -53,6 +55,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
     y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     _embedding_options(y, cmd_sync)
+    _video_options(y)
 
     r = isub.add_parser("remove", help="remove images and/or captions by id")
     r.add_argument("--index", required=True, help="index directory")
@@ -80,6 +83,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--taken-after", metavar="DATE", help="only photos taken at or after this ISO 8601 date or "
                                                          "date-time (UTC unless an offset is given)")
     s.add_argument("--taken-before", metavar="DATE", help="only photos taken before this date or date-time")
+    s.add_argument("--media", choices=["photo", "video"],
+                   help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     s.set_defaults(func=cmd_search)
 
@@ -108,6 +113,39 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
     p.set_defaults(func=func)
 
 
+def _video_options(p: argparse.ArgumentParser) -> None:
+    """How the commands that find media read videos (docs/video.md)."""
+    from .video import DEFAULT_MAX_FRAMES, DEFAULT_RATE, DEFAULT_WINDOW, VIDEO_SUFFIXES
+
+    g = p.add_argument_group("videos", f"video files ({', '.join(sorted(VIDEO_SUFFIXES))}) found beside the "
+                                       "photos are indexed as moments: sampled frames, grouped into windows")
+    g.add_argument("--no-videos", action="store_true", help="index photos only; leave video files out")
+    g.add_argument("--video-rate", type=float, default=DEFAULT_RATE,
+                   help=f"frames sampled a second (default {DEFAULT_RATE:g})")
+    g.add_argument("--video-max-frames", type=int, default=DEFAULT_MAX_FRAMES,
+                   help=f"at most this many frames a video (default {DEFAULT_MAX_FRAMES})")
+    g.add_argument("--video-window", type=float, default=DEFAULT_WINDOW,
+                   help=f"seconds a moment spans (default {DEFAULT_WINDOW:g})")
+    g.add_argument("--video-cut", type=float,
+                   help="also start a moment where adjacent frames' embeddings differ by more than this cosine "
+                        "distance (0 to 2; default: fixed windows only)")
+
+
+def _sampling(args):
+    from .video import Sampling
+
+    return Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
+
+
+def _split_media(paths, args) -> tuple[list, list]:
+    """Paths → (photos, videos) by suffix; videos empty with --no-videos."""
+    from .video import is_video
+
+    photos = [p for p in paths if not is_video(p)]
+    videos = [] if args.no_videos else [p for p in paths if is_video(p)]
+    return photos, videos
+
+
 def _engine(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine", "where the images are embedded (docs/scale.md): in this process, or on Ray "
                                        "actors writing resumable embedding shards (needs the ray extra)")
@@ -133,10 +171,15 @@ def _read_lines(path: str | Path) -> list[str]:
 
 
 def _report_skipped(skipped) -> None:
+    from .video import is_video
+
     for path, reason in skipped:
-        print(f"skipped unreadable image {path}: {reason}", file=sys.stderr)
-    if skipped:
-        print(f"{len(skipped)} unreadable image(s) skipped", file=sys.stderr)
+        print(f"skipped unreadable {'video' if is_video(path) else 'image'} {path}: {reason}", file=sys.stderr)
+    videos = sum(1 for path, _ in skipped if is_video(path))
+    if len(skipped) > videos:
+        print(f"{len(skipped) - videos} unreadable image(s) skipped", file=sys.stderr)
+    if videos:
+        print(f"{videos} unreadable video(s) skipped", file=sys.stderr)
 
 
 def _report_outside(outside) -> None:
@@ -159,8 +202,8 @@ def _load(args):
 def cmd_build(args) -> int:
     from training.data.datasets import load_dataset
 
-    from .embed import scan_images
     from .gallery import build
+    from .video import is_video, scan_media
 
     max_memory = _memory_budget(args.max_index_memory, args.factory)
     if args.engine != "ray":
@@ -177,6 +220,8 @@ def cmd_build(args) -> int:
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     image_root = args.images
     outside: list[tuple[str, str]] = []
+    sampling = _sampling(args)
+    video_paths: list = []
     model, _ = _load(args)
     if args.data:
         if not args.split:
@@ -197,14 +242,20 @@ def cmd_build(args) -> int:
         listing = Path(args.images)
         if listing.is_file():
             paths = [p if p.is_absolute() else listing.parent / p for p in map(Path, _read_lines(args.images))]
+            paths, video_paths = _split_media(paths, args)
             image_root = None
         else:
-            scan = scan_images(args.images, args.exclude, not args.no_default_excludes)
-            paths, outside = scan.found, scan.outside
+            scan = scan_media(args.images, args.exclude, not args.no_default_excludes, photos=True,
+                              videos=not args.no_videos)
+            paths = [p for p in scan.found if not is_video(p)]
+            video_paths = [p for p in scan.found if is_video(p)]
+            outside = scan.outside
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     _report_outside(outside)
-    if not paths:
-        raise ValueError("no images to index")
+    if not paths and not video_paths:
+        raise ValueError("no images or videos to index")
+    if video_paths and args.engine == "ray":
+        raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
     bank = _querybank(args, model) if args.querybank else None
     if args.engine == "ray":
         report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank)
@@ -212,10 +263,11 @@ def cmd_build(args) -> int:
         report = build(args.out, model, paths, captions, factory=args.factory,
                        caption_factory=args.caption_factory, batch_size=args.batch_size,
                        workers=args.workers, progress=not args.quiet, image_root=image_root,
-                       max_memory=max_memory, querybank=bank)
+                       max_memory=max_memory, querybank=bank, video_paths=video_paths, sampling=sampling)
     _report_skipped(report.skipped)
-    print(f"indexed {len(report.image_ids)} images and {len(report.caption_ids)} captions into {args.out} "
-          f"({report.generation})")
+    videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
+    print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
+          f"into {args.out} ({report.generation})")
     return 0
 
 
@@ -281,13 +333,13 @@ def _build_on_ray(args, model, paths, captions, image_root, max_memory=None, que
 
 
 def cmd_add(args) -> int:
-    from .embed import scan_images
     from .gallery import add
+    from .video import scan_media
 
     paths, outside = [], []
     for p in args.paths:
         if Path(p).is_dir():
-            scan = scan_images(p, args.exclude, not args.no_default_excludes)
+            scan = scan_media(p, args.exclude, not args.no_default_excludes, photos=True, videos=True)
             paths += scan.found
             outside += scan.outside
         elif not Path(p).exists():
@@ -296,27 +348,33 @@ def cmd_add(args) -> int:
             paths.append(Path(p))
     captions = _read_lines(args.captions) if args.captions else []
     _report_outside(outside)
-    if not paths and not captions:
-        raise ValueError("nothing to add: give image paths and/or --captions")
+    paths, video_paths = _split_media(paths, args)
+    sampling = _sampling(args)
+    if not paths and not video_paths and not captions:
+        raise ValueError("nothing to add: give image or video paths and/or --captions")
     model, _ = _load(args)
     report = add(args.index, model, paths, captions, batch_size=args.batch_size,
-                 workers=args.workers, progress=not args.quiet)
+                 workers=args.workers, progress=not args.quiet, video_paths=video_paths, sampling=sampling)
     _report_skipped(report.skipped)
     print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
-                      "generation": report.generation}))
+                      "video_ids": report.video_ids, "moments": report.moments, "generation": report.generation}))
     return 0
 
 
 def cmd_sync(args) -> int:
     from .gallery import sync
 
+    sampling = _sampling(args)
     model, _ = _load(args)
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes,
-                  batch_size=args.batch_size, workers=args.workers, progress=not args.quiet)
+                  batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
+                  videos=not args.no_videos, sampling=sampling)
     _report_skipped(report.skipped)
     _report_outside(report.outside)
+    videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
+        if report.videos_seen else {}
     print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
-                      "removed": report.removed_images, "unchanged": report.unchanged,
+                      "removed": report.removed_images, **videos, "unchanged": report.unchanged,
                       "skipped": len(report.skipped), "links_outside": len(report.outside),
                       "generation": report.generation}))
     return 0
@@ -327,6 +385,7 @@ def cmd_search(args) -> int:
 
     from .gallery import Gallery
     from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
+    from .video import media_ids
 
     if args.k < 1:
         raise ValueError("--k must be at least 1")
@@ -343,11 +402,19 @@ def cmd_search(args) -> int:
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
         else:
             query = _example_query(model, args.image, args.subtract)
-        hits = gallery.search_images(query, args.k, flt, args.offset, min_score)[0]
+        allowed = media_ids(gallery.meta.all_images(), args.media, gallery.allowed_ids(flt))
+        hits = gallery.search_images(query, args.k, flt, args.offset, min_score, allowed=allowed)[0]
         rows = gallery.meta.images([i for i, _ in hits])
-        print(json.dumps({"results": [{"id": i, "score": round(s, 6), "path": rows[i].path,
-                                       "taken": format_time(rows[i].taken), "folder": rows[i].folder}
-                                      for i, s in hits if i in rows]}, indent=1))
+        results = []
+        for i, s in hits:
+            if i in rows:
+                row = rows[i]
+                hit = {"id": i, "score": round(s, 6), "path": row.path, "taken": format_time(row.taken),
+                       "folder": row.folder}
+                if row.video_id is not None:
+                    hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
+                results.append(hit)
+        print(json.dumps({"results": results}, indent=1))
     finally:
         gallery.close()
     return 0

@@ -51,12 +51,15 @@ def find_images(root: str | Path, exclude: Sequence[str] = (), default_excludes:
     return scan_images(root, exclude, default_excludes).found
 
 
-def scan_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True) -> ImageScan:
+def scan_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
+                suffixes: Iterable[str] = IMAGE_SUFFIXES) -> ImageScan:
     """:func:`find_images`, and the symbolic links it did not follow. The symlink policy: the files indexed are
     the folder's own. A link whose target lies outside the folder (after every link is resolved) is skipped and
     listed in ``outside``, never followed — a link to a file or to a folder alike. A link to a file inside the
     folder stands for that file, which is indexed once (under its real path: the index stores resolved paths);
-    a link to a folder inside is not descended (its files are found where they are)."""
+    a link to a folder inside is not descended (its files are found where they are). ``suffixes``: the files
+    looked for (photos by default; index/video.py's scan adds videos)."""
+    suffixes = frozenset(suffixes)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no image directory at {root}")
@@ -85,7 +88,7 @@ def scan_images(root: str | Path, exclude: Sequence[str] = (), default_excludes:
         dirnames[:] = kept
         for name in filenames:
             path = Path(dirpath) / name
-            if path.suffix.lower() not in IMAGE_SUFFIXES or excluded(here / name, patterns):
+            if path.suffix.lower() not in suffixes or excluded(here / name, patterns):
                 continue
             link = path.is_symlink()
             if (link and leaves(path)) or not path.is_file():

@@ -52,12 +52,13 @@ import torch
 
 from training.data.fileio import created_mode, write_json, write_text
 
-from .embed import ImageEmbeddings, embed_image_files, embed_texts, scan_images
+from .embed import ImageEmbeddings, embed_image_files, embed_texts
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
 from .querybank import QueryBank, bank_for, queries_for, unfold
 from .segments import SegmentedIndex, SideUpdate, write_new
+from .video import DEFAULT_SAMPLING, Sampling, VideoEmbeddings, embed_videos, take_video_ids
 
 FORMAT = "jointspace-index/2"
 READS = ("jointspace-index/1", FORMAT)         # formats that load (1: one FAISS file per side, no segments)
@@ -80,6 +81,10 @@ class UpdateReport:
     changed: list[int] = field(default_factory=list)            # sync: ids of re-embedded files (their new ids)
     unchanged: int = 0                                          # sync: files already indexed as they are
     outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
+    video_ids: list[int] = field(default_factory=list)          # ids given to the videos added
+    moments: int = 0                                            # their moments (image ids among image_ids)
+    removed_videos: int = 0                                     # sync: videos gone
+    videos_seen: int = 0                                        # sync: videos under the folder, on disk or indexed
 
 
 class Gallery:
@@ -269,42 +274,61 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, batch_size: int = 64, workers: int = 2, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
-          querybank: QueryBank | None = None) -> UpdateReport:
+          querybank: QueryBank | None = None, video_paths: Sequence[str | Path] = (),
+          sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
     default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
     ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
-    against this bank of queries (QB-Norm, index/querybank.py; cosine models)."""
+    against this bank of queries (QB-Norm, index/querybank.py; cosine models). ``video_paths``: videos, read as
+    ``sampling`` says and stored as moments (index/video.py) after the images."""
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress)
+    videos = embed_videos(model, video_paths, sampling, batch_size=batch_size, workers=workers,
+                          progress=progress) if video_paths else None
     return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
                                  caption_factory=caption_factory, progress=progress,
-                                 image_root=image_root, max_memory=max_memory, querybank=querybank)
+                                 image_root=image_root, max_memory=max_memory, querybank=querybank,
+                                 videos=videos, video_paths=video_paths)
 
 
 def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
                           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
                           caption_factory: str | None = None, progress: bool = True,
                           image_root: str | Path | None = None,
-                          max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
+                          max_memory: int | None = None, querybank: QueryBank | None = None,
+                          videos: VideoEmbeddings | None = None, video_paths: Sequence[str | Path] = ()
+                          ) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
     if querybank is not None and model.cfg["model"]["similarity"] != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg['model']['similarity']!r}")
-    if not emb.kept:
-        raise ValueError(f"none of the {len(image_paths)} images could be read: nothing to index")
+    if not emb.kept and not (videos is not None and videos.moments):
+        raise ValueError(f"none of the {len(image_paths)} images and {len(video_paths)} videos could be read: "
+                         f"nothing to index")
     texts = [t for t, _ in captions]
     cap_vectors = embed_texts(model, texts, progress=progress)
     kept = set(emb.kept)
+    vectors, ids = emb.vectors, np.asarray(emb.kept, np.int64)
+    rows = [(str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)]
+    video_rows: list = []
+    if videos is not None and videos.moments:                   # moments: image ids after the images'
+        manifest: dict = {"next_video_id": 0}
+        moment_vectors, moment_rows, video_rows = take_video_ids(manifest, videos, video_paths)
+        vectors = np.concatenate([vectors.reshape(-1, moment_vectors.shape[1]), moment_vectors])
+        ids = np.concatenate([ids, np.arange(len(image_paths), len(image_paths) + len(moment_rows))])
+        rows += moment_rows
     report = build_from_vectors(
-        root, model.fingerprint, model.cfg["model"]["similarity"], emb.vectors, np.asarray(emb.kept, np.int64),
-        [(str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)],
-        cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=len(image_paths),
+        root, model.fingerprint, model.cfg["model"]["similarity"], vectors, ids, rows,
+        cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=int(len(image_paths)
+                                                                                            + len(rows) - len(emb.kept)),
         factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
-        model_name=model.cfg.get("name", ""), querybank=querybank)
-    report.skipped = emb.skipped
+        model_name=model.cfg.get("name", ""), querybank=querybank, videos=video_rows)
+    report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
+    report.video_ids = [r[0] for r in video_rows]
+    report.moments = len(rows) - len(emb.kept)
     return report
 
 
@@ -313,11 +337,13 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                        caption_rows: Sequence[tuple[str, int | None]], next_image_id: int | None = None,
                        factory: str | None = None, caption_factory: str | None = None,
                        image_root: str | Path | None = None, max_memory: int | None = None,
-                       model_name: str = "", querybank: QueryBank | None = None) -> UpdateReport:
+                       model_name: str = "", querybank: QueryBank | None = None,
+                       videos: Sequence[tuple] = ()) -> UpdateReport:
     """Writes a new index generation from embeddings: ``image_rows`` ``(path, info or None)`` per image id,
     ``caption_rows`` ``(text, image id or None)`` per caption (caption id = position). The image index type is
     ``factory``, else the one that fits ``max_memory`` bytes, else the default by size; IVF/PQ types are
-    trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py)."""
+    trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py). ``videos``:
+    rows ``(id, path, VideoInfo, vector)`` of the videos whose moments are among the image rows."""
     root = Path(root)
     image_ids = np.asarray(image_ids, dtype=np.int64)
     dim = int(image_vectors.shape[1])
@@ -336,7 +362,8 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
     manifest = {"format": FORMAT, "model_fingerprint": fingerprint, "similarity": similarity, "dim": dim,
                 "model_name": model_name, "created": now, "index_id": uuid.uuid4().hex,
                 "next_image_id": int(image_ids.max()) + 1 if next_image_id is None else int(next_image_id),
-                "next_caption_id": len(caption_rows)}
+                "next_caption_id": len(caption_rows),
+                "next_video_id": max((int(r[0]) for r in videos), default=-1) + 1}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
     with _locked(root):                                   # the bank file and the generation naming it, together
@@ -346,6 +373,7 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
             meta = Metadata(gen_dir / "metadata.sqlite")
             meta.add_images([(int(i), *row) for i, row in zip(image_ids, image_rows)], added=now)
             meta.add_captions([(int(i), t, g) for i, (t, g) in zip(cap_ids, caption_rows)], added=now)
+            meta.add_videos(videos, added=now)
             meta.close()
             number = 1
             manifest["images"], number = write_new(gen_dir, "images", images, image_vectors, image_ids, number)
@@ -381,31 +409,44 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
 
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
-        batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
-    """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
+        batch_size: int = 64, workers: int = 2, progress: bool = True, video_paths: Sequence[str | Path] = (),
+        sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
+    """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
+    rebuild."""
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers,
                             progress=progress) if image_paths else None
+    videos = embed_videos(model, video_paths, sampling, batch_size=batch_size, workers=workers,
+                          progress=progress) if video_paths else None
     cap_vectors = embed_texts(model, list(captions), progress=progress) if captions else None
     report = add_vectors(root, model.fingerprint, emb.vectors if emb is not None else None,
                          [(str(Path(image_paths[p]).resolve()), info) for p, info in zip(emb.kept, emb.info)]
-                         if emb is not None else [], cap_vectors, list(captions))
-    report.skipped = emb.skipped if emb is not None else []
+                         if emb is not None else [], cap_vectors, list(captions),
+                         videos=(videos, video_paths) if videos is not None else None)
+    report.skipped = (emb.skipped if emb is not None else []) + (videos.skipped if videos is not None else [])
     return report
 
 
 def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | None = None,
                 image_rows: Sequence[tuple] = (), caption_vectors: np.ndarray | None = None,
-                captions: Sequence[str] = (), compact: str = "auto") -> UpdateReport:
+                captions: Sequence[str] = (), compact: str = "auto",
+                videos: tuple[VideoEmbeddings, Sequence[str | Path]] | None = None) -> UpdateReport:
     """Adds embeddings (of the model with ``fingerprint``): images with their rows ``(path, info or None)``,
     captions with their texts. The new vectors become one new segment; no stored vector is read or written
-    unless the compaction thresholds are crossed (``compact``: ``auto``, ``none`` or ``all``)."""
+    unless the compaction thresholds are crossed (``compact``: ``auto``, ``none`` or ``all``). ``videos``: embedded
+    videos and their paths, whose moments are added after the images."""
     root = Path(root)
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
         check_fingerprint(manifest, fingerprint, root)
         bank = bank_for(root, manifest)
         report = UpdateReport()
         now = time.time()
-        rows_img, rows_cap = [], []
+        rows_img, rows_cap, rows_vid = [], [], []
+        if videos is not None and videos[0].moments:
+            moment_vectors, moment_rows, rows_vid = take_video_ids(manifest, *videos)
+            image_vectors = moment_vectors if image_vectors is None or not len(image_rows) else \
+                np.concatenate([image_vectors, moment_vectors])
+            image_rows = [*image_rows, *moment_rows]
+            report.video_ids, report.moments = [r[0] for r in rows_vid], len(moment_rows)
         if image_vectors is not None and len(image_rows):
             ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(image_rows), dtype=np.int64)
             images.add(bank.fold("images", image_vectors) if bank else image_vectors, ids)
@@ -425,6 +466,7 @@ def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | 
             meta.close()
             copy.add_images(rows_img, added=now)
             copy.add_captions(rows_cap, added=now)
+            copy.add_videos(rows_vid, added=now)
             copy.close()
             _write(new_dir, manifest, images, caps, compact)
     report.generation = current_generation(root)
@@ -496,24 +538,44 @@ def _unchanged(row, path: Path) -> bool:
 
 
 def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
-         batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
-    """Makes the index's images under the folder ``images`` what is there now: files not in the index are added,
+         batch_size: int = 64, workers: int = 2, progress: bool = True, videos: bool = True,
+         sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
+    """Makes the index's images (and, with ``videos``, its videos) under the folder ``images`` what is there now: files not in the index are added,
     files whose content changed (sha256; size + mtime spare reading unchanged ones) are embedded again — under a
     new id, the old one removed — and indexed files that are gone (or now excluded) are removed. Images outside
     the folder are left alone. Nothing changed: no new generation (a second run does nothing). One new generation
     otherwise, written like every update (a process killed meanwhile leaves the previous one live). Files that
     cannot be read are listed in ``skipped`` and left out of the index; symbolic links whose target leaves the
-    folder are listed in ``outside`` and not followed (``index.embed.scan_images``)."""
+    folder are listed in ``outside`` and not followed (``index.embed.scan_images``). A changed video is read again
+    whole (its moments get new ids); a gone one loses its moments."""
+    from .video import is_video, scan_media
+
     root = Path(root)
     folder = Path(images).resolve()
-    scan = scan_images(folder, exclude, default_excludes)
-    found = scan.found
+    scan = scan_media(folder, exclude, default_excludes, photos=True, videos=videos)
+    found = [p for p in scan.found if not is_video(p)]
+    found_videos = [p for p in scan.found if is_video(p)]
     with _locked_for_update(root) as (gen_dir, manifest, vectors, caps):
         check_model(manifest, model, root)
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
         try:
-            indexed = {Path(r.path): r for r in meta.all_images()
-                       if Path(r.path) == folder or folder in Path(r.path).parents}
+            all_rows = meta.all_images()
+            indexed = {Path(r.path): r for r in all_rows
+                       if r.video_id is None and (Path(r.path) == folder or folder in Path(r.path).parents)}
+            indexed_videos = {Path(r.path): r for r in meta.all_videos()
+                              if Path(r.path) == folder or folder in Path(r.path).parents} if videos else {}
+            video_files = {p.resolve() for p in found_videos}
+            gone_videos = [r.id for p, r in indexed_videos.items() if p not in video_files]
+            changed_videos, new_videos, unchanged_videos = [], [], 0
+            for path in sorted(video_files):
+                vrow = indexed_videos.get(path)
+                if vrow is None:
+                    new_videos.append(path)
+                elif _unchanged(vrow, path):
+                    unchanged_videos += 1
+                else:
+                    changed_videos.append(vrow.id)
+                    new_videos.append(path)
             on_disk = {p.resolve(): p for p in found}
             gone = [r.id for p, r in indexed.items() if p not in on_disk]
             changed, new, unchanged = [], [], 0
@@ -526,32 +588,53 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                 else:
                     changed.append(row.id)
                     new.append(path)
-            report = UpdateReport(unchanged=unchanged, outside=scan.outside)
+            report = UpdateReport(unchanged=unchanged + unchanged_videos, outside=scan.outside,
+                                  videos_seen=len(video_files) + len(gone_videos))
             emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
                                     progress=progress) if new else None
-            report.skipped = emb.skipped if emb is not None else []
-            if not gone and not changed and (emb is None or not emb.kept):
+            video_emb = embed_videos(model, new_videos, sampling, batch_size=batch_size, workers=workers,
+                                     progress=progress) if new_videos else None
+            report.skipped = (emb.skipped if emb is not None else []) + \
+                (video_emb.skipped if video_emb is not None else [])
+            if not gone and not changed and (emb is None or not emb.kept) and not gone_videos \
+                    and not changed_videos and (video_emb is None or not video_emb.moments):
                 report.generation = gen_dir.name
                 return report
-            stale = sorted(gone + changed)
+            stale_videos = set(gone_videos + changed_videos)
+            stale = sorted(gone + changed + [r.id for r in all_rows if r.video_id in stale_videos])
             if stale:
                 vectors.remove(stale)
             report.removed_images = len(gone)
-            rows = []
+            report.removed_videos = len(gone_videos)
+            rows: list = []
+            image_vectors = np.zeros((0, int(manifest["dim"])), np.float32)
             if emb is not None and emb.kept:
-                ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(emb.kept), dtype=np.int64)
+                image_vectors = emb.vectors
+                rows = [(str(new[p]), info) for p, info in zip(emb.kept, emb.info)]
+            video_rows: list = []
+            if video_emb is not None and video_emb.moments:
+                moment_vectors, moment_rows, video_rows = take_video_ids(manifest, video_emb, new_videos)
+                image_vectors = np.concatenate([image_vectors, moment_vectors])
+                rows += moment_rows
+                report.video_ids = [r[0] for r in video_rows]
+                report.moments = len(moment_rows)
+            if rows:
+                ids = np.arange(manifest["next_image_id"], manifest["next_image_id"] + len(rows), dtype=np.int64)
                 bank = bank_for(root, manifest)
-                vectors.add(bank.fold("images", emb.vectors) if bank else emb.vectors, ids)
-                manifest["next_image_id"] += len(emb.kept)
-                rows = [(int(i), str(new[p]), info) for i, p, info in zip(ids, emb.kept, emb.info)]
-                report.image_ids = [int(i) for i, p in zip(ids, emb.kept) if new[p] not in indexed]
-                report.changed = [int(i) for i, p in zip(ids, emb.kept) if new[p] in indexed]
+                vectors.add(bank.fold("images", image_vectors) if bank else image_vectors, ids)
+                manifest["next_image_id"] += len(rows)
+                photos = len(emb.kept) if emb is not None else 0
+                report.image_ids = [int(i) for i, (p, _) in zip(ids[:photos], rows) if Path(p) not in indexed]
+                report.changed = [int(i) for i, (p, _) in zip(ids[:photos], rows) if Path(p) in indexed]
+                rows = [(int(i), *row) for i, row in zip(ids, rows)]
             manifest.setdefault("image_root", str(folder))
             now = time.time()
             with new_generation(root, lock=False) as new_dir:
                 copy = meta.copy_to(new_dir / "metadata.sqlite")
                 copy.remove_images(stale)
+                copy.remove_videos(sorted(stale_videos))
                 copy.add_images(rows, added=now)
+                copy.add_videos(video_rows, added=now)
                 copy.close()
                 _write(new_dir, manifest, vectors, caps)
         finally:

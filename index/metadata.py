@@ -1,5 +1,7 @@
 """Gallery metadata in SQLite: image id → file path, capture time, size, folder and content hash; caption id →
-text; and when each was added.
+text; video id → file path, duration, size and its own vector; and when each was added. A video's moments are
+rows of the images table (their FAISS ids are image ids) with ``video_id``, ``t_start``, ``t_end`` and
+``t_frame`` (its thumbnail's time) set.
 
 One database file per index generation (see ``index.gallery``). Every change runs in one transaction, so a
 process killed mid-change leaves the database as it was before the change. The service reads it from
@@ -7,7 +9,8 @@ several threads: one connection, guarded by a lock.
 
 Indexes written before the photo columns existed (``taken``, ``width``, ``height``, ``folder``, ``sha256``,
 ``size``, ``mtime``) still load: opened for writing, the table gets the columns (NULL for the old rows); opened
-read-only, the missing columns read as NULL and ``folder`` is derived from the path.
+read-only, the missing columns read as NULL and ``folder`` is derived from the path. The same holds for the
+moment columns (``video_id``, ``t_start``, ``t_end``, ``t_frame``) and the ``videos`` table (read-only: no videos).
 """
 from __future__ import annotations
 
@@ -31,7 +34,26 @@ CREATE TABLE IF NOT EXISTS images (
     folder TEXT,               -- the absolute folder of the file
     sha256 TEXT,               -- of the file's bytes (index sync)
     size   INTEGER,            -- bytes
-    mtime  REAL                -- the file's mtime when it was embedded
+    mtime  REAL,               -- the file's mtime when it was embedded
+    video_id INTEGER,          -- a video's moment: the video (videos.id); NULL for a photo
+    t_start  REAL,             -- the moment's span in the video, seconds
+    t_end    REAL,
+    t_frame  REAL              -- the time of its frame nearest the moment's vector (its thumbnail)
+);
+CREATE TABLE IF NOT EXISTS videos (
+    id       INTEGER PRIMARY KEY,
+    path     TEXT NOT NULL,
+    added    REAL NOT NULL,
+    taken    REAL,             -- the container's creation_time, else the file's mtime
+    width    INTEGER,          -- upright size (rotation applied)
+    height   INTEGER,
+    folder   TEXT,
+    sha256   TEXT,
+    size     INTEGER,
+    mtime    REAL,
+    duration REAL,             -- seconds decoded
+    fps      REAL,
+    vector   BLOB              -- float32: the mean of its frames' embeddings (W2VV §III-D)
 );
 CREATE TABLE IF NOT EXISTS captions (
     id       INTEGER PRIMARY KEY,
@@ -45,7 +67,11 @@ CREATE TABLE IF NOT EXISTS captions (
 # the photo columns, in order, with their SQL types (added to an older table by ALTER TABLE)
 PHOTO_COLUMNS = (("taken", "REAL"), ("width", "INTEGER"), ("height", "INTEGER"), ("folder", "TEXT"),
                  ("sha256", "TEXT"), ("size", "INTEGER"), ("mtime", "REAL"))
-_IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS)
+# a video moment's columns (NULL for photos), added to an older table alike
+MOMENT_COLUMNS = (("video_id", "INTEGER"), ("t_start", "REAL"), ("t_end", "REAL"), ("t_frame", "REAL"))
+_IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS + MOMENT_COLUMNS)
+_VIDEO_COLUMNS = ("id", "path", "added", "taken", "width", "height", "folder", "sha256", "size", "mtime",
+                  "duration", "fps")
 
 
 @dataclass(frozen=True)
@@ -60,6 +86,26 @@ class ImageRow:
     sha256: str | None = None
     size: int | None = None
     mtime: float | None = None
+    video_id: int | None = None          # a video's moment: its video and span in seconds
+    t_start: float | None = None
+    t_end: float | None = None
+    t_frame: float | None = None
+
+
+@dataclass(frozen=True)
+class VideoRow:
+    id: int
+    path: str
+    added: float
+    taken: float | None
+    width: int | None
+    height: int | None
+    folder: str | None
+    sha256: str | None
+    size: int | None
+    mtime: float | None
+    duration: float | None
+    fps: float | None
 
 
 @dataclass(frozen=True)
@@ -88,12 +134,14 @@ class Metadata:
             with self._conn:
                 self._conn.executescript(SCHEMA)
                 have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
-                for name, sql_type in PHOTO_COLUMNS:          # migrate a table written before these columns
+                for name, sql_type in PHOTO_COLUMNS + MOMENT_COLUMNS:   # migrate a table written before these
                     if name not in have:
                         self._conn.execute(f"ALTER TABLE images ADD COLUMN {name} {sql_type}")
         have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
         self._select_images = "SELECT " + ", ".join(c if c in have else f"NULL AS {c}" for c in _IMAGE_COLUMNS) \
             + " FROM images"
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        self._has_videos = "videos" in tables
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -116,7 +164,8 @@ class Metadata:
             info = row[2] if len(row) > 2 else None
             photo = (None,) * len(PHOTO_COLUMNS) if info is None else (
                 info.taken, info.width, info.height, info.folder, info.sha256, info.size, info.mtime)
-            values.append((int(row[0]), str(row[1]), added, *photo))
+            moment = tuple(getattr(info, name, None) for name in ("video_id", "start", "end", "frame"))
+            values.append((int(row[0]), str(row[1]), added, *photo, *moment))
         with self._lock, self._conn:
             self._conn.executemany(f"INSERT INTO images ({', '.join(_IMAGE_COLUMNS)}) VALUES "
                                    f"({', '.join('?' * len(_IMAGE_COLUMNS))})", values)
@@ -133,6 +182,27 @@ class Metadata:
             self._conn.executemany("UPDATE captions SET image_id = NULL WHERE image_id = ?",
                                    [(int(i),) for i in ids])
             return cur.rowcount
+
+    def add_videos(self, rows: Iterable[tuple], added: float | None = None) -> None:
+        """Rows ``(id, path, info, vector)``: ``info`` an ``index.video.VideoInfo``, ``vector`` its float32
+        embedding."""
+        added = time.time() if added is None else added
+        values = [(int(i), str(path), added, info.taken, info.width, info.height, info.folder, info.sha256,
+                   info.size, info.mtime, info.duration, info.fps, np_bytes(vector)) for i, path, info, vector in rows]
+        with self._lock, self._conn:
+            self._conn.executemany(f"INSERT INTO videos ({', '.join(_VIDEO_COLUMNS)}, vector) VALUES "
+                                   f"({', '.join('?' * (len(_VIDEO_COLUMNS) + 1))})", values)
+
+    def remove_videos(self, ids: Sequence[int]) -> list[int]:
+        """Removes videos and their moments' rows; returns the image ids of those moments."""
+        ids = [int(i) for i in ids]
+        with self._lock, self._conn:
+            moments = [r[0] for start in range(0, len(ids), 900) for r in self._conn.execute(
+                f"SELECT id FROM images WHERE video_id IN ({','.join('?' * len(ids[start:start + 900]))})",
+                ids[start:start + 900])]
+            self._conn.executemany("DELETE FROM images WHERE id = ?", [(i,) for i in moments])
+            self._conn.executemany("DELETE FROM videos WHERE id = ?", [(i,) for i in ids])
+        return sorted(moments)
 
     def remove_captions(self, ids: Sequence[int]) -> int:
         with self._lock, self._conn:
@@ -152,6 +222,30 @@ class Metadata:
         with self._lock:
             return [_image_row(*r) for r in self._conn.execute(self._select_images + " ORDER BY id")]
 
+    def video(self, video_id: int) -> VideoRow | None:
+        if not self._has_videos:
+            return None
+        with self._lock:
+            row = self._conn.execute(f"SELECT {', '.join(_VIDEO_COLUMNS)} FROM videos WHERE id = ?",
+                                     (int(video_id),)).fetchone()
+        return VideoRow(*row) if row else None
+
+    def all_videos(self) -> list[VideoRow]:
+        """Every video row, by id (none in an index written before videos)."""
+        if not self._has_videos:
+            return []
+        with self._lock:
+            return [VideoRow(*r) for r in self._conn.execute(f"SELECT {', '.join(_VIDEO_COLUMNS)} FROM videos "
+                                                              "ORDER BY id")]
+
+    def video_vectors(self) -> tuple[list[int], list[bytes]]:
+        """The videos' ids and their vectors' float32 bytes, by id."""
+        if not self._has_videos:
+            return [], []
+        with self._lock:
+            rows = self._conn.execute("SELECT id, vector FROM videos ORDER BY id").fetchall()
+        return [r[0] for r in rows], [r[1] for r in rows]
+
     def captions(self, ids: Sequence[int]) -> dict[int, CaptionRow]:
         return self._many("SELECT id, text, image_id, added FROM captions WHERE id IN ({})", ids, CaptionRow)
 
@@ -167,7 +261,8 @@ class Metadata:
         with self._lock:
             n_img = self._conn.execute("SELECT COUNT(*) FROM images").fetchone()[0]
             n_cap = self._conn.execute("SELECT COUNT(*) FROM captions").fetchone()[0]
-        return {"images": n_img, "captions": n_cap}
+            n_vid = self._conn.execute("SELECT COUNT(*) FROM videos").fetchone()[0] if self._has_videos else 0
+        return {"images": n_img, "captions": n_cap, "videos": n_vid}
 
     def _many(self, sql: str, ids: Sequence[int], row_type) -> dict:
         out = {}
@@ -178,6 +273,13 @@ class Metadata:
                 for row in self._conn.execute(sql.format(",".join("?" * len(chunk))), chunk):
                     out[row[0]] = row_type(*row)
         return out
+
+
+def np_bytes(vector) -> bytes:
+    """A vector's float32 bytes (what the ``videos.vector`` column holds)."""
+    import numpy as np
+
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
 def _image_row(*row) -> ImageRow:

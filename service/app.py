@@ -1,8 +1,8 @@
 """The FastAPI application factory: ``create_app(settings)``, the one place that mounts the API's routers.
 
 Routes (service/api/, one module per resource): the ``/v1`` API — search (``/v1/search/images``,
-``/v1/search/captions``), the gallery (``/v1/folders``, ``/v1/images/{id}``) and the decoder (``/v1/captions``,
-``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
+``/v1/search/captions``), the gallery (``/v1/folders``, ``/v1/images/{id}``), its videos (``/v1/videos/{id}``,
+``/v1/videos/{id}/frame``) and the decoder (``/v1/captions``, ``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
 an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
 (``/docs``), written for this app's settings: its limits, its error responses, and API-key security only when a
 key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
@@ -29,6 +29,7 @@ from .api import gallery as gallery_api
 from .api import generate as generate_api
 from .api import operations as operations_api
 from .api import search as search_api
+from .api import videos as videos_api
 from .api.deps import require_api_key
 from .settings import Settings
 from .state import ServiceState
@@ -59,7 +60,7 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
     app.state.service = state
     # security is declared, and enforced, only when there is a key
     keyed = settings.api_key is not None
-    for api in (search_api, gallery_api, generate_api):
+    for api in (search_api, gallery_api, generate_api, videos_api):
         app.include_router(api.router, dependencies=[Depends(require_api_key)] if keyed else None,
                            responses=error_responses(401) if keyed else None)
     app.include_router(operations_api.router)
@@ -113,7 +114,8 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
     }
     for path, content in request_bodies.items():
         doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
-    for param in doc["paths"]["/v1/images/{image_id}"]["get"]["parameters"]:
+    for param in (doc["paths"]["/v1/images/{image_id}"]["get"]["parameters"]
+                  + doc["paths"]["/v1/videos/{video_id}/frame"]["get"]["parameters"]):
         if param["name"] == "size":
             param["schema"] = {"type": "integer", "minimum": 16, "maximum": settings.max_thumbnail}
     app.openapi_schema = doc

@@ -20,6 +20,12 @@ class ImageHit(BaseModel):
     folder: str | None = Field(None, description="the image's folder, relative to the gallery's root folder")
     width: int | None = Field(None, description="upright width in pixels")
     height: int | None = Field(None, description="upright height in pixels")
+    media: str = Field("photo", description="'photo', or 'video' for a moment of a video (the fields below)")
+    video_id: int | None = Field(None, description="a moment's video: GET /v1/videos/{video_id} streams it")
+    start: float | None = Field(None, description="a moment's start in the video, seconds")
+    end: float | None = Field(None, description="a moment's end in the video, seconds")
+    frame: float | None = Field(None, description="the time of the moment's thumbnail frame (GET "
+                                                  "/v1/images/{id}), seconds")
 
 
 class ImageResults(BaseModel):

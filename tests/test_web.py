@@ -565,3 +565,56 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     # not a photo: the API's 415 is shown
     _drop(page, "#similar-drop", b"just words", "notes.txt", "text/plain")
     _wait_error(page, "Error 415")
+
+
+# --- video moments ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def video_server(tiny_model_path, synth_small, tmp_path_factory):
+    """Photos and two WebM clips (VP9: Chromium plays it without proprietary codecs), moments of 2 s."""
+    from index.gallery import build
+    from index.video import Sampling, write_video
+    from training.models.model import load_model
+
+    folder = tmp_path_factory.mktemp("video_gallery")
+    for src in sorted((synth_small / "images").glob("*.jpg"))[:4]:
+        shutil.copy(src, folder / src.name)
+    clips = []
+    for n, colour in enumerate([(215, 35, 35), (40, 80, 220)]):
+        frames = []
+        for i in range(24):                                   # 6 s at 4 fps: a square moving right
+            a = np.full((64, 64, 3), 200, np.uint8)
+            a[24:40, 2 * i:2 * i + 16] = colour
+            frames.append(a)
+        clips.append(write_video(folder / f"clip{n}.webm", frames, fps=4))
+    index = folder.parent / "video_index"
+    build(index, load_model(tiny_model_path), sorted(folder.glob("*.jpg")), video_paths=clips, progress=False,
+          workers=0, image_root=folder, sampling=Sampling(window=2.0))
+    with LiveServer(create_app(_settings(tiny_model_path, index))) as live:
+        yield live
+
+
+def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_start(video_server, tab):
+    page = tab.open(video_server.url)
+    _wait_ready(page)
+    want = _api(video_server, "/v1/search/images", json={"text": "a red square", "k": 10})
+    moments = [x for x in want if x["media"] == "video"]
+    later = next(x for x in moments if x["start"] > 0)
+    _search(page, "a red square")
+    assert [i for i, _ in _hits(page)] == [x["id"] for x in want]
+    _images_loaded(page, ".hit img")                                  # the moments' frames, as JPEG thumbnails
+    spans = page.eval_on_selector_all(".hit.video .moment", "els => els.map(e => e.textContent)")
+    assert spans == [f"▶ 0:{int(m['start']):02d}–0:{int(m['end']):02d}" for m in moments]
+    page.click(f".hit[data-id='{later['id']}']")
+    page.wait_for_selector("#detail[open] #detail-video:not([hidden])")
+    assert page.is_hidden("#detail-image")
+    start = later["start"]
+    assert page.inner_text("#detail-title") == f"Video {later['video_id']}, 0:{int(start):02d}–0:{int(later['end']):02d}"
+    src = page.get_attribute("#detail-video", "src")
+    assert src == f"v1/videos/{later['video_id']}#t={start:g}"
+    # the browser fetched the file (range requests) and stands at the moment's start
+    page.wait_for_function("t => { const v = document.getElementById('detail-video'); "
+                           "return v.readyState >= 1 && Math.abs(v.currentTime - t) < 1.0; }", arg=start)
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#detail", state="hidden")
+    assert page.evaluate("document.getElementById('detail-video').paused")

@@ -3,6 +3,7 @@
 * ``search.py``     — ``POST /v1/search/images`` (text, or an image ± words → images) and ``/v1/search/captions``
   (image → captions);
 * ``gallery.py``    — ``GET /v1/folders`` and ``GET /v1/images/{id}`` (the gallery's files and thumbnails);
+* ``videos.py``     — ``GET /v1/videos/{id}`` (a video file, with range requests) and ``/v1/videos/{id}/frame``;
 * ``generate.py``   — ``POST /v1/captions`` and ``/v1/paraphrases`` (the sentence decoder);
 * ``operations.py`` — ``/healthz``, ``/readyz``, ``/metrics`` (open even when an API key is set).
 

@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from index.metadata import ImageRow
+from index.video import VideoError, frame_at
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
 from ..images import ImageError, upload_to_pixels
@@ -131,9 +132,28 @@ async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -
     path = gallery_file(image_id, state)
     check_deadline(request, state, "compose")
     loop = asyncio.get_running_loop()
+    row = state.loaded.gallery.meta.image(image_id)
+    if row is not None and row.video_id is not None:          # a video moment: its thumbnail frame
+        seconds = float(row.t_frame if row.t_frame is not None else row.t_start or 0.0)
+        try:
+            image = await loop.run_in_executor(state.decode_pool, frame_at, path, seconds)
+        except VideoError as err:
+            raise HTTPException(404, f"gallery image {image_id}: {err}") from None
+        return state.loaded.model.preprocess.pixels(image)
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
                                           state.loaded.model.preprocess)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status,
                             f"gallery image {image_id}: {err.detail}") from None
+
+
+def private_headers(state: ServiceState) -> dict[str, str]:
+    """The caching and embedding headers of every answer holding gallery content — image files, thumbnails, video
+    files and frames (service/api/gallery.py): private to the browser, never kept by a shared cache."""
+    headers = {"Cache-Control": "private, no-cache", "Cross-Origin-Resource-Policy": "same-origin",
+               "X-Content-Type-Options": "nosniff"}
+    if state.settings.api_key is not None:
+        headers["Cache-Control"] = "private, no-store"
+        headers["Vary"] = "X-API-Key, Authorization"          # the answer (200 or 401) depends on them
+    return headers

@@ -1,5 +1,5 @@
 """The gallery: ``GET /v1/folders`` (its folders, for the folder filter) and ``GET /v1/images/{id}`` (an image
-file, or a JPEG thumbnail with ``?size=``).
+file, or a JPEG thumbnail with ``?size=``; for a video moment, its thumbnail frame).
 
 Images are private: ``Cache-Control: private`` — ``no-cache`` (a browser keeps the image but asks again, and the
 ``ETag`` makes that a bodiless 304) or, when an API key is required, ``no-store`` — so no shared cache keeps a
@@ -22,7 +22,8 @@ from ..contract import IMAGE_TYPES, MAX_ID, error_responses
 from ..images import ImageError, media_type_of, thumbnail
 from ..schemas import Folder, Folders
 from ..state import ServiceState
-from .deps import gallery_entry, service
+from .deps import gallery_entry, private_headers, service
+from .videos import frame_response, moment_seconds
 
 router = APIRouter(prefix="/v1")
 
@@ -34,16 +35,6 @@ async def folders(state: ServiceState = Depends(service)):
     loop = asyncio.get_running_loop()
     photos = await loop.run_in_executor(state.decode_pool, lambda: gallery.photos)
     return Folders(folders=[Folder(folder=f, images=n) for f, n in photos.folder_counts()])
-
-
-def image_headers(state: ServiceState) -> dict[str, str]:
-    """The caching and embedding headers of every image answer (module docstring)."""
-    headers = {"Cache-Control": "private, no-cache", "Cross-Origin-Resource-Policy": "same-origin",
-               "X-Content-Type-Options": "nosniff"}
-    if state.settings.api_key is not None:
-        headers["Cache-Control"] = "private, no-store"
-        headers["Vary"] = "X-API-Key, Authorization"          # the answer (200 or 401) depends on them
-    return headers
 
 
 def image_etag(row: ImageRow, info: os.stat_result, state: ServiceState, size: int | None) -> str:
@@ -75,7 +66,8 @@ _IMAGE_HEADERS = {"ETag": {"description": "the image's version (content hash, in
                 "description": "the image file (its sniffed type), or with ?size= a JPEG thumbnail",
                 "headers": _IMAGE_HEADERS},
                 304: {"description": "Not Modified: If-None-Match names the image's current ETag"}},
-            response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size=")
+            response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size= (a video "
+                                             "moment: its thumbnail frame as a JPEG)")
 async def get_image(request: Request, image_id: int = Path(..., ge=0, le=MAX_ID),
                     state: ServiceState = Depends(service),
                     size: int | None = Query(None, ge=16, description="longest side of a JPEG thumbnail")):
@@ -84,9 +76,11 @@ async def get_image(request: Request, image_id: int = Path(..., ge=0, le=MAX_ID)
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
                                        "msg": f"size must be at most {state.settings.max_thumbnail}"}])
     row, path, info = gallery_entry(image_id, state)
-    headers = {**image_headers(state), "ETag": image_etag(row, info, state, size)}
+    headers = {**private_headers(state), "ETag": image_etag(row, info, state, size)}
     if _matches(request.headers.get("if-none-match"), headers["ETag"]):
         return Response(status_code=304, headers=headers)
+    if row.video_id is not None:          # a video moment: its frame
+        return await frame_response(path, moment_seconds(row), size, state, f"gallery image {image_id}", headers)
     if size is None:
         return FileResponse(path, media_type=media_type_of(path), headers=headers)
     loop = asyncio.get_running_loop()

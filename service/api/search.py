@@ -60,10 +60,12 @@ def _image_hits(hits: Hits, state: ServiceState, root: str) -> list[ImageHit]:
     out = []
     for i, s in hits:
         row = rows.get(i)
+        moment = {} if row is None or row.video_id is None else {
+            "media": "video", "video_id": row.video_id, "start": row.t_start, "end": row.t_end, "frame": row.t_frame}
         out.append(ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}",
                             taken=format_time(row.taken) if row else None,
                             folder=gallery.photos.relative(row.folder) if row and row.folder else None,
-                            width=row.width if row else None, height=row.height if row else None))
+                            width=row.width if row else None, height=row.height if row else None, **moment))
     return out
 
 

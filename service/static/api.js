@@ -83,6 +83,16 @@ export async function readiness() {
   return { ok: response.ok, status: response.status, body };
 }
 
+// A URL a <video> can play for a gallery video, from `start` seconds (a media fragment). Without a key the API URL
+// itself (the browser seeks with range requests); with one, the file is fetched here and played from a blob: URL.
+export async function videoURL(videoId, start, signal) {
+  const url = `v1/videos/${encodeURIComponent(videoId)}`;
+  if (!auth.key) return { url: `${url}#t=${start}`, revoke: () => {} };
+  const blob = await (await request(url, { signal })).blob();
+  const objectURL = URL.createObjectURL(blob);
+  return { url: `${objectURL}#t=${start}`, revoke: () => URL.revokeObjectURL(objectURL) };
+}
+
 // A URL an <img> can show for a gallery image. Without a key it is the API URL itself (the browser fetches and
 // caches it); with one, <img> cannot send the header, so the image is fetched here and shown from a blob: URL,
 // which the caller revokes when the image goes away.

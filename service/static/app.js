@@ -1,7 +1,7 @@
 // The search page: sentence → gallery images, a photo → similar gallery images (both with words to leave out, a
 // score threshold, folder and date filters, and pages), image → ranked (and, with a decoder, generated) captions,
 // sentence → paraphrases. Everything it shows comes from the /v1 API through api.js.
-import { ApiError, auth, imageURL, readiness, request, requestJSON } from "./api.js";
+import { ApiError, auth, imageURL, readiness, request, requestJSON, videoURL } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 const el = {
@@ -13,7 +13,7 @@ const el = {
   subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
   takenBefore: $("taken-before"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
-  dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"),
+  dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"), dialogVideo: $("detail-video"),
   dialogCaptions: $("detail-captions"), dialogError: $("detail-error"), dialogClose: $("detail-close"),
 };
 
@@ -244,15 +244,30 @@ function heading(query, count) {
   return query.offset ? `Images ${query.offset + 1}–${query.offset + count} ${what}` : `Top ${count} images ${what}`;
 }
 
+// seconds → "m:ss" (or "h:mm:ss")
+function clock(seconds) {
+  const s = Math.floor(seconds);
+  const [hh, mm, ss] = [Math.floor(s / 3600), Math.floor((s % 3600) / 60), s % 60];
+  const pad = (n) => String(n).padStart(2, "0");
+  return hh ? `${hh}:${pad(mm)}:${pad(ss)}` : `${mm}:${pad(ss)}`;
+}
+
+function momentText(hit) {
+  return `${clock(hit.start)}–${clock(hit.end)}`;
+}
+
 function renderImages(query, results, signal) {
   const grid = h("ul", { class: "grid" });
   for (const hit of results) {
-    const img = h("img", { alt: `Gallery image ${hit.id}`, width: 160, height: 160 });
+    const video = hit.media === "video";
+    const what = video ? `Moment ${momentText(hit)} of video ${hit.video_id}` : `Gallery image ${hit.id}`;
+    const img = h("img", { alt: what, width: 160, height: 160 });
     const taken = hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null;
-    const button = h("button", { type: "button", class: "hit", "data-id": String(hit.id),
-                                 "aria-label": `Gallery image ${hit.id}, score ${score(hit.score)}: show it larger` },
-                     img, h("span", { class: "score", text: score(hit.score) }), taken);
-    button.addEventListener("click", () => openDetail(hit.id, button));
+    const moment = video ? h("span", { class: "moment", text: `▶ ${momentText(hit)}` }) : null;
+    const button = h("button", { type: "button", class: video ? "hit video" : "hit", "data-id": String(hit.id),
+                                 "aria-label": `${what}, score ${score(hit.score)}: ${video ? "play it" : "show it larger"}` },
+                     img, moment, h("span", { class: "score", text: score(hit.score) }), taken);
+    button.addEventListener("click", () => openDetail(hit.id, button, video ? hit : null));
     grid.append(h("li", {}, button));
     showImage(img, hit.id, THUMBNAIL, signal);
   }
@@ -284,12 +299,38 @@ function renderCaptionList(list, results) {
   if (!results.length) list.append(h("li", { text: "No captions in the corpus." }));
 }
 
-async function openDetail(id, opener) {
+// a video moment in the detail view: the video, playing from the moment's start
+async function showMoment(moment, signal) {
+  const player = el.dialogVideo;
+  try {
+    const { url, revoke } = await videoURL(moment.video_id, moment.start, signal);
+    releases.push(revoke);
+    player.addEventListener("loadedmetadata", () => { player.currentTime = moment.start; }, { once: true });
+    player.src = url;
+    player.play().catch(() => {});               // autoplay may be refused: the controls are there
+  } catch (err) {
+    if (!isAbort(err)) {
+      el.dialogError.textContent = message(err);
+      el.dialogError.hidden = false;
+    }
+  }
+}
+
+function stopVideo() {
+  el.dialogVideo.pause();
+  el.dialogVideo.removeAttribute("src");
+  el.dialogVideo.load();
+}
+
+async function openDetail(id, opener, moment = null) {
   detailAction?.abort();
   detailAction = new AbortController();
   const signal = detailAction.signal;
   detailOpener = opener;
-  el.dialogTitle.textContent = `Gallery image ${id}`;
+  stopVideo();
+  el.dialogImage.hidden = Boolean(moment);
+  el.dialogVideo.hidden = !moment;
+  el.dialogTitle.textContent = moment ? `Video ${moment.video_id}, ${momentText(moment)}` : `Gallery image ${id}`;
   el.dialogImage.removeAttribute("src");
   el.dialogImage.alt = `Gallery image ${id}`;
   el.dialogError.hidden = true;
@@ -297,7 +338,8 @@ async function openDetail(id, opener) {
   el.dialogCaptions.setAttribute("aria-busy", "true");
   if (!el.dialog.open) el.dialog.showModal();
   el.dialogClose.focus();
-  showImage(el.dialogImage, id, LARGE, signal);
+  if (moment) showMoment(moment, signal);
+  else showImage(el.dialogImage, id, LARGE, signal);
   try {
     const { results } = await requestJSON("v1/search/captions",
                                           { json: { image_id: id, k: Math.min(DETAIL_CAPTIONS, config.maxK) }, signal });
@@ -318,6 +360,7 @@ el.dialog.addEventListener("click", (event) => {
 });
 el.dialog.addEventListener("close", () => {
   detailAction?.abort();
+  stopVideo();
   detailOpener?.focus();
 });
 

@@ -521,6 +521,18 @@ def generate(out_dir: str | Path, n_images: int = 3000, seed: int = 0, image_siz
     return dataset_path
 
 
+def random_scenes(n: int, seed: int = 0) -> list[tuple[Scene, list[str]]]:
+    """``n`` scenes drawn as :func:`generate` draws them (the same mix of one, two and three objects; no minimal
+    pairs), each with its five captions: what other renderings of the synthetic world start from (the generated
+    video clips of benchmarks/video_retrieval.py)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n_objects, _ in _unit_plan(n, 0, 0, rng, pair_fraction=0.0):
+        unit = _make_unit(n_objects, None, rng)
+        out.append((unit.scenes[0], unit.captions[0]))
+    return out
+
+
 def minimal_pairs(dataset: dict[str, Any]) -> list[tuple[int, int]]:
     """Each minimal pair of a loaded dataset.json once, as (imgid_a, imgid_b) with imgid_a < imgid_b."""
     return sorted((record["imgid"], record["minimal_pair"]) for record in dataset["images"]

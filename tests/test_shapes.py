@@ -153,7 +153,8 @@ def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypat
             time.sleep(0.02)
         r = client.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "warming up"
-        assert client.post("/v1/search/images", json={"text": "a red circle"}).status_code == 503
+        busy = client.post("/v1/search/images", json={"text": "a red circle"})
+        assert busy.status_code == 503 and busy.json()["detail"] == "not ready: warming up"
         release.set()
         while client.get("/readyz").status_code != 200 and time.time() < deadline:
             time.sleep(0.02)

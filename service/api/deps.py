@@ -34,7 +34,9 @@ async def service(request: Request) -> ServiceState:
     # hop per request (text search at concurrency 32 on the dev machine: 437 → 556 req/s without it)
     state: ServiceState = request.app.state.service
     if not state.ready:
-        detail = f"not ready: {state.error}" if state.error else "not ready: the model and index are loading"
+        # the loading error itself (it names server paths) is for the operator: the log and /readyz
+        detail = ("not ready: loading the model or the index failed (the service's log and /readyz say why)"
+                  if state.error else f"not ready: {state.phase}")
         raise HTTPException(503, detail, headers={"Retry-After": "5"})
     return state
 

@@ -1,9 +1,12 @@
 """Embed a photo collection and a caption corpus with a model's encoders, in batches, with progress.
 
 The embedding itself is training/embed.py's, the one inference path (and autocast policy) of the project:
-images are decoded and preprocessed (exactly as in training: ``model.preprocess``) by DataLoader workers; an
-unreadable, corrupt or unsupported file is skipped and reported, never fatal. Each worker also reads what the
-metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size, folder, content hash).
+images are decoded and preprocessed (``model.preprocess``) by DataLoader workers; an unreadable, corrupt or
+unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
+decoding share them. A large photo is shrunk while it is decoded (a JPEG at the smallest DCT scale whose shorter
+side still covers the largest input any member resizes to: ``training.data.preprocess.decode_image``). Each
+worker also reads what the metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size in the file,
+folder, content hash).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, load_image
+from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, decode_image
 from training.embed import embed_image_files as files_to_embeddings
 from training.embed import embed_texts as texts_to_embeddings
 
@@ -105,17 +108,20 @@ def _ascii(value) -> str | None:
     return value.strip("\x00 ") if isinstance(value, str) else None
 
 
-def read_photo(path: str | Path):
-    """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once."""
+def read_photo(path: str | Path, min_side: int | None = None):
+    """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once (decoded and hashed from the same
+    bytes). ``min_side``: the image may be shrunk while decoding down to this shorter side; the info keeps the
+    file's own upright size."""
     path = Path(path)
     data = path.read_bytes()
     stat = path.stat()
-    image, exif = load_image(data, path.suffix)
-    taken = exif_time(exif)
-    info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=image.width, height=image.height,
+    decoded = decode_image(data, path.suffix, min_side)
+    taken = exif_time(decoded.exif)
+    width, height = decoded.size
+    info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
                      folder=str(path.resolve().parent), sha256=hashlib.sha256(data).hexdigest(), size=len(data),
                      mtime=stat.st_mtime)
-    return image, info
+    return decoded.image, info
 
 
 @dataclass
@@ -126,10 +132,11 @@ class ImageEmbeddings:
     info: list[PhotoInfo] = field(default_factory=list)            # one per kept image
 
 
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
+def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True) -> ImageEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
-    the model's device), keeping what the metadata stores of each (:func:`read_photo`)."""
+    the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
+    each (:func:`read_photo`)."""
     emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
                               read=read_photo)
     return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras)

@@ -265,7 +265,7 @@ def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpda
 
 def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
-          caption_factory: str | None = None, batch_size: int = 64, workers: int = 2, progress: bool = True,
+          caption_factory: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
           querybank: QueryBank | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
@@ -379,7 +379,7 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
 
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
-        batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
+        batch_size: int = 64, workers: int | None = None, progress: bool = True) -> UpdateReport:
     """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers,
                             progress=progress) if image_paths else None
@@ -494,7 +494,7 @@ def _unchanged(row, path: Path) -> bool:
 
 
 def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
-         batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
+         batch_size: int = 64, workers: int | None = None, progress: bool = True) -> UpdateReport:
     """Makes the index's images under the folder ``images`` what is there now: files not in the index are added,
     files whose content changed (sha256; size + mtime spare reading unchanged ones) are embedded again — under a
     new id, the old one removed — and indexed files that are gone (or now excluded) are removed. Images outside

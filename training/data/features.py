@@ -42,15 +42,42 @@ class ImageFiles(Dataset):
             raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
 
 
-def image_loader(paths, preprocess: ImagePreprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
-    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def loader_options(items: int, batch_size: int, workers: int | None = None,
+                   device: str | torch.device = "cpu") -> dict:
+    """The DataLoader settings for decoding ``items`` images for a model on ``device``.
+
+    ``workers``: decoding processes; None chooses by the usable cores — on CUDA all but the one that drives the
+    GPU, on a CPU half of them (the model's forward pass needs the others); a given number is capped at the
+    cores; a single batch is decoded in this process. Prefetch: two batches per worker, at least four in flight.
+    On CUDA the batches come in pinned memory, so the copy to the GPU is asynchronous (``non_blocking``)."""
+    cuda = torch.device(device).type == "cuda"
+    cores = usable_cores()
+    if workers is None:
+        workers = cores - 1 if cuda else cores // 2
+    workers = max(0, min(workers, cores)) if items > batch_size else 0
+    options: dict = {"num_workers": workers, "pin_memory": cuda}
+    if workers:
+        options["prefetch_factor"] = max(2, -(-4 // workers))
+    return options
+
+
+def image_loader(paths, preprocess: ImagePreprocess, batch_size: int = 64, workers: int | None = 2,
+                 device: str | torch.device = "cpu") -> DataLoader:
     # its own generator: iterating a loader draws a seed, which must not come from the global RNG (a warm or
     # a cold feature cache would otherwise give the training that follows different random numbers)
-    return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, num_workers=workers,
-                      persistent_workers=False, generator=torch.Generator())
+    return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, persistent_workers=False,
+                      generator=torch.Generator(), **loader_options(len(paths), batch_size, workers, device))
 
 
-def load_pixels(paths, preprocess: ImagePreprocess, workers: int = 2, progress: bool = True,
+def load_pixels(paths, preprocess: ImagePreprocess, workers: int | None = 2, progress: bool = True,
                 desc: str = "decoding images") -> torch.Tensor:
     """All images as one uint8 tensor ``(N, crops, 3, S, S)`` (small data sets / trainable backbones)."""
     crops, side = preprocess.crops, preprocess.image_size
@@ -98,7 +125,7 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
 
 @torch.no_grad()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
-                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int = 2,
+                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int | None = 2,
                      progress: bool = True, amp: bool = False, preprocess: ImagePreprocess | None = None,
                      per_view: bool = False) -> np.ndarray:
     """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
@@ -127,10 +154,10 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     with atomic_path(array_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
         loader = image_loader(paths, pre, batch_size=max(1, batch_size // pre.crops) if per_view else batch_size,
-                              workers=workers)
+                              workers=workers, device=device)
         desc = f"{model.backbone_name} features" + (f" ({pre.crops} views)" if per_view else "")
         for idx, pixels in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
-            images = pre.normalize(pixels.to(device))
+            images = pre.normalize(pixels.to(device, non_blocking=True))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
                 out[idx.numpy()] = model.image_features(images, pool=not per_view).float().cpu().numpy()
         out.flush()

@@ -108,20 +108,33 @@ def _ascii(value) -> str | None:
     return value.strip("\x00 ") if isinstance(value, str) else None
 
 
-def read_photo(path: str | Path, min_side: int | None = None):
+def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: str | None = None):
     """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once (decoded and hashed from the same
     bytes). ``min_side``: the image may be shrunk while decoding down to this shorter side; the info keeps the
-    file's own upright size."""
+    file's own upright size. ``(None, None)`` without decoding when the bytes hash to ``indexed_sha256``."""
     path = Path(path)
     data = path.read_bytes()
     stat = path.stat()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest == indexed_sha256:
+        return None, None
     decoded = decode_image(data, path.suffix, min_side)
     taken = exif_time(decoded.exif)
     width, height = decoded.size
     info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
-                     folder=str(path.resolve().parent), sha256=hashlib.sha256(data).hexdigest(), size=len(data),
+                     folder=str(path.resolve().parent), sha256=digest, size=len(data),
                      mtime=stat.st_mtime)
     return decoded.image, info
+
+
+class _Indexed:
+    """:func:`read_photo` knowing the content hash the index holds for some files (a picklable reader)."""
+
+    def __init__(self, sha256: dict[str, str]):
+        self.sha256 = sha256
+
+    def __call__(self, path: str | Path, min_side: int | None = None):
+        return read_photo(path, min_side, self.sha256.get(str(path)))
 
 
 @dataclass
@@ -130,16 +143,18 @@ class ImageEmbeddings:
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
     info: list[PhotoInfo] = field(default_factory=list)            # one per kept image
+    same: list[int] = field(default_factory=list)                  # positions whose bytes hash to the indexed sha256
 
 
 def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
-                      progress: bool = True) -> ImageEmbeddings:
+                      progress: bool = True, indexed: dict[str, str] | None = None) -> ImageEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
     the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
-    each (:func:`read_photo`)."""
+    each (:func:`read_photo`). ``indexed``: path (as given) → the sha256 the index holds for it; a file whose
+    bytes still hash to it is not decoded (listed in ``same``), the hash and the decoding reading the bytes once."""
     emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
-                              read=read_photo)
-    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras)
+                              read=_Indexed(indexed) if indexed else read_photo)
+    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras, emb.passed)
 
 
 def embed_texts(model, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

@@ -474,23 +474,16 @@ def _locked_for_update(root: Path):
         yield _load_for_update(root)
 
 
-def _unchanged(row, path: Path) -> bool:
-    """The indexed row still describes the file: same size and mtime (no read), else the same content hash."""
-    import hashlib
-
+def _same_stat(row, path: Path) -> bool:
+    """The indexed row still describes the file by size and mtime (no read). Otherwise the content hash decides:
+    the worker that would decode the file hashes its bytes first (``embed_image_files(indexed=…)``)."""
     if row.sha256 is None:                 # indexed before content hashes were kept: embed it again once
         return False
     try:
         stat = path.stat()
-        if row.size == stat.st_size and row.mtime == stat.st_mtime:
-            return True
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
     except OSError:                        # vanished or unreadable since the scan: embedding it will say so
         return False
-    return digest.hexdigest() == row.sha256
+    return row.size == stat.st_size and row.mtime == stat.st_mtime
 
 
 def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
@@ -512,19 +505,22 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                        if Path(r.path) == folder or folder in Path(r.path).parents}
             on_disk = {p.resolve(): p for p in found}
             gone = [r.id for p, r in indexed.items() if p not in on_disk]
-            changed, new, unchanged = [], [], 0
+            new, unchanged, hashes = [], 0, {}
             for path in sorted(on_disk):
                 row = indexed.get(path)
                 if row is None:
                     new.append(path)
-                elif _unchanged(row, path):
+                elif _same_stat(row, path):
                     unchanged += 1
-                else:
-                    changed.append(row.id)
+                else:                      # embedded unless its bytes still hash to the indexed sha256
                     new.append(path)
-            report = UpdateReport(unchanged=unchanged)
-            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
-                                    progress=progress) if new else None
+                    if row.sha256 is not None:
+                        hashes[str(path)] = row.sha256
+            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
+                                    indexed=hashes) if new else None
+            same = {new[p] for p in emb.same} if emb is not None else set()
+            changed = [indexed[p].id for p in new if p in indexed and p not in same]
+            report = UpdateReport(unchanged=unchanged + len(same))
             report.skipped = emb.skipped if emb is not None else []
             if not gone and not changed and (emb is None or not emb.kept):
                 report.generation = gen_dir.name

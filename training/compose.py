@@ -22,7 +22,7 @@ from .embed import inference_autocast, pixel_features
 @torch.no_grad()
 def image_features_of(model, image: str | Path | Image.Image) -> torch.Tensor:
     """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``)."""
-    picture = image if isinstance(image, Image.Image) else open_image(image)
+    picture = image if isinstance(image, Image.Image) else open_image(image, model.preprocess.min_side)
     return pixel_features(model, model.preprocess.pixels(picture).unsqueeze(0))[0]     # (1, crops, 3, S, S) in
 
 

@@ -183,6 +183,7 @@ class FileEmbeddings:
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
     extras: list[Any] = field(default_factory=list)                # what ``read`` returned besides the image
+    passed: list[int] = field(default_factory=list)                # positions ``read`` found nothing to embed in
 
 
 class _Decoded(Dataset):
@@ -195,6 +196,8 @@ class _Decoded(Dataset):
     def __getitem__(self, i: int):
         try:
             image, extra = self.read(self.paths[i], self.preprocess.min_side)
+            if image is None:               # the reader found nothing to embed (e.g. content already indexed)
+                return i, None, None
             return i, (self.preprocess.pixels(image), extra), None
         except Exception as err:  # noqa: BLE001 - any decoding failure means "skip this file"
             return i, None, f"{type(err).__name__}: {err}"
@@ -202,9 +205,10 @@ class _Decoded(Dataset):
 
 def _collate(items):
     ok = [(i, px) for i, px, _ in items if px is not None]
-    bad = [(i, reason) for i, px, reason in items if px is None]
+    bad = [(i, reason) for i, px, reason in items if reason is not None]
+    passed = [i for i, px, reason in items if px is None and reason is None]
     pixels = torch.stack([px for _, (px, _) in ok]) if ok else None
-    return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok]
+    return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok], passed
 
 
 @torch.no_grad()
@@ -212,23 +216,24 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
                       progress: bool = True, read: Reader = read_image) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
-    else to keep of the file) and preprocessed in DataLoader workers (``workers`` None: by core count,
-    ``features.loader_options``); a file that cannot be read is skipped and reported, never fatal. Puts the model
-    in eval mode."""
+    else to keep of the file; no image: nothing to embed, the position listed in ``passed``) and preprocessed in
+    DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file that cannot be read
+    is skipped and reported, never fatal. Puts the model in eval mode."""
     model.eval()
     loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, collate_fn=_collate,
                         generator=torch.Generator(),     # leaves the global RNG alone
                         **loader_options(len(paths), batch_size, workers, device_of(model)))
-    vectors, kept, skipped, extras = [], [], [], []
-    for idx, pixels, bad, extra in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
+    vectors, kept, skipped, extras, passed = [], [], [], [], []
+    for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
+        passed += nothing
         if pixels is None:
             continue
         vectors.append(embed_pixels(model, pixels).cpu().numpy())
         kept += idx
         extras += extra
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras, passed)
 
 
 @torch.no_grad()

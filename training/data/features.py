@@ -1,6 +1,8 @@
 """Decode images in worker processes, and precompute frozen-backbone features once, cached on disk.
 
-The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions.
+The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions. Images are
+decoded as every inference path decodes them (``preprocess.open_image`` with the preprocessing's ``min_side``: a
+large photo shrunk while decoding), so evaluation, the index and the service see the same pixels.
 
 The cache is a memory-mapped ``.npy`` per (backbone weights, preprocessing, exact file list) plus a JSON
 manifest. The cache key hashes all of these, the files by their content in order (not by path or
@@ -22,7 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from .fileio import atomic_path, write_json
-from .preprocess import ImagePreprocess, open_image
+from PIL import Image
+
+from .preprocess import ImagePreprocess, open_image, register_heif
 
 
 class ImageFiles(Dataset):
@@ -37,7 +41,7 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            return i, self.preprocess.pixels(open_image(self.paths[i]))
+            return i, self.preprocess.pixels(open_image(self.paths[i], self.preprocess.min_side))
         except Exception as err:  # report which file, not a worker traceback
             raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
 
@@ -109,6 +113,18 @@ def file_digest(path: str | Path) -> bytes:
     return h.digest()
 
 
+def shrinks(path: str | Path, min_side: int) -> bool:
+    """Whether decoding the file with ``min_side`` may give a smaller image than the file's (its shorter side is at
+    least twice ``min_side``: the least a DCT scale or a reduction needs); True for a file whose header Pillow
+    cannot read (camera RAW)."""
+    register_heif()
+    try:
+        with Image.open(path) as im:
+            return min(im.size) >= 2 * min_side
+    except Exception:  # noqa: BLE001 - unreadable here: assume it may be shrunk
+        return True
+
+
 def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: ImagePreprocess, paths,
                    per_view: bool = False) -> dict:
     files = hashlib.blake2b(digest_size=32)
@@ -116,6 +132,8 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
         files.update(file_digest(p))
     manifest = {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
                 "files_blake2b": files.hexdigest(), "n": len(paths)}
+    if any(shrinks(p, preprocess.min_side) for p in paths):
+        manifest["decode"] = "shrunk to min_side"   # not the full-size decode of features cached before it was
     if per_view:        # one feature per crop (view augmentation), not their average
         manifest["per_view"] = True
     if getattr(backbone, "n_regions", None):   # STT-ATT grid features (regions.GridRegions), not pooled ones

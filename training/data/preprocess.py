@@ -4,13 +4,14 @@ The spec is a plain dict stored inside ``model.pt``, so the service preprocesses
 Multi-crop (RCN §IV-A, STT §4.2 features): 1 = centre crop, 5 = four corners + centre, 10 = those 5 and
 their horizontal flips; the backbone features of the crops are averaged.
 
-Decoding for inference (:func:`decode_image` with ``min_side``: index build/add/sync, uploads) shrinks a large
+Decoding with ``min_side`` (:func:`decode_image`; every path that embeds images: the feature cache and
+evaluation, index build/add/sync, uploads, query images) shrinks a large
 photo while decoding it: a JPEG is decoded at the smallest DCT scale (libjpeg's 1/2, 1/4, 1/8, Pillow's
 ``Image.draft``) whose shorter side is still at least the largest side any member's resize needs
 (:attr:`Preprocess.min_side`), and an image still at least twice that is then reduced by an integer factor
 (``Image.reduce``), keeping the final resize a shrink of 2× or more. The EXIF orientation is applied afterwards,
 so a rotated photo is shrunk by its shorter side like any other. Each member then resizes that one decoded image.
-Decoding for training and feature caches (:func:`open_image`) decodes at full size.
+Without ``min_side`` an image is decoded at full size.
 """
 from __future__ import annotations
 

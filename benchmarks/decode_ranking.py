@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shutil
@@ -61,6 +62,8 @@ def main() -> int:
     ap.add_argument("--model", default=str(MODEL))
     ap.add_argument("--sides", type=int, nargs="*", default=[2700], help="enlarged square sides to test")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--reuse-full", help="a previous results file of the same model and sides: its full-decode rows "
+                                          "are taken as they are (the full decode does not depend on the shrinking)")
     ap.add_argument("--hardware", default=f"CPU, {os.cpu_count()} cores, shared with other jobs")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_ranking.json"))
     args = ap.parse_args()
@@ -84,8 +87,9 @@ def main() -> int:
         return out
 
     rows = []
+    reused = [r["full"] for r in json.loads(Path(args.reuse_full).read_text())["rows"]] if args.reuse_full else None
     print(f"{len(paths)} dev images as stored ({Image.open(paths[0]).size[0]} px)", flush=True)
-    full = rank(paths, read_full)
+    full = reused[0] if reused else rank(paths, read_full)
     shrunk_pixels = [model.preprocess.pixels(read_photo(p, side)[0]) for p in paths]
     same = all(torch.equal(a, model.preprocess.pixels(read_full(p)[0])) for a, p in zip(shrunk_pixels, paths))
     rows.append({"images": "as stored, 224 × 224", "scale": "1 (smaller than the model's input)",
@@ -100,7 +104,8 @@ def main() -> int:
                 Image.open(p).convert("RGB").resize((big, big), Image.Resampling.BICUBIC).save(out, quality=90)
                 files.append(out)
             rows.append({"images": f"enlarged to {big} × {big} (bicubic), JPEG quality 90",
-                         "scale": f"1/{dct_scale((big, big), side)}", "full": rank(files, read_full),
+                         "scale": f"1/{dct_scale((big, big), side)}",
+                         "full": reused[len(rows)] if reused else rank(files, read_full),
                          "shrunk": rank(files, read_photo)})
             for f in files:
                 f.unlink()

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .fileio import atomic_path, write_json
 from PIL import Image
 
-from .preprocess import ImagePreprocess, open_image, register_heif
+from .preprocess import REDUCING_GAP, ImagePreprocess, open_image, register_heif
 
 
 class ImageFiles(Dataset):
@@ -115,12 +115,12 @@ def file_digest(path: str | Path) -> bytes:
 
 def shrinks(path: str | Path, min_side: int) -> bool:
     """Whether decoding the file with ``min_side`` may give a smaller image than the file's (its shorter side is at
-    least twice ``min_side``: the least a DCT scale or a reduction needs); True for a file whose header Pillow
-    cannot read (camera RAW)."""
+    least ``2 · REDUCING_GAP · min_side``: the least a DCT scale or a reduction needs); True for a file whose header
+    Pillow cannot read (camera RAW)."""
     register_heif()
     try:
         with Image.open(path) as im:
-            return min(im.size) >= 2 * min_side
+            return min(im.size) >= 2 * REDUCING_GAP * min_side
     except Exception:  # noqa: BLE001 - unreadable here: assume it may be shrunk
         return True
 

@@ -7,10 +7,12 @@ their horizontal flips; the backbone features of the crops are averaged.
 Decoding with ``min_side`` (:func:`decode_image`; every path that embeds images: the feature cache and
 evaluation, index build/add/sync, uploads, query images) shrinks a large
 photo while decoding it: a JPEG is decoded at the smallest DCT scale (libjpeg's 1/2, 1/4, 1/8, Pillow's
-``Image.draft``) whose shorter side is still at least the largest side any member's resize needs
-(:attr:`Preprocess.min_side`), and an image still at least twice that is then reduced by an integer factor
-(``Image.reduce``), keeping the final resize a shrink of 2× or more. The EXIF orientation is applied afterwards,
-so a rotated photo is shrunk by its shorter side like any other. Each member then resizes that one decoded image.
+``Image.draft``) whose shorter side is still at least twice the largest side any member's resize needs
+(:attr:`Preprocess.min_side`), and an image still at least four times that is then reduced by an integer factor
+(``Image.reduce``): the final resize always shrinks 2× or more, as Pillow's ``thumbnail`` does. (Decoding down to
+the side itself, 1/8 for a 12 MP photo, cost 1.04 Flickr8k dev R-sum: benchmarks/decode_ranking.py.) The EXIF
+orientation is applied afterwards, so a rotated photo is shrunk by its shorter side like any other. Each member
+then resizes that one decoded image.
 Without ``min_side`` an image is decoded at full size.
 """
 from __future__ import annotations
@@ -208,29 +210,29 @@ def _open_raw(source) -> Image.Image:
 
 # --- shrinking while decoding --------------------------------------------------------------------------------------
 DCT_SCALES = (8, 4, 2)     # libjpeg decodes a JPEG at 1/8, 1/4 or 1/2 of its size (DCT scaling)
-REDUCING_GAP = 2           # Image.reduce only while the resize that follows still shrinks at least this much
+REDUCING_GAP = 2           # a DCT scale or Image.reduce only while the resize that follows still shrinks this much
 _ORIENTATION = 0x0112      # EXIF orientations 5-8 turn the image by 90°
 
 
 def dct_scale(size: tuple[int, int], min_side: int) -> int:
-    """The largest of 8, 4, 2 whose 1/scale keeps the shorter side of ``size`` at least ``min_side``, else 1:
-    what :func:`draft` decodes a JPEG of that size at. The shorter side decides, so a photo turned by EXIF
-    (width and height swapped) gets the same scale."""
+    """The largest of 8, 4, 2 whose 1/scale keeps the shorter side of ``size`` at least ``REDUCING_GAP ·
+    min_side``, else 1: what :func:`draft` decodes a JPEG of that size at. The shorter side decides, so a photo
+    turned by EXIF (width and height swapped) gets the same scale."""
     short = min(size)
-    return next((s for s in DCT_SCALES if short // s >= min_side), 1)
+    return next((s for s in DCT_SCALES if short // s >= REDUCING_GAP * min_side), 1)
 
 
 def draft(image: Image.Image, min_side: int) -> int:
     """Before ``image`` (opened, not loaded) is decoded: a JPEG is set to decode at :func:`dct_scale`, the
-    smallest size whose shorter side is still ``≥ min_side`` (sides rounded up). Returns the scale (1: decoded
-    at full size, e.g. not a JPEG)."""
+    smallest size whose shorter side is still ``≥ REDUCING_GAP · min_side`` (sides rounded up). Returns the scale
+    (1: decoded at full size, e.g. not a JPEG)."""
     scale = dct_scale(image.size, min_side)
     if scale == 1 or image.format not in ("JPEG", "MPO"):
         return 1
     # Pillow picks the largest scale ≤ min(w // side, h // side) = short // side: the same as dct_scale; it
     # returns the box the decoded image covers (None: not drafted, e.g. a file of several tiles)
-    width = image.size[0]
-    done = image.draft("RGB", (min_side, min_side))
+    width, side = image.size[0], REDUCING_GAP * min_side
+    done = image.draft("RGB", (side, side))
     return round(width / done[1][2]) if done else 1
 
 
@@ -254,8 +256,8 @@ def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side
     phone on its side comes out as it was seen), the file's EXIF and the upright size in the file.
 
     ``min_side``: the shorter side the caller needs (``preprocess.min_side``): the image may come back smaller,
-    never with a shorter side below that (nor larger than the file's): a JPEG is decoded at a DCT scale
-    (:func:`draft`), then any image at least ``REDUCING_GAP`` times that is reduced (:func:`reduce_to`)."""
+    never with a shorter side below ``REDUCING_GAP`` times that (nor larger than the file's): a JPEG is decoded at a
+    DCT scale (:func:`draft`), then an image still at least twice that is reduced (:func:`reduce_to`)."""
     import io
 
     if isinstance(source, (bytes, bytearray)):

@@ -340,7 +340,7 @@ def cmd_search(args) -> int:
 
 def _example_query(model, image: str, subtract):
     from training.compose import compose_query
-    from training.data.preprocess import UnsupportedImageError, open_image
+    from training.data.preprocess import UnsupportedImageError, embed_side, open_image
     from training.embed import embed_pixels, pixel_features
 
     from .embed import IMAGE_SUFFIXES
@@ -349,7 +349,7 @@ def _example_query(model, image: str, subtract):
     if not path.is_file():
         raise FileNotFoundError(f"no image file at {image}")
     try:
-        picture = open_image(path, model.preprocess.min_side)
+        picture = open_image(path, embed_side(model.preprocess))
     except UnsupportedImageError as err:
         raise ValueError(f"{image}: {err}") from None
     except Exception as err:  # noqa: BLE001 - any decoding failure: say what and why

@@ -3,8 +3,7 @@
 The embedding itself is training/embed.py's, the one inference path (and autocast policy) of the project:
 images are decoded and preprocessed (``model.preprocess``) by DataLoader workers; an unreadable, corrupt or
 unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
-decoding share them. A large photo is shrunk while it is decoded (a JPEG at the smallest DCT scale whose shorter
-side still covers the largest input any member resizes to: ``training.data.preprocess.decode_image``). Each
+decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
 worker also reads what the metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size in the file,
 folder, content hash).
 """

@@ -1,9 +1,9 @@
 """Uploaded and gallery images: content sniffing, size and pixel limits, decoding, thumbnails.
 
-The content type is sniffed from the file's first bytes, never taken from the upload's headers or name. A large
-photo is shrunk while it is decoded, down to what its use needs (the model's largest input side for an upload, the
-thumbnail's size for a thumbnail): a JPEG at a DCT scale, then an integer reduction
-(``training.data.preprocess.draft`` and ``reduce_to``); the pixel limit is checked on the file's own size first.
+The content type is sniffed from the file's first bytes, never taken from the upload's headers or name. A thumbnail's
+photo is shrunk while it is decoded, down to twice the thumbnail's size: a JPEG at a DCT scale, then an integer
+reduction (``training.data.preprocess.draft`` and ``reduce_to``); an upload is decoded as every image to embed
+(``preprocess.embed_side``). The pixel limit is checked on the file's own size first.
 These functions are blocking (decoding is CPU work); the app runs them in its decode thread pool, off the
 event loop (Pillow releases the GIL while decoding).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from training.data.preprocess import RAW_SUFFIXES, draft, load_image, reduce_to, register_heif
+from training.data.preprocess import RAW_SUFFIXES, draft, embed_side, load_image, reduce_to, register_heif
 
 SIGNATURES = (
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -107,9 +107,9 @@ def _open_raw_file(path: Path, max_pixels: int) -> Image.Image:
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess) -> torch.Tensor:
-    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels: decoded down to the
-    largest input side of the model (``preprocess.min_side``), then preprocessed as in training."""
-    return preprocess.pixels(open_checked(data, max_pixels, preprocess.min_side))
+    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels: decoded as every image to
+    embed is (``preprocess.embed_side``), then preprocessed as in training."""
+    return preprocess.pixels(open_checked(data, max_pixels, embed_side(preprocess)))
 
 
 def thumbnail(path: str | Path, size: int, max_pixels: int) -> tuple[bytes, str]:

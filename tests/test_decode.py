@@ -11,6 +11,7 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 import training.data.features as features
+import training.data.preprocess as preprocess
 import training.embed as embed
 from index.embed import read_photo
 from service.images import ImageError, open_checked, thumbnail, upload_to_pixels
@@ -108,7 +109,23 @@ def _count(monkeypatch, cls, name, calls):
     monkeypatch.setattr(cls, name, counted)
 
 
-def test_a_stacked_preprocessing_decodes_once_and_every_member_resizes_the_shrunk_image(tmp_path, monkeypatch):
+@pytest.fixture
+def shrink(monkeypatch):
+    """Images to embed shrunk while decoding (off as shipped: it cost more than 0.5 dev R-sum)."""
+    monkeypatch.setattr(preprocess, "SHRINK_TO_EMBED", True)
+
+
+def test_images_to_embed_are_decoded_at_full_size_as_shipped(tmp_path):
+    data = jpeg(photo(2800, 2100))
+    assert torch.equal(upload_to_pixels(data, 50_000_000, SHIPPED), old_pixels(data, SHIPPED))
+    path = tmp_path / "big.jpg"
+    path.write_bytes(data)
+    index, (pixels, info), error = embed._Decoded([path], SHIPPED, read_photo)[0]
+    assert error is None and torch.equal(pixels, old_pixels(data, SHIPPED))
+
+
+def test_a_stacked_preprocessing_decodes_once_and_every_member_resizes_the_shrunk_image(tmp_path, monkeypatch,
+                                                                                          shrink):
     path = tmp_path / "big.jpg"
     path.write_bytes(flat_jpeg(4000, 3000))
     opened, calls = [], []
@@ -146,7 +163,7 @@ def old_pixels(data: bytes, pre: StackedPreprocess) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("size", [(2800, 2100), (1600, 1200), (2000, 2600)])        # DCT scales 1/4, 1/2, 1/2
-def test_shrunk_decoding_gives_pixels_close_to_the_full_decode(size):
+def test_shrunk_decoding_gives_pixels_close_to_the_full_decode(size, shrink):
     """Tolerance, in 0-255 levels over every pixel of the three members' inputs: mean |difference| ≤ 1.5 and the
     99th percentile ≤ 8 (measured: mean 0.1-0.3, 99th percentile 1). Decoding down to the side itself (1/8 for
     2100 rows, ending in half a DCT block) gave a mean difference of ~5 on this texture and cost 1.04 dev R-sum

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from training.data.features import ImageFiles, extract_features, load_pixels, loader_options
-from training.data.preprocess import open_image
+from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 
@@ -195,7 +195,7 @@ class _Decoded(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            image, extra = self.read(self.paths[i], self.preprocess.min_side)
+            image, extra = self.read(self.paths[i], embed_side(self.preprocess))
             if image is None:               # the reader found nothing to embed (e.g. content already indexed)
                 return i, None, None
             return i, (self.preprocess.pixels(image), extra), None

@@ -1,8 +1,8 @@
 """Decode images in worker processes, and precompute frozen-backbone features once, cached on disk.
 
 The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions. Images are
-decoded as every inference path decodes them (``preprocess.open_image`` with the preprocessing's ``min_side``: a
-large photo shrunk while decoding), so evaluation, the index and the service see the same pixels.
+decoded as every inference path decodes them (``preprocess.open_image`` with ``preprocess.embed_side``), so
+evaluation, the index and the service see the same pixels.
 
 The cache is a memory-mapped ``.npy`` per (backbone weights, preprocessing, exact file list) plus a JSON
 manifest. The cache key hashes all of these, the files by their content in order (not by path or
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .fileio import atomic_path, write_json
 from PIL import Image
 
-from .preprocess import REDUCING_GAP, ImagePreprocess, open_image, register_heif
+from .preprocess import REDUCING_GAP, ImagePreprocess, embed_side, open_image, register_heif
 
 
 class ImageFiles(Dataset):
@@ -41,7 +41,7 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            return i, self.preprocess.pixels(open_image(self.paths[i], self.preprocess.min_side))
+            return i, self.preprocess.pixels(open_image(self.paths[i], embed_side(self.preprocess)))
         except Exception as err:  # report which file, not a worker traceback
             raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
 
@@ -132,7 +132,7 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
         files.update(file_digest(p))
     manifest = {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
                 "files_blake2b": files.hexdigest(), "n": len(paths)}
-    if any(shrinks(p, preprocess.min_side) for p in paths):
+    if embed_side(preprocess) is not None and any(shrinks(p, preprocess.min_side) for p in paths):
         manifest["decode"] = "shrunk to min_side"   # not the full-size decode of features cached before it was
     if per_view:        # one feature per crop (view augmentation), not their average
         manifest["per_view"] = True

@@ -433,6 +433,26 @@ def t_video_speed() -> str:
         f" {r['workers']} decoding workers, {r['torch_threads']} torch threads."
 
 
+def t_decode_throughput_cpu() -> str:
+    data = load("decode_throughput_cpu.json")
+    rows = data["rows"]
+    cells = [[r["images"], f(r["mean_bytes"] / 1e6, 2), f(r["before"]["img_per_cpu_s"]), f(r["once"]["img_per_cpu_s"]),
+              f"{r['once_speedup_per_core']:.2f}×", f"1/{r['dct_scale']}", f(r["now"]["img_per_cpu_s"]),
+              f"{r['speedup_per_core']:.2f}×", f(r["mean_abs_pixel_diff"], 2)] for r in rows]
+    return with_provenance(["JPEG", "MB", "before: img/s per core", "one decode (runs): img/s per core", "speed-up",
+                            "DCT scale", "shrunk (off): img/s per core", "speed-up", "shrunk: mean pixel difference"],
+                           cells, rows, data, right=set(range(1, 9)))
+
+
+def t_decode_ranking() -> str:
+    data = load("decode_ranking.json")
+    rows = data["rows"]
+    cells = [[r["images"], r["scale"], f(r["full"]["rsum"], 2), f(r["shrunk"]["rsum"], 2), f(r["loss"], 2),
+              f'{join(r["shrunk"]["i2t"])}; {join(r["shrunk"]["t2i"])}'] for r in rows]
+    return with_provenance(["dev images", "DCT scale", "R-sum, full decode", "R-sum, shrunk while decoding",
+                            "loss", "shrunk: i2t R@1/5/10; t2i R@1/5/10"], cells, rows, data, right={2, 3, 4})
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -471,6 +491,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "embed_throughput": t_embed_throughput,
     "video_retrieval": t_video_retrieval,
     "video_speed": t_video_speed,
+    "decode_throughput_cpu": t_decode_throughput_cpu,
+    "decode_ranking": t_decode_ranking,
 }
 
 

@@ -108,7 +108,8 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
                    help="also index .thumbnails, @eaDir and hidden files and folders")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2, help="image decoding processes")
+    p.add_argument("--workers", type=int, default=None,
+                   help="image decoding processes (default: by the usable cores; on CUDA all but one)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=func)
 
@@ -422,7 +423,7 @@ def cmd_search(args) -> int:
 
 def _example_query(model, image: str, subtract):
     from training.compose import compose_query
-    from training.data.preprocess import UnsupportedImageError, open_image
+    from training.data.preprocess import UnsupportedImageError, embed_side, open_image
     from training.embed import embed_pixels, pixel_features
 
     from .embed import IMAGE_SUFFIXES
@@ -431,7 +432,7 @@ def _example_query(model, image: str, subtract):
     if not path.is_file():
         raise FileNotFoundError(f"no image file at {image}")
     try:
-        picture = open_image(path)
+        picture = open_image(path, embed_side(model.preprocess))
     except UnsupportedImageError as err:
         raise ValueError(f"{image}: {err}") from None
     except Exception as err:  # noqa: BLE001 - any decoding failure: say what and why

@@ -1,9 +1,11 @@
 """Embed a photo collection and a caption corpus with a model's encoders, in batches, with progress.
 
 The embedding itself is training/embed.py's, the one inference path (and autocast policy) of the project:
-images are decoded and preprocessed (exactly as in training: ``model.preprocess``) by DataLoader workers; an
-unreadable, corrupt or unsupported file is skipped and reported, never fatal. Each worker also reads what the
-metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size, folder, content hash).
+images are decoded and preprocessed (``model.preprocess``) by DataLoader workers; an unreadable, corrupt or
+unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
+decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
+worker also reads what the metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size in the file,
+folder, content hash).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, load_image
+from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, decode_image
 from training.embed import embed_image_files as files_to_embeddings
 from training.embed import embed_texts as texts_to_embeddings
 
@@ -149,17 +151,33 @@ def _ascii(value) -> str | None:
     return value.strip("\x00 ") if isinstance(value, str) else None
 
 
-def read_photo(path: str | Path):
-    """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once."""
+def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: str | None = None):
+    """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once (decoded and hashed from the same
+    bytes). ``min_side``: the image may be shrunk while decoding down to this shorter side; the info keeps the
+    file's own upright size. ``(None, None)`` without decoding when the bytes hash to ``indexed_sha256``."""
     path = Path(path)
     data = path.read_bytes()
     stat = path.stat()
-    image, exif = load_image(data, path.suffix)
-    taken = exif_time(exif)
-    info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=image.width, height=image.height,
-                     folder=str(path.resolve().parent), sha256=hashlib.sha256(data).hexdigest(), size=len(data),
+    digest = hashlib.sha256(data).hexdigest()
+    if digest == indexed_sha256:
+        return None, None
+    decoded = decode_image(data, path.suffix, min_side)
+    taken = exif_time(decoded.exif)
+    width, height = decoded.size
+    info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
+                     folder=str(path.resolve().parent), sha256=digest, size=len(data),
                      mtime=stat.st_mtime)
-    return image, info
+    return decoded.image, info
+
+
+class _Indexed:
+    """:func:`read_photo` knowing the content hash the index holds for some files (a picklable reader)."""
+
+    def __init__(self, sha256: dict[str, str]):
+        self.sha256 = sha256
+
+    def __call__(self, path: str | Path, min_side: int | None = None):
+        return read_photo(path, min_side, self.sha256.get(str(path)))
 
 
 @dataclass
@@ -168,15 +186,18 @@ class ImageEmbeddings:
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
     info: list[PhotoInfo] = field(default_factory=list)            # one per kept image
+    same: list[int] = field(default_factory=list)                  # positions whose bytes hash to the indexed sha256
 
 
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
-                      progress: bool = True) -> ImageEmbeddings:
+def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
+                      progress: bool = True, indexed: dict[str, str] | None = None) -> ImageEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
-    the model's device), keeping what the metadata stores of each (:func:`read_photo`)."""
+    the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
+    each (:func:`read_photo`). ``indexed``: path (as given) → the sha256 the index holds for it; a file whose
+    bytes still hash to it is not decoded (listed in ``same``), the hash and the decoding reading the bytes once."""
     emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
-                              read=read_photo)
-    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras)
+                              read=_Indexed(indexed) if indexed else read_photo)
+    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras, emb.passed)
 
 
 def embed_texts(model, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

@@ -272,7 +272,7 @@ def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpda
 
 def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
-          caption_factory: str | None = None, batch_size: int = 64, workers: int = 2, progress: bool = True,
+          caption_factory: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
           querybank: QueryBank | None = None, video_paths: Sequence[str | Path] = (),
           sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
@@ -409,7 +409,7 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
 
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
-        batch_size: int = 64, workers: int = 2, progress: bool = True, video_paths: Sequence[str | Path] = (),
+        batch_size: int = 64, workers: int | None = None, progress: bool = True, video_paths: Sequence[str | Path] = (),
         sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
     rebuild."""
@@ -518,17 +518,29 @@ def _locked_for_update(root: Path):
         yield _load_for_update(root)
 
 
-def _unchanged(row, path: Path) -> bool:
-    """The indexed row still describes the file: same size and mtime (no read), else the same content hash."""
-    import hashlib
-
+def _same_stat(row, path: Path) -> bool:
+    """The indexed row still describes the file by size and mtime (no read). Otherwise the content hash decides:
+    the worker that would decode the file hashes its bytes first (``embed_image_files(indexed=…)``)."""
     if row.sha256 is None:                 # indexed before content hashes were kept: embed it again once
         return False
     try:
         stat = path.stat()
-        if row.size == stat.st_size and row.mtime == stat.st_mtime:
-            return True
-        digest = hashlib.sha256()
+    except OSError:                        # vanished or unreadable since the scan: embedding it will say so
+        return False
+    return row.size == stat.st_size and row.mtime == stat.st_mtime
+
+
+def _unchanged(row, path: Path) -> bool:
+    """A video's indexed row still describes its file: same size and mtime (no read), else the same content hash
+    (a video is decoded by its own loader, which does not hash: read it here)."""
+    import hashlib
+
+    if _same_stat(row, path):
+        return True
+    if row.sha256 is None:
+        return False
+    digest = hashlib.sha256()
+    try:
         with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
@@ -538,7 +550,7 @@ def _unchanged(row, path: Path) -> bool:
 
 
 def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
-         batch_size: int = 64, workers: int = 2, progress: bool = True, videos: bool = True,
+         batch_size: int = 64, workers: int | None = None, progress: bool = True, videos: bool = True,
          sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Makes the index's images (and, with ``videos``, its videos) under the folder ``images`` what is there now: files not in the index are added,
     files whose content changed (sha256; size + mtime spare reading unchanged ones) are embedded again — under a
@@ -578,20 +590,23 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                     new_videos.append(path)
             on_disk = {p.resolve(): p for p in found}
             gone = [r.id for p, r in indexed.items() if p not in on_disk]
-            changed, new, unchanged = [], [], 0
+            new, unchanged, hashes = [], 0, {}
             for path in sorted(on_disk):
                 row = indexed.get(path)
                 if row is None:
                     new.append(path)
-                elif _unchanged(row, path):
+                elif _same_stat(row, path):
                     unchanged += 1
-                else:
-                    changed.append(row.id)
+                else:                      # embedded unless its bytes still hash to the indexed sha256
                     new.append(path)
-            report = UpdateReport(unchanged=unchanged + unchanged_videos, outside=scan.outside,
+                    if row.sha256 is not None:
+                        hashes[str(path)] = row.sha256
+            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
+                                    indexed=hashes) if new else None
+            same = {new[p] for p in emb.same} if emb is not None else set()
+            changed = [indexed[p].id for p in new if p in indexed and p not in same]
+            report = UpdateReport(unchanged=unchanged + len(same) + unchanged_videos, outside=scan.outside,
                                   videos_seen=len(video_files) + len(gone_videos))
-            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
-                                    progress=progress) if new else None
             video_emb = embed_videos(model, new_videos, sampling, batch_size=batch_size, workers=workers,
                                      progress=progress) if new_videos else None
             report.skipped = (emb.skipped if emb is not None else []) + \

@@ -427,18 +427,21 @@ def _file_facts(path: Path) -> tuple[str, int, float]:
 
 @torch.no_grad()
 def embed_videos(model, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
-                 workers: int = 2, progress: bool = True) -> VideoEmbeddings:
+                 workers: int | None = None, progress: bool = True) -> VideoEmbeddings:
     """Every readable video of ``paths`` → its moments' vectors and its own vector (frames embedded with
     ``training.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker at a
     time). A file that cannot be read is skipped with its reason. Puts the model in eval mode."""
     from tqdm.auto import tqdm
 
+    from training.data.features import loader_options
     from training.embed import embed_pixels
 
     model.eval()
     out = VideoEmbeddings()
     if not paths:
         return out
+    if workers is None:                    # as photos: half the usable cores on a CPU, all but one on CUDA
+        workers = loader_options(len(paths) + 1, 1, None, next(model.parameters()).device)["num_workers"]
     workers = min(workers, len(paths), os.cpu_count() or 1)
     loader = DataLoader(_Frames(paths, model.preprocess, sampling), batch_size=None, num_workers=workers)
     times: dict[int, list[float]] = {}

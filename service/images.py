@@ -1,6 +1,9 @@
 """Uploaded and gallery images: content sniffing, size and pixel limits, decoding, thumbnails.
 
-The content type is sniffed from the file's first bytes, never taken from the upload's headers or name.
+The content type is sniffed from the file's first bytes, never taken from the upload's headers or name. A thumbnail's
+photo is shrunk while it is decoded, down to twice the thumbnail's size: a JPEG at a DCT scale, then an integer
+reduction (``training.data.preprocess.draft`` and ``reduce_to``); an upload is decoded as every image to embed
+(``preprocess.embed_side``). The pixel limit is checked on the file's own size first.
 These functions are blocking (decoding is CPU work); the app runs them in its decode thread pool, off the
 event loop (Pillow releases the GIL while decoding).
 """
@@ -14,7 +17,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from training.data.preprocess import RAW_SUFFIXES, load_image, register_heif
+from training.data.preprocess import RAW_SUFFIXES, draft, embed_side, load_image, reduce_to, register_heif
 
 SIGNATURES = (
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -54,14 +57,16 @@ def sniff(head: bytes) -> str | None:
     return next((media for magic, media in SIGNATURES if head.startswith(magic)), None)
 
 
-def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
+def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | None = None) -> Image.Image:
     """Sniffs, checks the pixel count from the header, then decodes fully; returns an upright RGB image (EXIF
     orientation applied). A gallery file (a path) may also be camera RAW, read with rawpy when it is installed.
+    ``min_side``: the image may be shrunk while decoding, never to a shorter side below this.
 
     Raises :class:`ImageError` 415 (not an image), 413 (too many pixels), 400 (corrupt or truncated)."""
     if isinstance(source, (str, Path)):
         if Path(source).suffix.lower() in RAW_SUFFIXES:
-            return _open_raw_file(Path(source), max_pixels)
+            raw = _open_raw_file(Path(source), max_pixels)
+            return raw if min_side is None else reduce_to(raw, min_side)
         data = Path(source).read_bytes()
     else:
         data = source
@@ -77,8 +82,11 @@ def open_checked(source: bytes | str | Path, max_pixels: int) -> Image.Image:
             if width * height > max_pixels:
                 raise ImageError(413, f"image is {width}×{height} = {width * height:,} pixels; the limit is "
                                       f"{max_pixels:,}")
+            if min_side is not None:
+                draft(im, min_side)
             im.load()
-            return ImageOps.exif_transpose(im).convert("RGB")
+            upright = ImageOps.exif_transpose(im).convert("RGB")
+            return upright if min_side is None else reduce_to(upright, min_side)
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -118,14 +126,15 @@ def _open_raw_file(path: Path, max_pixels: int) -> Image.Image:
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess) -> torch.Tensor:
-    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels, preprocessed exactly as in
-    training."""
-    return preprocess.pixels(open_checked(data, max_pixels))
+    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels: decoded as every image to
+    embed is (``preprocess.embed_side``), then preprocessed as in training."""
+    return preprocess.pixels(open_checked(data, max_pixels, embed_side(preprocess)))
 
 
 def thumbnail(path: str | Path, size: int, max_pixels: int) -> tuple[bytes, str]:
-    """A JPEG whose longer side is at most ``size`` pixels (never enlarged)."""
-    image = open_checked(path, max_pixels)
+    """A JPEG whose longer side is at most ``size`` pixels (never enlarged); decoded down to a shorter side of
+    ``size`` at least, so the thumbnail is resized from an image at least its size."""
+    image = open_checked(path, max_pixels, size)
     image.thumbnail((size, size), Image.Resampling.LANCZOS)
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=85)

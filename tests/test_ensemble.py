@@ -9,13 +9,14 @@ import torch.nn.functional as F
 from fastapi.testclient import TestClient
 
 from conftest import build_index, tiny_config
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_texts
 from index.gallery import Gallery
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
+from training.embed import embed_image_files as embed_decoded
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import load_model
@@ -42,9 +43,16 @@ def ensemble_path(members, tmp_path_factory):
     return out
 
 
-def _expected(models, weights, images, texts):
+def _vectors(model, images, min_side):
+    """A member's image embeddings of the images decoded as the ensemble decodes them: shrunk while decoding down to
+    the ensemble's ``min_side`` (the largest of its members'), not the member's own."""
+    read = lambda path, _: (open_image(path, min_side), None)     # noqa: E731 - workers=0: no pickling
+    return torch.from_numpy(embed_decoded(model, images, progress=False, workers=0, read=read).vectors)
+
+
+def _expected(models, weights, images, texts, min_side):
     """The members' normalised embeddings, weighted, concatenated, normalised: (image, text) scores."""
-    img = [torch.from_numpy(embed_image_files(m, images, progress=False, workers=0).vectors) for m in models]
+    img = [_vectors(m, images, min_side) for m in models]
     txt = [torch.from_numpy(embed_texts(m, texts, progress=False)) for m in models]
     def cat(parts):
         return F.normalize(torch.cat([w * F.normalize(p, dim=-1) for w, p in zip(weights, parts)], 1), dim=-1)
@@ -60,10 +68,12 @@ def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensembl
     data = load_dataset(synth_small)
     records = data.split("val").images + data.split("test").images
     paths = [r.path for r in records]
-    expected = _expected(models, [1.0, 0.5], paths, QUERIES)                       # (images, queries)
+    side = loaded.preprocess.min_side
+    assert side == 40 and [m.preprocess.min_side for m in models] == [32, 40]
+    expected = _expected(models, [1.0, 0.5], paths, QUERIES, side)                  # (images, queries)
     # Σ w_i² cos_i / Σ w_i²: the weighted mean of the members' cosines
-    cosines = [(torch.from_numpy(embed_image_files(m, paths, progress=False, workers=0).vectors)
-                @ torch.from_numpy(embed_texts(m, QUERIES, progress=False)).t()) for m in models]
+    cosines = [(_vectors(m, paths, side) @ torch.from_numpy(embed_texts(m, QUERIES, progress=False)).t())
+               for m in models]
     torch.testing.assert_close(expected, (cosines[0] + 0.25 * cosines[1]) / 1.25, atol=1e-5, rtol=0)
 
     index_dir = build_index(ensemble_path, synth_small, tmp_path / "index")

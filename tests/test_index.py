@@ -310,9 +310,9 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     """One inference path (training/embed.py): evaluation's embeddings of a split, the index's of the same files
     and captions, a composed query without words and the service engine's agree."""
     from service.engine import Engine
+    from service.images import upload_to_pixels
     from training.compose import compose_query, image_features_of
     from training.data.features import ImageFiles
-    from training.data.preprocess import open_image
     from training.embed import ImageSource, embed_image_source, embed_split
 
     split = load_dataset(synth_small).split("test")
@@ -330,6 +330,6 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     composed = compose_query(model, image_features_of(model, paths[3]))                 # no words: the image itself
     torch.testing.assert_close(composed, img[3], atol=1e-6, rtol=0)
     engine = Engine(model, gallery=None)
-    pixels = [model.preprocess.pixels(open_image(p)) for p in paths]
+    pixels = [upload_to_pixels(p, 50_000_000, model.preprocess) for p in paths]   # decoded as the service does
     np.testing.assert_allclose(engine.embed_pixels(pixels), img.numpy(), atol=1e-6, rtol=0)
     np.testing.assert_allclose(engine.embed_texts(texts[:5]), cap[:5].numpy(), atol=1e-6, rtol=0)

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from PIL import Image
 
-from training.data.preprocess import open_image
+from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
 from .embed import inference_autocast, pixel_features
 
@@ -22,7 +22,7 @@ from .embed import inference_autocast, pixel_features
 @torch.no_grad()
 def image_features_of(model, image: str | Path | Image.Image) -> torch.Tensor:
     """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``)."""
-    picture = image if isinstance(image, Image.Image) else open_image(image)
+    picture = image if isinstance(image, Image.Image) else open_image(image, embed_side(model.preprocess))
     return pixel_features(model, model.preprocess.pixels(picture).unsqueeze(0))[0]     # (1, crops, 3, S, S) in
 
 

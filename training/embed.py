@@ -5,7 +5,9 @@ Inference (``evaluate``, ``compose``, ``index`` and the service all embed throug
 
 * :func:`embed_pixels` — uint8 pixels (``model.preprocess.pixels``) → image embeddings;
 * :func:`embed_image_files` — image files, decoded by DataLoader workers, → image embeddings (an unreadable file
-  is skipped and reported);
+  is skipped and reported; a large JPEG is decoded at the smallest DCT scale the preprocessing allows,
+  ``preprocess.decode_image``; workers, prefetch and pinned memory by core count and device,
+  ``features.loader_options``);
 * :func:`embed_texts` — sentences, each optionally minus the meaning of some words (W2VV §IV-C) → text
   embeddings.
 
@@ -25,7 +27,6 @@ An :class:`ImageSource` is what an image index turns into for the model:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
@@ -36,8 +37,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from training.data.features import ImageFiles, extract_features, load_pixels
-from training.data.preprocess import open_image
+from training.data.features import ImageFiles, extract_features, load_pixels, loader_options
+from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 from training.shapes import Shapes, plan
@@ -55,7 +56,8 @@ class ImageSource:
         return len(self.data)
 
 
-def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu", workers: int = 2,
+def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu",
+                 workers: int | None = 2,
                  progress: bool = True, amp: bool = False) -> ImageSource:
     if model.backbone_pretrained and not trainable:
         feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
@@ -68,7 +70,7 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
 
 
 def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
-                workers: int = 2, progress: bool = True, amp: bool = False) -> ImageSource:
+                workers: int | None = 2, progress: bool = True, amp: bool = False) -> ImageSource:
     """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
     resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
     if base.kind != "features":
@@ -201,9 +203,13 @@ def embed_texts(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] =
     return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device)
 
 
-def read_image(path: str | Path) -> tuple[Image.Image, None]:
-    """The default reader of :func:`embed_image_files`: the upright RGB image, nothing else."""
-    return open_image(path), None
+def read_image(path: str | Path, min_side: int | None = None) -> tuple[Image.Image, None]:
+    """The default reader of :func:`embed_image_files`: the upright RGB image (shrunk while decoding down to a
+    shorter side of ``min_side``, ``preprocess.decode_image``), nothing else."""
+    return open_image(path, min_side), None
+
+
+Reader = Callable[[str, int | None], tuple[Image.Image, Any]]   # (path, min_side) → (image, what else to keep)
 
 
 @dataclass
@@ -212,10 +218,11 @@ class FileEmbeddings:
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
     extras: list[Any] = field(default_factory=list)                # what ``read`` returned besides the image
+    passed: list[int] = field(default_factory=list)                # positions ``read`` found nothing to embed in
 
 
 class _Decoded(Dataset):
-    def __init__(self, paths: Sequence[str | Path], preprocess, read: Callable[[str], tuple[Image.Image, Any]]):
+    def __init__(self, paths: Sequence[str | Path], preprocess, read: Reader):
         self.paths, self.preprocess, self.read = [str(p) for p in paths], preprocess, read
 
     def __len__(self) -> int:
@@ -223,7 +230,9 @@ class _Decoded(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            image, extra = self.read(self.paths[i])
+            image, extra = self.read(self.paths[i], embed_side(self.preprocess))
+            if image is None:               # the reader found nothing to embed (e.g. content already indexed)
+                return i, None, None
             return i, (self.preprocess.pixels(image), extra), None
         except Exception as err:  # noqa: BLE001 - any decoding failure means "skip this file"
             return i, None, f"{type(err).__name__}: {err}"
@@ -231,32 +240,35 @@ class _Decoded(Dataset):
 
 def _collate(items):
     ok = [(i, px) for i, px, _ in items if px is not None]
-    bad = [(i, reason) for i, px, reason in items if px is None]
+    bad = [(i, reason) for i, px, reason in items if reason is not None]
+    passed = [i for i, px, reason in items if px is None and reason is None]
     pixels = torch.stack([px for _, (px, _) in ok]) if ok else None
-    return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok]
+    return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok], passed
 
 
 @torch.no_grad()
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
-                      progress: bool = True, read: Callable[[str], tuple[Image.Image, Any]] = read_image
-                      ) -> FileEmbeddings:
-    """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path → the
-    upright image and anything else to keep of the file) and preprocessed in DataLoader workers; a file that
-    cannot be read is skipped and reported, never fatal. Puts the model in eval mode."""
+def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
+                      progress: bool = True, read: Reader = read_image) -> FileEmbeddings:
+    """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
+    shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
+    else to keep of the file; no image: nothing to embed, the position listed in ``passed``) and preprocessed in
+    DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file that cannot be read
+    is skipped and reported, never fatal. Puts the model in eval mode."""
     model.eval()
-    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
-    loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, num_workers=workers,
-                        collate_fn=_collate, generator=torch.Generator())     # leaves the global RNG alone
-    vectors, kept, skipped, extras = [], [], [], []
-    for idx, pixels, bad, extra in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
+    loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, collate_fn=_collate,
+                        generator=torch.Generator(),     # leaves the global RNG alone
+                        **loader_options(len(paths), batch_size, workers, device_of(model)))
+    vectors, kept, skipped, extras, passed = [], [], [], [], []
+    for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
+        passed += nothing
         if pixels is None:
             continue
         vectors.append(embed_pixels(model, pixels).cpu().numpy())
         kept += idx
         extras += extra
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras, passed)
 
 
 @torch.no_grad()
@@ -272,7 +284,7 @@ def pixel_features(model, pixels: torch.Tensor, shapes: Shapes | None = None) ->
 
 
 @torch.no_grad()
-def embed_image_source(model, source: ImageSource, batch_size: int = 128, workers: int = 2) -> torch.Tensor:
+def embed_image_source(model, source: ImageSource, batch_size: int = 128, workers: int | None = 2) -> torch.Tensor:
     """Every image of ``source`` → embeddings ``(N, E)`` on the model's device: pixels through
     :func:`embed_pixels`, precomputed features (or a ``views`` source's evaluation view) through the model's
     projection, under the same autocast policy."""
@@ -281,8 +293,9 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, worker
     model.eval()
     out = []
     if source.kind == "files":
-        loader = DataLoader(cast(ImageFiles, source.data), batch_size=batch_size, num_workers=workers,
-                            generator=torch.Generator())      # leaves the global RNG alone (features.image_loader)
+        loader = DataLoader(cast(ImageFiles, source.data), batch_size=batch_size,
+                            generator=torch.Generator(),      # leaves the global RNG alone (features.image_loader)
+                            **loader_options(len(source), batch_size, workers, device))
         out = [embed_pixels(model, pixels) for _, pixels in loader]
     else:
         data = cast(torch.Tensor, source.data)
@@ -314,7 +327,7 @@ def embed_views(model, source: ImageSource, batch_size: int = 128) -> torch.Tens
     return torch.cat(out).view(views.shape[0], views.shape[1], -1)
 
 
-def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
+def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int | None = 2, progress: bool = True,
                 amp: bool = False, source: ImageSource | None = None):
     """Embeds every image and caption of ``dataset`` (a CaptionDataset) with the inference path above.
     ``device`` and ``amp`` are for extracting backbone features when ``source`` is not given.

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from PIL import Image
 
-from training.data.preprocess import open_image
+from training.data.preprocess import embed_side, open_image
 from training.data.vocab import tokenize
 from .embed import device_of, embed_pixels, embed_texts, inference_autocast
 
@@ -89,7 +89,8 @@ def embed_image_inputs(model, images: Sequence[str | Path | Image.Image], batch_
     """Image files or PIL images → common-space vectors, preprocessed as in training (``embed.embed_pixels``)."""
     out = []
     for start in range(0, len(images), batch_size):
-        batch = [im if isinstance(im, Image.Image) else open_image(im) for im in images[start:start + batch_size]]
+        batch = [im if isinstance(im, Image.Image) else open_image(im, embed_side(model.preprocess))
+                 for im in images[start:start + batch_size]]
         out.append(embed_pixels(model, torch.stack([model.preprocess.pixels(im) for im in batch])))
     return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device_of(model))
 

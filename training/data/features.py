@@ -1,6 +1,8 @@
 """Decode images in worker processes, and precompute frozen-backbone features once, cached on disk.
 
-The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions.
+The features are the backbone's pooled vector, or for STT-ATT models its flattened grid of regions. Images are
+decoded as every inference path decodes them (``preprocess.open_image`` with ``preprocess.embed_side``), so
+evaluation, the index and the service see the same pixels.
 
 The cache is a memory-mapped ``.npy`` per (backbone weights, preprocessing, exact file list) plus a JSON
 manifest. The cache key hashes all of these, the files by their content in order (not by path or
@@ -22,7 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from .fileio import atomic_path, write_json
-from .preprocess import ImagePreprocess, open_image
+from PIL import Image
+
+from .preprocess import REDUCING_GAP, ImagePreprocess, embed_side, open_image, register_heif
 
 
 class ImageFiles(Dataset):
@@ -37,20 +41,47 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            return i, self.preprocess.pixels(open_image(self.paths[i]))
+            return i, self.preprocess.pixels(open_image(self.paths[i], embed_side(self.preprocess)))
         except Exception as err:  # report which file, not a worker traceback
             raise RuntimeError(f"cannot read image {self.paths[i]}: {err}") from err
 
 
-def image_loader(paths, preprocess: ImagePreprocess, batch_size: int = 64, workers: int = 2) -> DataLoader:
-    workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def loader_options(items: int, batch_size: int, workers: int | None = None,
+                   device: str | torch.device = "cpu") -> dict:
+    """The DataLoader settings for decoding ``items`` images for a model on ``device``.
+
+    ``workers``: decoding processes; None chooses by the usable cores — on CUDA all but the one that drives the
+    GPU, on a CPU half of them (the model's forward pass needs the others); a given number is capped at the
+    cores; a single batch is decoded in this process. Prefetch: two batches per worker, at least four in flight.
+    On CUDA the batches come in pinned memory, so the copy to the GPU is asynchronous (``non_blocking``)."""
+    cuda = torch.device(device).type == "cuda"
+    cores = usable_cores()
+    if workers is None:
+        workers = cores - 1 if cuda else cores // 2
+    workers = max(0, min(workers, cores)) if items > batch_size else 0
+    options: dict = {"num_workers": workers, "pin_memory": cuda}
+    if workers:
+        options["prefetch_factor"] = max(2, -(-4 // workers))
+    return options
+
+
+def image_loader(paths, preprocess: ImagePreprocess, batch_size: int = 64, workers: int | None = 2,
+                 device: str | torch.device = "cpu") -> DataLoader:
     # its own generator: iterating a loader draws a seed, which must not come from the global RNG (a warm or
     # a cold feature cache would otherwise give the training that follows different random numbers)
-    return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, num_workers=workers,
-                      persistent_workers=False, generator=torch.Generator())
+    return DataLoader(ImageFiles(paths, preprocess), batch_size=batch_size, shuffle=False, persistent_workers=False,
+                      generator=torch.Generator(), **loader_options(len(paths), batch_size, workers, device))
 
 
-def load_pixels(paths, preprocess: ImagePreprocess, workers: int = 2, progress: bool = True,
+def load_pixels(paths, preprocess: ImagePreprocess, workers: int | None = 2, progress: bool = True,
                 desc: str = "decoding images") -> torch.Tensor:
     """All images as one uint8 tensor ``(N, crops, 3, S, S)`` (small data sets / trainable backbones)."""
     crops, side = preprocess.crops, preprocess.image_size
@@ -82,6 +113,18 @@ def file_digest(path: str | Path) -> bytes:
     return h.digest()
 
 
+def shrinks(path: str | Path, min_side: int) -> bool:
+    """Whether decoding the file with ``min_side`` may give a smaller image than the file's (its shorter side is at
+    least ``2 · REDUCING_GAP · min_side``: the least a DCT scale or a reduction needs); True for a file whose header
+    Pillow cannot read (camera RAW)."""
+    register_heif()
+    try:
+        with Image.open(path) as im:
+            return min(im.size) >= 2 * REDUCING_GAP * min_side
+    except Exception:  # noqa: BLE001 - unreadable here: assume it may be shrunk
+        return True
+
+
 def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: ImagePreprocess, paths,
                    per_view: bool = False) -> dict:
     files = hashlib.blake2b(digest_size=32)
@@ -89,6 +132,8 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
         files.update(file_digest(p))
     manifest = {"backbone": backbone_name, "weights": _weights_digest(backbone), "preprocess": preprocess.to_dict(),
                 "files_blake2b": files.hexdigest(), "n": len(paths)}
+    if embed_side(preprocess) is not None and any(shrinks(p, preprocess.min_side) for p in paths):
+        manifest["decode"] = "shrunk to min_side"   # not the full-size decode of features cached before it was
     if per_view:        # one feature per crop (view augmentation), not their average
         manifest["per_view"] = True
     if getattr(backbone, "n_regions", None):   # STT-ATT grid features (regions.GridRegions), not pooled ones
@@ -98,7 +143,7 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
 
 @torch.no_grad()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
-                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int = 2,
+                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int | None = 2,
                      progress: bool = True, amp: bool = False, preprocess: ImagePreprocess | None = None,
                      per_view: bool = False) -> np.ndarray:
     """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
@@ -127,10 +172,10 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     with atomic_path(array_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
         loader = image_loader(paths, pre, batch_size=max(1, batch_size // pre.crops) if per_view else batch_size,
-                              workers=workers)
+                              workers=workers, device=device)
         desc = f"{model.backbone_name} features" + (f" ({pre.crops} views)" if per_view else "")
         for idx, pixels in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
-            images = pre.normalize(pixels.to(device))
+            images = pre.normalize(pixels.to(device, non_blocking=True))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
                 out[idx.numpy()] = model.image_features(images, pool=not per_view).float().cpu().numpy()
         out.flush()

@@ -3,6 +3,19 @@
 The spec is a plain dict stored inside ``model.pt``, so the service preprocesses exactly as training did.
 Multi-crop (RCN §IV-A, STT §4.2 features): 1 = centre crop, 5 = four corners + centre, 10 = those 5 and
 their horizontal flips; the backbone features of the crops are averaged.
+
+Decoding with ``min_side`` (:func:`decode_image`; every path that embeds images: the feature cache and
+evaluation, index build/add/sync, uploads, query images) shrinks a large
+photo while decoding it: a JPEG is decoded at the smallest DCT scale (libjpeg's 1/2, 1/4, 1/8, Pillow's
+``Image.draft``) whose shorter side is still at least twice the largest side any member's resize needs
+(:attr:`Preprocess.min_side`), and an image still at least four times that is then reduced by an integer factor
+(``Image.reduce``): the final resize always shrinks 2× or more, as Pillow's ``thumbnail`` does. (Decoding down to
+the side itself, 1/8 for a 12 MP photo, cost 1.04 Flickr8k dev R-sum, and twice it, 1/4, 0.54:
+benchmarks/decode_ranking.py; more than the 0.5 allowed, so images to embed are decoded at full size while
+:data:`SHRINK_TO_EMBED` is off — :func:`embed_side` — and only thumbnails are shrunk.) The EXIF
+orientation is applied afterwards, so a rotated photo is shrunk by its shorter side like any other. Each member
+then resizes that one decoded image.
+Without ``min_side`` an image is decoded at full size.
 """
 from __future__ import annotations
 
@@ -34,9 +47,17 @@ class Preprocess:
         return cls(image_size=int(d["image_size"]), resize=int(d["resize"]), mean=tuple(d["mean"]),
                    std=tuple(d["std"]), crops=int(d["crops"]))
 
+    @property
+    def min_side(self) -> int:
+        """The shorter side an image needs before :meth:`pixels` resizes it: a decoder may shrink it to this, never
+        below, and the resize and crops see the same geometry."""
+        return max(self.resize, self.image_size)
+
     def pixels(self, image: Image.Image) -> torch.Tensor:
         """uint8 ``(crops, 3, S, S)``: resized and cropped but not normalised (compact to cache)."""
-        image = image.convert("RGB")
+        return self._views(_rgb(image))
+
+    def _views(self, image: Image.Image) -> torch.Tensor:
         if self.crops == 1:
             side = self.resize if self.resize != self.image_size else self.image_size
             image = TF.resize(image, side, antialias=True)
@@ -91,6 +112,11 @@ class StackedPreprocess:
         return self.members[0].crops
 
     @property
+    def min_side(self) -> int:
+        """The largest :attr:`Preprocess.min_side` of the members: one decoded image serves all of them."""
+        return max(m.min_side for m in self.members)
+
+    @property
     def channels(self) -> int:
         return 3 * len(self.members)
 
@@ -104,10 +130,12 @@ class StackedPreprocess:
                                        for m in self.members))
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
+        """The image converted to RGB once; each member resizes and crops that one image."""
         side = self.image_size
+        image = _rgb(image)
         out = torch.zeros(self.crops, self.channels, side, side, dtype=torch.uint8)
         for i, m in enumerate(self.members):
-            out[:, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m.pixels(image)
+            out[:, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m._views(image)
         return out
 
     def split(self, stacked: torch.Tensor, groups: Sequence[int] | None = None) -> list[torch.Tensor]:
@@ -132,6 +160,17 @@ class StackedPreprocess:
 
 
 ImagePreprocess = Preprocess | StackedPreprocess    # what a model's ``preprocess`` is
+
+
+def preprocess_from_dict(d: dict) -> ImagePreprocess:
+    """A preprocessing from its ``to_dict()`` (e.g. ``model.pt``'s ``backbone.preprocess``)."""
+    if "stacked" in d:
+        return StackedPreprocess(tuple(Preprocess.from_dict(m) for m in d["stacked"]))
+    return Preprocess.from_dict(d)
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 # --- decoding: every format the gallery indexes -----------------------------------------------------------------
@@ -171,10 +210,63 @@ def _open_raw(source) -> Image.Image:
     return Image.fromarray(rgb)
 
 
-def load_image(source: str | Path | bytes, suffix: str | None = None) -> tuple[Image.Image, "Image.Exif | None"]:
+# --- shrinking while decoding --------------------------------------------------------------------------------------
+DCT_SCALES = (8, 4, 2)     # libjpeg decodes a JPEG at 1/8, 1/4 or 1/2 of its size (DCT scaling)
+REDUCING_GAP = 2           # a DCT scale or Image.reduce only while the resize that follows still shrinks this much
+_ORIENTATION = 0x0112      # EXIF orientations 5-8 turn the image by 90°
+SHRINK_TO_EMBED = False    # off: shrinking images to embed cost 0.54 dev R-sum at 1/4 (> 0.5; decode_ranking.py)
+
+
+def embed_side(preprocess) -> int | None:
+    """The ``min_side`` to decode an image to embed with: ``preprocess.min_side`` while :data:`SHRINK_TO_EMBED`
+    is on, else None (full size)."""
+    return preprocess.min_side if SHRINK_TO_EMBED else None
+
+
+def dct_scale(size: tuple[int, int], min_side: int) -> int:
+    """The largest of 8, 4, 2 whose 1/scale keeps the shorter side of ``size`` at least ``REDUCING_GAP ·
+    min_side``, else 1: what :func:`draft` decodes a JPEG of that size at. The shorter side decides, so a photo
+    turned by EXIF (width and height swapped) gets the same scale."""
+    short = min(size)
+    return next((s for s in DCT_SCALES if short // s >= REDUCING_GAP * min_side), 1)
+
+
+def draft(image: Image.Image, min_side: int) -> int:
+    """Before ``image`` (opened, not loaded) is decoded: a JPEG is set to decode at :func:`dct_scale`, the
+    smallest size whose shorter side is still ``≥ REDUCING_GAP · min_side`` (sides rounded up). Returns the scale
+    (1: decoded at full size, e.g. not a JPEG)."""
+    scale = dct_scale(image.size, min_side)
+    if scale == 1 or image.format not in ("JPEG", "MPO"):
+        return 1
+    # Pillow picks the largest scale ≤ min(w // side, h // side) = short // side: the same as dct_scale; it
+    # returns the box the decoded image covers (None: not drafted, e.g. a file of several tiles)
+    width, side = image.size[0], REDUCING_GAP * min_side
+    done = image.draft("RGB", (side, side))
+    return round(width / done[1][2]) if done else 1
+
+
+def reduce_to(image: Image.Image, min_side: int) -> Image.Image:
+    """``image`` shrunk by the largest integer factor that keeps its shorter side ``≥ REDUCING_GAP · min_side``
+    (a box filter, Pillow's ``reduce``), or ``image`` itself."""
+    factor = min(image.size) // (REDUCING_GAP * min_side)
+    return image.reduce(factor) if factor >= 2 else image
+
+
+@dataclass(frozen=True)
+class Decoded:
+    image: Image.Image                 # upright RGB (shrunk when decode_image was given a min_side)
+    exif: "Image.Exif | None"          # the file's EXIF (None for RAW)
+    size: tuple[int, int]              # upright (width, height) of the image in the file
+
+
+def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side: int | None = None) -> Decoded:
     """Decodes a file (a path, or its bytes with the file's ``suffix``) fully — so a truncated file fails here,
-    not later — and returns ``(RGB image turned upright, EXIF)``. The EXIF orientation tag is applied (a photo
-    taken with the phone on its side comes out as it was seen); the EXIF returned is the file's (None for RAW)."""
+    not later — and returns the RGB image turned upright (the EXIF orientation tag applied: a photo taken with the
+    phone on its side comes out as it was seen), the file's EXIF and the upright size in the file.
+
+    ``min_side``: the shorter side the caller needs (``preprocess.min_side``): the image may come back smaller,
+    never with a shorter side below ``REDUCING_GAP`` times that (nor larger than the file's): a JPEG is decoded at a
+    DCT scale (:func:`draft`), then an image still at least twice that is reduced (:func:`reduce_to`)."""
     import io
 
     if isinstance(source, (bytes, bytearray)):
@@ -182,16 +274,30 @@ def load_image(source: str | Path | bytes, suffix: str | None = None) -> tuple[I
     else:
         suffix, stream = Path(source).suffix.lower(), source
     if suffix in RAW_SUFFIXES:
-        return _open_raw(stream if not isinstance(stream, (str, Path)) else str(stream)), None
+        raw = _open_raw(stream if not isinstance(stream, (str, Path)) else str(stream))
+        return Decoded(raw if min_side is None else reduce_to(raw, min_side), None, raw.size)
     register_heif()
     with Image.open(stream) as im:
+        width, height = im.size
+        if min_side is not None:
+            draft(im, min_side)
         im.load()
         exif = im.getexif()
         upright = ImageOps.exif_transpose(im)
-        return upright.convert("RGB"), exif
+    size = (height, width) if exif.get(_ORIENTATION) in (5, 6, 7, 8) else (width, height)
+    upright = _rgb(upright)
+    return Decoded(upright if min_side is None else reduce_to(upright, min_side), exif, size)
 
 
-def open_image(path: str | Path) -> Image.Image:
+def load_image(source: str | Path | bytes, suffix: str | None = None, min_side: int | None = None
+               ) -> tuple[Image.Image, "Image.Exif | None"]:
+    """``(RGB image turned upright, EXIF)`` of a file (:func:`decode_image`; a truncated file fails here). The
+    EXIF returned is the file's (None for RAW)."""
+    decoded = decode_image(source, suffix, min_side)
+    return decoded.image, decoded.exif
+
+
+def open_image(path: str | Path, min_side: int | None = None) -> Image.Image:
     """Decode fully (so truncated files fail here, not later) and return an upright RGB image (EXIF orientation
-    applied; HEIC/HEIF, AVIF and — with rawpy — camera RAW included)."""
-    return load_image(path)[0]
+    applied; HEIC/HEIF, AVIF and — with rawpy — camera RAW included); ``min_side``: see :func:`decode_image`."""
+    return decode_image(path, min_side=min_side).image

@@ -284,9 +284,10 @@ def gpu_host_table(file: str) -> str:
             cs = list(first[route])
             rows.append([f"{route} route: all answers after ready, c = {' / '.join(cs)}",
                          " / ".join(f"{first[route][c]:.2f}" for c in cs) + " s"])
-    decode = data.get("decode")
-    if decode:
-        rows.append(["decode ceiling", decode.get("summary", "see decode_throughput")])
+    for r in (data.get("decode") or {}).get("rows", []):
+        rows.append([f"decode + preprocessing, {r['images']} JPEGs (no model)",
+                     f"before {r['before']['img_per_cpu_s']:.1f}, one decode {r['once']['img_per_cpu_s']:.1f}, shrunk "
+                     f"(1/{r['dct_scale']}) {r['now']['img_per_cpu_s']:.1f} img/s per core"])
     for r in data.get("search", []):
         rows.append([f"exact search, {r['vectors']:,} × {r['dim']}, {r['backend']}, batch {r['batch']}",
                      f"{r['qps']:,.0f} QPS (recall@10 {r['recall_at_10']:.3f})"])

@@ -56,7 +56,7 @@ from .embed import ImageEmbeddings, embed_image_files, embed_texts, find_images
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
-from .querybank import QueryBank, bank_for, queries_for, unfold
+from .querybank import QueryBank, bank_for, correction, queries_for, unfold
 from .segments import SegmentedIndex, SideUpdate, write_new
 
 FORMAT = "jointspace-index/2"
@@ -150,7 +150,7 @@ class Gallery:
 
     def info(self) -> dict:
         return {"root": str(self.root), "generation": self.generation, **self.manifest,
-                "metadata": self.meta.counts()}
+                "hubness_correction": correction(self.manifest), "metadata": self.meta.counts()}
 
 
 def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:
@@ -267,24 +267,26 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, batch_size: int = 64, workers: int = 2, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
-          querybank: QueryBank | None = None) -> UpdateReport:
+          querybank: QueryBank | None = None, tta: str = "none") -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
     default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
     ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
-    against this bank of queries (QB-Norm, index/querybank.py; cosine models)."""
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress)
+    against this bank of queries (QB-Norm, index/querybank.py; cosine models). ``tta``: gallery-side test-time
+    augmentation (``index.embed.TTA``), recorded in the manifest so that ``add`` and ``sync`` embed alike."""
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress, tta=tta)
     return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
                                  caption_factory=caption_factory, progress=progress,
-                                 image_root=image_root, max_memory=max_memory, querybank=querybank)
+                                 image_root=image_root, max_memory=max_memory, querybank=querybank, tta=tta)
 
 
 def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
                           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
                           caption_factory: str | None = None, progress: bool = True,
                           image_root: str | Path | None = None,
-                          max_memory: int | None = None, querybank: QueryBank | None = None) -> UpdateReport:
+                          max_memory: int | None = None, querybank: QueryBank | None = None,
+                          tta: str = "none") -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
@@ -301,7 +303,7 @@ def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | P
         [(str(Path(image_paths[i]).resolve()), info) for i, info in zip(emb.kept, emb.info)],
         cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=len(image_paths),
         factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
-        model_name=model.cfg.get("name", ""), querybank=querybank)
+        model_name=model.cfg.get("name", ""), querybank=querybank, tta=tta)
     report.skipped = emb.skipped
     return report
 
@@ -311,11 +313,12 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                        caption_rows: Sequence[tuple[str, int | None]], next_image_id: int | None = None,
                        factory: str | None = None, caption_factory: str | None = None,
                        image_root: str | Path | None = None, max_memory: int | None = None,
-                       model_name: str = "", querybank: QueryBank | None = None) -> UpdateReport:
+                       model_name: str = "", querybank: QueryBank | None = None, tta: str = "none") -> UpdateReport:
     """Writes a new index generation from embeddings: ``image_rows`` ``(path, info or None)`` per image id,
     ``caption_rows`` ``(text, image id or None)`` per caption (caption id = position). The image index type is
     ``factory``, else the one that fits ``max_memory`` bytes, else the default by size; IVF/PQ types are
-    trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py)."""
+    trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py). ``tta``: the
+    test-time augmentation the image vectors were embedded with (recorded for ``add`` and ``sync``)."""
     root = Path(root)
     image_ids = np.asarray(image_ids, dtype=np.int64)
     dim = int(image_vectors.shape[1])
@@ -334,7 +337,7 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
     manifest = {"format": FORMAT, "model_fingerprint": fingerprint, "similarity": similarity, "dim": dim,
                 "model_name": model_name, "created": now, "index_id": uuid.uuid4().hex,
                 "next_image_id": int(image_ids.max()) + 1 if next_image_id is None else int(next_image_id),
-                "next_caption_id": len(caption_rows)}
+                "next_caption_id": len(caption_rows), "tta": tta}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
     with _locked(root):                                   # the bank file and the generation naming it, together
@@ -380,9 +383,11 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
 
 def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
         batch_size: int = 64, workers: int = 2, progress: bool = True) -> UpdateReport:
-    """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild."""
+    """Adds images and/or captions to an existing index (new ids after the largest ever given), no rebuild. The
+    images are embedded with the index's test-time augmentation and folded with its query bank, if any."""
+    tta = read_manifest(root).get("tta", "none") if image_paths else "none"
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers,
-                            progress=progress) if image_paths else None
+                            progress=progress, tta=tta) if image_paths else None
     cap_vectors = embed_texts(model, list(captions), progress=progress) if captions else None
     report = add_vectors(root, model.fingerprint, emb.vectors if emb is not None else None,
                          [(str(Path(image_paths[p]).resolve()), info) for p, info in zip(emb.kept, emb.info)]
@@ -523,8 +528,8 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                     changed.append(row.id)
                     new.append(path)
             report = UpdateReport(unchanged=unchanged)
-            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers,
-                                    progress=progress) if new else None
+            emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
+                                    tta=manifest.get("tta", "none")) if new else None
             report.skipped = emb.skipped if emb is not None else []
             if not gone and not changed and (emb is None or not emb.kept):
                 report.generation = gen_dir.name

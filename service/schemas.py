@@ -76,3 +76,7 @@ class Ready(BaseModel):
     max_k: int | None = Field(None, description="the largest k a search may ask for")
     similarity: str | None = Field(None, description="the model's similarity (cosine: scores from -1 to 1; order: "
                                                      "at most 0), which bounds min_score")
+    hubness_correction: dict | None = Field(
+        None, description="whether the index's scores are hubness-corrected (QB-Norm, docs/index.md): "
+                          "text_to_image and image_to_text (booleans), the bank's origin ('model': the one the "
+                          "model carries), its sizes and beta")

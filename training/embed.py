@@ -203,14 +203,17 @@ def _collate(items):
 
 @torch.no_grad()
 def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int = 2,
-                      progress: bool = True, read: Callable[[str], tuple[Image.Image, Any]] = read_image
-                      ) -> FileEmbeddings:
+                      progress: bool = True, read: Callable[[str], tuple[Image.Image, Any]] = read_image,
+                      preprocess=None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path → the
     upright image and anything else to keep of the file) and preprocessed in DataLoader workers; a file that
-    cannot be read is skipped and reported, never fatal. Puts the model in eval mode."""
+    cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
+    model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in
+    eval mode."""
     model.eval()
     workers = min(workers, os.cpu_count() or 1) if len(paths) > batch_size else 0
-    loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, num_workers=workers,
+    loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
+                        num_workers=workers,
                         collate_fn=_collate, generator=torch.Generator())     # leaves the global RNG alone
     vectors, kept, skipped, extras = [], [], [], []
     for idx, pixels, bad, extra in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):

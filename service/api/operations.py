@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from index.querybank import correction
+
 from ..schemas import Health, Ready
 from ..state import ServiceState
 
@@ -32,7 +34,7 @@ async def readyz(request: Request):
                  index_generation=loaded.gallery.generation, images=loaded.gallery.images.ntotal,
                  captions=loaded.gallery.captions.ntotal, device=str(state.device), decoder=state.has_decoder,
                  api_key_required=state.settings.api_key is not None, max_k=state.settings.max_k,
-                 similarity=state.similarity)
+                 similarity=state.similarity, hubness_correction=correction(loaded.gallery.manifest))
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -52,10 +52,16 @@ SAMPLE_CAPTIONS = {"astronaut.jpg": [0, 1], "cat.jpg": [2, 3], "coffee.jpg": [4,
                    "temple.jpg": [18], "flower.jpg": [19]}
 
 
+_AT_START: dict = {}
+
+
 def stamp(note: str = "") -> dict:
+    """Hardware, date and the commit of the code as it was when this run started."""
     from flickr8k_levers import commit, hardware
 
-    return {"hardware": hardware(note), "date": dt.date.today().isoformat(), "commit": commit()}
+    if not _AT_START:
+        _AT_START.update(date=dt.date.today().isoformat(), commit=commit())
+    return {"hardware": hardware(note), **_AT_START}
 
 
 def save(section: str, rows: list[dict]) -> None:
@@ -273,6 +279,7 @@ def cmd_timing(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stamp()                                      # the commit at the start
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep")

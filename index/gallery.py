@@ -6,7 +6,8 @@ Layout (every change writes a new *generation*; the ``CURRENT`` file names the l
       CURRENT                  "gen-00000003"      ← replaced atomically (temp file + rename)
       gen-00000003/
         manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids,
-                               index id, each side's segments and tombstone count
+                               index id, test-time augmentation, query bank, each side's segments and
+                               tombstone count
         images.empty.faiss     the trained, empty image index new segments start from
         images.00000001.faiss  image segments (FAISS id = gallery image id): immutable, hard-linked from the
         images.00000004.faiss    generation that wrote them

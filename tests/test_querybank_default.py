@@ -2,6 +2,7 @@
 test-time augmentation (`index build --tta flip`) and its unchanged query-time cost."""
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -193,10 +194,11 @@ def test_readyz_says_whether_the_index_is_hubness_corrected(tiny_model_path, tin
     assert _build(tiny_model_path, synth_small, corrected) == 0
     for root, expected in ((corrected, True), (tiny_index_dir, False)):
         with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(root), reload_interval_s=0))) as c:
-            for _ in range(600):
+            for _ in range(1200):
                 r = c.get("/readyz")
                 if r.status_code == 200:
                     break
+                time.sleep(0.05)
             hub = r.json()["hubness_correction"]
             assert hub["text_to_image"] is expected and hub["image_to_text"] is expected
             assert hub["bank"] == ("model" if expected else None)

@@ -47,10 +47,10 @@ def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_sma
     texts = {c for r in train.images for c in r.captions}
     n_caps = sum(len(r.captions) for r in train.images)
     assert bank is not None and bank["beta"] == 20.0
-    assert len(bank["captions"]) == min(5000, n_caps) and set(bank["captions"]) <= texts
+    assert len(bank["captions"]) == min(10000, n_caps) and set(bank["captions"]) <= texts
     assert tuple(bank["images"].shape) == (min(1000, train.n_images), model.cfg["model"]["embed_dim"])
     assert bank["images"].dtype == torch.float16
-    assert model.cfg["querybank"] == {"enabled": True, "captions": 5000, "images": 1000, "beta": 20.0}
+    assert model.cfg["querybank"] == {"enabled": True, "captions": 10000, "images": 1000, "beta": 20.0}
 
 
 def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):

@@ -167,7 +167,7 @@ class QueryBankSection(Section):
     enabled: bool = F(True, "after training, model.pt carries a query bank sampled from the training split, which "
                             "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
                             "false: none")
-    captions: int = F(5000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
+    captions: int = F(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
     images: int = F(1000, "training images kept as this model's embeddings (float16, 2 bytes × embed_dim each)",
                     ge=0)
     beta: float = F(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)

@@ -98,7 +98,8 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     assert manifest["querybank"]["images"] == len(bank["images"])
     # used: scores are cosine minus the offset of the model's bank (QB-Norm eq. 3, folded)
     records = load_dataset(synth_small).split("val").images
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    assert manifest["tta"] == "flip"                                   # the default: each image and its mirror
+    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip").vectors
     queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
     offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
                            torch.from_numpy(img), 20.0).numpy()
@@ -178,7 +179,7 @@ def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth
                      "--workers", "0", "--quiet"]) == 0
     new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
     bank = model_bank(model)
-    vec = embed_image_files(model, [extra.path], progress=False, workers=0).vectors
+    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip").vectors
     gallery = Gallery.load(out, model=model)
     assert np.allclose(gallery.images.reconstruct(new_id), bank.fold("images", vec)[0], atol=1e-3)
     gallery.close()

@@ -43,10 +43,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the split of a --querybank data set (default: train)")
     b.add_argument("--qb-beta", type=float,
                    help="inverse temperature of the inverted softmax (default: the model bank's, else 20)")
-    b.add_argument("--tta", choices=list(TTA), default=DEFAULT_TTA,
+    b.add_argument("--tta", choices=list(TTA),
                    help="gallery-side test-time augmentation: flip embeds each image and its mirror image and "
                         "averages them (twice the embedding time; queries and search cost are unchanged); "
-                        f"default {DEFAULT_TTA} (docs/index.md)")
+                        f"default {DEFAULT_TTA} (none with --engine ray; docs/index.md)")
     b.add_argument("--max-index-memory", metavar="SIZE",
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
@@ -173,8 +173,8 @@ def cmd_build(args) -> int:
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --engine ray")
     else:
-        if args.tta != "none":
-            raise ValueError("--tta needs --engine in-process (the Ray engine's shards embed one view per image)")
+        if args.tta == "flip":
+            raise ValueError("--tta flip needs --engine in-process (the Ray engine's shards embed one view per image)")
         for option in ("ray_workers", "shard_size"):
             if getattr(args, option) is not None and getattr(args, option) < 1:
                 raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
@@ -210,6 +210,7 @@ def cmd_build(args) -> int:
     if not paths:
         raise ValueError("no images to index")
     bank = _querybank(args, model)
+    args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
     if args.engine == "ray":
         report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank)
     else:

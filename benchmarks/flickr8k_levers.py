@@ -122,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--querybank-norm", action="store_true", help="record the querybank-normalised metrics")
     ap.add_argument("--note", default="", help="appended to the hardware column (e.g. 'cores shared')")
     ap.add_argument("--through-index", action="store_true",
-                    help="rank through a built FAISS index (jointspace index build of the dev split; with "
-                         "--querybank-norm, built with --querybank over the train split) instead of evaluate")
+                    help="rank through a built FAISS index (jointspace index build of the dev split, with its "
+                         "defaults: the model's own query bank when it carries one; with --querybank-norm, built "
+                         "with --querybank over the train split) instead of evaluate")
+    ap.add_argument("--index-option", action="append", default=[], metavar="OPTION",
+                    help="with --through-index: an option for index build, e.g. --index-option=--no-querybank or "
+                         "--index-option=--tta --index-option=flip (repeatable)")
     args = ap.parse_args(argv)
     if bool(args.model) == bool(args.config):
         ap.error("give --config (and --out) to train, or --model to evaluate")
@@ -166,9 +170,12 @@ def measure(args: argparse.Namespace, scratch: list[str]) -> int:
         out = model.with_name(model.stem + ("_dev_index_qb.json" if args.querybank_norm else "_dev_index.json"))
         scratch.append(tempfile.mkdtemp(prefix="jointspace-index-"))
         index_dir = Path(scratch[-1]) / "index"
-        run([*JOINTSPACE, "index", "build", "--model", str(model), "--data", args.data, "--split", "val",
-             "--out", str(index_dir), "--quiet", *(["--querybank", args.data] if args.querybank_norm else [])], env)
-        out.write_text(json.dumps(served_metrics(model, index_dir, args.data), indent=2) + "\n")
+        seconds = run([*JOINTSPACE, "index", "build", "--model", str(model), "--data", args.data, "--split", "val",
+                       "--out", str(index_dir), "--quiet", *(["--querybank", args.data] if args.querybank_norm else []),
+                       *args.index_option], env)
+        metrics = served_metrics(model, index_dir, args.data)
+        metrics["index_build_s"] = round(seconds, 1)
+        out.write_text(json.dumps(metrics, indent=2) + "\n")
         args.querybank_norm = False          # the index's own scores are the metrics
     else:
         run([*JOINTSPACE, "evaluate", "--model", str(model), "--data", args.data, "--split", "val", "--quiet",
@@ -180,6 +187,7 @@ def measure(args: argparse.Namespace, scratch: list[str]) -> int:
            "i2t": [round(metrics["i2t"][k], 1) for k in ("r1", "r5", "r10")],
            "t2i": [round(metrics["t2i"][k], 1) for k in ("r1", "r5", "r10")],
            "rsum": round(metrics["rsum"], 1), "wall_min": wall, "peak_gib": peak,
+           **({"index_build_min": round(metrics["index_build_s"] / 60, 1)} if "index_build_s" in metrics else {}),
            "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": at_start}
     save_row(row)
     print(json.dumps(row))

@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+TTA = ("none", "flip")           # index.embed.TTA (not imported here: the parser is built without torch)
+DEFAULT_TTA = "flip"             # +3.4 dev R-sum for the shipped model (docs/results.md)
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("index", help="build and update a FAISS index of a photo gallery and a caption corpus")
@@ -27,13 +30,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--factory", help="FAISS factory string for the images (default: by gallery size, "
                                      "see index/faiss_index.py)")
     b.add_argument("--caption-factory", help="FAISS factory string for the captions (default: by corpus size)")
-    b.add_argument("--querybank", metavar="PATH",
-                   help="normalise scores against a bank of typical queries (QB-Norm hubness correction, "
-                        "docs/index.md): a text file of captions (corrects text→image search), or a captioned data "
-                        "set whose --querybank-split captions and images are the banks (corrects both directions)")
+    qb = b.add_mutually_exclusive_group()
+    qb.add_argument("--querybank", metavar="PATH",
+                    help="normalise scores against this bank of typical queries (QB-Norm hubness correction, "
+                         "docs/index.md) instead of the model's own: a text file of captions (corrects text→image "
+                         "search), or a captioned data set whose --querybank-split captions and images are the "
+                         "banks (corrects both directions). Default: the bank the model carries, if any (the "
+                         "shipped model's: Flickr8k training captions and images)")
+    qb.add_argument("--no-querybank", action="store_true",
+                    help="no hubness correction, not even with the bank the model carries (raw cosine scores)")
     b.add_argument("--querybank-split", choices=["train", "val", "test"], default="train",
                    help="the split of a --querybank data set (default: train)")
-    b.add_argument("--qb-beta", type=float, default=20.0, help="inverse temperature of the inverted softmax (20)")
+    b.add_argument("--qb-beta", type=float,
+                   help="inverse temperature of the inverted softmax (default: the model bank's, else 20)")
+    b.add_argument("--tta", choices=list(TTA),
+                   help="gallery-side test-time augmentation: flip embeds each image and its mirror image and "
+                        "averages them (twice the embedding time; queries and search cost are unchanged); "
+                        f"default {DEFAULT_TTA} (none with --engine ray; docs/index.md)")
     b.add_argument("--max-index-memory", metavar="SIZE",
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
@@ -212,6 +225,8 @@ def cmd_build(args) -> int:
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --engine ray")
     else:
+        if args.tta == "flip":
+            raise ValueError("--tta flip needs --engine in-process (the Ray engine's shards embed one view per image)")
         for option in ("ray_workers", "shard_size"):
             if getattr(args, option) is not None and getattr(args, option) < 1:
                 raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
@@ -257,36 +272,56 @@ def cmd_build(args) -> int:
         raise ValueError("no images or videos to index")
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
-    bank = _querybank(args, model) if args.querybank else None
+    bank = _querybank(args, model)
+    args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
     if args.engine == "ray":
         report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank)
     else:
         report = build(args.out, model, paths, captions, factory=args.factory,
                        caption_factory=args.caption_factory, batch_size=args.batch_size,
                        workers=args.workers, progress=not args.quiet, image_root=image_root,
-                       max_memory=max_memory, querybank=bank, video_paths=video_paths, sampling=sampling)
+                       max_memory=max_memory, querybank=bank, video_paths=video_paths, sampling=sampling,
+                       tta=args.tta)
     _report_skipped(report.skipped)
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
-          f"into {args.out} ({report.generation})")
+          f"into {args.out} ({report.generation}); {_correction_line(bank)}")
     return 0
 
 
+def _correction_line(bank) -> str:
+    if bank is None:
+        return "no hubness correction"
+    sides = [name for name, n in (("text→image", bank.captions), ("image→text", bank.images)) if n is not None]
+    counts = ", ".join(f"{len(n)} {what}" for what, n in (("captions", bank.captions), ("images", bank.images))
+                       if n is not None)
+    return f"hubness-corrected ({' and '.join(sides)}; {bank.origin} query bank: {counts}; beta {bank.beta:g})"
+
+
 def _querybank(args, model):
-    """The query bank of ``index build --querybank``: embedded captions (a text file) or captions + images (the
-    chosen split of a captioned data set)."""
+    """The query bank of ``index build``: none with ``--no-querybank``; with ``--querybank``, embedded captions
+    (a text file) or captions + images (the chosen split of a captioned data set); else the bank the model
+    carries (training/querybank.py), if any."""
+    from dataclasses import replace
+
     from training.data.datasets import load_dataset
     from training.embed import device_of, embed_split
 
     from .embed import embed_texts
-    from .querybank import QueryBank
+    from .querybank import DEFAULT_BETA, QueryBank, model_bank
 
+    if args.no_querybank:
+        return None
+    if not args.querybank:
+        bank = model_bank(model, progress=not args.quiet)
+        return replace(bank, beta=args.qb_beta) if bank is not None and args.qb_beta is not None else bank
+    beta = DEFAULT_BETA if args.qb_beta is None else args.qb_beta
     source = Path(args.querybank)
     if source.is_file():
         texts = _read_lines(source)
         if not texts:
             raise ValueError(f"--querybank: {source} holds no captions")
-        return QueryBank(captions=embed_texts(model, texts, progress=not args.quiet), beta=args.qb_beta)
+        return QueryBank(captions=embed_texts(model, texts, progress=not args.quiet), beta=beta, origin=str(source))
     if not source.is_dir():
         raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
     split = load_dataset(source).split(args.querybank_split)
@@ -296,7 +331,8 @@ def _querybank(args, model):
     # rebuilding with the same bank does not run the CNN over the training images again
     images, captions, _ = embed_split(model, split, device=device_of(model), workers=args.workers,
                                       progress=not args.quiet)
-    return QueryBank(captions=captions.numpy(), images=images.numpy(), beta=args.qb_beta)
+    return QueryBank(captions=captions.numpy(), images=images.numpy(), beta=beta,
+                     origin=f"{source} ({args.querybank_split})")
 
 
 def _memory_budget(text: str | None, factory: str | None) -> int | None:

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, decode_image
+from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, MirroredViews, decode_image
 from training.embed import embed_image_files as files_to_embeddings
 from training.embed import embed_texts as texts_to_embeddings
 
@@ -27,6 +27,8 @@ IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".t
                   | RAW_SUFFIXES)
 # never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
 DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
+# gallery-side test-time augmentation (index build --tta): none, or each view and its mirror image averaged
+TTA = ("none", "flip")
 
 
 def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:
@@ -189,14 +191,26 @@ class ImageEmbeddings:
     same: list[int] = field(default_factory=list)                  # positions whose bytes hash to the indexed sha256
 
 
+def view_preprocess(model, tta: str = "none"):
+    """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`): ``none`` the
+    model's own, ``flip`` each view and its mirror image, features averaged (``MirroredViews``)."""
+    if tta not in TTA:
+        raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
+    return MirroredViews(model.preprocess) if tta == "flip" else model.preprocess
+
+
 def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
-                      progress: bool = True, indexed: dict[str, str] | None = None) -> ImageEmbeddings:
+                      progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none"
+                      ) -> ImageEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
     the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
     each (:func:`read_photo`). ``indexed``: path (as given) → the sha256 the index holds for it; a file whose
-    bytes still hash to it is not decoded (listed in ``same``), the hash and the decoding reading the bytes once."""
+    bytes still hash to it is not decoded (listed in ``same``), the hash and the decoding reading the bytes once.
+    ``tta``: gallery-side test-time augmentation (:func:`view_preprocess`); a query is always embedded from the
+    model's one view."""
     emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
-                              read=_Indexed(indexed) if indexed else read_photo)
+                              read=_Indexed(indexed) if indexed else read_photo,
+                              preprocess=view_preprocess(model, tta))
     return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras, emb.passed)
 
 

@@ -6,7 +6,8 @@ Layout (every change writes a new *generation*; the ``CURRENT`` file names the l
       CURRENT                  "gen-00000003"      ← replaced atomically (temp file + rename)
       gen-00000003/
         manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids,
-                               index id, each side's segments and tombstone count
+                               index id, test-time augmentation, query bank, each side's segments and
+                               tombstone count
         images.empty.faiss     the trained, empty image index new segments start from
         images.00000001.faiss  image segments (FAISS id = gallery image id): immutable, hard-linked from the
         images.00000004.faiss    generation that wrote them
@@ -56,7 +57,7 @@ from .embed import ImageEmbeddings, embed_image_files, embed_texts
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
-from .querybank import QueryBank, bank_for, queries_for, unfold
+from .querybank import QueryBank, bank_for, correction, queries_for, unfold
 from .segments import SegmentedIndex, SideUpdate, write_new
 from .video import DEFAULT_SAMPLING, Sampling, VideoEmbeddings, embed_videos, take_video_ids
 
@@ -157,7 +158,7 @@ class Gallery:
 
     def info(self) -> dict:
         return {"root": str(self.root), "generation": self.generation, **self.manifest,
-                "metadata": self.meta.counts()}
+                "hubness_correction": correction(self.manifest), "metadata": self.meta.counts()}
 
 
 def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:
@@ -275,21 +276,23 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
           caption_factory: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
           querybank: QueryBank | None = None, video_paths: Sequence[str | Path] = (),
-          sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
+          sampling: Sampling = DEFAULT_SAMPLING, tta: str = "none") -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
     default the deepest folder holding them all). ``max_memory``: bytes the image index may take, when no
     ``factory`` is given (``index.faiss_index.factory_for_memory``). ``querybank``: normalise the scores
     against this bank of queries (QB-Norm, index/querybank.py; cosine models). ``video_paths``: videos, read as
-    ``sampling`` says and stored as moments (index/video.py) after the images."""
-    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress)
+    ``sampling`` says and stored as moments (index/video.py) after the images. ``tta``: gallery-side test-time
+    augmentation (``index.embed.TTA``) of the photos, recorded in the manifest so that ``add`` and ``sync`` embed
+    alike."""
+    emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress, tta=tta)
     videos = embed_videos(model, video_paths, sampling, batch_size=batch_size, workers=workers,
                           progress=progress) if video_paths else None
     return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
                                  caption_factory=caption_factory, progress=progress,
                                  image_root=image_root, max_memory=max_memory, querybank=querybank,
-                                 videos=videos, video_paths=video_paths)
+                                 videos=videos, video_paths=video_paths, tta=tta)
 
 
 def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
@@ -297,8 +300,8 @@ def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | P
                           caption_factory: str | None = None, progress: bool = True,
                           image_root: str | Path | None = None,
                           max_memory: int | None = None, querybank: QueryBank | None = None,
-                          videos: VideoEmbeddings | None = None, video_paths: Sequence[str | Path] = ()
-                          ) -> UpdateReport:
+                          videos: VideoEmbeddings | None = None, video_paths: Sequence[str | Path] = (),
+                          tta: str = "none") -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
@@ -325,7 +328,7 @@ def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | P
         cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=int(len(image_paths)
                                                                                             + len(rows) - len(emb.kept)),
         factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
-        model_name=model.cfg.get("name", ""), querybank=querybank, videos=video_rows)
+        model_name=model.cfg.get("name", ""), querybank=querybank, videos=video_rows, tta=tta)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
     report.video_ids = [r[0] for r in video_rows]
     report.moments = len(rows) - len(emb.kept)
@@ -338,12 +341,13 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                        factory: str | None = None, caption_factory: str | None = None,
                        image_root: str | Path | None = None, max_memory: int | None = None,
                        model_name: str = "", querybank: QueryBank | None = None,
-                       videos: Sequence[tuple] = ()) -> UpdateReport:
+                       videos: Sequence[tuple] = (), tta: str = "none") -> UpdateReport:
     """Writes a new index generation from embeddings: ``image_rows`` ``(path, info or None)`` per image id,
     ``caption_rows`` ``(text, image id or None)`` per caption (caption id = position). The image index type is
     ``factory``, else the one that fits ``max_memory`` bytes, else the default by size; IVF/PQ types are
     trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py). ``videos``:
-    rows ``(id, path, VideoInfo, vector)`` of the videos whose moments are among the image rows."""
+    rows ``(id, path, VideoInfo, vector)`` of the videos whose moments are among the image rows. ``tta``: the
+    test-time augmentation the photos' vectors were embedded with (recorded for ``add`` and ``sync``)."""
     root = Path(root)
     image_ids = np.asarray(image_ids, dtype=np.int64)
     dim = int(image_vectors.shape[1])
@@ -363,7 +367,7 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                 "model_name": model_name, "created": now, "index_id": uuid.uuid4().hex,
                 "next_image_id": int(image_ids.max()) + 1 if next_image_id is None else int(next_image_id),
                 "next_caption_id": len(caption_rows),
-                "next_video_id": max((int(r[0]) for r in videos), default=-1) + 1}
+                "next_video_id": max((int(r[0]) for r in videos), default=-1) + 1, "tta": tta}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
     with _locked(root):                                   # the bank file and the generation naming it, together
@@ -412,9 +416,11 @@ def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), caption
         batch_size: int = 64, workers: int | None = None, progress: bool = True, video_paths: Sequence[str | Path] = (),
         sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
-    rebuild."""
+    rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
+    any."""
+    tta = read_manifest(root).get("tta", "none") if image_paths else "none"
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers,
-                            progress=progress) if image_paths else None
+                            progress=progress, tta=tta) if image_paths else None
     videos = embed_videos(model, video_paths, sampling, batch_size=batch_size, workers=workers,
                           progress=progress) if video_paths else None
     cap_vectors = embed_texts(model, list(captions), progress=progress) if captions else None
@@ -602,7 +608,7 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                     if row.sha256 is not None:
                         hashes[str(path)] = row.sha256
             emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
-                                    indexed=hashes) if new else None
+                                    indexed=hashes, tta=manifest.get("tta", "none")) if new else None
             same = {new[p] for p in emb.same} if emb is not None else set()
             changed = [indexed[p].id for p in new if p in indexed and p not in same]
             report = UpdateReport(unchanged=unchanged + len(same) + unchanged_videos, outside=scan.outside,

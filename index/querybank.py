@@ -11,11 +11,17 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
   atomically and never changed) and named in the manifest, so ``add`` and ``sync`` give new items their offsets
   from the same bank. Generations share it; it is removed with the index directory.
 - Cosine-similarity models only (the offset of an ``order`` model's score is no inner product).
+- A model may carry its own bank (training/querybank.py: captions as text, images as vectors): ``index build``
+  uses it unless told otherwise (:func:`model_bank`). Its captions are embedded once per model and the vectors
+  cached under ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so building a second
+  index with the same model does not embed them again.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +29,7 @@ import numpy as np
 import torch
 
 from training.data.fileio import atomic_path
+from training.querybank import carried
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
@@ -35,6 +42,7 @@ class QueryBank:
     captions: np.ndarray | None = None       # (B, D): normalises the image index (text → image search)
     images: np.ndarray | None = None         # (B', D): normalises the caption index (image → text search)
     beta: float = DEFAULT_BETA
+    origin: str = ""                         # in words: "model" (the bank the model carries), a file, a data set
 
     def __post_init__(self):
         if not self.beta > 0:
@@ -79,7 +87,7 @@ class QueryBank:
                 tmp.write_bytes(data)
         return {"file": name, "beta": self.beta,
                 "captions": 0 if self.captions is None else len(self.captions),
-                "images": 0 if self.images is None else len(self.images)}
+                "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given"}
 
     @classmethod
     def load(cls, root: Path, entry: dict) -> "QueryBank":
@@ -89,7 +97,8 @@ class QueryBank:
                                     f"rebuild the index (jointspace index build --querybank ...)")
         with np.load(path) as z:
             return cls(captions=z["captions"] if "captions" in z else None,
-                       images=z["images"] if "images" in z else None, beta=float(entry["beta"]))
+                       images=z["images"] if "images" in z else None, beta=float(entry["beta"]),
+                       origin=entry.get("origin", ""))
 
 
 def folded(manifest: dict, role: str) -> bool:
@@ -111,3 +120,63 @@ def queries_for(manifest: dict, role: str, queries: np.ndarray) -> np.ndarray:
 def unfold(manifest: dict, role: str, vector: np.ndarray) -> np.ndarray:
     """A stored vector of ``role`` without its offset coordinate (the embedding itself)."""
     return vector[..., :-1] if folded(manifest, role) else vector
+
+
+# --- the bank a model carries ------------------------------------------------------------------------------------
+
+def cache_root() -> Path:
+    """Where embedded model banks are cached: ``$JOINTSPACE_CACHE/querybank`` (``~/.cache/jointspace/querybank``)."""
+    return Path(os.environ.get("JOINTSPACE_CACHE", Path.home() / ".cache" / "jointspace")) / "querybank"
+
+
+def _cache_file(model, captions: list[str], root: Path) -> Path:
+    digest = hashlib.blake2b("\n".join(captions).encode(), digest_size=10).hexdigest()
+    return root / f"{model.fingerprint[:20]}-{digest}.npy"
+
+
+def embed_bank_captions(model, captions: list[str], progress: bool = True, cache: Path | None = None
+                        ) -> tuple[np.ndarray, bool]:
+    """The bank's captions embedded with ``model`` (float16), from the cache when there; returns the vectors and
+    whether they came from the cache. A cache that cannot be written (a read-only home) is skipped."""
+    from .embed import embed_texts
+
+    path = _cache_file(model, captions, cache_root() if cache is None else cache)
+    if path.is_file():
+        try:
+            vectors = np.load(path)
+            if vectors.shape == (len(captions), model.cfg["model"]["embed_dim"]):
+                return vectors, True
+        except (OSError, ValueError):
+            pass                                      # unreadable: embed again and rewrite it
+    vectors = embed_texts(model, captions, progress=progress).astype(np.float16)
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.save(fh, vectors)
+    except OSError as err:
+        print(f"querybank: not cached ({err})", file=sys.stderr)
+    return vectors, False
+
+
+def model_bank(model, progress: bool = True, cache: Path | None = None) -> QueryBank | None:
+    """The QueryBank of the bank ``model`` carries (its captions embedded, or read from the cache), or None when
+    it carries none or is not a cosine model."""
+    bank = carried(model)
+    if bank is None or model.cfg.get("model", {}).get("similarity") != "cosine":
+        return None
+    captions = None
+    if bank.get("captions"):
+        captions, _ = embed_bank_captions(model, list(bank["captions"]), progress=progress, cache=cache)
+    images = bank.get("images")
+    images = None if images is None or len(images) == 0 else np.asarray(images, dtype=np.float16)
+    return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model")
+
+
+def correction(manifest: dict) -> dict:
+    """Whether each search direction of an index is hubness-corrected, and by which bank (for ``index info``,
+    ``/readyz`` and the page)."""
+    entry = manifest.get("querybank") or {}
+    return {"text_to_image": folded(manifest, "images"), "image_to_text": folded(manifest, "captions"),
+            "bank": entry.get("origin", "given") if entry else None,
+            "bank_captions": entry.get("captions", 0), "bank_images": entry.get("images", 0),
+            "beta": entry.get("beta")}

@@ -87,3 +87,7 @@ class Ready(BaseModel):
     batch_sizes: list[int] | None = Field(None, description="the batch sizes the encoders run at (none: any)")
     warmup_seconds: float | None = Field(None, description="how long running each warmed batch size took before "
                                                            "ready")
+    hubness_correction: dict | None = Field(
+        None, description="whether the index's scores are hubness-corrected (QB-Norm, docs/index.md): "
+                          "text_to_image and image_to_text (booleans), the bank's origin ('model': the one the "
+                          "model carries), its sizes and beta")

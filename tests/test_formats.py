@@ -173,7 +173,7 @@ def test_an_index_without_the_photo_columns_loads_and_is_migrated(model, tiny_mo
     photos = _photo_folder(tmp_path / "photos")
     out = tmp_path / "gallery"
     assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
-                     "--quiet", "--workers", "0"]) == 0
+                     "--quiet", "--workers", "0", "--no-querybank", "--tta", "none"]) == 0
     _strip_photo_columns(out / current_generation(out))
     old = Gallery.load(out, model=model)                       # read-only: missing columns read as NULL
     row = next(r for r in old.meta.all_images() if r.path.endswith("d.png"))

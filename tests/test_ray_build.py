@@ -41,7 +41,7 @@ def in_process_index(image_list, tiny_model_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("in_process") / "index"
     code = ("import sys; from service.cli import main; "
             f"rc = main(['index', 'build', '--model', {str(tiny_model_path)!r}, '--images', {str(image_list)!r}, "
-            f"'--out', {str(out)!r}, '--workers', '0', '--quiet']); "
+            f"'--out', {str(out)!r}, '--workers', '0', '--quiet', '--no-querybank', '--tta', 'none']); "
             "assert rc == 0, rc; assert 'ray' not in sys.modules, 'the in-process build imported ray'")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -71,7 +71,7 @@ def _ray_build(model, image_list, out, capsys) -> str:
     capsys.readouterr()
     rc = cli_main(["index", "build", "--engine", "ray", "--ray-workers", "2", "--shard-size", str(SHARD_SIZE),
                    "--model", str(model), "--images", str(image_list), "--out", str(out), "--workers", "0",
-                   "--quiet"])
+                   "--quiet", "--no-querybank"])
     err = capsys.readouterr().err
     assert rc == 0, err
     return err

@@ -56,7 +56,7 @@ def test_sync_adds_changes_removes_and_is_idempotent(model, tiny_model_path, tmp
     _photo(photos / "@eaDir" / "x.jpg", 10)
     out = tmp_path / "gallery"
     assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
-                     "--quiet", "--workers", "0"]) == 0
+                     "--quiet", "--workers", "0", "--no-querybank", "--tta", "none"]) == 0
     capsys.readouterr()
     before = _paths(out, model)
     assert sorted(before) == ["a.jpg", "b.jpg", "trip/c.jpg", "trip/d.heic"]     # default excludes

@@ -1,4 +1,4 @@
-"""Run configuration: YAML files with sections ``data image text model loss train decoder attention scst``.
+"""Run configuration: YAML files with sections ``data image text model loss train decoder attention scst querybank``.
 
 Every key has a default (the typed models of config_schema.py), so a config file names only what it
 changes. A key that is not there is an error (a typo must not silently train the wrong model), and so is a

@@ -163,6 +163,16 @@ class SCSTSection(Section):
     eval_every: int = F(100, "updates between validations (greedy CIDEr-D)", ge=1)
 
 
+class QueryBankSection(Section):
+    enabled: bool = F(True, "after training, model.pt carries a query bank sampled from the training split, which "
+                            "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
+                            "false: none")
+    captions: int = F(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
+    images: int = F(1000, "training images kept as this model's embeddings (float16, 2 bytes × embed_dim each)",
+                    ge=0)
+    beta: float = F(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
+
+
 class RunConfig(Section):
     name: str = F("unnamed", "the run's name")
     data: DataSection = F(DataSection())
@@ -174,6 +184,7 @@ class RunConfig(Section):
     decoder: DecoderSection = F(DecoderSection())
     attention: AttentionSection = F(AttentionSection())
     scst: SCSTSection = F(SCSTSection())
+    querybank: QueryBankSection = F(QueryBankSection())
 
 
 SECTIONS = {name: cast("type[BaseModel]", field.annotation)      # each section is a model

@@ -248,15 +248,16 @@ def _collate(items):
 
 @torch.no_grad()
 def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
-                      progress: bool = True, read: Reader = read_image) -> FileEmbeddings:
+                      progress: bool = True, read: Reader = read_image, preprocess=None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
     else to keep of the file; no image: nothing to embed, the position listed in ``passed``) and preprocessed in
     DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file that cannot be read
-    is skipped and reported, never fatal. Puts the model in eval mode."""
+    is skipped and reported, never fatal. ``preprocess``: other views of each image than the model's own (e.g.
+    ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval mode."""
     model.eval()
-    loader = DataLoader(_Decoded(paths, model.preprocess, read), batch_size=batch_size, collate_fn=_collate,
-                        generator=torch.Generator(),     # leaves the global RNG alone
+    loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
+                        collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
                         **loader_options(len(paths), batch_size, workers, device_of(model)))
     vectors, kept, skipped, extras, passed = [], [], [], [], []
     for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):

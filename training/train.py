@@ -19,7 +19,15 @@ def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bo
     stt = cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")
     trainer = (STTTrainer if stt else Trainer)(cfg, data, out_dir, progress=progress, log=log)
     try:
-        return trainer.run(resume=resume)
+        summary = trainer.run(resume=resume)
+        if trainer.is_main:         # the query bank the kept checkpoint carries (config section querybank)
+            from .querybank import attach_from_training
+
+            bank = attach_from_training(cfg, trainer.out_dir / "model.pt", trainer.train_set, device=trainer.device,
+                                        progress=progress, log=log)
+            summary["querybank"] = None if bank is None else {"captions": len(bank["captions"]),
+                                                              "images": len(bank["images"])}
+        return summary
     finally:
         if trainer.dist is not None:    # a multi-process run (distributed.py) leaves its process group
             trainer.dist.close()

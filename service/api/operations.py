@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from index.querybank import correction
+
 from ..schemas import Health, Ready
 from ..state import ServiceState
 
@@ -34,7 +36,7 @@ async def readyz(request: Request):
                  api_key_required=state.settings.api_key is not None, max_k=state.settings.max_k,
                  similarity=state.similarity, search_backend=loaded.gallery.images.backend,
                  batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
-                 warmup_seconds=state.warmup_seconds)
+                 warmup_seconds=state.warmup_seconds, hubness_correction=correction(loaded.gallery.manifest))
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

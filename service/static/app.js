@@ -141,7 +141,9 @@ function configure(ready) {
   config.keyRequired = Boolean(ready.api_key_required);
   config.maxK = ready.max_k || 100;
   fillK(config.maxK);
+  const hub = ready.hubness_correction || {};
   el.status.textContent = `Ready: ${ready.images} images, ${ready.captions} captions` +
+    (hub.text_to_image || hub.image_to_text ? ", hubness-corrected ranking" : ", ranking without hubness correction") +
     (config.decoder ? ", caption generator on" : "");
   el.paraphraseForm.hidden = !config.decoder;
   setScoreRange(ready.similarity);

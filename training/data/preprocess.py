@@ -173,6 +173,41 @@ def _rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+@dataclass(frozen=True)
+class MirroredViews:
+    """Test-time augmentation of a gallery image (``index build --tta flip``): the views of ``base`` and the
+    same views of the horizontally mirrored image, ``2 × crops`` views in all; the model averages the views'
+    backbone features as it averages multiple crops (``JointEmbedding.image_features``). Normalisation is the
+    base's, so a query embedded with ``base`` lands in the same space."""
+    base: ImagePreprocess
+
+    @property
+    def image_size(self) -> int:
+        return self.base.image_size
+
+    @property
+    def crops(self) -> int:
+        return 2 * self.base.crops
+
+    @property
+    def channels(self) -> int:
+        return self.base.channels
+
+    @property
+    def min_side(self) -> int:
+        return self.base.min_side
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        # mirror the image, not the tensor: a stacked preprocess keeps each member's view in the top-left corner
+        return torch.cat([self.base.pixels(image), self.base.pixels(ImageOps.mirror(image.convert("RGB")))])
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.base.normalize(pixels)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.normalize(self.pixels(image))
+
+
 # --- decoding: every format the gallery indexes -----------------------------------------------------------------
 # Pillow reads JPEG, PNG, GIF, BMP, TIFF, WebP and (Pillow ≥ 11.3) AVIF itself; HEIC/HEIF come from pillow-heif (a
 # dependency), camera RAW files from rawpy (the optional extra ``jointspace[raw]``).

@@ -1,0 +1,265 @@
+"""The query bank a model carries (training/querybank.py) and `index build`'s default use of it; gallery-side
+test-time augmentation (`index build --tta flip`) and its unchanged query-time cost."""
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import index.embed
+import index.gallery
+from index.embed import embed_image_files, embed_texts
+from index.gallery import Gallery, build, read_manifest
+from index.querybank import cache_root, embed_bank_captions, model_bank
+from service.cli import main as cli_main
+from training.config import build_config
+from training.data.datasets import load_dataset
+from training.data.preprocess import MirroredViews, Preprocess, StackedPreprocess
+from training.embed import embed_pixels
+from training.models.hubness import item_offsets
+from training.models.model import load_model
+from training.querybank import attach, attach_from_training, carried, make_bank
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_path):
+    return load_model(tiny_model_path)
+
+
+@pytest.fixture
+def model_copy(tiny_model_path, tmp_path):
+    return shutil.copy(tiny_model_path, tmp_path / "model.pt")
+
+
+def _build(model_path, data, out, *extra):
+    return cli_main(["index", "build", "--model", str(model_path), "--data", str(data), "--split", "val",
+                     "--out", str(out), "--workers", "0", "--quiet", *extra])
+
+
+# --- the bank in model.pt ---------------------------------------------------------------------------------------
+
+def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_small):
+    bank = carried(model)
+    train = load_dataset(synth_small).split("train")
+    texts = {c for r in train.images for c in r.captions}
+    n_caps = sum(len(r.captions) for r in train.images)
+    assert bank is not None and bank["beta"] == 20.0
+    assert len(bank["captions"]) == min(10000, n_caps) and set(bank["captions"]) <= texts
+    assert tuple(bank["images"].shape) == (min(1000, train.n_images), model.cfg["model"]["embed_dim"])
+    assert bank["images"].dtype == torch.float16
+    assert model.cfg["querybank"] == {"enabled": True, "captions": 10000, "images": 1000, "beta": 20.0}
+
+
+def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):
+    train = load_dataset(synth_small).split("train")
+    bank = make_bank(model, train, captions=7, images=3, beta=12.5, seed=3)
+    assert len(bank["captions"]) == 7 and tuple(bank["images"].shape) == (3, model.cfg["model"]["embed_dim"])
+    attach(model_copy, bank)
+    again = load_model(model_copy)
+    got = carried(again)
+    assert got["captions"] == bank["captions"] and got["beta"] == 12.5
+    assert torch.equal(got["images"], bank["images"])
+    assert again.fingerprint == model.fingerprint
+    # the stored images are this model's embeddings of three distinct training images
+    direct = embed_image_files(model, [r.path for r in train.images], progress=False, workers=0).vectors
+    rows = {int(np.argmax(direct @ v)) for v in got["images"].float().numpy()}
+    assert len(rows) == 3
+    for v in got["images"].float().numpy():
+        assert np.abs(direct - v).max(1).min() < 2e-3
+    attach(model_copy, None)
+    assert carried(load_model(model_copy)) is None and load_model(model_copy).fingerprint == model.fingerprint
+
+
+def test_the_config_sizes_or_turns_off_the_bank(model, model_copy, synth_small):
+    train = load_dataset(synth_small).split("train")
+    attach(model_copy, None)
+    off = {**model.cfg, "querybank": {**model.cfg["querybank"], "enabled": False}}
+    assert attach_from_training(off, model_copy, train, log=lambda *_: None) is None
+    assert carried(load_model(model_copy)) is None
+    section = build_config({"querybank": {"captions": 4, "images": 0}})["querybank"]
+    bank = attach_from_training({**model.cfg, "querybank": section}, model_copy, train, log=lambda *_: None)
+    assert len(bank["captions"]) == 4
+    assert len(carried(load_model(model_copy))["captions"]) == 4 and len(carried(load_model(model_copy))["images"]) == 0
+
+
+# --- index build: the model's bank by default ------------------------------------------------------------------
+
+def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synth_small, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert _build(tiny_model_path, synth_small, out) == 0
+    assert "hubness-corrected (text→image and image→text; model query bank" in capsys.readouterr().out
+    manifest = read_manifest(out)
+    bank = carried(model)
+    assert manifest["querybank"]["origin"] == "model"
+    assert manifest["querybank"]["captions"] == len(bank["captions"])
+    assert manifest["querybank"]["images"] == len(bank["images"])
+    # used: scores are cosine minus the offset of the model's bank (QB-Norm eq. 3, folded)
+    records = load_dataset(synth_small).split("val").images
+    assert manifest["tta"] == "flip"                                   # the default: each image and its mirror
+    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip").vectors
+    queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
+    offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
+                           torch.from_numpy(img), 20.0).numpy()
+    gallery = Gallery.load(out, model=model)
+    info = gallery.info()["hubness_correction"]
+    assert info == {"text_to_image": True, "image_to_text": True, "bank": "model",
+                    "bank_captions": len(bank["captions"]), "bank_images": len(bank["images"]), "beta": 20.0}
+    for q, row in zip(queries, gallery.search_images(queries, len(records))):
+        ids = [i for i, _ in row]
+        assert np.allclose([s for _, s in row], (q @ img.T - offsets)[ids], atol=2e-3)
+    gallery.close()
+    # index info says so too
+    assert cli_main(["index", "info", "--index", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["hubness_correction"]["text_to_image"] is True
+
+
+def test_the_embedded_bank_is_cached_per_model(model, synth_small, tiny_model_path, tmp_path, monkeypatch):
+    captions = list(carried(model)["captions"])
+    cache = tmp_path / "cache"
+    first, hit = embed_bank_captions(model, captions, progress=False, cache=cache)
+    assert not hit and len(list(cache.glob("*.npy"))) == 1
+    second, hit = embed_bank_captions(model, captions, progress=False, cache=cache)
+    assert hit and np.array_equal(first, second)
+    assert np.allclose(first, embed_texts(model, captions, progress=False), atol=2e-3)
+    # the CLI goes through the cache under $JOINTSPACE_CACHE: a second build embeds only the gallery's captions
+    assert _build(tiny_model_path, synth_small, tmp_path / "a") == 0
+    assert len(list(cache_root().glob(f"{model.fingerprint[:20]}-*.npy"))) == 1
+    sizes = []
+    real = index.embed.embed_texts
+
+    def counted(m, texts, **kw):
+        sizes.append(len(texts))
+        return real(m, texts, **kw)
+
+    monkeypatch.setattr(index.embed, "embed_texts", counted)           # what the bank is embedded with
+    monkeypatch.setattr(index.gallery, "embed_texts", counted)         # what the gallery's captions are
+    assert _build(tiny_model_path, synth_small, tmp_path / "b") == 0
+    n_val = sum(len(r.captions) for r in load_dataset(synth_small).split("val").images)
+    assert sizes == [n_val]
+    assert read_manifest(tmp_path / "a")["querybank"]["file"] == read_manifest(tmp_path / "b")["querybank"]["file"]
+
+
+def test_no_querybank_switches_it_off_and_querybank_overrides_it(tiny_model_path, synth_small, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert _build(tiny_model_path, synth_small, out, "--no-querybank") == 0
+    assert "no hubness correction" in capsys.readouterr().out
+    assert "querybank" not in read_manifest(out)
+    gallery = Gallery.load(out)
+    assert gallery.info()["hubness_correction"]["text_to_image"] is False
+    assert gallery.images.dim == read_manifest(out)["dim"]          # raw cosine vectors
+    gallery.close()
+    bank_file = tmp_path / "bank.txt"
+    bank_file.write_text("a red circle\na green triangle\na blue square\n")
+    assert _build(tiny_model_path, synth_small, out, "--querybank", str(bank_file), "--qb-beta", "5") == 0
+    entry = read_manifest(out)["querybank"]
+    assert (entry["origin"], entry["captions"], entry["images"], entry["beta"]) == (str(bank_file), 3, 0, 5.0)
+    assert _build(tiny_model_path, synth_small, out, "--qb-beta", "7") == 0       # the model's bank, another beta
+    assert read_manifest(out)["querybank"]["origin"] == "model" and read_manifest(out)["querybank"]["beta"] == 7.0
+    with pytest.raises(SystemExit):
+        _build(tiny_model_path, synth_small, out, "--querybank", str(bank_file), "--no-querybank")
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_model_without_a_bank_builds_without_correction(model_copy, synth_small, tmp_path, model):
+    attach(model_copy, None)
+    assert model_bank(load_model(model_copy)) is None
+    assert _build(model_copy, synth_small, tmp_path / "index") == 0
+    assert "querybank" not in read_manifest(tmp_path / "index")
+
+
+def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth_small, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert _build(tiny_model_path, synth_small, out) == 0
+    extra = load_dataset(synth_small).split("train").images[0]
+    capsys.readouterr()
+    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(extra.path),
+                     "--workers", "0", "--quiet"]) == 0
+    new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
+    bank = model_bank(model)
+    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip").vectors
+    gallery = Gallery.load(out, model=model)
+    assert np.allclose(gallery.images.reconstruct(new_id), bank.fold("images", vec)[0], atol=1e-3)
+    gallery.close()
+
+
+def test_readyz_says_whether_the_index_is_hubness_corrected(tiny_model_path, tiny_index_dir, synth_small, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    corrected = tmp_path / "index"
+    assert _build(tiny_model_path, synth_small, corrected) == 0
+    for root, expected in ((corrected, True), (tiny_index_dir, False)):
+        with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(root), reload_interval_s=0))) as c:
+            for _ in range(1200):
+                r = c.get("/readyz")
+                if r.status_code == 200:
+                    break
+                time.sleep(0.05)
+            hub = r.json()["hubness_correction"]
+            assert hub["text_to_image"] is expected and hub["image_to_text"] is expected
+            assert hub["bank"] == ("model" if expected else None)
+
+
+# --- gallery-side test-time augmentation ------------------------------------------------------------------------
+
+def test_mirrored_views_are_the_views_of_the_mirror_image():
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    base = Preprocess(image_size=32, resize=32)              # the whole image: its view's mirror is exact
+    px = MirroredViews(base).pixels(image)
+    assert px.shape == (2, 3, 32, 32) and MirroredViews(base).crops == 2
+    assert torch.equal(px[0], base.pixels(image)[0]) and torch.equal(px[1], torch.flip(px[0], dims=[-1]))
+    stacked = StackedPreprocess((Preprocess(image_size=32, resize=32), Preprocess(image_size=24, resize=24)))
+    px = MirroredViews(stacked).pixels(image)
+    small = stacked.members[1].pixels(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT))[0]
+    assert px.shape == (2, 6, 32, 32) and torch.equal(px[1, 3:, :24, :24], small)     # top-left, not flipped off it
+
+
+def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_small, tmp_path):
+    records = load_dataset(synth_small).split("val").images
+    paths = [r.path for r in records]
+    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+    plain, flip = tmp_path / "plain", tmp_path / "flip"
+    build(plain, model, paths, captions, progress=False, workers=0)
+    build(flip, model, paths, captions, progress=False, workers=0, tta="flip")
+    a, b = read_manifest(plain), read_manifest(flip)
+    assert (a["tta"], b["tta"]) == ("none", "flip")
+    for key in ("dim", "similarity", "next_image_id", "next_caption_id"):
+        assert a[key] == b[key]
+    assert a["images"]["factory"] == b["images"]["factory"]
+    ga, gb = Gallery.load(plain, model=model), Gallery.load(flip, model=model)
+    assert (ga.images.dim, ga.images.ntotal) == (gb.images.dim, gb.images.ntotal)
+    files = sorted(p.name for p in (plain / ga.generation).glob("images.*.faiss"))
+    assert files == sorted(p.name for p in (flip / gb.generation).glob("images.*.faiss"))
+    for name in files:                       # same index type and size: the same search work per query
+        assert (plain / ga.generation / name).stat().st_size == (flip / gb.generation / name).stat().st_size
+    # the stored vectors are the average of the view and its mirror image, unit length, and differ from plain
+    views = torch.stack([MirroredViews(model.preprocess).pixels(Image.open(p)) for p in paths[:4]])
+    expected = embed_pixels(model, views).numpy()
+    for i in range(4):
+        assert np.allclose(gb.image_vector(i), expected[i], atol=1e-5)
+    assert not np.allclose(gb.image_vector(0), ga.image_vector(0), atol=1e-4)
+    assert np.allclose(np.linalg.norm([gb.image_vector(i) for i in range(4)], axis=1), 1.0, atol=1e-4)
+    # a query is embedded the same way for both (one view) and searched the same way
+    q = embed_texts(model, ["a red circle"], progress=False)
+    ra, rb = ga.search_images(q, 5)[0], gb.search_images(q, 5)[0]
+    assert len(ra) == len(rb) == 5
+    ga.close()
+    gb.close()
+    # images added later are embedded with the index's augmentation
+    from index.gallery import add
+
+    report = add(flip, model, paths[:1], progress=False, workers=0)
+    gb = Gallery.load(flip, model=model)
+    assert np.allclose(gb.image_vector(report.image_ids[0]), gb.image_vector(0), atol=1e-5)
+    gb.close()
+
+
+def test_tta_option_of_index_build(tiny_model_path, synth_small, tmp_path):
+    assert _build(tiny_model_path, synth_small, tmp_path / "i", "--tta", "flip", "--no-querybank") == 0
+    assert read_manifest(tmp_path / "i")["tta"] == "flip"
+    assert _build(tiny_model_path, synth_small, tmp_path / "j", "--tta", "flip", "--engine", "ray") == 2

@@ -617,4 +617,5 @@ def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_s
                            "return v.readyState >= 1 && Math.abs(v.currentTime - t) < 1.0; }", arg=start)
     page.keyboard.press("Escape")
     page.wait_for_selector("#detail", state="hidden")
-    assert page.evaluate("document.getElementById('detail-video').paused")
+    # the dialog's "close" event (which stops the video) is a task queued after the dialog hides: wait for it
+    page.wait_for_function("() => document.getElementById('detail-video').paused")

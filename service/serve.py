@@ -40,7 +40,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", help="the batch sizes forward passes run at: auto (powers of two up to "
                                          "--max-batch) or e.g. 1,4,16,64 (env JOINTSPACE_BATCH_SIZES)")
     p.add_argument("--bucket-mode", choices=["auto", "pad", "split", "off"],
-                   help="how batches reach those sizes (env JOINTSPACE_BUCKET_MODE, default auto)")
+                   help="how batches reach those sizes (env JOINTSPACE_BUCKET_MODE, default auto: pad on CUDA, "
+                        "off on the CPU)")
     p.add_argument("--warmup", choices=["auto", "all", "smallest", "off"],
                    help="batch sizes run before /readyz says ready (env JOINTSPACE_WARMUP, default auto: all on "
                         "CUDA, the smallest on the CPU)")

@@ -30,8 +30,8 @@ class Settings(BaseSettings):
                                                  "max_batch, and max_batch) or comma-separated sizes including 1")
     bucket_mode: str = Field("auto", pattern="^(auto|pad|split|off)$",
                              description="how a batch reaches those sizes: pad (one pass at the next size up, the "
-                                         "extra rows dropped), split (passes that add up exactly), auto (images "
-                                         "padded on CUDA and split on the CPU, texts padded), off (any size)")
+                                         "extra rows dropped), split (passes that add up exactly), off (any size), "
+                                         "auto (pad on CUDA, off on the CPU)")
     warmup: str = Field("auto", pattern="^(auto|all|smallest|off)$",
                         description="batch sizes run once before /readyz says ready: all, the smallest, none, or "
                                     "auto (all on CUDA, where each new shape costs seconds on its first call; the "

@@ -37,8 +37,9 @@ def test_bucket_sizes_and_plans():
                 assert all(c.count == c.size for c in chunks)          # no padding at all
             elif n <= 64:
                 assert len(chunks) == 1 and chunks[0].size < 2 * n     # one pass, less than double
-    assert resolve("auto", 64, "auto", "cuda").images == "pad"
-    assert resolve("auto", 64, "auto", "cpu").images == "split"
+    assert resolve("auto", 64, "auto", "cuda") == resolve("auto", 64, "pad", "cuda")
+    assert resolve("auto", 64, "auto", "cpu") is None                  # no per-shape cost on a CPU: any size
+    assert resolve("auto", 64, "split", "cpu").images == "split"
     assert resolve("auto", 64, "off", "cuda") is None
 
 
@@ -124,7 +125,7 @@ def test_warm_up_runs_every_size_of_both_searches(loaded):
 
 
 def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
-    base = dict(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=16)
+    base = dict(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=16, bucket_mode="pad")
     from service.metrics import Metrics
     from service.state import ServiceState
 
@@ -134,6 +135,8 @@ def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
     assert state.warmup_sizes() == (1, 2, 4, 8, 16)                # auto on CUDA: all of them
     assert ServiceState(Settings(**base, warmup="off"), Metrics()).warmup_sizes() == ()
     assert ServiceState(Settings(**base, batching=False), Metrics()).shapes.sizes == (1,)
+    cpu_auto = ServiceState(Settings(**{**base, "bucket_mode": "auto"}), Metrics())
+    assert cpu_auto.shapes is None and cpu_auto.warmup_sizes() == (1,)
 
 
 def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypatch):
@@ -146,7 +149,7 @@ def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypat
         return warm_up(self, sizes)
     monkeypatch.setattr(Engine, "warm_up", held)
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=8, warmup="all",
-                              reload_interval_s=0))
+                              bucket_mode="pad", reload_interval_s=0))
     with TestClient(app) as client:
         deadline = time.time() + 30
         while not seen and time.time() < deadline:

@@ -77,13 +77,14 @@ class Shapes:
 
 
 def resolve(sizes_spec: str, max_batch: int, mode: str, device_type: str) -> Shapes | None:
-    """The service's shapes from its settings. ``mode``: ``auto`` (images padded on CUDA and split on the CPU,
-    texts padded on both: a padding sentence is two or three tokens), ``pad``, ``split`` or ``off``."""
-    if mode == "off":
+    """The service's shapes from its settings. ``mode``: ``auto`` (on CUDA images and texts padded; on the CPU
+    none — a CPU has no first-call cost per shape, and padding cost the shipped model's text route at c = 32
+    about a fifth of its throughput: docs/service.md), ``pad``, ``split`` or ``off``."""
+    if mode == "off" or (mode == "auto" and device_type != "cuda"):
         return None
     sizes = bucket_sizes(sizes_spec, max_batch)
     if mode == "auto":
-        return Shapes(sizes, images="pad" if device_type == "cuda" else "split", texts="pad")
+        return Shapes(sizes, images="pad", texts="pad")
     if mode not in MODES:
         raise ValueError(f"bucket mode must be auto, pad, split or off, not {mode!r}")
     return Shapes(sizes, images=mode, texts=mode)

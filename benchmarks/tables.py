@@ -514,6 +514,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_cpu_nll_curve": t_stt_cpu_nll_curve,
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
+    "service_load_cpu_shipped": lambda: t_service_load_cpu("service_load_cpu_shipped.json"),
+    "service_load_cpu_shipped_padded": lambda: t_service_load_cpu("service_load_cpu_shipped_padded.json"),
     "service_load_cuda_h100": t_service_load_cuda_h100,
     "soak_cpu": t_soak_cpu,
     "index_recall_cpu": t_index_recall_cpu,

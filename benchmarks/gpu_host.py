@@ -145,8 +145,9 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
     return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers}
 
 
-async def _first_answers(port: int, payloads: list[bytes], concurrency: int) -> float:
-    """Seconds until ``concurrency`` simultaneous requests (new connections) are all answered 200."""
+async def _first_answers(port: int, payloads: list[bytes], concurrency: int) -> dict:
+    """Seconds until ``concurrency`` simultaneous requests (new connections) are all answered, and the answers
+    that were not 200 (e.g. 503: shed at its deadline on a CPU) by status."""
     conns = [Connection("127.0.0.1", port) for _ in range(concurrency)]
     await asyncio.gather(*(c.open() for c in conns))
     start = time.perf_counter()
@@ -154,10 +155,11 @@ async def _first_answers(port: int, payloads: list[bytes], concurrency: int) -> 
     seconds = time.perf_counter() - start
     for c in conns:
         c.close()
-    bad = [s for s, _ in statuses if s != 200]
-    if bad:
-        raise RuntimeError(f"first answers: statuses {sorted(set(bad))}")
-    return seconds
+    bad: dict[str, int] = {}
+    for status, _ in statuses:
+        if status != 200:
+            bad[str(status)] = bad.get(str(status), 0) + 1
+    return {"seconds": seconds, "not_200": bad}
 
 
 def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], concurrency: list[int]) -> dict:
@@ -174,8 +176,7 @@ def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], 
         for c in concurrency:
             out["image"][str(c)] = asyncio.run(_first_answers(port, images, c))
             out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c))
-            log(f"first answers after ready at c={c}: image {out['image'][str(c)]:.2f} s, text "
-                f"{out['text'][str(c)]:.2f} s")
+            log(f"first answers after ready at c={c}: image {out['image'][str(c)]}, text {out['text'][str(c)]}")
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -307,12 +307,16 @@ def gpu_host_table(file: str) -> str:
     first = data.get("first_answer")
     if first:
         rows.append(["start → ready", f"{first['start_to_ready_s']:.1f} s (warm-up {f(first['warmup_s'], 1)} s; "
-                                      f"batch sizes {', '.join(map(str, first['batch_sizes']))}; search backend "
+                                      f"batch sizes {', '.join(map(str, first['batch_sizes'] or [])) or 'any'}; search backend "
                                       f"{first['search_backend']})"])
         for route in ("image", "text"):
             cs = list(first[route])
-            rows.append([f"{route} route: all answers after ready, c = {' / '.join(cs)}",
-                         " / ".join(f"{first[route][c]:.2f}" for c in cs) + " s"])
+            cells = []
+            for c in cs:
+                cell = first[route][c]
+                shed = ", ".join(f"{n} × {status}" for status, n in cell["not_200"].items())
+                cells.append(f"{cell['seconds']:.2f} s" + (f" ({shed})" if shed else ""))
+            rows.append([f"{route} route: all answers after ready, c = {' / '.join(cs)}", " / ".join(cells)])
     for r in (data.get("decode") or {}).get("rows", []):
         rows.append([f"decode + preprocessing, {r['images']} JPEGs (no model)",
                      f"before {r['before']['img_per_cpu_s']:.1f}, one decode {r['once']['img_per_cpu_s']:.1f}, shrunk "
@@ -514,6 +518,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_cpu_nll_curve": t_stt_cpu_nll_curve,
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
+    "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
     "service_load_cpu_shipped": lambda: t_service_load_cpu("service_load_cpu_shipped.json"),
     "service_load_cpu_shipped_padded": lambda: t_service_load_cpu("service_load_cpu_shipped_padded.json"),
     "service_load_cuda_h100": t_service_load_cuda_h100,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What benchmarks/gpu_host.py needs on a lent GPU machine with no network, carried in parts that fit beside the
-# working tree: each call to the machine carries the checkout (about 48 MiB, the shipped model included) and at most
+# working tree: each call to the machine carries the checkout (about 49 MiB, the shipped model included) and at most
 # 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack) and MiniLM's tokenizer travel
 # as parts of at most 12 MiB, one part a call, appended to /root/gpu on the machine while it stays warm.
 #

@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from index.embed import embed_texts, read_photo  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import dct_scale  # noqa: E402
@@ -46,14 +46,6 @@ MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 def read_full(path: str, min_side: int | None = None):
     """The reader before decoding shrank images: every file at full size."""
     return read_photo(path)
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def main() -> int:
@@ -117,7 +109,7 @@ def main() -> int:
         "description": "Flickr8k dev R-sum of the shipped model (training/pretrained/flickr8k.pt) through the index's "
                        "image path, decoded at full size and shrunk while decoding (python "
                        "benchmarks/decode_ranking.py); the rule: shrink only where the loss is at most 0.5",
-        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": _commit(),
+        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
         "python": platform.python_version(), "model_min_side": side, "rows": rows,
         "max_loss": max(r["loss"] for r in rows)})
     print(f"wrote {args.out}; largest loss {max(r['loss'] for r in rows):.2f}")

@@ -28,7 +28,6 @@ import io
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from PIL import Image, ImageOps
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.tables import current_commit  # noqa: E402
 from index.embed import exif_time, read_photo  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import StackedPreprocess, dct_scale, preprocess_from_dict  # noqa: E402
@@ -99,14 +99,6 @@ def once(pre, path: Path) -> torch.Tensor:
 
 def now(pre, path: Path) -> torch.Tensor:
     return pre.pixels(read_photo(path, pre.min_side)[0])
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def _cpu_model() -> str:
@@ -173,7 +165,7 @@ def main() -> int:
                        "before: full decode, each member from the full image; once: full decode, one image for all "
                        "members (what runs); now: shrunk while decoding (off for embedding: ranking loss), one image "
                        "(python benchmarks/decode_throughput.py)",
-        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": _commit(),
+        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
         "python": platform.python_version(), "pillow": Image.__version__, "preprocess": pre.to_dict(),
         "load_1min_at_end": os.getloadavg()[0], "rows": rows})
     return 0

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.service_load import Connection, image_requests, text_requests  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 from index.torch_search import TorchFlatSearch  # noqa: E402
 from service.serve import spawn  # noqa: E402
 from training.models.model import build_model, load_checkpoint, load_model, save_model  # noqa: E402
@@ -249,8 +250,7 @@ def main() -> int:
         args.write_tokenizer.write_text((package_dir() / "tokenizer.json").read_text())
         return 0
     device = "cuda" if gpu else "cpu"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or None
+    commit = current_commit() or None
     hardware = (f"{torch.cuda.get_device_name(0)} + {cores} cores" if gpu
                 else f"{cores}-core {platform.machine()} CPU, no GPU")
     result: dict = {"hardware": hardware, "date": dt.date.today().isoformat(), "commit": commit, "device": device,

@@ -33,6 +33,17 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 # ------------------------------------------------------------------ data
 
 
+def current_commit() -> str:
+    """The checkout's short commit, for a results file's provenance ("" outside a git checkout)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 

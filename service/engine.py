@@ -82,14 +82,14 @@ class Engine:
         start = time.perf_counter()
         pre = self.model.preprocess
         blank = torch.zeros(pre.crops, pre.channels, pre.image_size, pre.image_size, dtype=torch.uint8)
-        runs: dict[str, Callable[[int], object]] = {
-            "text search": lambda n: self.search_texts([(PAD_TEXT, 1)] * n),
-            "image search": lambda n: self.search_pixels([(blank, 1)] * n)}
+        runs: list[tuple[str, Sequence[int], Callable[[int], object]]] = [
+            ("text search", sizes, lambda n: self.search_texts([(PAD_TEXT, 1)] * n)),
+            ("image search", sizes, lambda n: self.search_pixels([(blank, 1)] * n))]
         if getattr(self.model, "decoder", None) is not None and sizes:
-            runs["captioning"] = lambda n: self.caption_pixels([(blank, 1, None)] * n) if n == min(sizes) else None
-        for route, run in runs.items():
+            runs.append(("captioning", [min(sizes)], lambda n: self.caption_pixels([(blank, 1, None)] * n)))
+        for route, route_sizes, run in runs:
             try:
-                for size in sizes:
+                for size in route_sizes:
                     run(size)
             except Exception as err:  # noqa: BLE001 - the route's own requests will say what is wrong
                 log.warning("warm-up of the %s failed: %s: %s", route, type(err).__name__, err)

@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from index.embed import embed_texts  # noqa: E402
 from index.gallery import Gallery, build  # noqa: E402
-from index.video import Sampling, embed_videos, media_ids, sample_frames, write_video  # noqa: E402
+from index.query import ImageFilter  # noqa: E402
+from index.video import Sampling, embed_videos, sample_frames, write_video  # noqa: E402
 from training.data.synth import random_scenes, render  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def evaluate(index_dir: Path, model, truth: list[dict], k: int = 10) -> dict:
         rows = {r.id: r for r in gallery.meta.all_images()}
         video_of_path = {v.path: v.id for v in gallery.meta.all_videos()}
         clip_of_video = {video_of_path[c["path"]]: n for n, c in enumerate(truth)}
-        moments = media_ids(rows.values(), "video")
+        moments = gallery.allowed_ids(ImageFilter(media="video"))
         queries, targets = [], []
         for n, clip in enumerate(truth):
             for span in clip["scenes"]:

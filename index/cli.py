@@ -422,13 +422,11 @@ def cmd_search(args) -> int:
 
     from .gallery import Gallery
     from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
-    from .video import media_ids
-
     if args.k < 1:
         raise ValueError("--k must be at least 1")
     if not 0 <= args.offset <= MAX_OFFSET:
         raise ValueError(f"--offset must be from 0 to {MAX_OFFSET}")
-    flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before)
+    flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before, args.media)
     model, device = _load(args)
     gallery = Gallery.load(args.index, model=model, device=device)
     try:
@@ -439,8 +437,7 @@ def cmd_search(args) -> int:
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
         else:
             query = _example_query(model, args.image, args.subtract)
-        allowed = media_ids(gallery.meta.all_images(), args.media, gallery.allowed_ids(flt))
-        hits = gallery.search_images(query, args.k, flt, args.offset, min_score, allowed=allowed)[0]
+        hits = gallery.search_images(query, args.k, flt, args.offset, min_score)[0]
         rows = gallery.meta.images([i for i, _ in hits])
         results = []
         for i, s in hits:
@@ -519,5 +516,6 @@ def cmd_samples(args) -> int:
 
     photos = write_samples(args.out)
     print(json.dumps({"photos": str(photos), "captions": str(Path(args.out) / "captions.txt"),
-                      "images": len(list(photos.iterdir()))}))
+                      "images": sum(p.is_file() for p in photos.iterdir()),
+                      "videos": len(list((photos / "videos").glob("*.mp4")))}))
     return 0

@@ -81,17 +81,24 @@ def check_min_score(similarity: str, min_score: float | None) -> float | None:
     return float(min_score)
 
 
+MEDIA = (None, "photo", "video")     # what a search may be limited to (None: photos and video moments)
+
+
 @dataclass(frozen=True)
 class ImageFilter:
     """Which gallery images a search may return: under ``folder`` (a path relative to the gallery's root folder,
-    or absolute) and taken in ``[taken_after, taken_before)`` (Unix seconds)."""
+    or absolute), taken in ``[taken_after, taken_before)`` (Unix seconds) and of one ``media`` type (``photo``, or
+    ``video``: the moments of videos; None: both)."""
     folder: str | None = None
     taken_after: float | None = None
     taken_before: float | None = None
+    media: str | None = None
 
     def __post_init__(self):
         if self.folder is not None and not str(self.folder).strip():
             raise ValueError("folder must not be empty")
+        if self.media not in MEDIA:
+            raise ValueError(f"media must be one of {', '.join(m for m in MEDIA if m)}, not {self.media!r}")
         if (self.taken_after is not None and self.taken_before is not None
                 and self.taken_after >= self.taken_before):
             raise ValueError(f"taken_after ({format_time(self.taken_after)}) must be earlier than taken_before "
@@ -99,20 +106,23 @@ class ImageFilter:
 
     @classmethod
     def parse(cls, folder: str | None = None, taken_after: str | None = None,
-              taken_before: str | None = None) -> "ImageFilter":
+              taken_before: str | None = None, media: str | None = None) -> "ImageFilter":
         return cls(folder, None if taken_after is None else parse_time(taken_after, "taken_after"),
-                   None if taken_before is None else parse_time(taken_before, "taken_before"))
+                   None if taken_before is None else parse_time(taken_before, "taken_before"), media)
 
     @property
     def active(self) -> bool:
-        return self.folder is not None or self.taken_after is not None or self.taken_before is not None
+        return (self.folder is not None or self.taken_after is not None or self.taken_before is not None
+                or self.media is not None)
 
 
 class PhotoTable:
-    """The gallery's photos as arrays (id, capture time, folder) for filtering: read once per generation."""
+    """The gallery's images as arrays (id, capture time, folder, whether a video's moment) for filtering: read
+    once per generation."""
 
     def __init__(self, rows, root: str | None = None):
         self.ids = np.asarray([r.id for r in rows], dtype=np.int64)
+        self.moment = np.asarray([getattr(r, "video_id", None) is not None for r in rows], dtype=bool)
         self.taken = np.asarray([np.nan if r.taken is None else r.taken for r in rows], dtype=np.float64)
         self.folders = sorted({os.path.normpath(r.folder) for r in rows})
         index = {f: i for i, f in enumerate(self.folders)}
@@ -151,6 +161,8 @@ class PhotoTable:
                 keep &= self.taken >= flt.taken_after          # NaN (no capture time) never passes
             if flt.taken_before is not None:
                 keep &= self.taken < flt.taken_before
+        if flt.media is not None:
+            keep &= self.moment if flt.media == "video" else ~self.moment
         return np.sort(self.ids[keep])
 
 

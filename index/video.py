@@ -507,10 +507,11 @@ def embed_videos(model, paths: Sequence[str | Path], sampling: Sampling = DEFAUL
 
 
 def write_video(path: str | Path, frames, fps: float = 4.0, codec: str | None = None, rotation: int = 0,
-                faststart: bool = False) -> Path:
+                faststart: bool = False, codec_options: dict[str, str] | None = None) -> Path:
     """Writes RGB frames (``(H, W, 3)`` uint8 arrays, all one even size) as a video file with PyAV: H.264 for
     .mp4/.mov/.m4v/.mkv, VP9 for .webm, MPEG-4 part 2 for .avi unless ``codec`` says otherwise. ``rotation``:
-    display-matrix degrees (counter-clockwise) a player applies. ``faststart``: the MP4 index first."""
+    display-matrix degrees (counter-clockwise) a player applies. ``faststart``: the MP4 index first.
+    ``codec_options``: the encoder's (e.g. ``{"preset": "ultrafast"}`` for H.264)."""
     import av
 
     path = Path(path)
@@ -526,6 +527,8 @@ def write_video(path: str | Path, frames, fps: float = 4.0, codec: str | None = 
                 stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
                 stream.height, stream.width = array.shape[:2]
                 stream.pix_fmt = "yuv420p"
+                if codec_options:
+                    stream.options = dict(codec_options)
                 if rotation:
                     stream.set_display_rotation(rotation)
             for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
@@ -535,13 +538,3 @@ def write_video(path: str | Path, frames, fps: float = 4.0, codec: str | None = 
                 container.mux(packet)
     return path
 
-
-def media_ids(rows, media: str | None, allowed: np.ndarray | None = None) -> np.ndarray | None:
-    """The image ids of one media type (``photo``: rows without a video; ``video``: moments) among ``rows``
-    (``Metadata.all_images()``), within ``allowed`` when given; None (no restriction) for ``media`` None."""
-    if media is None:
-        return allowed
-    if media not in ("photo", "video"):
-        raise ValueError(f"media must be 'photo' or 'video', not {media!r}")
-    ids = np.asarray(sorted(r.id for r in rows if (r.video_id is not None) == (media == "video")), np.int64)
-    return ids if allowed is None else np.intersect1d(ids, allowed)

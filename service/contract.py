@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import GenericAlias, SimpleNamespace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model,
@@ -141,6 +141,8 @@ FOLDER_DESCRIPTION = ("only images in this folder or below it: a path relative t
                       "(GET /v1/folders lists them) or absolute; a folder without images is 404")
 AFTER_DESCRIPTION = ("only photos taken at or after this date (00:00 UTC) or RFC 3339 date-time; the capture time "
                      "is EXIF DateTimeOriginal, else the file's modification time")
+MEDIA_DESCRIPTION = ("only photos (`photo`) or only moments of videos (`video`); absent: both in one ranking")
+MEDIA_TYPES = ("photo", "video")
 BEFORE_DESCRIPTION = ("only photos taken before this date (00:00 UTC) or RFC 3339 date-time; must be later than "
                       "taken_after (an empty range is 422)")
 
@@ -204,7 +206,9 @@ def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") 
         return dict(folder=(folder | None, Field(None, description=FOLDER_DESCRIPTION, examples=["2024/summer"])),
                     taken_after=(when | None, Field(None, description=AFTER_DESCRIPTION, examples=["2024-06-01"])),
                     taken_before=(when | None, Field(None, description=BEFORE_DESCRIPTION,
-                                                     examples=["2024-09-01T00:00:00Z"])))
+                                                     examples=["2024-09-01T00:00:00Z"])),
+                    media=(Literal[MEDIA_TYPES] | None, Field(None, description=MEDIA_DESCRIPTION,
+                                                              examples=["video"])))
 
     models = SimpleNamespace(
         TextSearch=create_model(
@@ -240,8 +244,8 @@ def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") 
 @dataclass(frozen=True)
 class FormField:
     """One field of a multipart form: ``kind`` is ``image`` (the file), ``int``, ``number``, ``terms`` (a
-    comma-separated list of words or phrases), ``text`` (not blank) or ``time`` (a date or RFC 3339 date-time).
-    Each field may be given once."""
+    comma-separated list of words or phrases), ``text`` (not blank), ``time`` (a date or RFC 3339 date-time) or
+    ``choice`` (one of ``choices``). Each field may be given once."""
     name: str
     kind: str
     description: str
@@ -249,6 +253,7 @@ class FormField:
     maximum: float | None = None
     default: int | None = None
     required: bool = False
+    choices: tuple[str, ...] = ()
 
 
 def image_field(description: str) -> FormField:
@@ -264,7 +269,8 @@ def request_forms(max_k: int, similarity: str = "cosine") -> SimpleNamespace:
               FormField("offset", "int", OFFSET_DESCRIPTION, minimum=0, maximum=MAX_OFFSET, default=0),
               FormField("min_score", "number", min_score_description(similarity), minimum=lo, maximum=hi)]
     filters = [FormField("folder", "text", FOLDER_DESCRIPTION), FormField("taken_after", "time", AFTER_DESCRIPTION),
-               FormField("taken_before", "time", BEFORE_DESCRIPTION)]
+               FormField("taken_before", "time", BEFORE_DESCRIPTION),
+               FormField("media", "choice", MEDIA_DESCRIPTION, choices=MEDIA_TYPES)]
     return SimpleNamespace(
         SearchImages=[image_field("the query image (query by example: similar gallery images)"),
                       FormField("add", "terms", f"words or phrases whose meaning to add, separated by commas (at "
@@ -320,6 +326,8 @@ def parse_form(fields: list[FormField], values: dict[str, list[str]], max_text_c
             out[field.name] = _form_text(field.name, raw, max_text_chars)
         elif field.kind == "time":
             out[field.name] = _form_time(field.name, raw)
+        elif field.kind == "choice":
+            out[field.name] = _form_choice(field, raw)
     try:
         check_date_range(out.get("taken_after"), out.get("taken_before"))
     except ValueError as err:
@@ -393,6 +401,13 @@ def _form_time(name: str, raw: str | None) -> str | None:
     return raw
 
 
+def _form_choice(field: FormField, raw: str | None) -> str | None:
+    if raw is None or raw in field.choices:
+        return raw
+    raise invalid(("body", field.name), f"{field.name} must be one of {', '.join(map(repr, field.choices))}",
+                  "literal_error", raw)
+
+
 def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:
     """The JSON Schema (and the per-part ``encoding``) of a multipart form; unknown fields are refused."""
     properties: dict[str, dict] = {}
@@ -415,6 +430,8 @@ def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: 
                       "pattern": NOT_BLANK}
         elif f.kind == "time":
             schema = {**TIME_SCHEMA, "description": f.description}
+        elif f.kind == "choice":
+            schema = {"type": "string", "enum": list(f.choices), "description": f.description}
         else:
             schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
                       "pattern": TERM_LIST}

@@ -13,7 +13,8 @@ from PIL import Image
 from index import video as video_mod
 from index.gallery import Gallery, build, sync
 from index.metadata import Metadata
-from index.video import (Sampling, VideoError, embed_videos, find_videos, frame_at, media_ids, probe,
+from index.query import ImageFilter
+from index.video import (Sampling, VideoError, embed_videos, find_videos, frame_at, probe,
                          sample_frames, segment, write_video)
 from service.cli import main as cli_main
 from training.models.model import load_model
@@ -167,7 +168,8 @@ def test_build_and_search_return_photos_and_moments_in_one_ranking(tmp_path, tin
         videos = gallery.meta.all_videos()
         assert [Path(v.path).name for v in videos] == ["blue.webm", "red.mp4"]          # found in path order
         assert videos[1].duration == pytest.approx(3.0) and videos[1].width == 64
-        assert len(media_ids(rows, "video")) == 3 and len(media_ids(rows, "photo")) == 3
+        assert len(gallery.allowed_ids(ImageFilter(media="video"))) == 3
+        assert len(gallery.allowed_ids(ImageFilter(media="photo"))) == 3
     finally:
         gallery.close()
     for media, expect in ((None, {"photo", "video"}), ("video", {"video"}), ("photo", {"photo"})):
@@ -290,6 +292,37 @@ def test_search_returns_moments_with_their_video_and_time_span(video_client):
     assert client.post("/v1/search/captions", json={"image_id": moment.id, "k": 3}).status_code == 200
     similar = client.post("/v1/search/images", json={"image_id": moment.id, "k": 3})    # a moment as the query
     assert similar.status_code == 200 and similar.json()["results"][0]["id"] == moment.id
+
+
+def test_search_keeps_to_one_media_type_when_asked(video_client):
+    client, moments, _ = video_client
+    ids = {m.id for m in moments}
+    for media in ("video", "photo"):
+        r = client.post("/v1/search/images", json={"text": "a red square", "k": 6, "media": media})
+        assert r.status_code == 200
+        hits = r.json()["results"]
+        assert len(hits) == 3 and {h["media"] for h in hits} == {media}
+        assert all((h["id"] in ids) == (media == "video") for h in hits)
+        by_example = client.post("/v1/search/images", json={"image_id": moments[0].id, "k": 6, "media": media})
+        assert {h["media"] for h in by_example.json()["results"]} == {media}
+    upload = client.post("/v1/search/images", files={"image": ("q.jpg", _jpeg_bytes(), "image/jpeg")},
+                         data={"k": "6", "media": "video"})
+    assert upload.status_code == 200 and {h["media"] for h in upload.json()["results"]} == {"video"}
+    for bad in ({"json": {"text": "a red square", "media": "audio"}},
+                {"files": {"image": ("q.jpg", _jpeg_bytes(), "image/jpeg")}, "data": {"media": "clip"}}):
+        r = client.post("/v1/search/images", **bad)
+        assert r.status_code == 422 and "media" in json.dumps(r.json())
+    schema = client.get("/openapi.json").json()
+    form = schema["paths"]["/v1/search/images"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert form["schema"]["properties"]["media"]["enum"] == ["photo", "video"]
+
+
+def _jpeg_bytes() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, "JPEG")
+    return buf.getvalue()
 
 
 def test_the_video_file_is_streamed_with_range_requests(video_client):

@@ -619,3 +619,9 @@ def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_s
     page.wait_for_selector("#detail", state="hidden")
     # the dialog's "close" event (which stops the video) is a task queued after the dialog hides: wait for it
     page.wait_for_function("() => document.getElementById('detail-video').paused")
+    for media in ("video", "photo"):                                  # "Show": one media type only
+        only = _api(video_server, "/v1/search/images", json={"text": "a red square", "k": 10, "media": media})
+        assert only and {x["media"] for x in only} == {media}
+        page.select_option("#media", media)
+        _search(page, "a red square")
+        assert [i for i, _ in _hits(page)] == [x["id"] for x in only]

@@ -33,10 +33,10 @@ def _no_composition(state: ServiceState) -> None:
 
 async def _options(state: ServiceState, k: int, offset: int = 0, min_score: float | None = None,
                    folder: str | None = None, taken_after: str | None = None, taken_before: str | None = None,
-                   subtract: Sequence[str] = ()) -> Options:
+                   media: str | None = None, subtract: Sequence[str] = ()) -> Options:
     """A search's :class:`Options`; a filter is resolved to the image ids it lets through (off the event loop: the
     first filter of a generation reads its photo table). A folder without images: 404."""
-    flt = ImageFilter.parse(folder, taken_after, taken_before)       # already validated: no ValueError here
+    flt = ImageFilter.parse(folder, taken_after, taken_before, media)    # validated: no ValueError here
     allowed = None
     if flt.active:
         loop = asyncio.get_running_loop()
@@ -78,8 +78,9 @@ def _image_hits(hits: Hits, state: ServiceState, root: str) -> list[ImageHit]:
                          "\"add\", \"subtract\", \"k\", ...}` for a gallery image: images like the query image, "
                          "with the meaning of the `add` words added and of the `subtract` words taken away. Every "
                          "form also takes `offset` and `min_score` (paging and threshold) and the filters `folder`, "
-                         "`taken_after`, `taken_before` (applied inside the index search: the best `k` of the "
-                         "images that pass). An unknown folder is 404; an empty date range 422. A model with region "
+                         "`taken_after`, `taken_before`, `media` (applied inside the index search: the best `k` of "
+                         "the images that pass; `media`: only photos or only video moments). An unknown folder is "
+                         "404; an empty date range 422. A model with region "
                          "attention (STT-ATT) cannot compose: 409.")
 async def search_images(request: Request, state: ServiceState = Depends(service)):
     kind = body_kind(request, ("form", "json"), "send JSON {\"text\": ..., \"k\": ...}, or for a composed query "
@@ -90,7 +91,7 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
         data, fields = await read_form(request, state, state.forms.SearchImages)
         _no_composition(state)
         opts = await _options(state, fields["k"], fields["offset"], fields["min_score"], fields["folder"],
-                              fields["taken_after"], fields["taken_before"])
+                              fields["taken_after"], fields["taken_before"], fields["media"])
         pixels = await upload_pixels(data, state, request, "compose")
         hits = await submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]), opts),
                             state, request)
@@ -99,13 +100,13 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
         if isinstance(body, state.bodies.ImageIdCompose):
             _no_composition(state)
             opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
-                                  body.taken_before)
+                                  body.taken_before, body.media)
             pixels = await gallery_pixels(body.image_id, state, request)
             hits = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
                                 state, request)
         else:
             opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
-                                  body.taken_before, body.subtract)
+                                  body.taken_before, body.media, body.subtract)
             hits = await submit(state.text_batcher, (body.text, opts), state, request)
     return _json(ImageResults(results=_image_hits(hits, state, request.scope.get("root_path", ""))))
 

@@ -11,7 +11,7 @@ const el = {
   drop: $("drop"), file: $("image-file"),
   similarDrop: $("similar-drop"), similarFile: $("similar-file"),
   subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
-  takenBefore: $("taken-before"),
+  takenBefore: $("taken-before"), media: $("media"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
   dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"), dialogVideo: $("detail-video"),
   dialogCaptions: $("detail-captions"), dialogError: $("detail-error"), dialogClose: $("detail-close"),
@@ -206,6 +206,7 @@ function refinements() {
   if (el.folder.value) options.folder = el.folder.value;
   if (el.takenAfter.value) options.taken_after = el.takenAfter.value;
   if (el.takenBefore.value) options.taken_before = el.takenBefore.value;
+  if (el.media.value) options.media = el.media.value;
   return options;
 }
 

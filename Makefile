@@ -45,11 +45,14 @@ chromium:  ## Chromium for the browser tests: installed with apt-get when missin
 
 demo: $(DEMO)/photos-index/CURRENT  ## real photos searched with the shipped model, served on :8000
 	@echo ""
-	@echo "jointspace demo: open http://$(HOST):$(PORT)/ and search $(DEMO)/samples/photos with a sentence"
+	@echo "jointspace demo: open http://$(HOST):$(PORT)/ and search $(DEMO)/samples/photos (photos and two short"
+	@echo "  videos made from them) with a sentence"
 	@echo "  (the shipped model, docs/model-card.md; photo credits in $(DEMO)/samples/ATTRIBUTION.md; Ctrl-C stops)"
 	@echo "or try the API from another terminal:"
 	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/images -H 'content-type: application/json' \\"
 	@echo "       -d '{\"text\": \"a man with a camera\", \"k\": 3}'"
+	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/images -H 'content-type: application/json' \\"
+	@echo "       -d '{\"text\": \"a cat\", \"k\": 3, \"media\": \"video\"}'     # moments of the videos"
 	@echo "  curl -s -X POST http://$(HOST):$(PORT)/v1/search/captions -F image=@$(DEMO)/samples/photos/cat.jpg -F k=3"
 	@echo "  curl -s -o photo0 http://$(HOST):$(PORT)/v1/images/0      # ?size=128 for a thumbnail"
 	@echo "To search your own photos: jointspace index build --images ~/photos --out gallery (README)."

@@ -2,15 +2,20 @@
 downloaded, nothing is committed): the public-domain / CC0 sample photos of scikit-image and the two CC BY 2.0
 photos of scikit-learn, each with its source and licence, plus a corpus of captions written for this project.
 
-``jointspace index samples --out DIR`` copies them to ``DIR/photos`` (JPEG) and writes ``DIR/captions.txt`` and
-``DIR/ATTRIBUTION.md``.
+Two short video clips are made from those photos (:data:`CLIPS`: each photo a 5-second scene, slowly zoomed in),
+so the demo gallery has video moments too.
+
+``jointspace index samples --out DIR`` copies them to ``DIR/photos`` (JPEG), writes the clips to
+``DIR/photos/videos`` (H.264 MP4, by PyAV) and ``DIR/captions.txt`` and ``DIR/ATTRIBUTION.md``.
 """
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
 from PIL import Image
 
 from training.data.fileio import write_text
@@ -44,6 +49,14 @@ SAMPLES = [
     Sample("sklearn", "datasets/images/flower.jpg", "flower.jpg",
            "vultilion on Flickr; CC BY 2.0 (scikit-learn sample images)"),
 ]
+
+# clips made from the sample photos: (file name, the photos of its scenes in order)
+CLIPS = [("space.mp4", ("astronaut.jpg", "rocket.jpg", "galaxies.jpg")),
+         ("at_home.mp4", ("cat.jpg", "coffee.jpg", "flower.jpg"))]
+SCENE_SECONDS = 5          # one moment of the index's default window (index.video.DEFAULT_WINDOW) per scene
+CLIP_FPS = 8
+CLIP_SIZE = (640, 480)
+ZOOM = 1.15                # each scene zooms in from the whole photo to 1/ZOOM of it, about its centre
 
 # written for this project (no licence restrictions): the corpus that image → caption search ranks
 CAPTIONS = """\
@@ -87,9 +100,43 @@ def _package_root(name: str) -> Path:
     return Path(spec.origin).parent
 
 
+def _scene(photo: Image.Image) -> Iterator[np.ndarray]:
+    """The frames of one scene: a ``CLIP_SIZE`` window (the photo's largest centred crop of that shape) zooming in
+    from 1 to ``ZOOM`` over ``SCENE_SECONDS``."""
+    width, height = photo.size
+    aspect = CLIP_SIZE[0] / CLIP_SIZE[1]
+    crop_w, crop_h = (width, width / aspect) if width / height < aspect else (height * aspect, height)
+    n = SCENE_SECONDS * CLIP_FPS
+    for i in range(n):
+        scale = 1 + (ZOOM - 1) * i / (n - 1)
+        w, h = crop_w / scale, crop_h / scale
+        box = ((width - w) / 2, (height - h) / 2, (width + w) / 2, (height + h) / 2)
+        yield np.asarray(photo.resize(CLIP_SIZE, Image.Resampling.BILINEAR, box=box))
+
+
+def write_clips(photos: Path) -> list[Path]:
+    """The :data:`CLIPS`, made from the photos in ``photos``, written to ``photos/videos``."""
+    from .video import write_video
+
+    folder = photos / "videos"
+    folder.mkdir(exist_ok=True)
+    out = []
+    for name, scenes in CLIPS:
+        def frames(scenes=scenes):
+            for scene in scenes:
+                with Image.open(photos / scene) as im:
+                    yield from _scene(im.convert("RGB"))
+        target = folder / name
+        tmp = target.with_name(f".{name}.tmp.mp4")       # a hidden name: never indexed half-written
+        write_video(tmp, frames(), fps=CLIP_FPS, faststart=True)
+        tmp.replace(target)
+        out.append(target)
+    return out
+
+
 def write_samples(out: str | Path) -> Path:
-    """Copies the sample photos to ``out/photos`` as RGB JPEGs; writes ``out/captions.txt`` and
-    ``out/ATTRIBUTION.md``. Returns the photo folder."""
+    """Copies the sample photos to ``out/photos`` as RGB JPEGs, makes the :data:`CLIPS` from them in
+    ``out/photos/videos``; writes ``out/captions.txt`` and ``out/ATTRIBUTION.md``. Returns the photo folder."""
     out = Path(out)
     photos = out / "photos"
     photos.mkdir(parents=True, exist_ok=True)
@@ -104,6 +151,10 @@ def write_samples(out: str | Path) -> Path:
         rgb.save(tmp, format="JPEG", quality=92)
         tmp.replace(target)
         lines.append(f"| `{sample.name}` | {sample.credit} |")
+    write_clips(photos)
+    for name, scenes in CLIPS:
+        lines.append(f"| `videos/{name}` | made for this project from {', '.join(f'`{s}`' for s in scenes)} "
+                     f"({SCENE_SECONDS} s each, zooming in): their sources and licences as above |")
     write_text(out / "ATTRIBUTION.md", "\n".join(lines) + "\n")
     write_text(out / "captions.txt", CAPTIONS)
     return photos

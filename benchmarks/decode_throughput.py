@@ -9,10 +9,11 @@ read the capture time, preprocess into the model's stacked pixels — in one pro
 
 * ``before``: the code as it was (a copy of it below): a full-size decode, and each member of the stacked
   preprocessing converting and resizing the full image;
-* ``once``: what runs (shrinking images to embed is off): ``index.embed.read_photo`` at full size and
-  ``StackedPreprocess.pixels`` (one RGB image, each member resizing it);
+* ``once``: one full-size decode: ``index.embed.read_photo`` at full size and ``StackedPreprocess.pixels`` (one
+  RGB image, each member resizing it) — what runs with shrinking off (``SHRINK_TO_EMBED``);
 * ``now`` (shrunk): ``read_photo`` with the preprocessing's ``min_side`` (a JPEG decoded at the smallest DCT scale
-  that keeps twice it), then the same.
+  that keeps twice it), then the same — what runs as shipped (``SHRINK_TO_EMBED`` on; its ranking check:
+  benchmarks/decode_ranking.py).
 
 The preprocessing is the shipped model's, read from ``--model`` (its stored ``backbone.preprocess``; no weights are
 used). The paths alternate, file by file, ``--rounds`` times; img/s per core is images over the process's
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.tables import current_commit  # noqa: E402
 from index.embed import exif_time, read_photo  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
-from training.data.preprocess import StackedPreprocess, dct_scale, preprocess_from_dict  # noqa: E402
+from training.data.preprocess import SHRINK_TO_EMBED, StackedPreprocess, dct_scale, preprocess_from_dict  # noqa: E402
 from training.models.backbones import build_backbone  # noqa: E402
 from training.models.model import load_checkpoint  # noqa: E402
 
@@ -163,8 +164,9 @@ def main() -> int:
         "description": "decode + preprocessing of generated photo-like JPEGs (quality 90) into the shipped model's "
                        "stacked pixels (Lite2 260 + Lite0 224 + Lite1 240 px), as an index worker does per photo; "
                        "before: full decode, each member from the full image; once: full decode, one image for all "
-                       "members (what runs); now: shrunk while decoding (off for embedding: ranking loss), one image "
+                       "members; now: shrunk while decoding, one image (what runs while shrink_to_embed is on) "
                        "(python benchmarks/decode_throughput.py)",
+        "shrink_to_embed": SHRINK_TO_EMBED,
         "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
         "python": platform.python_version(), "pillow": Image.__version__, "preprocess": pre.to_dict(),
         "load_1min_at_end": os.getloadavg()[0], "rows": rows})

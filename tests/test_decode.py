@@ -111,17 +111,28 @@ def _count(monkeypatch, cls, name, calls):
 
 @pytest.fixture
 def shrink(monkeypatch):
-    """Images to embed shrunk while decoding (off as shipped: it cost more than 0.5 dev R-sum)."""
+    """Images to embed shrunk while decoding (as shipped; pinned so these tests do not depend on the policy)."""
     monkeypatch.setattr(preprocess, "SHRINK_TO_EMBED", True)
 
 
-def test_images_to_embed_are_decoded_at_full_size_as_shipped(tmp_path):
+@pytest.mark.parametrize("shrunk", [True, False])
+def test_the_shrink_policy_decides_how_uploads_and_index_workers_decode(tmp_path, monkeypatch, shrunk):
+    """As shipped (on) a large JPEG to embed is decoded shrunk — the same pixels as ``decode_image`` with the
+    model's ``min_side`` —, and with the policy off at full size, bit for bit as before."""
+    monkeypatch.setattr(preprocess, "SHRINK_TO_EMBED", shrunk)
     data = jpeg(photo(2800, 2100))
-    assert torch.equal(upload_to_pixels(data, 50_000_000, SHIPPED), old_pixels(data, SHIPPED))
+    want = (SHIPPED.pixels(decode_image(data, ".jpg", SHIPPED.min_side).image) if shrunk
+            else old_pixels(data, SHIPPED))
+    assert torch.equal(upload_to_pixels(data, 50_000_000, SHIPPED), want)
     path = tmp_path / "big.jpg"
     path.write_bytes(data)
     index, (pixels, info), error = embed._Decoded([path], SHIPPED, read_photo)[0]
-    assert error is None and torch.equal(pixels, old_pixels(data, SHIPPED))
+    assert error is None and torch.equal(pixels, want)
+    assert torch.equal(pixels, old_pixels(data, SHIPPED)) is not shrunk
+
+
+def test_shrinking_to_embed_is_on_as_shipped():
+    assert preprocess.SHRINK_TO_EMBED and preprocess.embed_side(SHIPPED) == SHIPPED.min_side
 
 
 def test_a_stacked_preprocessing_decodes_once_and_every_member_resizes_the_shrunk_image(tmp_path, monkeypatch,

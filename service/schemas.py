@@ -34,8 +34,9 @@ ImageId = Annotated[int, Field(ge=0, le=MAX_ID, description="id of a gallery ima
 
 
 class Request(BaseModel):
-    """A request body: its fields only (an unknown one is 422)."""
-    model_config = ConfigDict(extra="forbid")
+    """A request body: its fields only (an unknown one is 422). Its ``Bound`` fields get their limits per app
+    (:func:`request_models`): until then the model is not built."""
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Paging(Request):

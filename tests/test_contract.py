@@ -161,6 +161,20 @@ def test_term_and_generation_limits_are_settings_for_json_and_form_alike(tiny_mo
                 [["body", "add"]], [["body", "subtract"]]), r.json()
 
 
+def test_a_request_model_validates_only_with_the_apps_limits():
+    """The request classes name the fields; only the per-app models (limits bound from the settings) validate, so
+    nothing can validate with a model that has no limits."""
+    from service.schemas import TextSearch, request_models
+
+    with pytest.raises(TypeError, match="bound model"):
+        TextSearch.model_validate({"text": "a", "k": "5"})
+    bound = request_models(Settings(max_k=3)).text_search
+    assert issubclass(bound, TextSearch) and bound.model_validate({"text": "a", "k": 3.0}).k == 3
+    for body in ({"text": "a", "k": 4}, {"text": "a", "k": "3"}):
+        with pytest.raises(ValueError):
+            bound.model_validate(body)
+
+
 def test_security_is_declared_only_when_a_key_is_set(tiny_model_path, tiny_index_dir):
     open_doc = _doc(tiny_model_path, tiny_index_dir)
     assert "securitySchemes" not in open_doc["components"]

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .metrics import Metrics, MetricsMiddleware
-from .contract import error_responses, form_body
+from .contract import error_responses
 from .middleware import BodyMiddleware, InFlightMiddleware
 from .page import add_page
 from .api import gallery as gallery_api
@@ -93,24 +93,24 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    settings, bodies, forms = state.settings, state.bodies, state.forms
+    settings, bodies = state.settings, state.bodies
     components = doc.setdefault("components", {}).setdefault("schemas", {})
 
     def ref(model) -> dict:
         components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
         return {"$ref": f"#/components/schemas/{model.__name__}"}
 
-    def form(fields) -> dict:
-        return form_body(fields, settings.max_upload_bytes, settings.max_text_chars)
+    def form(body) -> dict:
+        return body.openapi(settings.max_upload_bytes)
 
     request_bodies = {
-        "/v1/search/images": {"application/json": {"schema": {"oneOf": [ref(bodies.TextSearch),
-                                                                        ref(bodies.ImageIdCompose)]}},
-                              "multipart/form-data": form(forms.SearchImages)},
-        "/v1/search/captions": {"application/json": {"schema": ref(bodies.ImageIdSearch)},
-                                "multipart/form-data": form(forms.SearchCaptions)},
-        "/v1/captions": {"multipart/form-data": form(forms.Captions)},
-        "/v1/paraphrases": {"application/json": {"schema": ref(bodies.Paraphrase)}},
+        "/v1/search/images": {"application/json": {"schema": {"oneOf": [ref(bodies.text_search),
+                                                                        ref(bodies.image_id_compose)]}},
+                              "multipart/form-data": form(bodies.compose_upload)},
+        "/v1/search/captions": {"application/json": {"schema": ref(bodies.image_id_search)},
+                                "multipart/form-data": form(bodies.caption_search)},
+        "/v1/captions": {"multipart/form-data": form(bodies.captions)},
+        "/v1/paraphrases": {"application/json": {"schema": ref(bodies.paraphrase)}},
     }
     for path, content in request_bodies.items():
         doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}

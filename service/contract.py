@@ -1,12 +1,13 @@
-"""The HTTP contract: request bodies with the limits this service enforces, and the OpenAPI document that states
-them.
+"""The HTTP contract: how a request body is read and documented, and the rules its fields share.
 
-Every limit the server checks is in the document it serves at ``/openapi.json``, and both come from the same
-definitions here, built from the app's :class:`~service.settings.Settings`: the JSON bodies are validated by the
-very pydantic models whose JSON Schema the document shows (``k`` up to ``JOINTSPACE_MAX_K``, text up to
-``JOINTSPACE_MAX_TEXT_CHARS`` characters and not blank, ``extra`` fields refused), and the multipart forms by
-:func:`parse_form` against the same :class:`FormField` list the document is written from (unknown or repeated
-fields refused, the accepted image types named in the part's ``encoding``).
+The request bodies are pydantic models, one per request (service/schemas.py). Their limits that come from the
+app — ``k`` up to ``JOINTSPACE_MAX_K``, text up to ``JOINTSPACE_MAX_TEXT_CHARS`` characters, … — are
+:class:`Bound` fields, given their numbers once per app by :func:`bind` (:class:`Limits`, from the settings). A
+JSON body is validated by its model, whose JSON Schema the OpenAPI document at ``/openapi.json`` shows. A
+multipart form's plain fields are validated by the same model (:class:`Form`: each value, a string, is converted
+by the type the model's schema gives its field), and the form's schema in the document is that model's schema as
+form fields, plus the ``image`` file part and its accepted types. So every bound, pattern and cross-field rule is
+written once, and what the document allows is what the server accepts.
 
 Rules that JSON Schema spells differently from Python are written once, as a pattern both sides use:
 ``NOT_BLANK`` (text must contain a character that is not whitespace — whitespace as Python's ``str.isspace`` and
@@ -16,20 +17,23 @@ word or phrase to add or subtract: not blank, no comma). Integers of a JSON body
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
-from types import GenericAlias, SimpleNamespace
-from typing import Annotated, Any, Literal
+from types import GenericAlias
+from typing import Annotated, Any, Callable, Generic, TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo,
+                      WithJsonSchema, create_model)
+from pydantic_core import ErrorDetails
 
-from index.query import MAX_OFFSET, SCORE_RANGES, parse_time
+from index.query import SCORE_RANGES, parse_time
+
+from .settings import Settings
 
 MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
-MAX_GENERATED = 10          # most sentences, and widest beam, one caption/paraphrase request may ask for
-MAX_TERMS = 16              # most words or phrases to add, and to subtract, in one composed query
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic",
                "image/heif", "image/avif")
 
@@ -39,8 +43,12 @@ _WS = ("\\t\\n\\u000b\\f\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a\
 NOT_BLANK = f"[^{_WS}]"                          # searched: somewhere a character that is not whitespace
 _PHRASE = f"[^,]*[^,{_WS}][^,]*"                  # not blank, no comma
 TERM = f"^{_PHRASE}$"
-TERM_LIST = f"^{_PHRASE}(,{_PHRASE}){{0,{MAX_TERMS - 1}}}$"    # 1 to MAX_TERMS comma-separated phrases
 _NOT_BLANK_RE, _TERM_RE = re.compile(NOT_BLANK), re.compile(TERM)
+
+
+def term_list(max_terms: int) -> str:
+    """The pattern of a form field of 1 to ``max_terms`` comma-separated words or phrases."""
+    return f"^{_PHRASE}(,{_PHRASE}){{0,{max_terms - 1}}}$"
 
 
 def _valid_unicode(text: str) -> None:
@@ -68,18 +76,6 @@ def check_term(term: str) -> str:
     return term
 
 
-def split_terms(value: str) -> list[str]:
-    """A form field's comma-separated words or phrases (``green star, yellow``), each not blank; at most
-    ``MAX_TERMS``. The field's schema says the same with the pattern ``TERM_LIST``."""
-    _valid_unicode(value)
-    terms = value.split(",")
-    if any(not _NOT_BLANK_RE.search(t) for t in terms):
-        raise ValueError("words to add or subtract must not be empty or only whitespace")
-    if len(terms) > MAX_TERMS:
-        raise ValueError(f"at most {MAX_TERMS} words or phrases")
-    return [t.strip() for t in terms]
-
-
 def json_int(value: Any) -> Any:
     """A JSON integer (also written ``5.0``); a string or a boolean is not one."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -101,20 +97,15 @@ def json_number(value: Any) -> Any:
         raise ValueError("must be a number a float can hold") from None
 
 
-def check_time(value: str) -> str:
+def check_time(value: str, info: ValidationInfo) -> str:
     """A filter time: a date or an RFC 3339 date-time (``index.query.parse_time``); kept as given."""
-    parse_time(value, "the time")
+    parse_time(value, info.field_name or "the time")
     return value
 
 
 # a date or an RFC 3339 date-time: what parse_time reads, exactly
 TIME_SCHEMA = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}]}
-
-
-def score_bounds(similarity: str) -> dict:
-    """``minimum``/``maximum`` of ``min_score`` for a model's similarity (cosine: −1 to 1; order: at most 0)."""
-    lo, hi = SCORE_RANGES.get(similarity, (None, None))
-    return {k: v for k, v in (("ge", lo), ("le", hi)) if v is not None}
+Time = Annotated[str, WithJsonSchema(TIME_SCHEMA), AfterValidator(check_time)]
 
 
 def json_int_field(**constraints) -> Any:
@@ -122,327 +113,209 @@ def json_int_field(**constraints) -> Any:
     return Annotated[int, Field(**constraints), BeforeValidator(json_int)]
 
 
-def _text(max_chars: int, description: str, example: str):
+def text_field(max_chars: int) -> Any:
+    """Text of at most ``max_chars`` characters, not blank."""
     # minLength is what the pattern implies; the blank check says it in its own words ("must not be empty ...")
-    return Annotated[str, Field(max_length=max_chars, description=description, examples=[example],
-                                json_schema_extra={"minLength": 1, "pattern": NOT_BLANK}), AfterValidator(check_text)]
+    return Annotated[str, Field(max_length=max_chars, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK}),
+                     AfterValidator(check_text)]
 
 
-def _term(max_chars: int):
-    return Annotated[str, Field(max_length=max_chars, json_schema_extra={"minLength": 1, "pattern": TERM}),
+def terms_field(max_chars: int, max_terms: int) -> Any:
+    """A list of at most ``max_terms`` words or phrases, each of at most ``max_chars`` characters."""
+    term = Annotated[str, Field(max_length=max_chars, json_schema_extra={"minLength": 1, "pattern": TERM}),
                      AfterValidator(check_term)]
+    return Annotated[GenericAlias(list, (term,)), Field(max_length=max_terms)]    # the term's limits known now
 
 
-_STRICT = ConfigDict(extra="forbid")
+# --- limits from the app -------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Limits:
+    """The numbers the request bodies' :class:`Bound` fields take: the app's settings, and the served model's
+    similarity (which bounds ``min_score``)."""
+    max_k: int
+    max_text_chars: int
+    max_terms: int
+    max_generated: int
+    similarity: str
 
-OFFSET_DESCRIPTION = f"results to skip before the first one returned (pagination), 0 to {MAX_OFFSET}"
-FOLDER_DESCRIPTION = ("only images in this folder or below it: a path relative to the gallery's root folder "
-                      "(GET /v1/folders lists them) or absolute; a folder without images is 404")
-AFTER_DESCRIPTION = ("only photos taken at or after this date (00:00 UTC) or RFC 3339 date-time; the capture time "
-                     "is EXIF DateTimeOriginal, else the file's modification time")
-MEDIA_DESCRIPTION = ("only photos (`photo`) or only moments of videos (`video`); absent: both in one ranking")
-MEDIA_TYPES = ("photo", "video")
-BEFORE_DESCRIPTION = ("only photos taken before this date (00:00 UTC) or RFC 3339 date-time; must be later than "
-                      "taken_after (an empty range is 422)")
+    @classmethod
+    def of(cls, settings: Settings, similarity: str = "cosine") -> Limits:
+        return cls(settings.max_k, settings.max_text_chars, settings.max_terms, settings.max_generated, similarity)
 
+    @property
+    def score_bounds(self) -> dict[str, float]:
+        """``ge``/``le`` of ``min_score`` (cosine: −1 to 1; order: at most 0)."""
+        lo, hi = SCORE_RANGES.get(self.similarity, (None, None))
+        return {k: v for k, v in (("ge", lo), ("le", hi)) if v is not None}
 
-def min_score_description(similarity: str) -> str:
-    lo, hi = SCORE_RANGES.get(similarity, (None, None))
-    span = f"{lo:g} to {hi:g}" if lo is not None else f"at most {hi:g}"
-    return f"hide results scoring below this ({span}: the range of the model's {similarity} similarity)"
-
-
-def check_date_range(after: str | None, before: str | None) -> None:
-    """``taken_after`` earlier than ``taken_before`` (when both are given): what JSON Schema cannot say."""
-    if after is not None and before is not None and parse_time(after) >= parse_time(before):
-        raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range is "
-                         f"empty")
-
-
-class _DateRange(BaseModel):
-    """Checks what JSON Schema cannot say: ``taken_after`` earlier than ``taken_before``."""
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        check_date_range(getattr(self, "taken_after", None), getattr(self, "taken_before", None))
-        return self
+    def describe(self, text: str) -> str:
+        """``text`` with the limits named in it (``{max_k}``, ``{score_range}``, …) filled in."""
+        lo, hi = SCORE_RANGES.get(self.similarity, (None, None))
+        score_range = f"{lo:g} to {hi:g}" if lo is not None else f"at most {hi:g}"
+        return text.format(**dataclasses.asdict(self), score_range=score_range)
 
 
 @dataclass(frozen=True)
-class OneOf:
+class Bound:
+    """Marks a request field whose type depends on the app's :class:`Limits`: ``make(limits)`` is that type. The
+    field's description may name the limits (``"1 to {max_k}"``). A model with such a field validates only once
+    :func:`bind` has given it its limits (its class sets ``defer_build``, and an unbound field refuses to build)."""
+    make: Callable[[Limits], Any]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        raise TypeError("a field bounded by the app's limits: validate with the bound model (service.schemas."
+                        "request_models)")
+
+
+M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", bound=BaseModel)
+
+
+def bind(model: type[M], limits: Limits) -> type[M]:
+    """``model`` with its :class:`Bound` fields given these limits: a subclass of the same name, which the routes
+    validate with and the OpenAPI document shows."""
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        bound = next((m for m in info.metadata if isinstance(m, Bound)), None)
+        if bound is not None:
+            fields[name] = (bound.make(limits), Field(info.default, examples=info.examples,
+                                                      description=limits.describe(info.description or "")))
+    out = create_model(model.__name__, __base__=model, __doc__=model.__doc__, __module__=model.__module__,
+                       **fields)
+    out.model_config = {**model.model_config, "defer_build": False}     # built now, not on its first request
+    out.model_rebuild(force=True)
+    return out
+
+
+@dataclass(frozen=True)
+class OneOf(Generic[M, N]):
     """A JSON body that is one of two models, told apart by whether the object has ``key`` (the document states
     it as ``oneOf`` the two: each model refuses the other's fields)."""
     key: str
-    with_key: type[BaseModel]
-    without_key: type[BaseModel]
+    with_key: type[M]
+    without_key: type[N]
 
-    def model_for(self, obj: Any) -> type[BaseModel]:
+    def model_for(self, obj: Any) -> type[M] | type[N]:
         return self.with_key if isinstance(obj, dict) and self.key in obj else self.without_key
 
 
-def request_models(max_k: int, max_text_chars: int, similarity: str = "cosine") -> SimpleNamespace:
-    """The JSON request bodies with these limits: ``TextSearch``, ``ImageIdSearch``, ``ImageIdCompose``,
-    ``Paraphrase``, and ``SearchImages`` (``ImageIdCompose`` when the object has an ``image_id``, else
-    ``TextSearch``). The routes validate with them and the OpenAPI document shows their JSON Schema.
-    ``similarity``: the model's, which bounds ``min_score``."""
-    k = json_int_field(ge=1, le=max_k, description=f"number of results, 1 to {max_k}")
-    image_id = json_int_field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)")
-    # list[term], the term's limits known only now: built as the generic alias it is
-    terms: Any = Annotated[GenericAlias(list, (_term(max_text_chars),)), Field(max_length=MAX_TERMS)]
-    generated = json_int_field(ge=1, le=MAX_GENERATED)
-    offset = json_int_field(ge=0, le=MAX_OFFSET, description=OFFSET_DESCRIPTION)
-    min_score = Annotated[float, Field(**score_bounds(similarity)), BeforeValidator(json_number)]
-    folder = Annotated[str, Field(max_length=max_text_chars, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK}),
-                       AfterValidator(check_text)]
-    when = Annotated[str, WithJsonSchema(TIME_SCHEMA), AfterValidator(check_time)]
-
-    def paging():
-        return dict(k=(k, 10), offset=(offset, 0),
-                    min_score=(min_score | None, Field(None, description=min_score_description(similarity))))
-
-    def filters():
-        return dict(folder=(folder | None, Field(None, description=FOLDER_DESCRIPTION, examples=["2024/summer"])),
-                    taken_after=(when | None, Field(None, description=AFTER_DESCRIPTION, examples=["2024-06-01"])),
-                    taken_before=(when | None, Field(None, description=BEFORE_DESCRIPTION,
-                                                     examples=["2024-09-01T00:00:00Z"])),
-                    media=(Literal[MEDIA_TYPES] | None, Field(None, description=MEDIA_DESCRIPTION,
-                                                              examples=["video"])))
-
-    models = SimpleNamespace(
-        TextSearch=create_model(
-            "TextSearch", __base__=_DateRange, __doc__="Images for a sentence, optionally minus some words' meaning.",
-            text=(_text(max_text_chars, "a sentence describing the images to find", "a red circle"), ...),
-            subtract=(terms, Field([], description=f"words or phrases whose meaning to take away from the "
-                                                   f"sentence's (at most {MAX_TERMS})", examples=[["people"]])),
-            **paging(), **filters()),
-        ImageIdSearch=create_model("ImageIdSearch", __config__=_STRICT, image_id=(image_id, ...), **paging()),
-        ImageIdCompose=create_model(
-            "ImageIdCompose", __base__=_DateRange,
-            __doc__="A composed query from a gallery image (W2VV §IV-C): its picture plus and/or minus words.",
-            image_id=(image_id, ...),
-            add=(terms, Field([], description=f"words or phrases whose meaning to add (at most {MAX_TERMS})",
-                              examples=[["motorbike"]])),
-            subtract=(terms, Field([], description=f"words or phrases whose meaning to take away (at most "
-                                                   f"{MAX_TERMS})", examples=[["bicycle"]])),
-            **paging(), **filters()),
-        Paraphrase=create_model(
-            "Paraphrase", __config__=_STRICT,
-            text=(_text(max_text_chars, "the sentence to paraphrase", "a red circle left of a blue square"), ...),
-            n=(generated, Field(5, description=f"number of paraphrases, 1 to {MAX_GENERATED}")),
-            beam_size=(generated | None, Field(None, description="beam width (default: the model's "
-                                                                 "decoder.beam_size); widened to n + 1 when "
-                                                                 "smaller"))),
-    )
-    models.SearchImages = OneOf("image_id", with_key=models.ImageIdCompose, without_key=models.TextSearch)
-    return models
-
-
 # --- multipart forms ----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FormField:
-    """One field of a multipart form: ``kind`` is ``image`` (the file), ``int``, ``number``, ``terms`` (a
-    comma-separated list of words or phrases), ``text`` (not blank), ``time`` (a date or RFC 3339 date-time) or
-    ``choice`` (one of ``choices``). Each field may be given once."""
-    name: str
-    kind: str
-    description: str
-    minimum: float | None = 1
-    maximum: float | None = None
-    default: int | None = None
-    required: bool = False
-    choices: tuple[str, ...] = ()
-
-
-def image_field(description: str) -> FormField:
-    return FormField("image", "image", description, required=True)
-
-
-def request_forms(max_k: int, similarity: str = "cosine") -> SimpleNamespace:
-    """The multipart forms with these limits: ``SearchImages`` (query by example and composition),
-    ``SearchCaptions`` and ``Captions``, each a list of :class:`FormField`. The routes parse with them
-    (:func:`parse_form`) and the OpenAPI document is written from them (:func:`form_body`)."""
-    lo, hi = SCORE_RANGES.get(similarity, (None, None))
-    paging = [FormField("k", "int", f"number of results, 1 to {max_k}", maximum=max_k, default=10),
-              FormField("offset", "int", OFFSET_DESCRIPTION, minimum=0, maximum=MAX_OFFSET, default=0),
-              FormField("min_score", "number", min_score_description(similarity), minimum=lo, maximum=hi)]
-    filters = [FormField("folder", "text", FOLDER_DESCRIPTION), FormField("taken_after", "time", AFTER_DESCRIPTION),
-               FormField("taken_before", "time", BEFORE_DESCRIPTION),
-               FormField("media", "choice", MEDIA_DESCRIPTION, choices=MEDIA_TYPES)]
-    return SimpleNamespace(
-        SearchImages=[image_field("the query image (query by example: similar gallery images)"),
-                      FormField("add", "terms", f"words or phrases whose meaning to add, separated by commas (at "
-                                                f"most {MAX_TERMS})"),
-                      FormField("subtract", "terms", f"words or phrases whose meaning to take away, separated by "
-                                                     f"commas (at most {MAX_TERMS})"),
-                      *paging, *filters],
-        SearchCaptions=[image_field("the image whose captions to rank"), *paging],
-        Captions=[image_field("the image to caption"),
-                  FormField("n", "int", f"number of captions, 1 to {MAX_GENERATED}", maximum=MAX_GENERATED,
-                            default=1),
-                  FormField("beam_size", "int", "beam width (default: the model's decoder.beam_size); widened to n "
-                                                "when smaller", maximum=MAX_GENERATED)],
-    )
-
 
 def invalid(loc: tuple, msg: str, type_: str = "value_error", value: Any = None) -> RequestValidationError:
     """A 422 for one field, located and typed as FastAPI reports its own validation errors."""
     return RequestValidationError([{"type": type_, "loc": loc, "msg": msg, "input": value}])
 
 
-def check_form_part(fields: list[FormField], name: str, is_file: bool) -> None:
-    """A multipart part named ``name`` fills a field of the form: 422 for an unknown field, a file where a plain
-    field goes or a plain field where the image goes."""
-    field = next((f for f in fields if f.name == name), None)
-    if field is None:
-        raise invalid(("body", name), f"unknown form field {name!r}; the fields are "
-                                      f"{', '.join(repr(f.name) for f in fields)}", "extra_forbidden")
-    if field.kind == "image" and not is_file:
-        raise invalid(("body", "image"), "the 'image' field must be a file part (with a filename)")
-    if field.kind != "image" and is_file:
-        raise invalid(("body", name), f"{name} must be a plain form field, not a file")
-
-
-def parse_form(fields: list[FormField], values: dict[str, list[str]], max_text_chars: int) -> dict[str, Any]:
-    """The plain fields of a multipart form (every value given for each name) → their values by name: integers
-    (the default when absent), numbers, texts, times or lists of terms. 422 for a field given more than once, a
-    value out of its bounds and an empty date range."""
-    out: dict[str, Any] = {}
-    for field in fields:
-        given = values.get(field.name, [])
-        if len(given) > 1:
-            raise invalid(("body", field.name), f"{field.name} given {len(given)} times; give it once"
-                          + (" (separate words or phrases by commas)" if field.kind == "terms" else ""))
-        raw = given[0] if given else None
-        if field.kind == "int":
-            out[field.name] = _form_int(field, raw)
-        elif field.kind == "number":
-            out[field.name] = _form_number(field, raw)
-        elif field.kind == "terms":
-            out[field.name] = _form_terms(field.name, raw, max_text_chars)
-        elif field.kind == "text":
-            out[field.name] = _form_text(field.name, raw, max_text_chars)
-        elif field.kind == "time":
-            out[field.name] = _form_time(field.name, raw)
-        elif field.kind == "choice":
-            out[field.name] = _form_choice(field, raw)
-    try:
-        check_date_range(out.get("taken_after"), out.get("taken_before"))
-    except ValueError as err:
-        raise invalid(("body",), str(err)) from None
+def _not_null(schema: dict) -> dict:
+    """A field's JSON Schema without its ``null`` alternative (a form field is absent instead) and title."""
+    out = {k: v for k, v in schema.items() if k not in ("anyOf", "title")}
+    if "anyOf" in schema:
+        options = [s for s in schema["anyOf"] if s != {"type": "null"}]
+        out.update(options[0] if len(options) == 1 else {"anyOf": options})
     return out
 
 
-_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+def _form_field(schema: dict) -> dict:
+    """A field's JSON Schema as a form field's: no ``null`` default, and a list of words or phrases as one string
+    of them separated by commas."""
+    schema = {k: v for k, v in schema.items() if not (k == "default" and v in (None, []))}
+    if schema.get("type") != "array":
+        return schema
+    examples = {"examples": [",".join(e) for e in schema["examples"]]} if "examples" in schema else {}
+    return {"type": "string", "minLength": 1, "maxLength": schema["items"]["maxLength"],
+            "pattern": term_list(schema["maxItems"]), "description": f"{schema['description']}, separated by commas",
+            **examples}
+
+
 _INT = re.compile(r"[+-]?[0-9]{1,20}")
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
-def _form_int(field: FormField, raw: str | None) -> int | None:
-    if raw is None:
-        return field.default
-    value = int(raw) if _INT.fullmatch(raw.strip()) else None
-    lo = field.minimum if field.minimum is not None else float("-inf")
-    if value is None or value < lo or (field.maximum is not None and value > field.maximum):
-        bounds = (f"an integer from {field.minimum} to {field.maximum}" if field.maximum is not None
-                  else f"an integer of at least {field.minimum}")
-        raise invalid(("body", field.name), f"{field.name} must be {bounds}", "int_parsing", raw)
-    return value
+def _bound_text(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
-def _form_number(field: FormField, raw: str | None) -> float | None:
-    if raw is None:
-        return None
-    value = float(raw.strip()) if _NUMBER.fullmatch(raw.strip()) else None
-    if value is None or value != value or value in (float("inf"), float("-inf")) \
-            or (field.minimum is not None and value < field.minimum) \
-            or (field.maximum is not None and value > field.maximum):
-        lo, hi = field.minimum, field.maximum
-        bounds = (f"a number from {lo:g} to {hi:g}" if lo is not None and hi is not None
-                  else f"a number of at most {hi:g}" if hi is not None else "a number")
-        raise invalid(("body", field.name), f"{field.name} must be {bounds}", "float_parsing", raw)
-    return value
+class Form(Generic[M]):
+    """A multipart form: an ``image`` file part (described as ``image``) and the plain fields of ``model``, each
+    given at most once. A form's values are strings: each is converted by the type the model's JSON Schema gives
+    its field — an integer, a number, a list of words or phrases (one value, separated by commas), else the string
+    itself — and the whole form is then validated by ``model``, as its JSON body would be. Errors are located
+    ``("body", field)``; a number's error names its bounds."""
 
+    def __init__(self, model: type[M], image: str):
+        self.model, self.image = model, image
+        schema = model.model_json_schema()
+        fields = {name: _not_null(prop) for name, prop in schema["properties"].items()}
+        self.kinds = {name: prop.get("type") for name, prop in fields.items()}
+        self.fields = {name: _form_field(prop) for name, prop in fields.items()}
+        self.required = ["image", *schema.get("required", [])]
 
-def _too_long(name: str, raw: str, max_chars: int) -> None:
-    if len(raw) > max_chars:
-        raise invalid(("body", name), f"{name} must be at most {max_chars} characters", "string_too_long")
+    def openapi(self, max_upload_bytes: int) -> dict:
+        """The form's request body in the OpenAPI document: its JSON Schema and the image part's ``encoding``."""
+        image = {"type": "string", "format": "binary", "minLength": 1,
+                 "description": f"{self.image}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the content is "
+                                f"sniffed; the part's content type and file name are not read), at most "
+                                f"{max_upload_bytes:,} bytes"}
+        return {"schema": {"type": "object", "properties": {"image": image, **self.fields},
+                           "additionalProperties": False, "required": self.required},
+                "encoding": {"image": {"contentType": ", ".join(IMAGE_TYPES)}}}
 
+    def check_part(self, name: str, is_file: bool) -> None:
+        """A part named ``name`` fills a field of the form: 422 for an unknown field, a file where a plain field
+        goes or a plain field where the image goes."""
+        if name != "image" and name not in self.fields:
+            names = ", ".join(repr(n) for n in ("image", *self.fields))
+            raise invalid(("body", name), f"unknown form field {name!r}; the fields are {names}", "extra_forbidden")
+        if name == "image" and not is_file:
+            raise invalid(("body", "image"), "the 'image' field must be a file part (with a filename)")
+        if name != "image" and is_file:
+            raise invalid(("body", name), f"{name} must be a plain form field, not a file")
 
-def _form_text(name: str, raw: str | None, max_chars: int) -> str | None:
-    if raw is None:
-        return None
-    _too_long(name, raw, max_chars)
-    try:
-        check_text(raw)
-    except ValueError as err:
-        raise invalid(("body", name), f"{name}: {err}") from None
-    return raw
+    def parse(self, values: dict[str, list[str]]) -> M:
+        """The plain fields (every value given for each name) validated by the model; 422 for a field given more
+        than once, a value that is not of its field's type or out of its bounds, and whatever the model refuses."""
+        data: dict[str, Any] = {}
+        for name, given in values.items():
+            if len(given) > 1:
+                raise invalid(("body", name), f"{name} given {len(given)} times; give it once"
+                              + (" (separate words or phrases by commas)" if self.kinds[name] == "array" else ""))
+            data[name] = self._value(name, given[0])
+        try:
+            return self.model.model_validate(data)
+        except ValidationError as err:
+            raise RequestValidationError([self._located(e) for e in err.errors(include_url=False)]) from None
 
-
-def _form_terms(name: str, raw: str | None, max_chars: int) -> list[str]:
-    if raw is None:
-        return []
-    _too_long(name, raw, max_chars)
-    try:
-        return split_terms(raw)
-    except ValueError as err:
-        raise invalid(("body", name), str(err)) from None
-
-
-def _form_time(name: str, raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        parse_time(raw, name)
-    except ValueError as err:
-        raise invalid(("body", name), str(err)) from None
-    return raw
-
-
-def _form_choice(field: FormField, raw: str | None) -> str | None:
-    if raw is None or raw in field.choices:
+    def _value(self, name: str, raw: str) -> Any:
+        kind = self.kinds[name]
+        if kind in ("integer", "number"):
+            pattern, number = (_INT, int) if kind == "integer" else (_NUMBER, float)
+            value = number(raw) if pattern.fullmatch(raw.strip()) else None
+            if value is None or not math.isfinite(value):
+                raise RequestValidationError([self._number_error(name, raw)])
+            return value
+        if kind == "array":
+            limit = self.fields[name]["maxLength"]
+            if len(raw) > limit:
+                raise invalid(("body", name), f"{name} must be at most {limit} characters", "string_too_long")
+            return [term.strip() for term in raw.split(",")]
         return raw
-    raise invalid(("body", field.name), f"{field.name} must be one of {', '.join(map(repr, field.choices))}",
-                  "literal_error", raw)
 
+    def _located(self, error: ErrorDetails) -> dict:
+        name = str(error["loc"][0]) if error["loc"] else None     # a list item: located at its field
+        if name is not None and self.kinds[name] in ("integer", "number"):
+            return self._number_error(name, error["input"])
+        return {**error, "loc": ("body",) if name is None else ("body", name)}
 
-def form_schema(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:
-    """The JSON Schema (and the per-part ``encoding``) of a multipart form; unknown fields are refused."""
-    properties: dict[str, dict] = {}
-    for f in fields:
-        if f.kind == "image":
-            schema = {"type": "string", "format": "binary", "minLength": 1,
-                      "description": f"{f.description}: JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF or AVIF (the "
-                                     f"content is sniffed; the part's content type and file name are not read),"
-                                     f" at most {max_upload_bytes:,} bytes"}
-        elif f.kind in ("int", "number"):
-            schema = {"type": "integer" if f.kind == "int" else "number", "description": f.description}
-            if f.minimum is not None:
-                schema["minimum"] = f.minimum
-            if f.maximum is not None:
-                schema["maximum"] = f.maximum
-            if f.default is not None:
-                schema["default"] = f.default
-        elif f.kind == "text":
-            schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
-                      "pattern": NOT_BLANK}
-        elif f.kind == "time":
-            schema = {**TIME_SCHEMA, "description": f.description}
-        elif f.kind == "choice":
-            schema = {"type": "string", "enum": list(f.choices), "description": f.description}
-        else:
-            schema = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": f.description,
-                      "pattern": TERM_LIST}
-        properties[f.name] = schema
-    return {"type": "object", "properties": properties, "additionalProperties": False,
-            "required": [f.name for f in fields if f.required]}
-
-
-def form_body(fields: list[FormField], max_upload_bytes: int, max_text_chars: int) -> dict:
-    return {"schema": form_schema(fields, max_upload_bytes, max_text_chars),
-            "encoding": {f.name: {"contentType": ", ".join(IMAGE_TYPES)} for f in fields if f.kind == "image"}}
+    def _number_error(self, name: str, value: Any) -> dict:
+        field = self.fields[name]
+        lo, hi = field.get("minimum"), field.get("maximum")
+        what = "an integer" if field["type"] == "integer" else "a number"
+        bounds = (f" from {_bound_text(lo)} to {_bound_text(hi)}" if lo is not None and hi is not None
+                  else f" of at least {_bound_text(lo)}" if lo is not None
+                  else f" of at most {_bound_text(hi)}" if hi is not None else "")
+        return {"type": "int_parsing" if field["type"] == "integer" else "float_parsing", "loc": ("body", name),
+                "msg": f"{name} must be {what}{bounds}", "input": value}
 
 
 # --- responses ------------------------------------------------------------------------------------------------------

@@ -1,14 +1,155 @@
-"""Response bodies of the HTTP API; the request bodies and their limits are in service/contract.py."""
+"""The bodies of the HTTP API: one pydantic model per request, and the responses.
+
+A request model names its fields, their types, defaults and descriptions once; the limits that come from the
+app's settings are :class:`~service.contract.Bound` fields, and :func:`request_models` gives them their numbers
+once per app. The routes validate JSON bodies and multipart forms with those models and the OpenAPI document shows
+them (service/contract.py).
+"""
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from .contract import MAX_GENERATED, MAX_ID, MAX_TERMS, Error, request_models  # noqa: F401 - re-exported
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-# the request bodies with the default limits (an app builds its own from its settings: service/contract.py)
-_DEFAULT = request_models(max_k=100, max_text_chars=1000)
-TextSearch, ImageIdSearch, ImageIdCompose, Paraphrase = (_DEFAULT.TextSearch, _DEFAULT.ImageIdSearch,
-                                                          _DEFAULT.ImageIdCompose, _DEFAULT.Paraphrase)
+from index.query import MAX_OFFSET, parse_time
+
+from .contract import (MAX_ID, Bound, Form, Limits, OneOf, Time, bind, json_int, json_number, json_int_field,
+                       terms_field, text_field)
+from .settings import Settings
+
+# the fields whose limits are settings (and the model's similarity, for min_score)
+K = Annotated[int, Bound(lambda lim: json_int_field(ge=1, le=lim.max_k))]
+MinScore = Annotated[float | None, Bound(lambda lim: Annotated[float, Field(**lim.score_bounds),
+                                                                BeforeValidator(json_number)] | None)]
+Text = Annotated[str, Bound(lambda lim: text_field(lim.max_text_chars))]
+OptionalText = Annotated[str | None, Bound(lambda lim: text_field(lim.max_text_chars) | None)]
+Terms = Annotated[list[str], Bound(lambda lim: terms_field(lim.max_text_chars, lim.max_terms))]
+Generated = Annotated[int, Bound(lambda lim: json_int_field(ge=1, le=lim.max_generated))]
+Beam = Annotated[int | None, Bound(lambda lim: json_int_field(ge=1, le=lim.max_generated) | None)]
+# and those whose limits are fixed
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET), BeforeValidator(json_int)]
+ImageId = Annotated[int, Field(ge=0, le=MAX_ID, description="id of a gallery image (from /v1/search/images)"),
+                    BeforeValidator(json_int)]
+
+
+class Request(BaseModel):
+    """A request body: its fields only (an unknown one is 422). Its ``Bound`` fields get their limits per app
+    (:func:`request_models`): until then the model is not built."""
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+
+class Paging(Request):
+    """Which results: ``k`` of them from ``offset`` on, none scoring below ``min_score``."""
+    k: K = Field(10, description="number of results, 1 to {max_k}")
+    offset: Offset = Field(0, description=f"results to skip before the first one returned (pagination), 0 to "
+                                          f"{MAX_OFFSET}")
+    min_score: MinScore = Field(None, description="hide results scoring below this ({score_range}: the range of "
+                                                  "the model's {similarity} similarity)")
+
+
+class Filters(Request):
+    """Which gallery images a search considers (applied inside the index search)."""
+    folder: OptionalText = Field(None, description="only images in this folder or below it: a path relative to the "
+                                             "gallery's root folder (GET /v1/folders lists them) or absolute; a "
+                                             "folder without images is 404", examples=["2024/summer"])
+    taken_after: Time | None = Field(None, description="only photos taken at or after this date (00:00 UTC) or "
+                                                       "RFC 3339 date-time; the capture time is EXIF "
+                                                       "DateTimeOriginal, else the file's modification time",
+                                     examples=["2024-06-01"])
+    taken_before: Time | None = Field(None, description="only photos taken before this date (00:00 UTC) or RFC "
+                                                        "3339 date-time; must be later than taken_after (an empty "
+                                                        "range is 422)", examples=["2024-09-01T00:00:00Z"])
+    media: Literal["photo", "video"] | None = Field(None, description="only photos (`photo`) or only moments of "
+                                                                      "videos (`video`); absent: both in one "
+                                                                      "ranking", examples=["video"])
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        """``taken_after`` earlier than ``taken_before`` (when both are given): what JSON Schema cannot say."""
+        after, before = self.taken_after, self.taken_before
+        if after is not None and before is not None and parse_time(after) >= parse_time(before):
+            raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range "
+                             f"is empty")
+        return self
+
+
+class ImageSearch(Filters, Paging):
+    """What every search for gallery images takes besides its query: paging, filters, words to take away."""
+    subtract: Terms = Field([], description="words or phrases whose meaning to take away (at most {max_terms})",
+                            examples=[["bicycle"]])
+
+
+class TextSearch(ImageSearch):
+    """Images for a sentence, optionally minus some words' meaning."""
+    text: Text = Field(..., description="a sentence describing the images to find", examples=["a red circle"])
+
+
+class ComposeUpload(ImageSearch):
+    """A composed query from an uploaded image (W2VV §IV-C): its picture plus and/or minus words (the form's
+    fields besides the image)."""
+    add: Terms = Field([], description="words or phrases whose meaning to add (at most {max_terms})",
+                       examples=[["motorbike"]])
+
+
+class ImageIdCompose(ComposeUpload):
+    """A composed query from a gallery image (W2VV §IV-C): its picture plus and/or minus words."""
+    image_id: ImageId
+
+
+class CaptionSearch(Paging):
+    """Captions for an uploaded image (the form's fields besides the image)."""
+
+
+class ImageIdSearch(CaptionSearch):
+    """Captions for a gallery image."""
+    image_id: ImageId
+
+
+class Captions(Request):
+    """Captions generated for an uploaded image (the form's fields besides the image)."""
+    n: Generated = Field(1, description="number of captions, 1 to {max_generated}")
+    beam_size: Beam = Field(None, description="beam width (default: the model's decoder.beam_size); widened to n "
+                                              "when smaller")
+
+
+class Paraphrase(Request):
+    """Paraphrases of a sentence."""
+    text: Text = Field(..., description="the sentence to paraphrase", examples=["a red circle left of a blue square"])
+    n: Generated = Field(5, description="number of paraphrases, 1 to {max_generated}")
+    beam_size: Beam = Field(None, description="beam width (default: the model's decoder.beam_size); widened to n "
+                                              "+ 1 when smaller")
+
+
+@dataclass(frozen=True)
+class RequestModels:
+    """An app's request bodies, with its limits: the JSON bodies and the multipart forms."""
+    text_search: type[TextSearch]
+    image_id_compose: type[ImageIdCompose]
+    image_id_search: type[ImageIdSearch]
+    paraphrase: type[Paraphrase]
+    compose_upload: Form[ComposeUpload]
+    caption_search: Form[CaptionSearch]
+    captions: Form[Captions]
+
+    @property
+    def search_images(self) -> OneOf[ImageIdCompose, TextSearch]:
+        """The JSON body of /v1/search/images: ``ImageIdCompose`` when the object has an ``image_id``, else
+        ``TextSearch``."""
+        return OneOf("image_id", with_key=self.image_id_compose, without_key=self.text_search)
+
+
+def request_models(settings: Settings, similarity: str = "cosine") -> RequestModels:
+    """The request bodies with ``settings``' limits; ``similarity``: the served model's, which bounds
+    ``min_score``."""
+    limits = Limits.of(settings, similarity)
+    return RequestModels(
+        text_search=bind(TextSearch, limits), image_id_compose=bind(ImageIdCompose, limits),
+        image_id_search=bind(ImageIdSearch, limits), paraphrase=bind(Paraphrase, limits),
+        compose_upload=Form(bind(ComposeUpload, limits), "the query image (query by example: similar gallery "
+                                                         "images)"),
+        caption_search=Form(bind(CaptionSearch, limits), "the image whose captions to rank"),
+        captions=Form(bind(Captions, limits), "the image to caption"))
 
 
 class ImageHit(BaseModel):

@@ -69,7 +69,12 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest image upload (413 beyond)")
     max_pixels: int = Field(50_000_000, ge=1, description="largest image in pixels, width × height (413 beyond)")
     max_k: int = Field(100, ge=1, le=10_000, description="largest k a search may ask for (422 beyond)")
-    max_text_chars: int = Field(1000, ge=1, description="longest query text (422 beyond)")
+    max_text_chars: int = Field(1000, ge=1, description="longest query text, and longest add/subtract form field "
+                                                         "(422 beyond)")
+    max_terms: int = Field(16, ge=1, description="most words or phrases to add, and to subtract, in one composed "
+                                                 "query (422 beyond)")
+    max_generated: int = Field(10, ge=1, description="most sentences, and widest beam, one caption or paraphrase "
+                                                     "request may ask for (422 beyond)")
     max_thumbnail: int = Field(1024, ge=16, description="largest ?size= of /v1/images/{id} (422 beyond)")
     # access and upkeep
     api_key: SecretStr | None = Field(None, description="when set, every /v1/* route needs it "

@@ -24,9 +24,9 @@ from training.shapes import Shapes
 from training.shapes import resolve as resolve_shapes
 
 from .batcher import DynamicBatcher
-from .contract import request_forms, request_models
 from .engine import Engine
 from .metrics import Metrics
+from .schemas import request_models
 from .settings import Settings
 
 log = logging.getLogger("jointspace.service")
@@ -83,9 +83,9 @@ class ServiceState:
         self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
         # the model's similarity bounds min_score: known from the index's manifest before anything is loaded
         self.similarity = self._similarity()
-        # the JSON request bodies with this service's limits: what the routes validate and the OpenAPI shows
-        self.bodies = request_models(settings.max_k, settings.max_text_chars, self.similarity)
-        self.forms = request_forms(settings.max_k, self.similarity)      # and the multipart forms
+        # the request bodies (JSON and multipart) with this service's limits: what the routes validate and the
+        # OpenAPI document shows
+        self.bodies = request_models(settings, self.similarity)
         self.text_batcher = self._batcher(self._search_texts, "text")
         self.image_batcher = self._batcher(self._search_pixels, "image")
         self.compose_batcher = self._batcher(self._compose_search, "compose")

@@ -133,6 +133,48 @@ def test_the_document_states_the_configured_limits(tiny_model_path, tiny_index_d
     assert all("409" in paths[p]["post"]["responses"] for p in decoder)
 
 
+def test_term_and_generation_limits_are_settings_for_json_and_form_alike(tiny_model_path, tiny_index_dir):
+    """JOINTSPACE_MAX_TERMS and JOINTSPACE_MAX_GENERATED bound the JSON bodies and the forms, and the document
+    states them: the same model validates both."""
+    settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_terms=2,
+                        max_generated=3)
+    with TestClient(create_app(settings)) as c:
+        while c.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        doc = c.get("/openapi.json").json()
+        schemas, paths = doc["components"]["schemas"], doc["paths"]
+        assert schemas["ImageIdCompose"]["properties"]["add"]["maxItems"] == 2
+        assert schemas["TextSearch"]["properties"]["subtract"]["maxItems"] == 2
+        assert schemas["Paraphrase"]["properties"]["n"]["maximum"] == 3
+        form = paths["/v1/search/images"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert form["properties"]["add"]["pattern"].endswith("{0,1}$")
+        captions = paths["/v1/captions"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert captions["properties"]["n"]["maximum"] == 3 and captions["properties"]["beam_size"]["maximum"] == 3
+        image = {"image": ("a.png", _png(), "image/png")}
+        assert c.post("/v1/search/images", files=image, data={"add": "red, blue"}).status_code == 200
+        assert c.post("/v1/search/images", json={"image_id": 0, "add": ["red", "blue"]}).status_code == 200
+        for r in (c.post("/v1/search/images", files=image, data={"add": "red, blue, green"}),
+                  c.post("/v1/search/images", json={"image_id": 0, "add": ["red", "blue", "green"]}),
+                  c.post("/v1/search/images", json={"text": "a", "subtract": ["red", "blue", "green"]})):
+            assert r.status_code == 422 and "at most 2" in r.json()["detail"], r.text
+            assert [e["loc"][:2] for e in r.json()["errors"]] in (
+                [["body", "add"]], [["body", "subtract"]]), r.json()
+
+
+def test_a_request_model_validates_only_with_the_apps_limits():
+    """The request classes name the fields; only the per-app models (limits bound from the settings) validate, so
+    nothing can validate with a model that has no limits."""
+    from service.schemas import TextSearch, request_models
+
+    with pytest.raises(TypeError, match="bound model"):
+        TextSearch.model_validate({"text": "a", "k": "5"})
+    bound = request_models(Settings(max_k=3)).text_search
+    assert issubclass(bound, TextSearch) and bound.model_validate({"text": "a", "k": 3.0}).k == 3
+    for body in ({"text": "a", "k": 4}, {"text": "a", "k": "3"}):
+        with pytest.raises(ValueError):
+            bound.model_validate(body)
+
+
 def test_security_is_declared_only_when_a_key_is_set(tiny_model_path, tiny_index_dir):
     open_doc = _doc(tiny_model_path, tiny_index_dir)
     assert "securitySchemes" not in open_doc["components"]

@@ -162,9 +162,9 @@ def test_json_text_search_errors_are_fastapis_own(client):
     from fastapi import FastAPI
 
     from service.app import _add_error_handlers
-    from service.contract import request_models
+    from service.schemas import request_models
 
-    TextSearch = request_models(max_k=50, max_text_chars=1000).TextSearch     # the client fixture's limits
+    TextSearch = request_models(Settings(max_k=50, max_text_chars=1000)).text_search   # the client fixture's limits
     reference = FastAPI()
     _add_error_handlers(reference)
 

@@ -8,6 +8,7 @@
 * ``operations.py`` — ``/healthz``, ``/readyz``, ``/metrics`` (open even when an API key is set).
 
 What they share: ``deps.py`` (readiness, the API key, load shedding, decoding an image off the event loop) and
-``bodies.py`` (reading a request body: its content type, JSON, multipart). The bodies' rules and limits are in
-service/contract.py, built from the settings; errors are its ``ERROR_MEANINGS``, always JSON ``{"detail": ...}``.
+``bodies.py`` (reading a request body: its content type, JSON, multipart). The bodies are service/schemas.py's
+models, their limits from the settings (service/contract.py); errors are its ``ERROR_MEANINGS``, always JSON
+``{"detail": ...}``.
 """

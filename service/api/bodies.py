@@ -1,21 +1,23 @@
 """Reading a request body, the same way on every route that takes one: its content type (multipart/form-data,
-or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what to send), a JSON
-body validated by its pydantic model (service/contract.py ``request_models``) and a multipart form parsed by its
-field list (``request_forms``). Errors are located in the body as FastAPI locates its own: ``["body", field]``."""
+or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what to send), and the
+body validated by its pydantic model (service/schemas.py), a multipart form's plain fields by the same model
+(service/contract.py ``Form``). Errors are located in the body as FastAPI locates its own: ``["body", field]``."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from ..contract import FormField, OneOf, check_form_part, invalid, parse_form
+from ..contract import Form, OneOf, invalid
 from ..state import ServiceState
 
 Kind = Literal["json", "form"]
+M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", bound=BaseModel)
 
 
 def content_type(request: Request) -> str:
@@ -80,7 +82,11 @@ async def _json_value(request: Request) -> Any:
         raise HTTPException(400, "There was an error parsing the body") from None
 
 
-async def read_json(request: Request, model: type[BaseModel] | OneOf) -> Any:
+@overload
+async def read_json(request: Request, model: type[M]) -> M: ...
+@overload
+async def read_json(request: Request, model: OneOf[M, N]) -> M | N: ...
+async def read_json(request: Request, model: type[BaseModel] | OneOf) -> BaseModel:
     """The JSON body validated by ``model`` (for a :class:`OneOf`, by the model the value's keys choose), its
     errors located in the body as FastAPI reports them for a body model."""
     value = await _json_value(request)
@@ -92,19 +98,19 @@ async def read_json(request: Request, model: type[BaseModel] | OneOf) -> Any:
                                       for e in err.errors(include_url=False)]) from None
 
 
-async def read_form(request: Request, state: ServiceState, fields: list[FormField]) -> tuple[bytes, dict[str, Any]]:
-    """A multipart form checked against ``fields`` (the list its OpenAPI schema is written from): the ``image``
-    file's bytes (size-checked) and the other fields' values by name (service/contract.py ``parse_form``).
-    Unknown fields, a repeated field and a missing image are 422; an empty image is 400; a large one 413."""
+async def read_form(request: Request, state: ServiceState, form: Form[M]) -> tuple[bytes, M]:
+    """A multipart form read by ``form``: the ``image`` file's bytes (size-checked) and the other fields validated
+    by its model. Unknown fields, a repeated field and a missing image are 422; an empty image is 400; a large
+    one 413."""
     limit = state.settings.max_upload_bytes
-    async with request.form(max_files=1, max_fields=len(fields)) as form:
+    async with request.form(max_files=1, max_fields=len(form.fields) + 1) as parts:
         upload = None
         values: dict[str, list[str]] = {}
-        for name, value in form.multi_items():
-            check_form_part(fields, name, isinstance(value, UploadFile))
+        for name, value in parts.multi_items():
+            form.check_part(name, isinstance(value, UploadFile))
             if isinstance(value, UploadFile):
                 upload = value
-            else:                       # a plain field (check_form_part refused one for the image)
+            else:                       # a plain field (check_part refused one for the image)
                 values.setdefault(name, []).append(value)
         if upload is None:
             raise invalid(("body", "image"), "a multipart file field named 'image' is required", "missing")
@@ -113,4 +119,4 @@ async def read_form(request: Request, state: ServiceState, fields: list[FormFiel
         raise HTTPException(413, f"image upload larger than {limit:,} bytes")
     if not data:
         raise HTTPException(400, "the image file is empty")
-    return data, parse_form(fields, values, state.settings.max_text_chars)
+    return data, form.parse(values)

@@ -43,9 +43,9 @@ def _decoder_route(path: str, response_model: type, summary: str):
 async def captions(request: Request, state: ServiceState = Depends(service)):
     batcher = _decoder(state.caption_batcher, state, "caption generation")
     body_kind(request, ("form",), "send multipart/form-data with an 'image' file (and optional 'n', 'beam_size')")
-    data, fields = await read_form(request, state, state.forms.Captions)
+    data, body = await read_form(request, state, state.bodies.captions)
     pixels = await upload_pixels(data, state, request, "caption")
-    results = await submit(batcher, (pixels, fields["n"], fields["beam_size"]), state, request)
+    results = await submit(batcher, (pixels, body.n, body.beam_size), state, request)
     return GeneratedCaptions(captions=_generated(results))
 
 
@@ -54,6 +54,6 @@ async def captions(request: Request, state: ServiceState = Depends(service)):
 async def paraphrases(request: Request, state: ServiceState = Depends(service)):
     batcher = _decoder(state.paraphrase_batcher, state, "paraphrase generation")
     body_kind(request, ("json",), "send JSON {\"text\": ..., \"n\": ..., \"beam_size\": ...}")
-    body = await read_json(request, state.bodies.Paraphrase)
+    body = await read_json(request, state.bodies.paraphrase)
     results = await submit(batcher, (body.text, body.n, body.beam_size), state, request)
     return Paraphrases(paraphrases=_generated(results))

@@ -5,7 +5,6 @@ folder and date filters applied inside the index search."""
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
@@ -15,7 +14,8 @@ from index.query import ImageFilter, UnknownFolderError, format_time
 
 from ..contract import error_responses
 from ..engine import Options
-from ..schemas import CaptionHit, CaptionResults, ImageHit, ImageResults
+from ..schemas import (CaptionHit, CaptionResults, ImageHit, ImageIdCompose, ImageResults, ImageSearch,
+                       Paging)
 from ..state import ServiceState
 from .bodies import body_kind, read_form, read_json
 from .deps import POST_ERRORS, check_deadline, gallery_pixels, service, submit, upload_pixels
@@ -31,12 +31,10 @@ def _no_composition(state: ServiceState) -> None:
                                  "vector; the loaded model uses region attention (STT-ATT)")
 
 
-async def _options(state: ServiceState, k: int, offset: int = 0, min_score: float | None = None,
-                   folder: str | None = None, taken_after: str | None = None, taken_before: str | None = None,
-                   media: str | None = None, subtract: Sequence[str] = ()) -> Options:
+async def _options(state: ServiceState, query: ImageSearch) -> Options:
     """A search's :class:`Options`; a filter is resolved to the image ids it lets through (off the event loop: the
     first filter of a generation reads its photo table). A folder without images: 404."""
-    flt = ImageFilter.parse(folder, taken_after, taken_before, media)    # validated: no ValueError here
+    flt = ImageFilter.parse(query.folder, query.taken_after, query.taken_before, query.media)    # validated
     allowed = None
     if flt.active:
         loop = asyncio.get_running_loop()
@@ -44,7 +42,13 @@ async def _options(state: ServiceState, k: int, offset: int = 0, min_score: floa
             allowed = await loop.run_in_executor(state.decode_pool, state.loaded.gallery.allowed_ids, flt)
         except UnknownFolderError as err:
             raise HTTPException(404, err.public) from None
-    return Options(k=k, offset=offset, min_score=min_score, allowed=allowed, subtract=tuple(subtract))
+    return Options(k=query.k, offset=query.offset, min_score=query.min_score, allowed=allowed,
+                   subtract=tuple(query.subtract))
+
+
+def _page(query: Paging) -> Options:
+    """A caption search's :class:`Options`."""
+    return Options(k=query.k, offset=query.offset, min_score=query.min_score)
 
 
 def _json(body: BaseModel) -> Response:
@@ -88,26 +92,22 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
                                                 "'subtract', 'k') or JSON {\"image_id\": ..., \"add\": [...], "
                                                 "\"subtract\": [...], \"k\": ...}")
     if kind == "form":
-        data, fields = await read_form(request, state, state.forms.SearchImages)
+        data, upload = await read_form(request, state, state.bodies.compose_upload)
         _no_composition(state)
-        opts = await _options(state, fields["k"], fields["offset"], fields["min_score"], fields["folder"],
-                              fields["taken_after"], fields["taken_before"], fields["media"])
+        opts = await _options(state, upload)
         pixels = await upload_pixels(data, state, request, "compose")
-        hits = await submit(state.compose_batcher, (pixels, tuple(fields["add"]), tuple(fields["subtract"]), opts),
+        hits = await submit(state.compose_batcher, (pixels, tuple(upload.add), tuple(upload.subtract), opts),
                             state, request)
     else:
-        body = await read_json(request, state.bodies.SearchImages)
-        if isinstance(body, state.bodies.ImageIdCompose):
+        body = await read_json(request, state.bodies.search_images)
+        if isinstance(body, ImageIdCompose):
             _no_composition(state)
-            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
-                                  body.taken_before, body.media)
+            opts = await _options(state, body)
             pixels = await gallery_pixels(body.image_id, state, request)
             hits = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
                                 state, request)
         else:
-            opts = await _options(state, body.k, body.offset, body.min_score, body.folder, body.taken_after,
-                                  body.taken_before, body.media, body.subtract)
-            hits = await submit(state.text_batcher, (body.text, opts), state, request)
+            hits = await submit(state.text_batcher, (body.text, await _options(state, body)), state, request)
     return _json(ImageResults(results=_image_hits(hits, state, request.scope.get("root_path", ""))))
 
 
@@ -119,18 +119,16 @@ async def search_captions(request: Request, state: ServiceState = Depends(servic
                                                 "or JSON {\"image_id\": ..., \"k\": ...}")
     hits: Hits
     if kind == "form":
-        data, fields = await read_form(request, state, state.forms.SearchCaptions)
-        opts = Options(k=fields["k"], offset=fields["offset"], min_score=fields["min_score"])
+        data, upload = await read_form(request, state, state.bodies.caption_search)
         pixels = await upload_pixels(data, state, request, "image")
-        hits = await submit(state.image_batcher, (pixels, opts), state, request)
+        hits = await submit(state.image_batcher, (pixels, _page(upload)), state, request)
     else:
-        body = await read_json(request, state.bodies.ImageIdSearch)
+        body = await read_json(request, state.bodies.image_id_search)
         check_deadline(request, state, "direct")
-        opts = Options(k=body.k, offset=body.offset, min_score=body.min_score)
         loop = asyncio.get_running_loop()
         try:
             hits = await loop.run_in_executor(state.compute_pool, state.loaded.engine.search_image_id, body.image_id,
-                                              opts)
+                                              _page(body))
         except KeyError:
             raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
     rows = state.loaded.gallery.meta.captions([i for i, _ in hits])

@@ -45,7 +45,7 @@ from benchmarks.tables import current_commit  # noqa: E402
 from index.embed import exif_time, read_photo  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import SHRINK_TO_EMBED, StackedPreprocess, dct_scale, preprocess_from_dict  # noqa: E402
-from training.models.backbones import build_backbone  # noqa: E402
+from training.models.factory import build_backbone  # noqa: E402
 from training.models.model import load_checkpoint  # noqa: E402
 
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"

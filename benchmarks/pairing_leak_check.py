@@ -30,9 +30,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.config import load_config  # noqa: E402
-from training.models.factory import build_loss  # noqa: E402
+from training.models.factory import build_loss, build_similarity  # noqa: E402
 from training.models.projection import Float32BatchNorm1d, build_projection  # noqa: E402
-from training.models.similarity import build_similarity  # noqa: E402
 
 
 def plain_bn(module: nn.Module) -> nn.Module:

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.models.similarity import build_similarity
+from training.models.factory import build_similarity
 
 from .torch_search import TorchFlatSearch
 

@@ -14,7 +14,8 @@ from training.config import build_config
 from training.data.features import extract_features
 from training.data.preprocess import Preprocess
 from training.data.vocab import Vocabulary
-from training.models.backbones import BACKBONES, build_backbone, efficientnet_lite_weights_file
+from training.models.backbones import efficientnet_lite_weights_file
+from training.models.factory import BACKBONES, build_backbone
 from training.models.model import build_model
 
 

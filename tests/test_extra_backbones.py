@@ -16,7 +16,7 @@ from training.data.datasets import load_dataset
 from training.data.features import extract_features
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
 from training.data.vocab import Vocabulary
-from training.models.backbones import build_backbone
+from training.models.factory import build_backbone
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import build_model, load_model, save_slim
 from training.train import train

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from training.evaluate import querybank_metrics, retrieval_metrics
 from training.models.hubness import fold_items, fold_queries, item_offsets
-from training.models.similarity import build_similarity
+from training.models.factory import build_similarity
 
 
 def test_offsets_rank_exactly_as_the_inverted_softmax_and_fold_into_one_dot_product():

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from training.models.factory import LOSSES, build_loss
-from training.models.similarity import build_similarity
+from training.models.factory import LOSSES, build_loss, build_similarity
 
 # S[i, j] = S(image_i, caption_j); diagonal = matching pairs
 S = torch.tensor([[0.9, 0.5, 0.1],

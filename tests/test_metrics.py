@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from training.evaluate import full_evaluation, minimal_pair_accuracy, plot_recall, public, retrieval_metrics
-from training.models.similarity import build_similarity
+from training.models.factory import build_similarity
 
 cosine = build_similarity("cosine")
 

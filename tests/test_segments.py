@@ -123,7 +123,7 @@ def test_tombstones_are_never_returned_and_search_paths_match_exact_search(tmp_p
 def test_order_similarity_segments_are_exact(tmp_path):
     import torch
 
-    from training.models.similarity import build_similarity
+    from training.models.factory import build_similarity
 
     root = tmp_path / "index"
     x = np.abs(_unit(50, 0))

@@ -7,14 +7,15 @@ import pytest
 import torch
 from PIL import Image
 
-from training.models.backbones import BACKBONES, Backbone, SmallCNN, _preprocess
+from training.models.backbones import Backbone, SmallCNN, _preprocess
+from training.models.factory import BACKBONES
+from training.models.registry import Entry
 
 from conftest import STT_DECODER, tiny_config
 
 FROZEN = "frozen_smallcnn_views_test"
 
 
-@BACKBONES.register(FROZEN)
 def _frozen_smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     """A fixed random small CNN standing in for a pretrained backbone: its features are precomputed and cached
     like EfficientNet-Lite0's (``pretrained=True``), which is where view augmentation applies."""
@@ -23,6 +24,15 @@ def _frozen_smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     net = SmallCNN(width=8, out_dim=64).eval()
     torch.random.set_rng_state(gen_state)
     return Backbone(FROZEN, net, 64, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), pretrained=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _frozen_backbone():
+    """This module's tests may name the frozen stand-in as image.backbone (registered for the module only)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BACKBONES, "entries", dict(BACKBONES.entries))
+        BACKBONES.add(Entry(FROZEN, _frozen_smallcnn, None, "a fixed random small CNN, as if pretrained"))
+        yield
 
 
 def frozen_config(**sections):

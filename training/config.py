@@ -5,8 +5,10 @@ changes. A key that is not there is an error (a typo must not silently train the
 value of the wrong type or outside its allowed values; ``--set a.b=value`` overrides any key by its dotted
 path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bow``).
 
-The option maps (``text.options``, ``image.options``, ``loss.options``) are checked against the options of
-the encoder, backbone or loss they configure: an unknown option is an error that lists the known ones.
+The names (``text.encoder``, ``image.backbone``, ``loss.name``, ``model.similarity``) are the registry's
+(``models/factory.py``), and the option maps (``text.options``, ``image.options``, ``loss.options``) are checked
+against the options model of the name they configure: an unknown name or option is an error that lists the known
+ones.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Sequence
 import yaml
 from pydantic import ValidationError
 
-from training.models.options import IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, NoOptions
+from training.models.factory import BACKBONES, LOSSES, TEXT_ENCODERS
 from .config_schema import ExtraBackbone, RunConfig, defaults
 
 DEFAULTS: dict[str, Any] = defaults()       # every key and its default: config_schema.py
@@ -117,27 +119,19 @@ def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
     key = prefix + _where(first["loc"])
     if first["type"] == "extra_forbidden":
         return ConfigError(f"unknown config key '{key}'")
+    if first["type"] == "value_error":                        # e.g. a name the registry does not have
+        return ConfigError(f"config key '{key}': {first['ctx']['error']}")
     return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
 
 
 def _check_options(cfg: dict) -> None:
-    """Each option map against the options its encoder / backbone / loss takes."""
-    for section, selector, table in (("text", "encoder", TEXT_OPTIONS), ("image", "backbone", IMAGE_OPTIONS),
-                                     ("loss", "name", LOSS_OPTIONS)):
-        name = cfg[section][selector]
-        if section == "text" and name not in table:
-            raise ConfigError(f"text.encoder: unknown text encoder '{name}'; choose one of: {', '.join(sorted(table))}")
-        model = table.get(name, NoOptions)
-        options = cfg[section]["options"]
-        unknown = sorted(set(options) - {f.alias or k for k, f in model.model_fields.items()})
-        if unknown:
-            known = ", ".join(f.alias or k for k, f in model.model_fields.items()) or "none"
-            raise ConfigError(f"{section}.options: unknown option {', '.join(map(repr, unknown))} for "
-                              f"{section}.{selector} {name} (its options: {known})")
+    """Each option map against the options model of the encoder / backbone / loss it configures."""
+    for registry in (TEXT_ENCODERS, BACKBONES, LOSSES):
+        section, selector = registry.key.split(".")
         try:
-            model.model_validate(options)
-        except ValidationError as err:
-            raise _explain(err, f"{section}.options.") from None
+            registry.check_options(cfg[section][selector], cfg[section]["options"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def validate(cfg: dict) -> None:
@@ -171,8 +165,6 @@ def validate(cfg: dict) -> None:
                                   or cfg["train"]["finetune_epochs"]):
         raise ConfigError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
                           "image.pooling: gpo, attention or train.finetune_epochs")
-    if cfg["model"]["similarity"] not in ("cosine", "order"):
-        raise ConfigError(f"model.similarity must be 'cosine' or 'order', got {cfg['model']['similarity']!r}")
     if cfg["loss"]["reduction"] not in ("sum", "mean"):
         raise ConfigError(f"loss.reduction must be 'sum' or 'mean', got {cfg['loss']['reduction']!r}")
     if t["sampling"] not in ("caption", "image", "minimal_pairs"):

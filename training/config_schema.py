@@ -1,16 +1,25 @@
-"""The run configuration as typed models: every section, key, type, allowed value and default. The options
-each text encoder, image backbone and loss accepts are the model library's (``models/options.py``).
-``config.build_config`` checks a config against these (an unknown or misspelt key or option is an error
-naming it and what is allowed), and the config reference in docs/training.md is generated from them
-(:func:`reference_markdown`).
+"""The run configuration as typed models: every section, key, type, allowed value and default. The names
+``text.encoder``, ``image.backbone``, ``loss.name`` and ``model.similarity`` may take, what each means and the
+options it accepts come from the model library's registry (``models/factory.py``). ``config.build_config``
+checks a config against these (an unknown or misspelt key, name or option is an error naming it and what is
+allowed), and the config reference in docs/training.md is generated from them (:func:`reference_markdown`).
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, cast, get_args, get_origin
+from typing import Annotated, Literal, Optional, cast, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
 
-from training.models.options import F, IMAGE_OPTIONS, LOSS_OPTIONS, TEXT_OPTIONS, Section
+from training.models.factory import BACKBONES, CONFIG_REGISTRIES, LOSSES, SIMILARITIES, TEXT_ENCODERS
+from training.models.options import F, Section
+from training.models.registry import Registry
+
+# a name of the registry's: anything else is refused, naming it and the names there are
+BackboneName = Annotated[str, AfterValidator(BACKBONES.check_name)]
+TextEncoderName = Annotated[str, AfterValidator(TEXT_ENCODERS.check_name)]
+LossName = Annotated[str, AfterValidator(LOSSES.check_name)]
+SimilarityName = Annotated[str, AfterValidator(SIMILARITIES.check_name)]
 
 
 # --- sections ------------------------------------------------------------------------------------------------
@@ -23,15 +32,14 @@ class DataSection(Section):
 
 
 class ExtraBackbone(Section):
-    backbone: str = F(..., "a pretrained (frozen) backbone by name, as image.backbone")
+    backbone: BackboneName = F(..., "a pretrained (frozen) backbone by name, as image.backbone")
     weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
     image_size: int = F(..., "its network input side (its own preprocessing of the same image)", ge=8)
     resize: int = F(..., "its shorter side before cropping", ge=8)
 
 
 class ImageSection(Section):
-    backbone: str = F("resnet152", "image backbone by name (factory.py): efficientnet_lite0/1/2 (offline weights; "
-                                   "native sizes 224/240/260), resnet18..152, vgg16/19, smallcnn")
+    backbone: BackboneName = F("resnet152", "image backbone by name (the names below)")
     weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
     image_size: int = F(224, "network input side", ge=8)
     resize: int = F(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)
@@ -48,20 +56,20 @@ class ImageSection(Section):
     pooling: Literal["mean", "gpo"] = F("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
     feature_dropout: float = F(0.0, "dropout on the pooled backbone features before the projection, in training "
                                     "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
-    options: dict = F({}, "backbone-specific options (smallcnn: width, out_dim)")
+    options: dict = F({}, "the options of image.backbone (its table below)")
     extra_backbones: list[ExtraBackbone] = F([], "more frozen pretrained backbones read beside image.backbone, "
                                                  "each with its own input size ({backbone, image_size, resize, "
                                                  "weights}); their pooled features are concatenated")
 
 
 class TextSection(Section):
-    encoder: str = F("gru", "text encoder by name (factory.py): gru, bow, mean_wordvec, ngram, sse, rcn, w2vv, minilm")
+    encoder: TextEncoderName = F("gru", "text encoder by name (the names below)")
     word_dim: int = F(300, "word embedding size (STT §4.2)", ge=1)
     hidden: int = F(1024, "hidden / output size (STT §4.2)", ge=1)
     layers: int = F(1, "recurrent layers", ge=1)
     bidirectional: bool = F(False, "bidirectional GRU")
     dropout: float = F(0.0, "dropout on word embeddings", ge=0.0, lt=1.0)
-    options: dict = F({}, "encoder-specific options (see the option tables)")
+    options: dict = F({}, "the options of text.encoder (its table below)")
 
 
 class ModelSection(Section):
@@ -72,19 +80,18 @@ class ModelSection(Section):
         None, "the text side's projection when it differs; None = same as projection")
     projection_hidden: int = F(2048, "two_branch / mlp: width of the hidden layer", ge=1)
     projection_dropout: float = F(0.0, "two_branch / mlp: dropout after the hidden layer", ge=0.0, lt=1.0)
-    similarity: Literal["cosine", "order"] = F("cosine", "cosine (STT eq. 8) | order (STT eq. 9)")
+    similarity: SimilarityName = F("cosine", "image-caption similarity by name (the names below)")
 
 
 class LossSection(Section):
-    name: str = F("max_violation", "loss by name (factory.py): sum (STT eq. 7), max_violation (RCN eqs. 11-13), "
-                                   "khardest, hard, semihard, hard_semihard, bir_pairwise, mse")
+    name: LossName = F("max_violation", "ranking loss by name (the names below)")
     margin: float = F(0.2, "ranking margin")
     k: int = F(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
     lambda_: float = F(1.0, "weight of the caption-anchored direction (two-branch eq. 3)", alias="lambda", ge=0.0)
     reduction: Literal["sum", "mean"] = F("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
     warmup_epochs: int = F(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
                               "collapse (VSE++ §3.3)", ge=0)
-    options: dict = F({}, "loss-specific options (bir_pairwise: methodology)")
+    options: dict = F({}, "the options of loss.name (its table below)")
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
@@ -196,6 +203,15 @@ def defaults() -> dict:
     return RunConfig().model_dump(by_alias=True)
 
 
+def _registry(field: FieldInfo) -> Registry | None:
+    """The registry whose names ``field`` takes (a ``*Name`` field above), if any."""
+    for meta in field.metadata:
+        owner = getattr(getattr(meta, "func", None), "__self__", None)
+        if isinstance(owner, Registry):
+            return owner
+    return None
+
+
 def _type_name(annotation) -> str:
     args = [a for a in get_args(annotation) if a is not type(None)]
     if get_origin(annotation) is Literal:
@@ -212,20 +228,33 @@ def _table(model: type[BaseModel], prefix: str = "") -> list[str]:
         default = field.default
         shown = "null" if default is None else (str(default).lower() if isinstance(default, bool) else repr(default)
                                                 if isinstance(default, str) else str(default))
-        rows.append(f"| `{prefix}{key}` | {_type_name(field.annotation)} | `{shown}` | "
-                    f"{(field.description or '').replace('|', '/')} |")
+        registry = _registry(field)
+        kind = "a name (below)" if registry else _type_name(field.annotation)
+        rows.append(f"| `{prefix}{key}` | {kind} | `{shown}` | {(field.description or '').replace('|', '/')} |")
+    return rows
+
+
+def _names(registry: Registry) -> list[str]:
+    rows = ["| name | meaning | options |", "|---|---|---|"]
+    for entry in registry:
+        fields = entry.options.model_fields if entry.options else {}
+        options = ", ".join(f"`{f.alias or k}`" for k, f in fields.items()) or "none"
+        rows.append(f"| `{entry.name}` | {entry.description.replace('|', '/')} | {options} |")
     return rows
 
 
 def reference_markdown() -> str:
-    """The config reference (docs/training.md): every section's keys, then every name's options."""
+    """The config reference (docs/training.md): every section's keys, the names each registry offers, then every
+    name's options."""
     out = []
     for name, model in SECTIONS.items():
         out += [f"#### `{name}`", "", *_table(model, f"{name}."), ""]
-    for section, table in (("text.options", TEXT_OPTIONS), ("image.options", IMAGE_OPTIONS),
-                           ("loss.options", LOSS_OPTIONS)):
-        owner = {"text.options": "text.encoder", "image.options": "image.backbone", "loss.options": "loss.name"}
-        for name, model in table.items():
-            if model.model_fields:
-                out += [f"#### `{section}` for `{owner[section]}: {name}`", "", *_table(model, f"{section}."), ""]
+    for registry in CONFIG_REGISTRIES:
+        out += [f"#### `{registry.key}` names", "", *_names(registry), ""]
+    for registry in CONFIG_REGISTRIES:
+        section = registry.key.split(".")[0]
+        for entry in registry:
+            if entry.options is not None and entry.options.model_fields:
+                out += [f"#### `{section}.options` for `{registry.key}: {entry.name}`", "",
+                        *_table(entry.options, f"{section}.options."), ""]
     return "\n".join(out).rstrip() + "\n"

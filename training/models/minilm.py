@@ -12,7 +12,7 @@ through the ``tokenizers`` library). ``fit`` copies the package's weights in and
 as a ``uint8`` buffer, so ``model.pt`` holds everything and loads with no package files and no network.
 Runtime dependency: ``tokenizers`` (the WordPiece implementation; the vocabulary itself is in model.pt).
 
-``text.options`` (checked: :data:`OPTIONS`): ``finetune: false`` with ``train_layers: 0`` (the default) freezes
+``text.options`` (options.MiniLMOptions): ``finetune: false`` with ``train_layers: 0`` (the default) freezes
 the transformer and memoises its sentence vectors, so only the projection trains; ``train_layers: k`` trains
 the top k layers over cached states of the frozen ones (partial fine-tuning, cheap enough for a CPU);
 ``finetune: true`` trains everything on the fly. ``pooling: gpo`` replaces the mean over tokens by VSE∞'s
@@ -28,13 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pydantic import ValidationError
-
 from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
 from training.data.vocab import pad_batch
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .options import MiniLMOptions
 from .pooling import Pool, valid_mask
+from .registry import check_options
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -181,25 +180,6 @@ class MiniLMBert(nn.Module):
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))
 
 
-def check_options(opts: dict) -> dict:
-    """``text.options`` of the minilm encoder checked against options.MiniLMOptions: an unknown key or a
-    bad value is a ValueError naming it."""
-    known = list(MiniLMOptions.model_fields)
-    unknown = sorted(set(opts) - set(known))
-    if unknown:
-        raise ValueError(f"text.options: unknown option {', '.join(map(repr, unknown))} for text.encoder minilm "
-                         f"(its options: {', '.join(known)})")
-    try:
-        out = MiniLMOptions.model_validate(opts).model_dump()
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise ValueError(f"text.options.{'.'.join(map(str, first['loc']))}: {first['msg']} "
-                         f"(got {first.get('input')!r})") from None
-    if out["finetune"] and out["train_layers"]:
-        raise ValueError("text.options: finetune (the whole model) and train_layers (the top k) exclude each other")
-    return out
-
-
 class MiniLMEncoder(nn.Module):
     """all-MiniLM-L6-v2 token states, pooled (mean or GPO) and L2-normalised; frozen, partly or fully trained.
 
@@ -210,7 +190,7 @@ class MiniLMEncoder(nn.Module):
 
     def __init__(self, cfg_text: dict):
         super().__init__()
-        opts = check_options(cfg_text.get("options", {}))
+        opts = check_options(MiniLMOptions, cfg_text.get("options", {}), "text.options", "text.encoder minilm")
         self.finetune = opts["finetune"]
         n = ARCH["num_hidden_layers"]
         self.train_layers = n if self.finetune else opts["train_layers"]

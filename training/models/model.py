@@ -26,7 +26,7 @@ from .attention import RegionWordAttention
 from .backbones import LITE_PACKAGES, Backbone, SplitCNN
 from .decoder import build_decoder
 from .ensemble import KIND as ENSEMBLE_KIND, CommonSpace, EnsembleEmbedding, ensemble_from_payload, member_payloads
-from .factory import build_backbone, build_similarity, build_text_encoder
+from .factory import build_backbone, build_similarity, build_text_encoder, region_grid
 from .pooling import Pool
 from .projection import build_projection
 from .regions import GridRegions
@@ -51,7 +51,8 @@ class JointEmbedding(CommonSpace):
         self.attention = None
         region_dim = backbone.dim
         if att.get("enabled"):   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
-            self.backbone = GridRegions(backbone.name, backbone.module, cfg["image"]["image_size"], att["grid"])
+            self.backbone = GridRegions(region_grid(backbone.name), backbone.module, cfg["image"]["image_size"],
+                                        att["grid"])
             self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
             self.attention = RegionWordAttention(att["temperature"])
         # partial fine-tuning / learned pooling of the CNN's grid: the cached "features" are then the frozen

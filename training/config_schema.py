@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, cast, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from training.models.factory import BACKBONES, CONFIG_REGISTRIES, LOSSES, SIMILARITIES, TEXT_ENCODERS
@@ -24,21 +24,27 @@ SimilarityName = Annotated[str, AfterValidator(SIMILARITIES.check_name)]
 
 # --- sections ------------------------------------------------------------------------------------------------
 
-class DataSection(Section):
+class RunSection(Section):
+    """A section of the run config: unknown keys refused, and types strict — an integer key takes a YAML integer
+    (not ``2.0``, ``"2"`` or ``true``); a number key takes an integer too."""
+    model_config = ConfigDict(extra="forbid", validate_default=False, strict=True)
+
+
+class DataSection(RunSection):
     min_word_count: int = F(1, "words seen fewer times in training are unknown (STT §4.2 uses > 3 on COCO)", ge=1)
     max_caption_len: int = F(50, "tokens; longer captions are truncated", ge=1)
     max_words: Optional[int] = F(None, "keep only the N most frequent training words (RCN §IV-A: 5000); None = all",
                                  ge=1)
 
 
-class ExtraBackbone(Section):
+class ExtraBackbone(RunSection):
     backbone: BackboneName = F(..., "a pretrained (frozen) backbone by name, as image.backbone")
     weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
     image_size: int = F(..., "its network input side (its own preprocessing of the same image)", ge=8)
     resize: int = F(..., "its shorter side before cropping", ge=8)
 
 
-class ImageSection(Section):
+class ImageSection(RunSection):
     backbone: BackboneName = F("resnet152", "image backbone by name (the names below)")
     weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
     image_size: int = F(224, "network input side", ge=8)
@@ -61,8 +67,22 @@ class ImageSection(Section):
                                                  "each with its own input size ({backbone, image_size, resize, "
                                                  "weights}); their pooled features are concatenated")
 
+    @field_validator("crops", "train_crops", mode="before")
+    @classmethod
+    def _a_count(cls, value):
+        if isinstance(value, bool):            # True == 1, False == 0 to a Literal: a count is an integer
+            raise ValueError(f"a number of crops, not {value!r}")
+        return value
 
-class TextSection(Section):
+    @model_validator(mode="after")
+    def _views_fit(self):
+        if self.train_crops and self.train_resize < self.image_size:
+            raise ValueError(f"train_resize must be >= image_size ({self.image_size}) to cut training crops, got "
+                             f"{self.train_resize}")
+        return self
+
+
+class TextSection(RunSection):
     encoder: TextEncoderName = F("gru", "text encoder by name (the names below)")
     word_dim: int = F(300, "word embedding size (STT §4.2)", ge=1)
     hidden: int = F(1024, "hidden / output size (STT §4.2)", ge=1)
@@ -72,7 +92,7 @@ class TextSection(Section):
     options: dict = F({}, "the options of text.encoder (its table below)")
 
 
-class ModelSection(Section):
+class ModelSection(RunSection):
     embed_dim: int = F(1024, "common space size (STT Table 4: 1024)", ge=1)
     projection: Literal["linear", "two_branch", "mlp", "none"] = F(
         "linear", "linear (STT §3.1) | two_branch (two-branch §3.1) | mlp (BiR §5.2) | none (W2VV §III)")
@@ -83,7 +103,7 @@ class ModelSection(Section):
     similarity: SimilarityName = F("cosine", "image-caption similarity by name (the names below)")
 
 
-class LossSection(Section):
+class LossSection(RunSection):
     name: LossName = F("max_violation", "ranking loss by name (the names below)")
     margin: float = F(0.2, "ranking margin")
     k: int = F(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
@@ -92,10 +112,10 @@ class LossSection(Section):
     warmup_epochs: int = F(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
                               "collapse (VSE++ §3.3)", ge=0)
     options: dict = F({}, "the options of loss.name (its table below)")
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
-class TrainSection(Section):
+class TrainSection(RunSection):
     epochs: int = F(30, "epochs of the main stage", ge=0)
     batch_size: int = F(128, "STT §4.2", ge=1)
     lr: float = F(2.0e-4, "Adam learning rate (STT §4.2)", gt=0.0)
@@ -137,7 +157,7 @@ class TrainSection(Section):
                                       "as negatives (all-gathered); false: only its own share's")
 
 
-class DecoderSection(Section):
+class DecoderSection(RunSection):
     enabled: bool = F(False, "STT §3.2: a sentence decoder trained jointly on the common space")
     rnn: Literal["gru", "lstm"] = F("gru", "decoder cell")
     word_dim: int = F(300, "word embedding size", ge=1)
@@ -155,14 +175,14 @@ class DecoderSection(Section):
     no_repeat_ngram: int = F(0, "m > 0: no m-gram twice in one sentence; 0 = off", ge=0)
 
 
-class AttentionSection(Section):
+class AttentionSection(RunSection):
     enabled: bool = F(False, "STT-ATT §3.3: region-word attention similarity (eqs. 13-17)")
     grid: int = F(0, "regions = feature-map cells average-pooled to grid × grid (0: as is)", ge=0)
     temperature: float = F(9.0, "λ of eq. 15", gt=0.0)
     pooled_weight: float = F(1.0, "ranking loss on the pooled vectors too", ge=0.0)
 
 
-class SCSTSection(Section):
+class SCSTSection(RunSection):
     steps: int = F(0, "self-critical updates of the decoder on CIDEr-D (Rennie et al. 2017); 0 = off", ge=0)
     lr: float = F(5.0e-5, "Adam (Rennie et al. §5)", gt=0.0)
     images_per_batch: int = F(16, "training images per update", ge=1)
@@ -170,7 +190,7 @@ class SCSTSection(Section):
     eval_every: int = F(100, "updates between validations (greedy CIDEr-D)", ge=1)
 
 
-class QueryBankSection(Section):
+class QueryBankSection(RunSection):
     enabled: bool = F(True, "after training, model.pt carries a query bank sampled from the training split, which "
                             "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
                             "false: none")
@@ -180,7 +200,7 @@ class QueryBankSection(Section):
     beta: float = F(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
 
 
-class RunConfig(Section):
+class RunConfig(RunSection):
     name: str = F("unnamed", "the run's name")
     data: DataSection = F(DataSection())
     image: ImageSection = F(ImageSection())
@@ -192,6 +212,28 @@ class RunConfig(Section):
     attention: AttentionSection = F(AttentionSection())
     scst: SCSTSection = F(SCSTSection())
     querybank: QueryBankSection = F(QueryBankSection())
+
+    @model_validator(mode="after")
+    def _sections_agree(self):
+        """The rules that tie sections together."""
+        im, attention, d = self.image, self.attention.enabled, self.decoder
+        decoder = d.enabled and d.lambda_ic + d.lambda_para > 0
+        if im.train_crops and attention:
+            raise ValueError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
+        if (im.train_blocks or im.pooling != "mean") and (im.crops != 1 or attention):
+            raise ValueError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention (the "
+                             "cached activations are per view, pooled after the trained top)")
+        if im.extra_backbones and (im.train_blocks or im.pooling != "mean" or attention
+                                   or self.train.finetune_epochs):
+            raise ValueError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
+                             "image.pooling: gpo, attention or train.finetune_epochs")
+        if self.train.select_on == "nll" and not decoder:
+            raise ValueError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
+        if self.scst.steps and not decoder:
+            raise ValueError("scst.steps > 0 needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
+        if attention and (self.model.similarity != "cosine" or self.text.encoder != "gru"):
+            raise ValueError("attention (STT-ATT) needs model.similarity: cosine and text.encoder: gru")
+        return self
 
 
 SECTIONS = {name: cast("type[BaseModel]", field.annotation)      # each section is a model

@@ -97,11 +97,11 @@ def cmd_serve(args) -> int:
 
     from index.gallery import Gallery
     from training.models.model import load_model
-    from training.pretrained import resolve
+    from training.inference.device import resolve_device
+    from training.inference.pretrained import resolve
 
     from .app import create_app
     from .settings import Settings
-    from .state import resolve_device
 
     given = {k: v for k, v in vars(args).items()
              if k in Settings.model_fields and v is not None}

@@ -12,7 +12,7 @@ from PIL import Image, JpegImagePlugin
 
 import training.data.features as features
 import training.data.preprocess as preprocess
-import training.embed as embed
+import training.inference.embed as embed
 from index.embed import read_photo
 from service.images import ImageError, open_checked, thumbnail, upload_to_pixels
 from training.data.features import loader_options

@@ -18,7 +18,7 @@ from training.models.model import build_model, save_model
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "index", "service")
 # lowest first: a module may import its own layer and the layers below it, never one above
-LAYERS = ("training.data", "training.models", "training", "index", "service")
+LAYERS = ("training.data", "training.models", "training.inference", "training", "index", "service")
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -22,7 +22,7 @@ from index.embed import embed_texts
 from index.gallery import Gallery, add, remove
 from service.app import create_app
 from service.settings import Settings
-from training.compose import compose_query, image_features_of
+from training.inference.compose import compose_query, image_features_of
 from training.data.datasets import load_dataset
 from training.models.model import load_model
 

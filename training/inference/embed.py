@@ -1,7 +1,6 @@
-"""Encode with a model: the one inference path from image files, pixels and texts to embeddings, and where a data
-split's image inputs come from.
+"""Encode with a model: the one inference path from pixels, image files, texts and data splits to embeddings.
 
-Inference (``evaluate``, ``compose``, ``index`` and the service all embed through these):
+``evaluate``, ``compose``, ``index`` and the service all embed through these:
 
 * :func:`embed_pixels` — uint8 pixels (``model.preprocess.pixels``) → image embeddings;
 * :func:`embed_image_files` — image files, decoded by DataLoader workers, → image embeddings (an unreadable file
@@ -9,21 +8,15 @@ Inference (``evaluate``, ``compose``, ``index`` and the service all embed throug
   ``preprocess.decode_image``; workers, prefetch and pinned memory by core count and device,
   ``features.loader_options``);
 * :func:`embed_texts` — sentences, each optionally minus the meaning of some words (W2VV §IV-C) → text
-  embeddings.
+  embeddings;
+* :func:`embed_image_source`, :func:`embed_split` — the images of a data split (an ``ImageSource``,
+  training/data/sources.py: cached backbone features, pixels or files) and its captions → embeddings;
+  :func:`fine_embed_split` their regions and words (region attention).
 
 Autocast policy for inference (:func:`inference_autocast`): on CUDA, bf16 autocast unless the model's config
 says ``train.amp: off`` (a model trained in float32 is run in float32; an ensemble runs in bf16 only when every
 member allows it); on CPU, float32. The projection's BatchNorm normalises in float32 either way
 (``projection.Float32BatchNorm1d``). Embeddings come back as float32.
-
-An :class:`ImageSource` is what an image index turns into for the model:
-
-* ``features`` — precomputed features of a frozen pretrained backbone (``features.extract_features``);
-* ``pixels``   — all images decoded once into a uint8 tensor (small sets, trainable backbones);
-* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone);
-* ``views``    — view augmentation for training (``image.train_crops``): ``(N, 1 + crops, D)`` features, view 0
-  the evaluation view and the others crops of the image; each training sample reads one random view
-  (:func:`random_view`), while embedding the source (validation, SCST's reference) uses view 0.
 """
 from __future__ import annotations
 
@@ -37,79 +30,21 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from training.data.features import ImageFiles, extract_features, load_pixels, loader_options
+from training.data.features import ImageFiles, loader_options
 from training.data.preprocess import embed_side, open_image
+from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
-from training.shapes import Shapes, plan
+from .shapes import Shapes, plan
 
-PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
 
 
-@dataclass
-class ImageSource:
-    kind: str                                  # features | pixels | files | views
-    data: torch.Tensor | ImageFiles
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-
-def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu",
-                 workers: int | None = 2,
-                 progress: bool = True, amp: bool = False) -> ImageSource:
-    if model.backbone_pretrained and not trainable:
-        feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
-                                 progress=progress, amp=amp)
-        return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
-    pre = model.preprocess
-    if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
-        return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
-    return ImageSource("files", ImageFiles(paths, pre))
-
-
-def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
-                workers: int | None = 2, progress: bool = True, amp: bool = False) -> ImageSource:
-    """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
-    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
-    if base.kind != "features":
-        raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
-    pre = model.preprocess.views(crops, resize)
-    views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
-                             amp=amp, preprocess=pre, per_view=True)
-    base_features = cast(torch.Tensor, base.data)
-    return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
-
-
-def random_view(batch: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``(B, V, ...)`` → ``(B, ...)``: one uniformly drawn view per row (the global RNG unless ``generator``)."""
-    pick = torch.randint(batch.shape[1], (batch.shape[0],), generator=generator,
-                         device=batch.device if generator is None else generator.device).to(batch.device)
-    return batch[torch.arange(batch.shape[0], device=batch.device), pick]
-
-
-def batch_features(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
-    """A training batch from a source → backbone features (a random view of each image for ``views``)."""
-    if kind == "features":
-        return batch
-    if kind == "views":
-        return random_view(batch)
-    return model.image_features(model.preprocess.normalize(batch))
-
-
-def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
-    """A training batch from a source (features, views, or uint8 pixels) → embeddings."""
-    if kind in ("features", "views"):
-        return model.embed_features(batch_features(model, kind, batch))
-    return model.embed_images(model.preprocess.normalize(batch))
-
-
 def autocast(device: torch.device, amp: bool):
+    """bf16 autocast on CUDA when ``amp``, else none: what training's ``train.amp`` and :func:`inference_autocast`
+    switch."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
-
-# --- inference: the one path from pixels, image files and texts to embeddings --------------------------------------
 
 def model_allows_amp(model) -> bool:
     """Whether the model may run under bf16 autocast: its config's ``train.amp`` is not ``off`` (for an ensemble:
@@ -133,7 +68,7 @@ def inference_autocast(model, device: torch.device | None = None):
 
 def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, shapes: Shapes | None,
               ) -> torch.Tensor:
-    """``fn`` over uint8 ``pixels`` ``(B, ...)`` at the bucket sizes of ``shapes`` (training/shapes.py): zero
+    """``fn`` over uint8 ``pixels`` ``(B, ...)`` at the bucket sizes of ``shapes`` (shapes.py): zero
     images pad a chunk to its size and their rows are dropped, so every call sees a bucket's shape."""
     if shapes is None or not len(pixels):
         return fn(pixels)
@@ -310,22 +245,6 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, worker
                     out.append(model.embed_features(batch.to(device)).float())
     model.train(was_training)
     return torch.cat(out)
-
-
-@torch.no_grad()
-def embed_views(model, source: ImageSource, batch_size: int = 128) -> torch.Tensor:
-    """Every view of a ``views`` source → embeddings ``(N, V, E)``."""
-    device = device_of(model)
-    was_training = model.training
-    model.eval()
-    views = cast(torch.Tensor, source.data)
-    flat = views.flatten(0, 1)
-    out = []
-    for i in range(0, len(flat), batch_size):
-        with inference_autocast(model, device):
-            out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
-    model.train(was_training)
-    return torch.cat(out).view(views.shape[0], views.shape[1], -1)
 
 
 def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int | None = 2, progress: bool = True,

@@ -161,6 +161,12 @@ def test_index_and_service_use_the_library_not_the_training_application(graph):
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"jointspace": f"{ENTRY_POINT}:main"}
     assert [m for m, targets in graph.items() if ENTRY_POINT in targets] == []
+    # and what it imports of the application imports nothing of ours until a training command runs
+    for name in ENTRY_IMPORTS:
+        body = ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text()).body
+        top = [a.name for n in body if isinstance(n, ast.Import) for a in n.names] + [
+            n.module or "." for n in body if isinstance(n, ast.ImportFrom)]
+        assert [t for t in top if t.startswith(".") or t.split(".")[0] in PACKAGES] == [], name
 
 
 def test_serving_loads_no_training_application():

@@ -149,11 +149,14 @@ Reader = Callable[[str, int | None], tuple[Image.Image, Any]]   # (path, min_sid
 
 @dataclass
 class FileEmbeddings:
+    """What :func:`embed_image_files` made of a list of image files (and what the index builds from)."""
     vectors: np.ndarray                    # (m, E) float32, one row per readable image
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
-    extras: list[Any] = field(default_factory=list)                # what ``read`` returned besides the image
-    passed: list[int] = field(default_factory=list)                # positions ``read`` found nothing to embed in
+    # one per kept image: what ``read`` returned besides the image (the index's reader: a photo's PhotoInfo)
+    info: list[Any] = field(default_factory=list)
+    # positions ``read`` found nothing to embed in (the index's reader: files whose bytes are the indexed ones)
+    passed: list[int] = field(default_factory=list)
 
 
 class _Decoded(Dataset):
@@ -186,15 +189,16 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
                       progress: bool = True, read: Reader = read_image, preprocess=None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
-    else to keep of the file; no image: nothing to embed, the position listed in ``passed``) and preprocessed in
-    DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file that cannot be read
-    is skipped and reported, never fatal. ``preprocess``: other views of each image than the model's own (e.g.
-    ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval mode."""
+    else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
+    and preprocessed in DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file
+    that cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
+    model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval
+    mode."""
     model.eval()
     loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
                         collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
                         **loader_options(len(paths), batch_size, workers, device_of(model)))
-    vectors, kept, skipped, extras, passed = [], [], [], [], []
+    vectors, kept, skipped, info, passed = [], [], [], [], []
     for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
@@ -202,9 +206,9 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
             continue
         vectors.append(embed_pixels(model, pixels).cpu().numpy())
         kept += idx
-        extras += extra
+        info += extra
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras, passed)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed)
 
 
 @torch.no_grad()

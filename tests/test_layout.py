@@ -5,6 +5,7 @@ application, no module imports itself back through a cycle, a package's ``__init
 lazy ones inside functions and ``if TYPE_CHECKING:`` ones too."""
 import ast
 import pickle
+import re
 import subprocess
 import sys
 import tomllib
@@ -130,6 +131,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# a path of the repository named in a doc: from a top-level folder on, as in `training/models/factory.py`
+DOC_PATH = re.compile(r"(?<![\w./-])((?:training|index|service|tests|docs|benchmarks|configs|deploy)/(?:[\w./-]*\w/?)?)")
+
+
+def doc_paths(text: str) -> set[str]:
+    return set(DOC_PATH.findall(text))
+
+
+def doc_layers(text: str) -> tuple[str, ...]:
+    """The first column of the table under ``## The layers`` (backquoted dotted names), in order."""
+    section = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    return tuple(re.findall(r"^\| `([\w.]+)` \|", section, re.M))
+
+
 def write(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +245,23 @@ def test_the_check_catches_index_or_service_reaching_the_application(tmp_path):
     })
     assert application_imports(import_graph(root)) == ["index.cli imports training.trainer",
                                                        "service.cli imports training.trainer"]
+
+
+def test_the_architecture_doc_matches_the_code():
+    """docs/architecture.md: every path it names exists, and its layers are LAYERS, lowest first."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paths = doc_paths(text)
+    assert {"training/inference/embed.py", "service/api/", "index/faiss_index.py", "training/models/factory.py"} <= paths
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+    assert doc_layers(text) == LAYERS
+    assert ENTRY_POINT.replace(".", "/") + ".py" in paths
+
+
+def test_the_doc_checks_catch_a_missing_path_and_a_layer_out_of_order():
+    text = "## The layers\n\n| layer |\n|---|\n| `index` | x |\n| `training` | y |\n\n## Next\n| `service` |\n"
+    assert doc_layers(text) == ("index", "training")
+    assert doc_paths("in `training/models/gone.py`, (index/), and service/api/search.py. Not docs.md or "
+                     "a/training/x.py") == {"training/models/gone.py", "index/", "service/api/search.py"}
 
 
 def test_the_shipped_model_pickles_no_class_of_ours():

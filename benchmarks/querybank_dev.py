@@ -82,7 +82,7 @@ def embeddings(model, data: str, work: Path) -> dict:
 
     from training.data.datasets import load_dataset
     from training.data.preprocess import MirroredViews, open_image
-    from training.embed import embed_image_files, embed_texts
+    from training.inference.embed import embed_image_files, embed_texts
     from training.querybank import sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def cmd_sweep(args) -> int:
     import torch
 
     from training.models.model import load_model
-    from training.pretrained import resolve
+    from training.inference.pretrained import resolve
     from training.querybank import sample_indices
 
     model = load_model(resolve(args.model)).eval()
@@ -175,7 +175,7 @@ def build_and_measure(model_path: str | None, images: list[Path], captions: list
     from index.gallery import Gallery
     from training.evaluate import KS, summarize
     from training.models.model import load_model
-    from training.pretrained import resolve
+    from training.inference.pretrained import resolve
 
     out.mkdir(parents=True, exist_ok=True)
     listing, corpus = out / "images.txt", out / "captions.txt"
@@ -245,9 +245,9 @@ def cmd_timing(args) -> int:
     import torch
 
     from training.data.datasets import load_dataset
-    from training.embed import embed_texts
+    from training.inference.embed import embed_texts
     from training.models.model import load_model
-    from training.pretrained import resolve
+    from training.inference.pretrained import resolve
     from training.querybank import sample_indices
 
     from index.embed import embed_image_files

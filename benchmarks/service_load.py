@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 from index.gallery import Gallery, build  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.images import upload_to_pixels  # noqa: E402
-from service.serve import spawn  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
+from tests.server_process import spawn  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.models.model import build_model, load_model, save_model  # noqa: E402
 

@@ -44,7 +44,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from service.serve import free_port  # noqa: E402
+from tests.server_process import free_port  # noqa: E402
 
 ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload")
 TEXTS = ["a red circle", "a dog on the beach", "two people walking", "a blue square above a green star",

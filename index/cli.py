@@ -206,8 +206,8 @@ def _report_outside(outside) -> None:
 
 def _load(args):
     from training.models.model import load_model
-    from training.pretrained import resolve
-    from training.train import resolve_device
+    from training.inference.device import resolve_device
+    from training.inference.pretrained import resolve
 
     device = resolve_device(args.device)
     return load_model(resolve(args.model), device), device
@@ -301,11 +301,11 @@ def _correction_line(bank) -> str:
 def _querybank(args, model):
     """The query bank of ``index build``: none with ``--no-querybank``; with ``--querybank``, embedded captions
     (a text file) or captions + images (the chosen split of a captioned data set); else the bank the model
-    carries (training/querybank.py), if any."""
+    carries (training/inference/querybank.py), if any."""
     from dataclasses import replace
 
     from training.data.datasets import load_dataset
-    from training.embed import device_of, embed_split
+    from training.inference.embed import device_of, embed_split
 
     from .embed import embed_texts
     from .querybank import DEFAULT_BETA, QueryBank, model_bank
@@ -349,7 +349,7 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
 
 
 def _build_on_ray(args, model, paths, captions, image_root, max_memory=None, querybank=None):
-    from training.pretrained import resolve
+    from training.inference.pretrained import resolve
 
     from .gallery import build_from_embeddings
     from .ray_embed import DEFAULT_SHARD_SIZE, embed_with_ray
@@ -418,7 +418,7 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from training.embed import embed_texts
+    from training.inference.embed import embed_texts
 
     from .gallery import Gallery
     from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
@@ -455,9 +455,9 @@ def cmd_search(args) -> int:
 
 
 def _example_query(model, image: str, subtract):
-    from training.compose import compose_query
+    from training.inference.compose import compose_query
     from training.data.preprocess import UnsupportedImageError, embed_side, open_image
-    from training.embed import embed_pixels, pixel_features
+    from training.inference.embed import embed_pixels, pixel_features
 
     from .embed import IMAGE_SUFFIXES
 

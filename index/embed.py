@@ -1,6 +1,6 @@
 """Embed a photo collection and a caption corpus with a model's encoders, in batches, with progress.
 
-The embedding itself is training/embed.py's, the one inference path (and autocast policy) of the project:
+The embedding itself is training/inference/embed.py's, the one inference path (and autocast policy) of the project:
 images are decoded and preprocessed (``model.preprocess``) by DataLoader workers; an unreadable, corrupt or
 unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
 decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
@@ -20,8 +20,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, MirroredViews, decode_image
-from training.embed import embed_image_files as files_to_embeddings
-from training.embed import embed_texts as texts_to_embeddings
+from training.inference.embed import FileEmbeddings
+from training.inference.embed import embed_image_files as files_to_embeddings
+from training.inference.embed import embed_texts as texts_to_embeddings
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
@@ -182,15 +183,6 @@ class _Indexed:
         return read_photo(path, min_side, self.sha256.get(str(path)))
 
 
-@dataclass
-class ImageEmbeddings:
-    vectors: np.ndarray                    # (m, D) float32, one row per readable image
-    kept: list[int]                        # positions (in the input list) of those m images
-    skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
-    info: list[PhotoInfo] = field(default_factory=list)            # one per kept image
-    same: list[int] = field(default_factory=list)                  # positions whose bytes hash to the indexed sha256
-
-
 def view_preprocess(model, tta: str = "none"):
     """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`): ``none`` the
     model's own, ``flip`` each view and its mirror image, features averaged (``MirroredViews``)."""
@@ -201,21 +193,21 @@ def view_preprocess(model, tta: str = "none"):
 
 def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none"
-                      ) -> ImageEmbeddings:
-    """Embeds every readable image of ``paths`` into the common space (``training.embed.embed_image_files``, on
-    the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
-    each (:func:`read_photo`). ``indexed``: path (as given) → the sha256 the index holds for it; a file whose
-    bytes still hash to it is not decoded (listed in ``same``), the hash and the decoding reading the bytes once.
+                      ) -> FileEmbeddings:
+    """Embeds every readable image of ``paths`` into the common space (``training.inference.embed.embed_image_files``,
+    on the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
+    each (:func:`read_photo`, in ``info``). ``indexed``: path (as given) → the sha256 the index holds for it; a file
+    whose bytes still hash to it is not decoded (listed in ``passed``), the hash and the decoding reading the bytes
+    once.
     ``tta``: gallery-side test-time augmentation (:func:`view_preprocess`); a query is always embedded from the
     model's one view."""
-    emb = files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
-                              read=_Indexed(indexed) if indexed else read_photo,
-                              preprocess=view_preprocess(model, tta))
-    return ImageEmbeddings(emb.vectors, emb.kept, emb.skipped, emb.extras, emb.passed)
+    return files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
+                               read=_Indexed(indexed) if indexed else read_photo,
+                               preprocess=view_preprocess(model, tta))
 
 
 def embed_texts(model, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
-    """Sentences → ``(len(texts), D)`` float32 embeddings (``training.embed.embed_texts``)."""
+    """Sentences → ``(len(texts), D)`` float32 embeddings (``training.inference.embed.embed_texts``)."""
     model.eval()
     vectors = texts_to_embeddings(model, texts, batch_size=batch_size, progress=progress)
     return np.ascontiguousarray(vectors.cpu().numpy(), dtype=np.float32)

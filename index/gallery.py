@@ -52,8 +52,9 @@ import numpy as np
 import torch
 
 from training.data.fileio import created_mode, write_json, write_text
+from training.inference.embed import FileEmbeddings
 
-from .embed import ImageEmbeddings, embed_image_files, embed_texts
+from .embed import embed_image_files, embed_texts
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
@@ -295,7 +296,7 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
                                  videos=videos, video_paths=video_paths, tta=tta)
 
 
-def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: ImageEmbeddings,
+def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: FileEmbeddings,
                           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
                           caption_factory: str | None = None, progress: bool = True,
                           image_root: str | Path | None = None,
@@ -609,7 +610,7 @@ def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (
                         hashes[str(path)] = row.sha256
             emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
                                     indexed=hashes, tta=manifest.get("tta", "none")) if new else None
-            same = {new[p] for p in emb.same} if emb is not None else set()
+            same = {new[p] for p in emb.passed} if emb is not None else set()
             changed = [indexed[p].id for p in new if p in indexed and p not in same]
             report = UpdateReport(unchanged=unchanged + len(same) + unchanged_videos, outside=scan.outside,
                                   videos_seen=len(video_files) + len(gone_videos))

@@ -11,10 +11,10 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
   atomically and never changed) and named in the manifest, so ``add`` and ``sync`` give new items their offsets
   from the same bank. Generations share it; it is removed with the index directory.
 - Cosine-similarity models only (the offset of an ``order`` model's score is no inner product).
-- A model may carry its own bank (training/querybank.py: captions as text, images as vectors): ``index build``
-  uses it unless told otherwise (:func:`model_bank`). Its captions are embedded once per model and the vectors
-  cached under ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so building a second
-  index with the same model does not embed them again.
+- A model may carry its own bank (training/inference/querybank.py: captions as text, images as vectors):
+  ``index build`` uses it unless told otherwise (:func:`model_bank`). Its captions are embedded once per model and
+  the vectors cached under ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so
+  building a second index with the same model does not embed them again.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from training.data.fileio import atomic_path
-from training.querybank import carried
+from training.inference.querybank import carried
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves

@@ -45,8 +45,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from training.data.fileio import atomic_path
+from training.inference.embed import FileEmbeddings
 
-from .embed import ImageEmbeddings, PhotoInfo, embed_image_files
+from .embed import PhotoInfo, embed_image_files
 
 SHARD_FORMAT = "jointspace-shard/1"
 DEFAULT_SHARD_SIZE = 256
@@ -70,7 +71,7 @@ class ShardSpec:
 @dataclass
 class RayEmbedding:
     """What :func:`embed_with_ray` returns: the gallery's embeddings and which shards it embedded or reused."""
-    embeddings: ImageEmbeddings
+    embeddings: FileEmbeddings
     embedded: list[int] = field(default_factory=list)     # shard numbers embedded by this run's actors
     reused: list[int] = field(default_factory=list)       # shard numbers read from the shard directory
     shard_dir: Path = Path()
@@ -101,7 +102,7 @@ def plan_shards(paths: Sequence[str | Path], shard_size: int, fingerprint: str) 
 
 # --- shard files -----------------------------------------------------------------------------------------------
 
-def encode_shard(spec: ShardSpec, emb: ImageEmbeddings, fingerprint: str) -> bytes:
+def encode_shard(spec: ShardSpec, emb: FileEmbeddings, fingerprint: str) -> bytes:
     """A shard's embeddings (positions relative to the shard) as the bytes of an ``.npz`` file."""
     arrays: dict[str, np.ndarray] = {
         "format": np.array(SHARD_FORMAT), "fingerprint": np.array(fingerprint), "key": np.array(spec.key),
@@ -133,7 +134,7 @@ def write_shard(shard_dir: Path, spec: ShardSpec, data: bytes) -> Path:
     return path
 
 
-def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> ImageEmbeddings | None:
+def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> FileEmbeddings | None:
     """A shard file's embeddings (positions relative to the shard), or None when the file is missing, unreadable
     or was made from other files or another model (it is then embedded again)."""
     try:
@@ -151,15 +152,15 @@ def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> ImageEmbeddings
             or any(len(c) != len(kept) for c in columns.values()):
         return None
     info = [PhotoInfo(**{name: columns[name][j] for name in _INFO_FIELDS}) for j in range(len(kept))]
-    return ImageEmbeddings(vectors, kept, skipped, info)
+    return FileEmbeddings(vectors, kept, skipped, info)
 
 
-def gather(shards: Sequence[tuple[ShardSpec, ImageEmbeddings]], dim: int) -> ImageEmbeddings:
-    """The shards' embeddings as one :class:`ImageEmbeddings` of the whole list (positions in the list)."""
+def gather(shards: Sequence[tuple[ShardSpec, FileEmbeddings]], dim: int) -> FileEmbeddings:
+    """The shards' embeddings as one :class:`FileEmbeddings` of the whole list (positions in the list)."""
     vectors = [e.vectors for _, e in shards if len(e.kept)]
     kept = [spec.start + i for spec, e in shards for i in e.kept]
     out = np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32)
-    return ImageEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept,
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept,
                            [s for _, e in shards for s in e.skipped], [i for _, e in shards for i in e.info])
 
 
@@ -246,7 +247,7 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
     plan = plan_shards(paths, shard_size, fingerprint)
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    result = RayEmbedding(ImageEmbeddings(np.zeros((0, dim), np.float32), []), shard_dir=shard_dir)
+    result = RayEmbedding(FileEmbeddings(np.zeros((0, dim), np.float32), []), shard_dir=shard_dir)
     with open(shard_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         wanted = {spec.name for spec in plan}
@@ -254,7 +255,7 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
             if (_SHARD.match(stale.name) and stale.name not in wanted) or \
                     (stale.name.startswith(".shard-") and stale.name.endswith(".tmp")):
                 stale.unlink(missing_ok=True)
-        done: dict[int, ImageEmbeddings] = {}
+        done: dict[int, FileEmbeddings] = {}
         for spec in plan:
             emb = read_shard(shard_dir / spec.name, spec, fingerprint)
             if emb is not None:

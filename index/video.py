@@ -429,12 +429,12 @@ def _file_facts(path: Path) -> tuple[str, int, float]:
 def embed_videos(model, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
                  workers: int | None = None, progress: bool = True) -> VideoEmbeddings:
     """Every readable video of ``paths`` → its moments' vectors and its own vector (frames embedded with
-    ``training.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker at a
-    time). A file that cannot be read is skipped with its reason. Puts the model in eval mode."""
+    ``training.inference.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker
+    at a time). A file that cannot be read is skipped with its reason. Puts the model in eval mode."""
     from tqdm.auto import tqdm
 
     from training.data.features import loader_options
-    from training.embed import embed_pixels
+    from training.inference.embed import embed_pixels
 
     model.eval()
     out = VideoEmbeddings()

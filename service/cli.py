@@ -1,7 +1,9 @@
 """The ``jointspace`` console script: one parser, each package contributing its own subcommands.
 
 This module sits at the top of the data flow (service may import index and training), so it is the one
-place that assembles every stage's commands.
+place that assembles every stage's commands, and the one module of index and service that imports the training
+application: its commands module, ``training/cli.py``, whose commands import the trainer only when they run
+(``tests/test_layout.py`` checks both; torchrun starts training processes through it too).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 batchers run.
 
 Runs on the service's single compute thread (never on the event loop). Texts and pixels become embeddings
-through the project's one inference path (training/embed.py), under its autocast policy — bf16 on CUDA when the
-model allows it, float32 on CPU — and so do query composition and the decoder. The index (a
+through the project's one inference path (training/inference/embed.py), under its autocast policy — bf16 on CUDA
+when the model allows it, float32 on CPU — and so do query composition and the decoder. The index (a
 :class:`index.gallery.Gallery`) can be swapped for a newer generation at any time: each batch reads
 ``self.gallery`` once.
 """
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from index.query import page
-from training.compose import compose_query
-from training.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
-from training.generate import caption_embeddings, decode_settings, identical_to
-from training.shapes import Shapes
+from training.inference.compose import compose_query
+from training.inference.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
+from training.inference.generate import caption_embeddings, decode_settings, identical_to
+from training.inference.shapes import Shapes
 
 log = logging.getLogger("jointspace.service")
 
@@ -64,7 +64,7 @@ def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> 
 class Engine:
     def __init__(self, model, gallery, shapes: Shapes | None = None):
         """``model`` on the device it runs on (its parameters' device is where the batches go). ``shapes``: the
-        batch sizes every forward pass runs at (training/shapes.py); None: each batch at its own size."""
+        batch sizes every forward pass runs at (training/inference/shapes.py); None: each batch at its own size."""
         self.model, self.gallery, self.shapes = model, gallery, shapes
 
     def _text_vectors(self, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
@@ -127,7 +127,7 @@ class Engine:
     def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int | Options]]
                        ) -> list[list[tuple[int, float]]]:
         """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists: the backbone features
-        of every image in one forward pass, each composed with its words (``training.compose.compose_query``),
+        of every image in one forward pass, each composed with its words (``training.inference.compose.compose_query``),
         then one index search."""
         gallery = self.gallery
         features = pixel_features(self.model, torch.stack([p for p, *_ in items]), shapes=self.shapes)

@@ -4,14 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Sequence
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -58,50 +50,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 120.0,
-          capture: bool = False) -> tuple[subprocess.Popen, int]:
-    """Runs ``jointspace serve ARGS`` on a free port of 127.0.0.1 in a subprocess (this checkout's code first on
-    its PYTHONPATH, ``env`` on top of this process's environment) and waits until ``/readyz`` answers 200:
-    ``(the process, its port)``. ``capture``: the server's output goes to a pipe, read into the error when it
-    exits during start-up. RuntimeError when it exits or is not ready within ``timeout`` seconds (it is killed)."""
-    import httpx
-
-    port = free_port()
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)   # keep the caller's
-    out = subprocess.PIPE if capture else None
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args, "--port", str(port)], cwd=REPO,
-                            env={**os.environ, **(env or {}), "PYTHONPATH": path}, stdout=out,
-                            stderr=subprocess.STDOUT if capture else None, text=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            if proc.poll() is not None:
-                output = proc.stdout.read() if proc.stdout is not None else ""
-                raise RuntimeError(f"the server exited during start-up{': ' + output if output else ''}")
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
-
-
 def cmd_serve(args) -> int:
     import uvicorn
 
     from index.gallery import Gallery
     from training.models.model import load_model
-    from training.pretrained import resolve
+    from training.inference.device import resolve_device
+    from training.inference.pretrained import resolve
 
     from .app import create_app
     from .settings import Settings
-    from .state import resolve_device
 
     given = {k: v for k, v in vars(args).items()
              if k in Settings.model_fields and v is not None}

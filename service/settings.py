@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from training.shapes import bucket_sizes
+from training.inference.shapes import bucket_sizes
 
 
 class Settings(BaseSettings):
@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")
     max_wait_ms: float = Field(2.0, ge=0, le=1000,
                                description="longest a request waits for others to join its batch")
-    # shape discipline (training/shapes.py): the encoders see only these batch sizes, each warmed before ready
+    # shape discipline (training/inference/shapes.py): the encoders see only these batch sizes, each warmed before ready
     batch_sizes: str = Field("auto", description="the batch sizes forward passes run at: auto (1, 2, 4, … up to "
                                                  "max_batch, and max_batch) or comma-separated sizes including 1")
     bucket_mode: str = Field("auto", pattern="^(auto|pad|split|off)$",

@@ -19,9 +19,10 @@ import torch
 from index.gallery import Gallery, current_generation, read_manifest
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding, load_model
-from training.pretrained import resolve
-from training.shapes import Shapes
-from training.shapes import resolve as resolve_shapes
+from training.inference.device import resolve_device
+from training.inference.pretrained import resolve
+from training.inference.shapes import Shapes
+from training.inference.shapes import resolve as resolve_shapes
 
 from .batcher import DynamicBatcher
 from .engine import Engine
@@ -43,15 +44,6 @@ def cpu_threads(setting: int) -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
     return max(1, cores - 1)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} asked for but no CUDA device is available")
-    return device
 
 
 @dataclass(frozen=True)

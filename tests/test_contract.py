@@ -22,8 +22,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from server_process import spawn
 from service.app import create_app
-from service.serve import spawn
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

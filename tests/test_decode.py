@@ -12,7 +12,7 @@ from PIL import Image, JpegImagePlugin
 
 import training.data.features as features
 import training.data.preprocess as preprocess
-import training.embed as embed
+import training.inference.embed as embed
 from index.embed import read_photo
 from service.images import ImageError, open_checked, thumbnail, upload_to_pixels
 from training.data.features import loader_options
@@ -274,6 +274,6 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     model.preprocess, model.cfg = Preprocess(32, 32), {"model": {"embed_dim": 4}}
     monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels: torch.zeros(len(pixels), 4))
     out = index_embed.embed_image_files(model, [same, edited], workers=0, progress=False, indexed=indexed)
-    assert out.same == [0] and out.kept == [1] and not out.skipped
+    assert out.passed == [0] and out.kept == [1] and not out.skipped
     assert sorted(reads) == ["edited.jpg", "same.jpg"] and len(decodes) == 1       # each read once, one decoded
     assert out.info[0].sha256 == hashlib.sha256(edited.read_bytes()).hexdigest()

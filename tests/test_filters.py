@@ -18,7 +18,7 @@ from index.embed import embed_texts
 from index.faiss_index import VectorIndex
 from index.gallery import Gallery, build, current_generation
 from index.query import ImageFilter, format_time, parse_time
-from training import embed as inference
+from training.inference import embed as inference
 from training.data.vocab import pad_batch
 from service.app import create_app
 from service.cli import main as cli_main

@@ -26,7 +26,7 @@ def evaluated(request, synth_small, tiny_stt_model_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         if request.param == "pool":
             pool = [c for r in load_dataset(synth_small).images for c in r.captions]
-            mp.setattr("training.generate.caption_embeddings", lambda model, emb, n=1, exclude=None, **_: [
+            mp.setattr("training.inference.generate.caption_embeddings", lambda model, emb, n=1, exclude=None, **_: [
                 [(pool[int(row.argmax()) * 7 % len(pool)], 0.0)] for row in emb])
         assert main(["evaluate", "--model", str(tiny_stt_model_path), "--data", str(synth_small), "--split",
                      "test", "--out", str(out / "eval.json"), "--generations", str(out / "gen.json"),

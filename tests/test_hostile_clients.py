@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from index.gallery import add
-from service.serve import spawn
+from server_process import spawn
 from training.models.model import load_model
 
 DEADLINE_MS, BODY_TIMEOUT_S, MIN_RATE = 250, 1.0, 100_000

@@ -1,5 +1,6 @@
-"""The query bank a model carries (training/querybank.py) and `index build`'s default use of it; gallery-side
-test-time augmentation (`index build --tta flip`) and its unchanged query-time cost."""
+"""The query bank a model carries (training/inference/querybank.py; attached after training by
+training/querybank.py) and `index build`'s default use of it; gallery-side test-time augmentation
+(`index build --tta flip`) and its unchanged query-time cost."""
 import json
 import shutil
 import time
@@ -18,10 +19,11 @@ from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
 from training.data.preprocess import MirroredViews, Preprocess, StackedPreprocess
-from training.embed import embed_pixels
+from training.inference.embed import embed_pixels
 from training.models.hubness import item_offsets
 from training.models.model import load_model
-from training.querybank import attach, attach_from_training, carried, make_bank
+from training.inference.querybank import attach, carried
+from training.querybank import attach_from_training, make_bank
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.embed import ImageEmbeddings, PhotoInfo
+from index.embed import PhotoInfo
 from index.gallery import Gallery
 from index.ray_embed import encode_shard, plan_shards, read_shard, write_shard
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
+from training.inference.embed import FileEmbeddings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARD_SIZE = 8
@@ -153,11 +154,11 @@ def _decode(data: bytes, spec, fingerprint: str, tmp_path: Path):
 
 # --- shard files, without Ray --------------------------------------------------------------------------------
 
-def _emb(n: int, dim: int = 4) -> ImageEmbeddings:
+def _emb(n: int, dim: int = 4) -> FileEmbeddings:
     info = [PhotoInfo(taken=1.5e9 + i, width=64, height=48, folder="/photos", sha256=f"{i:064x}", size=100 + i,
                       mtime=1.6e9 + i / 3) for i in range(n)]
-    return ImageEmbeddings(np.arange(n * dim, dtype=np.float32).reshape(n, dim), list(range(n)),
-                           [("/photos/bad.png", "OSError: truncated")], info)
+    return FileEmbeddings(np.arange(n * dim, dtype=np.float32).reshape(n, dim), list(range(n)),
+                          [("/photos/bad.png", "OSError: truncated")], info)
 
 
 def test_shard_round_trip_and_torn_or_foreign_files_are_missing(tmp_path):

@@ -5,7 +5,6 @@ import io
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,11 +17,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from conftest import batch_stats, serve_app
+from server_process import free_port
 from index.embed import embed_texts
 from index.gallery import Gallery, add, remove
 from service.app import create_app
 from service.settings import Settings
-from training.compose import compose_query, image_features_of
+from training.inference.compose import compose_query, image_features_of
 from training.data.datasets import load_dataset
 from training.models.model import load_model
 
@@ -564,14 +564,8 @@ def test_service_picks_up_index_add_and_remove(tiny_model_path, index_copy, synt
 
 # --- the real server process -----------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_jointspace_serve_runs_uvicorn(tiny_model_path, tiny_index_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_MAX_K": "7"}      # settings from the environment
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_path),
                              "--index", str(tiny_index_dir), "--port", str(port), "--log-level", "warning"],

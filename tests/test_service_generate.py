@@ -18,8 +18,8 @@ from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
 from training.data.vocab import tokenize
-from training.embed import embed_texts
-from training.generate import caption_embeddings, caption_images, paraphrase_texts
+from training.inference.embed import embed_texts
+from training.inference.generate import caption_embeddings, caption_images, paraphrase_texts
 from training.models.model import load_model
 
 SENTENCES = ["a red circle left of a blue square", "a green star above a yellow cross",

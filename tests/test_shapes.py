@@ -14,7 +14,7 @@ from service.app import create_app
 from service.engine import Engine, Options
 from service.settings import Settings
 from training.models.model import load_model
-from training.shapes import Chunk, bucket_sizes, plan, resolve
+from training.inference.shapes import Chunk, bucket_sizes, plan, resolve
 
 
 def test_bucket_sizes_and_plans():

@@ -10,8 +10,8 @@ from training.caption_eval import CocoScorer, coco_scores, java_available
 from training.config import ConfigError
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary, tokenize
-from training.embed import embed_texts
-from training.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
+from training.inference.embed import embed_texts
+from training.inference.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
 from training.models.attention import RegionWordAttention
 from training.models.model import build_model, load_model, save_model
 from training.stt import STTLoss, STTTrainer, ordered_pairs
@@ -213,7 +213,7 @@ def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
     assert len(caption_embeddings(model, pooled, n=1)[0]) == 1
     # evaluation reports every metric the other models report, scored with the attention similarity
     from training.data.datasets import load_dataset
-    from training.embed import image_source
+    from training.data.sources import image_source
     from training.evaluate import attention_retrieval, evaluate_model
 
     test = load_dataset(synth_small).split("test")
@@ -257,7 +257,7 @@ def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
     images score a higher BLEU-4 than the nearest-caption baseline of the same model — for each test image,
     the training caption closest to it in the common space (retrieval as captioning)."""
     from training.data.synth import generate
-    from training.embed import embed_split
+    from training.inference.embed import embed_split
     from training.train import train
 
     data = tmp_path_factory.mktemp("synth_stt")

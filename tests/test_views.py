@@ -76,7 +76,7 @@ def test_per_view_features_are_the_crops_that_multicrop_averages(tmp_path):
 
 
 def test_random_view_draws_every_view_uniformly_and_reproducibly():
-    from training.embed import random_view
+    from training.batches import random_view
 
     batch = torch.arange(4 * 5).view(4, 5, 1).expand(4, 5, 3).float()      # row b, view v holds 5b + v
     counts = torch.zeros(5)
@@ -91,7 +91,7 @@ def test_random_view_draws_every_view_uniformly_and_reproducibly():
 
 
 def test_the_training_split_gets_views_with_the_evaluation_view_first(synth_small, tmp_path):
-    from training.embed import embed_image_source
+    from training.inference.embed import embed_image_source
     from training.train import Trainer
 
     trainer = Trainer(frozen_config(image={"train_crops": 10}), synth_small, tmp_path, progress=False,

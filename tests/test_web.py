@@ -9,7 +9,6 @@ them.
 import io
 import os
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import uvicorn
 from PIL import Image
 
 from index.gallery import Gallery
+from server_process import free_port
 from service.app import create_app
 from service.settings import Settings
 from training.data.datasets import load_dataset
@@ -59,17 +59,11 @@ def _missing_browser() -> str | None:
 
 # --- the real app on a localhost port ---------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LiveServer:
     """``create_app(...)`` served by uvicorn on 127.0.0.1 in a background thread of this process."""
 
     def __init__(self, app):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)

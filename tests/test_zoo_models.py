@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from training.compose import compose_query
+from training.inference.compose import compose_query
 from training.config import build_config
 from training.data.vocab import Vocabulary, pad_batch
-from training.embed import embed_texts
+from training.inference.embed import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
 from training.models.factory import TEXT_ENCODERS, build_loss
 from training.models.model import build_model, load_model, save_model

@@ -178,7 +178,7 @@ def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: tor
     :func:`score_generations`)."""
     from tqdm.auto import tqdm
 
-    from .generate import caption_embeddings, decode_settings
+    from training.inference.generate import caption_embeddings, decode_settings
 
     settings = decode_settings(model, **decode)
     captions = [c for r in dataset.images for c in r.captions]

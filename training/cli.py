@@ -133,9 +133,10 @@ def cmd_zoo(args) -> int:
 def cmd_compose(args) -> int:
     from training.data.datasets import load_dataset
     from training.data.fileio import write_json
+    from training.data.sources import image_source
+    from training.inference.compose import compose_query, image_features_of
+    from training.inference.embed import embed_image_source
     from training.models.model import load_model
-    from .compose import compose_query, image_features_of
-    from .embed import embed_image_source, image_source
 
     model = load_model(args.model)
     dataset = load_dataset(args.data, split=args.split).split(args.split)
@@ -201,9 +202,9 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     from training.data.datasets import load_dataset
     from training.data.fileio import write_json
+    from training.inference.device import resolve_device
     from training.models.model import load_model
     from .evaluate import evaluate_model, format_table, plot_recall, public
-    from .train import resolve_device
 
     if args.generations and args.no_generation:
         print("error: --generations needs the captioning/paraphrasing run that --no-generation turns off",
@@ -267,9 +268,9 @@ def cmd_score_generations(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    from training.inference.device import resolve_device
+    from training.inference.generate import caption_images, paraphrase_texts
     from training.models.model import load_model
-    from .generate import caption_images, paraphrase_texts
-    from .train import resolve_device
 
     if args.n < 1:
         print(f"error: -n must be at least 1, got {args.n}", file=sys.stderr)

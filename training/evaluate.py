@@ -213,7 +213,8 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
     e.g. ``{"beam_size": 5}``); ``querybank`` (a CaptionDataset, e.g. the train split) adds the metrics under
     querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with
     its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
-    from .embed import embed_split, image_source
+    from training.data.sources import image_source
+    from training.inference.embed import embed_split
 
     source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
                           workers=workers, progress=progress, amp=amp)
@@ -224,7 +225,7 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
         # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
         # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
         # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
-        from .embed import fine_embed_split
+        from training.inference.embed import fine_embed_split
 
         pooled = {k: result[k] for k in ("i2t", "t2i", "rsum")}
         regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
@@ -283,7 +284,7 @@ def format_table(result: dict) -> str:
 
 def attention_retrieval(model, dataset, source, device="cpu") -> dict:
     """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
-    from .embed import fine_embed_split
+    from training.inference.embed import fine_embed_split
 
     regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
     return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))

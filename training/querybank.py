@@ -1,20 +1,6 @@
-"""The query bank a ``model.pt`` carries: typical queries of its training data, which ``jointspace index build``
-uses by default to correct hubness at search time (QB-Norm, models/hubness.py; folded into the index by
-index/querybank.py).
-
-Stored under ``extra["querybank"]`` of the checkpoint (no tensor of the model changes, so its fingerprint does
-not either)::
-
-    {"captions": [str, ...],          # a seeded sample of the training captions, as text: embedded when an index
-                                      # is built (index/querybank.py caches the vectors per model)
-     "images": float16 (n, D),        # a seeded sample of the training images, as this model's embeddings
-     "beta": 20.0,                    # the inverted softmax's inverse temperature (QB-Norm eq. 3)
-     "source": "…"}                   # where they came from, in words
-
-Text, because a caption is ~60 bytes and its vector 2 kB; the images as vectors, because the photos themselves
-do not ship. ``jointspace train`` attaches a bank from the training split after training (config section
-``querybank``; ``querybank.enabled: false`` leaves it out).
-"""
+"""The query bank ``jointspace train`` attaches to the checkpoint it keeps (config section ``querybank``): a seeded
+sample of the training split's captions, as text, and of its images, embedded with the trained model. The format
+the checkpoint carries it in: training/inference/querybank.py."""
 from __future__ import annotations
 
 import random
@@ -22,24 +8,9 @@ from pathlib import Path
 
 import torch
 
-from training.data.fileio import atomic_path
-
-KEY = "querybank"
-
-
-def carried(model) -> dict | None:
-    """The query bank ``model`` carries (its checkpoint's ``extra["querybank"]``), or None."""
-    bank = (getattr(model, "extra", None) or {}).get(KEY)
-    return bank if bank and (bank.get("captions") or _count(bank.get("images"))) else None
-
-
-def _count(images) -> int:
-    return 0 if images is None else int(len(images))
-
-
-def describe(bank: dict) -> str:
-    return (f"{len(bank.get('captions') or [])} captions and {_count(bank.get('images'))} images "
-            f"({bank.get('source', 'source not recorded')})")
+from training.data.sources import image_source
+from training.inference.embed import embed_image_source
+from training.inference.querybank import KEY, attach, describe
 
 
 def sample_indices(total: int, n: int, seed: int) -> list[int]:
@@ -59,8 +30,6 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
               workers: int = 2, progress: bool = False, source: str = "") -> dict:
     """A bank from ``dataset`` (a split): ``captions`` sampled captions as text, ``images`` sampled images
     embedded with ``model`` (a frozen backbone's features come from the feature cache)."""
-    from training.embed import embed_image_source, image_source
-
     if model.cfg["model"]["similarity"] != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg['model']['similarity']} similarity")
@@ -73,22 +42,6 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
     return {"captions": texts, "images": vectors, "beta": float(beta),
             "source": source or f"{dataset.name}: {len(texts)} of {n_caps} captions, {len(records)} of "
                                 f"{len(dataset.images)} images (seed {seed})"}
-
-
-def attach(path: str | Path, bank: dict | None) -> None:
-    """Writes ``bank`` into the checkpoint at ``path`` (``extra["querybank"]``; None removes it), atomically;
-    every other entry, the fingerprint included, stays as it is."""
-    from training.models.model import load_checkpoint
-
-    payload = load_checkpoint(path)
-    extra = dict(payload.get("extra") or {})
-    if bank is None:
-        extra.pop(KEY, None)
-    else:
-        extra[KEY] = bank
-    payload["extra"] = extra
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
 
 
 def attach_from_training(cfg: dict, model_file: Path, train_set, device="cpu", progress: bool = False,

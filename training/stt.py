@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from training.data.sources import ImageSource
 from training.data.vocab import pad_batch
+from training.inference.embed import autocast, embed_image_source, embed_texts
 from training.models.attention import embed_words
 from training.models.model import load_checkpoint
-from .embed import (ImageSource, autocast, batch_features, embed_image_source, embed_texts,
-                    image_inputs_to_embedding)
+from .batches import batch_features, image_inputs_to_embedding
 from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from .stt import STTTrainer
 from .trainer import (Stage, Trainer, build_optimizer, build_scheduler, cosine_factor, load_train_state,
-                      param_groups, plan_stages, resolve_device)
+                      param_groups, plan_stages)
 
 __all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_factor", "load_train_state",
-           "param_groups", "plan_stages", "resolve_device", "train"]
+           "param_groups", "plan_stages", "train"]
 
 
 def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:

@@ -31,12 +31,14 @@ from tqdm.auto import tqdm
 
 from training.data.datasets import CaptionDataset, load_dataset
 from training.data.fileio import atomic_path, write_text
+from training.data.sources import ImageSource, image_source, view_source
 from training.data.vocab import SPECIALS, Vocabulary, pad_batch
+from training.inference.device import resolve_device
+from training.inference.embed import autocast, embed_split
 from training.models.factory import build_loss
 from training.models.model import build_model, freeze_modules, init_from_checkpoint, save_model
+from .batches import batch_features, image_inputs_to_embedding
 from .config import dump_config
-from .embed import (ImageSource, autocast, batch_features, embed_split, image_inputs_to_embedding, image_source,
-                    view_source)
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
 
 if TYPE_CHECKING:
@@ -49,14 +51,6 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but no CUDA device is available")
-    return torch.device(name)
 
 
 class PairDataset(Dataset):

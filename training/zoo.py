@@ -19,10 +19,11 @@ import numpy as np
 
 from training.data.datasets import load_dataset
 from training.data.fileio import atomic_path, write_json, write_text
+from training.inference.device import resolve_device
 from training.models.model import load_model
 from .config import load_config
 from .evaluate import evaluate_model, plot_recall, public
-from .train import resolve_device, train
+from .train import train
 
 COLUMNS = ["model", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "mir_i2t", "mir_t2i",
            "rprecision5", "train_s", "epochs"]

@@ -52,7 +52,7 @@ class Member(Protocol):
 class CommonSpace(nn.Module):
     """What a model of the common space (``model.JointEmbedding``) and an ensemble of them do alike, given the
     subclass's ``similarity`` and ``project_texts``: normalised text embeddings and scores. (Raw sentences go
-    through ``training.embed.embed_texts``, the one text inference path.)"""
+    through ``training.inference.embed.embed_texts``, the one text inference path.)"""
     similarity: Similarity
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ Besides ``forward`` and ``out_dim``, an encoder may define (all optional, looked
   (see encoder_state.py).
 * ``encode_text(text, vocab, max_len) -> list[int]`` — the encoder tokenises raw text itself (n-gram
   feature ids, WordPiece ids) instead of reading ``vocab`` word ids; ``JointEmbedding.encode_text_ids``
-  defers to it, so batching, inference (``training.embed.embed_texts``) and save/load are unchanged.
+  defers to it, so batching, inference (``training.inference.embed.embed_texts``) and save/load are unchanged.
 * ``regularizer() -> tensor | None`` — a term the training loss adds, computed in the last forward (RCN
   eq. 15: λV).
 """

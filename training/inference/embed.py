@@ -1,7 +1,6 @@
-"""Encode with a model: the one inference path from image files, pixels and texts to embeddings, and where a data
-split's image inputs come from.
+"""Encode with a model: the one inference path from pixels, image files, texts and data splits to embeddings.
 
-Inference (``evaluate``, ``compose``, ``index`` and the service all embed through these):
+``evaluate``, ``compose``, ``index`` and the service all embed through these:
 
 * :func:`embed_pixels` — uint8 pixels (``model.preprocess.pixels``) → image embeddings;
 * :func:`embed_image_files` — image files, decoded by DataLoader workers, → image embeddings (an unreadable file
@@ -9,21 +8,15 @@ Inference (``evaluate``, ``compose``, ``index`` and the service all embed throug
   ``preprocess.decode_image``; workers, prefetch and pinned memory by core count and device,
   ``features.loader_options``);
 * :func:`embed_texts` — sentences, each optionally minus the meaning of some words (W2VV §IV-C) → text
-  embeddings.
+  embeddings;
+* :func:`embed_image_source`, :func:`embed_split` — the images of a data split (an ``ImageSource``,
+  training/data/sources.py: cached backbone features, pixels or files) and its captions → embeddings;
+  :func:`fine_embed_split` their regions and words (region attention).
 
 Autocast policy for inference (:func:`inference_autocast`): on CUDA, bf16 autocast unless the model's config
 says ``train.amp: off`` (a model trained in float32 is run in float32; an ensemble runs in bf16 only when every
 member allows it); on CPU, float32. The projection's BatchNorm normalises in float32 either way
 (``projection.Float32BatchNorm1d``). Embeddings come back as float32.
-
-An :class:`ImageSource` is what an image index turns into for the model:
-
-* ``features`` — precomputed features of a frozen pretrained backbone (``features.extract_features``);
-* ``pixels``   — all images decoded once into a uint8 tensor (small sets, trainable backbones);
-* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone);
-* ``views``    — view augmentation for training (``image.train_crops``): ``(N, 1 + crops, D)`` features, view 0
-  the evaluation view and the others crops of the image; each training sample reads one random view
-  (:func:`random_view`), while embedding the source (validation, SCST's reference) uses view 0.
 """
 from __future__ import annotations
 
@@ -37,79 +30,21 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from training.data.features import ImageFiles, extract_features, load_pixels, loader_options
+from training.data.features import ImageFiles, loader_options
 from training.data.preprocess import embed_side, open_image
+from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
-from training.shapes import Shapes, plan
+from .shapes import Shapes, plan
 
-PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
 
 
-@dataclass
-class ImageSource:
-    kind: str                                  # features | pixels | files | views
-    data: torch.Tensor | ImageFiles
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-
-def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu",
-                 workers: int | None = 2,
-                 progress: bool = True, amp: bool = False) -> ImageSource:
-    if model.backbone_pretrained and not trainable:
-        feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
-                                 progress=progress, amp=amp)
-        return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
-    pre = model.preprocess
-    if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
-        return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
-    return ImageSource("files", ImageFiles(paths, pre))
-
-
-def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
-                workers: int | None = 2, progress: bool = True, amp: bool = False) -> ImageSource:
-    """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
-    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
-    if base.kind != "features":
-        raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
-    pre = model.preprocess.views(crops, resize)
-    views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
-                             amp=amp, preprocess=pre, per_view=True)
-    base_features = cast(torch.Tensor, base.data)
-    return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
-
-
-def random_view(batch: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``(B, V, ...)`` → ``(B, ...)``: one uniformly drawn view per row (the global RNG unless ``generator``)."""
-    pick = torch.randint(batch.shape[1], (batch.shape[0],), generator=generator,
-                         device=batch.device if generator is None else generator.device).to(batch.device)
-    return batch[torch.arange(batch.shape[0], device=batch.device), pick]
-
-
-def batch_features(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
-    """A training batch from a source → backbone features (a random view of each image for ``views``)."""
-    if kind == "features":
-        return batch
-    if kind == "views":
-        return random_view(batch)
-    return model.image_features(model.preprocess.normalize(batch))
-
-
-def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Tensor:
-    """A training batch from a source (features, views, or uint8 pixels) → embeddings."""
-    if kind in ("features", "views"):
-        return model.embed_features(batch_features(model, kind, batch))
-    return model.embed_images(model.preprocess.normalize(batch))
-
-
 def autocast(device: torch.device, amp: bool):
+    """bf16 autocast on CUDA when ``amp``, else none: what training's ``train.amp`` and :func:`inference_autocast`
+    switch."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
-
-# --- inference: the one path from pixels, image files and texts to embeddings --------------------------------------
 
 def model_allows_amp(model) -> bool:
     """Whether the model may run under bf16 autocast: its config's ``train.amp`` is not ``off`` (for an ensemble:
@@ -133,7 +68,7 @@ def inference_autocast(model, device: torch.device | None = None):
 
 def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, shapes: Shapes | None,
               ) -> torch.Tensor:
-    """``fn`` over uint8 ``pixels`` ``(B, ...)`` at the bucket sizes of ``shapes`` (training/shapes.py): zero
+    """``fn`` over uint8 ``pixels`` ``(B, ...)`` at the bucket sizes of ``shapes`` (shapes.py): zero
     images pad a chunk to its size and their rows are dropped, so every call sees a bucket's shape."""
     if shapes is None or not len(pixels):
         return fn(pixels)
@@ -214,11 +149,14 @@ Reader = Callable[[str, int | None], tuple[Image.Image, Any]]   # (path, min_sid
 
 @dataclass
 class FileEmbeddings:
+    """What :func:`embed_image_files` made of a list of image files (and what the index builds from)."""
     vectors: np.ndarray                    # (m, E) float32, one row per readable image
     kept: list[int]                        # positions (in the input list) of those m images
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason) of unreadable files
-    extras: list[Any] = field(default_factory=list)                # what ``read`` returned besides the image
-    passed: list[int] = field(default_factory=list)                # positions ``read`` found nothing to embed in
+    # one per kept image: what ``read`` returned besides the image (the index's reader: a photo's PhotoInfo)
+    info: list[Any] = field(default_factory=list)
+    # positions ``read`` found nothing to embed in (the index's reader: files whose bytes are the indexed ones)
+    passed: list[int] = field(default_factory=list)
 
 
 class _Decoded(Dataset):
@@ -251,15 +189,16 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
                       progress: bool = True, read: Reader = read_image, preprocess=None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
-    else to keep of the file; no image: nothing to embed, the position listed in ``passed``) and preprocessed in
-    DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file that cannot be read
-    is skipped and reported, never fatal. ``preprocess``: other views of each image than the model's own (e.g.
-    ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval mode."""
+    else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
+    and preprocessed in DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file
+    that cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
+    model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval
+    mode."""
     model.eval()
     loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
                         collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
                         **loader_options(len(paths), batch_size, workers, device_of(model)))
-    vectors, kept, skipped, extras, passed = [], [], [], [], []
+    vectors, kept, skipped, info, passed = [], [], [], [], []
     for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
@@ -267,9 +206,9 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
             continue
         vectors.append(embed_pixels(model, pixels).cpu().numpy())
         kept += idx
-        extras += extra
+        info += extra
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, extras, passed)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed)
 
 
 @torch.no_grad()
@@ -310,22 +249,6 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, worker
                     out.append(model.embed_features(batch.to(device)).float())
     model.train(was_training)
     return torch.cat(out)
-
-
-@torch.no_grad()
-def embed_views(model, source: ImageSource, batch_size: int = 128) -> torch.Tensor:
-    """Every view of a ``views`` source → embeddings ``(N, V, E)``."""
-    device = device_of(model)
-    was_training = model.training
-    model.eval()
-    views = cast(torch.Tensor, source.data)
-    flat = views.flatten(0, 1)
-    out = []
-    for i in range(0, len(flat), batch_size):
-        with inference_autocast(model, device):
-            out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
-    model.train(was_training)
-    return torch.cat(out).view(views.shape[0], views.shape[1], -1)
 
 
 def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int | None = 2, progress: bool = True,

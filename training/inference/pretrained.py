@@ -14,7 +14,7 @@ SHIPPED = {
     "flickr8k": "flickr8k.pt",
 }
 DEFAULT = "flickr8k"
-ROOT = Path(__file__).resolve().parent / "pretrained"
+ROOT = Path(__file__).resolve().parents[1] / "pretrained"     # training/pretrained/
 
 
 def names() -> list[str]:

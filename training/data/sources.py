@@ -1,0 +1,60 @@
+"""Where a data split's image inputs come from: an :class:`ImageSource` is what a list of image files turns into
+for a model (training, evaluation, query banks).
+
+* ``features`` — precomputed features of a frozen pretrained backbone (``features.extract_features``, cached);
+* ``pixels``   — all images decoded once into a uint8 tensor (small sets, trainable backbones);
+* ``files``    — decoded on the fly by DataLoader workers (large sets with a trainable backbone);
+* ``views``    — view augmentation for training (``image.train_crops``): ``(N, 1 + crops, D)`` features, view 0
+  the evaluation view and the others crops of the image; each training sample reads one random view
+  (``training.batches.random_view``), while embedding the source (validation, SCST's reference) uses view 0.
+
+A source is embedded by ``training.inference.embed.embed_image_source``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, cast
+
+import numpy as np
+import torch
+
+from .features import ImageFiles, extract_features, load_pixels
+
+PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
+
+
+@dataclass
+class ImageSource:
+    kind: str                                  # features | pixels | files | views
+    data: torch.Tensor | ImageFiles
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu",
+                 workers: int | None = 2,
+                 progress: bool = True, amp: bool = False) -> ImageSource:
+    """The source of ``paths`` for ``model``: the cached features of a frozen pretrained backbone (unless
+    ``trainable``), else the decoded pixels when they fit in :data:`PIXEL_CACHE_LIMIT`, else the files."""
+    if model.backbone_pretrained and not trainable:
+        feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
+                                 progress=progress, amp=amp)
+        return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
+    pre = model.preprocess
+    if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
+        return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
+    return ImageSource("files", ImageFiles(paths, pre))
+
+
+def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
+                workers: int | None = 2, progress: bool = True, amp: bool = False) -> ImageSource:
+    """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
+    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
+    if base.kind != "features":
+        raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
+    pre = model.preprocess.views(crops, resize)
+    views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
+                             amp=amp, preprocess=pre, per_view=True)
+    base_features = cast(torch.Tensor, base.data)
+    return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))

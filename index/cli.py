@@ -2,6 +2,7 @@
 service/cli.py)."""
 from __future__ import annotations
 
+from training.models.protocol import EmbeddingModel, can_compose
 import argparse
 import json
 import sys
@@ -298,7 +299,7 @@ def _correction_line(bank) -> str:
     return f"hubness-corrected ({' and '.join(sides)}; {bank.origin} query bank: {counts}; beta {bank.beta:g})"
 
 
-def _querybank(args, model):
+def _querybank(args, model: EmbeddingModel):
     """The query bank of ``index build``: none with ``--no-querybank``; with ``--querybank``, embedded captions
     (a text file) or captions + images (the chosen split of a captioned data set); else the bank the model
     carries (training/inference/querybank.py), if any."""
@@ -348,7 +349,7 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         raise ValueError(f"--max-index-memory: {err}") from None
 
 
-def _build_on_ray(args, model, paths, captions, image_root, max_memory=None, querybank=None):
+def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_memory=None, querybank=None):
     from training.inference.pretrained import resolve
 
     from .gallery import build_from_embeddings
@@ -454,7 +455,7 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _example_query(model, image: str, subtract):
+def _example_query(model: EmbeddingModel, image: str, subtract):
     from training.inference.compose import compose_query
     from training.data.preprocess import UnsupportedImageError, embed_side, open_image
     from training.inference.embed import embed_pixels, pixel_features
@@ -472,7 +473,7 @@ def _example_query(model, image: str, subtract):
         hint = "" if path.suffix.lower() in IMAGE_SUFFIXES else f" (formats read: {', '.join(sorted(IMAGE_SUFFIXES))})"
         raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
     pixels = model.preprocess.pixels(picture).unsqueeze(0)
-    if subtract and getattr(model, "attention", None) is None:
+    if subtract and can_compose(model):
         query = compose_query(model, pixel_features(model, pixels)[0], (), subtract)[None]
     elif subtract:
         raise ValueError("subtracting words from an example photo needs a model that embeds an image as one "

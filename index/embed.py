@@ -23,6 +23,7 @@ from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, MirroredViews,
 from training.inference.embed import FileEmbeddings
 from training.inference.embed import embed_image_files as files_to_embeddings
 from training.inference.embed import embed_texts as texts_to_embeddings
+from training.models.protocol import EmbeddingModel
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
@@ -183,7 +184,7 @@ class _Indexed:
         return read_photo(path, min_side, self.sha256.get(str(path)))
 
 
-def view_preprocess(model, tta: str = "none"):
+def view_preprocess(model: EmbeddingModel, tta: str = "none"):
     """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`): ``none`` the
     model's own, ``flip`` each view and its mirror image, features averaged (``MirroredViews``)."""
     if tta not in TTA:
@@ -191,7 +192,7 @@ def view_preprocess(model, tta: str = "none"):
     return MirroredViews(model.preprocess) if tta == "flip" else model.preprocess
 
 
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
+def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none"
                       ) -> FileEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.inference.embed.embed_image_files``,
@@ -206,7 +207,7 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
                                preprocess=view_preprocess(model, tta))
 
 
-def embed_texts(model, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
+def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
     """Sentences → ``(len(texts), D)`` float32 embeddings (``training.inference.embed.embed_texts``)."""
     model.eval()
     vectors = texts_to_embeddings(model, texts, batch_size=batch_size, progress=progress)

@@ -53,6 +53,7 @@ import torch
 
 from training.data.fileio import created_mode, write_json, write_text
 from training.inference.embed import FileEmbeddings
+from training.models.protocol import EmbeddingModel
 
 from .embed import embed_image_files, embed_texts
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
@@ -169,7 +170,7 @@ def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]
 
 # --- model check ----------------------------------------------------------------------------------------------
 
-def check_model(manifest: dict, model, root: Path | str = "") -> None:
+def check_model(manifest: dict, model: EmbeddingModel, root: Path | str = "") -> None:
     check_fingerprint(manifest, getattr(model, "fingerprint", None), root)
 
 
@@ -272,7 +273,7 @@ def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpda
 
 # --- build / add / remove --------------------------------------------------------------------------------------
 
-def build(root: str | Path, model, image_paths: Sequence[str | Path],
+def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
           caption_factory: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
@@ -296,7 +297,7 @@ def build(root: str | Path, model, image_paths: Sequence[str | Path],
                                  videos=videos, video_paths=video_paths, tta=tta)
 
 
-def build_from_embeddings(root: str | Path, model, image_paths: Sequence[str | Path], emb: FileEmbeddings,
+def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path], emb: FileEmbeddings,
                           captions: Sequence[tuple[str, int | None]] = (), factory: str | None = None,
                           caption_factory: str | None = None, progress: bool = True,
                           image_root: str | Path | None = None,
@@ -413,7 +414,7 @@ def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
             SideUpdate("captions", sim, manifest["captions"], gen_dir))
 
 
-def add(root: str | Path, model, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
+def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path] = (), captions: Sequence[str] = (),
         batch_size: int = 64, workers: int | None = None, progress: bool = True, video_paths: Sequence[str | Path] = (),
         sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
@@ -556,7 +557,7 @@ def _unchanged(row, path: Path) -> bool:
     return digest.hexdigest() == row.sha256
 
 
-def sync(root: str | Path, model, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
+def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
          batch_size: int = 64, workers: int | None = None, progress: bool = True, videos: bool = True,
          sampling: Sampling = DEFAULT_SAMPLING) -> UpdateReport:
     """Makes the index's images (and, with ``videos``, its videos) under the folder ``images`` what is there now: files not in the index are added,

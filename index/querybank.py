@@ -31,6 +31,7 @@ import torch
 from training.data.fileio import atomic_path
 from training.inference.querybank import carried
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
+from training.models.protocol import EmbeddingModel
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
 
@@ -129,12 +130,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("JOINTSPACE_CACHE", Path.home() / ".cache" / "jointspace")) / "querybank"
 
 
-def _cache_file(model, captions: list[str], root: Path) -> Path:
+def _cache_file(model: EmbeddingModel, captions: list[str], root: Path) -> Path:
     digest = hashlib.blake2b("\n".join(captions).encode(), digest_size=10).hexdigest()
     return root / f"{model.fingerprint[:20]}-{digest}.npy"
 
 
-def embed_bank_captions(model, captions: list[str], progress: bool = True, cache: Path | None = None
+def embed_bank_captions(model: EmbeddingModel, captions: list[str], progress: bool = True, cache: Path | None = None
                         ) -> tuple[np.ndarray, bool]:
     """The bank's captions embedded with ``model`` (float16), from the cache when there; returns the vectors and
     whether they came from the cache. A cache that cannot be written (a read-only home) is skipped."""
@@ -158,7 +159,7 @@ def embed_bank_captions(model, captions: list[str], progress: bool = True, cache
     return vectors, False
 
 
-def model_bank(model, progress: bool = True, cache: Path | None = None) -> QueryBank | None:
+def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None = None) -> QueryBank | None:
     """The QueryBank of the bank ``model`` carries (its captions embedded, or read from the cache), or None when
     it carries none or is not a cosine model."""
     bank = carried(model)

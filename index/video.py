@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
+from training.models.protocol import EmbeddingModel
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -426,7 +427,7 @@ def _file_facts(path: Path) -> tuple[str, int, float]:
 
 
 @torch.no_grad()
-def embed_videos(model, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
+def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
                  workers: int | None = None, progress: bool = True) -> VideoEmbeddings:
     """Every readable video of ``paths`` → its moments' vectors and its own vector (frames embedded with
     ``training.inference.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker

@@ -22,6 +22,7 @@ from training.inference.compose import compose_query
 from training.inference.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
 from training.inference.generate import caption_embeddings, decode_settings, identical_to
 from training.inference.shapes import Shapes
+from training.models.protocol import EmbeddingModel, has_decoder
 
 log = logging.getLogger("jointspace.service")
 
@@ -62,7 +63,7 @@ def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> 
 
 
 class Engine:
-    def __init__(self, model, gallery, shapes: Shapes | None = None):
+    def __init__(self, model: EmbeddingModel, gallery, shapes: Shapes | None = None):
         """``model`` on the device it runs on (its parameters' device is where the batches go). ``shapes``: the
         batch sizes every forward pass runs at (training/inference/shapes.py); None: each batch at its own size."""
         self.model, self.gallery, self.shapes = model, gallery, shapes
@@ -85,7 +86,7 @@ class Engine:
         runs: list[tuple[str, Sequence[int], Callable[[int], object]]] = [
             ("text search", sizes, lambda n: self.search_texts([(PAD_TEXT, 1)] * n)),
             ("image search", sizes, lambda n: self.search_pixels([(blank, 1)] * n))]
-        if getattr(self.model, "decoder", None) is not None and sizes:
+        if has_decoder(self.model) and sizes:
             runs.append(("captioning", [min(sizes)], lambda n: self.caption_pixels([(blank, 1, None)] * n)))
         for route, route_sizes, run in runs:
             try:

@@ -23,6 +23,7 @@ from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
 from training.inference.shapes import Shapes
 from training.inference.shapes import resolve as resolve_shapes
+from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher
 from .engine import Engine
@@ -139,7 +140,7 @@ class ServiceState:
     @property
     def has_decoder(self) -> bool:
         """The loaded model carries a caption/paraphrase decoder (Show, Translate and Tell)."""
-        return getattr(self.model, "decoder", None) is not None
+        return has_decoder(self.model)
 
     def _search_texts(self, items):
         return self.loaded.engine.search_texts(items)

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from index.query import ImageFilter, UnknownFolderError, format_time
+from training.models.protocol import can_compose
 
 from ..contract import error_responses
 from ..engine import Options
@@ -26,7 +27,7 @@ Hits = list[tuple[int, float]]
 
 
 def _no_composition(state: ServiceState) -> None:
-    if getattr(state.loaded.model, "attention", None) is not None:
+    if not can_compose(state.loaded.model):
         raise HTTPException(409, "query composition (an image ± words) needs a model that embeds an image as one "
                                  "vector; the loaded model uses region attention (STT-ATT)")
 

@@ -16,18 +16,19 @@ from PIL import Image
 
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
+from training.models.protocol import EmbeddingModel
 from .embed import inference_autocast, pixel_features
 
 
 @torch.no_grad()
-def image_features_of(model, image: str | Path | Image.Image) -> torch.Tensor:
+def image_features_of(model: EmbeddingModel, image: str | Path | Image.Image) -> torch.Tensor:
     """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``)."""
     picture = image if isinstance(image, Image.Image) else open_image(image, embed_side(model.preprocess))
     return pixel_features(model, model.preprocess.pixels(picture).unsqueeze(0))[0]     # (1, crops, 3, S, S) in
 
 
 @torch.no_grad()
-def compose_query(model, image_features: torch.Tensor, add: Sequence[str] = (),
+def compose_query(model: EmbeddingModel, image_features: torch.Tensor, add: Sequence[str] = (),
                   subtract: Sequence[str] = ()) -> torch.Tensor:
     """W2VV §IV-C: normalise(proj(φ(x)) + Σ_add r(w) − Σ_subtract r(w)) → ``(E,)``.
 

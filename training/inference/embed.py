@@ -35,6 +35,8 @@ from training.data.preprocess import embed_side, open_image
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
+from training.models.model import JointEmbedding
+from training.models.protocol import EmbeddingModel
 from .shapes import Shapes, plan
 
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
@@ -46,7 +48,7 @@ def autocast(device: torch.device, amp: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
 
-def model_allows_amp(model) -> bool:
+def model_allows_amp(model: EmbeddingModel) -> bool:
     """Whether the model may run under bf16 autocast: its config's ``train.amp`` is not ``off`` (for an ensemble:
     no member's is)."""
     members = getattr(model, "models", None)
@@ -55,11 +57,11 @@ def model_allows_amp(model) -> bool:
     return model.cfg.get("train", {}).get("amp", "auto") != "off"
 
 
-def device_of(model) -> torch.device:
+def device_of(model: EmbeddingModel) -> torch.device:
     return next(model.parameters()).device
 
 
-def inference_autocast(model, device: torch.device | None = None):
+def inference_autocast(model: EmbeddingModel, device: torch.device | None = None):
     """The autocast context of every inference forward pass (module docstring: bf16 on CUDA when the model
     allows it, else none)."""
     device = device_of(model) if device is None else torch.device(device)
@@ -82,7 +84,7 @@ def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, 
 
 
 @torch.no_grad()
-def embed_pixels(model, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
+def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` (``model.preprocess.pixels``, stacked) → image embeddings ``(B, E)``,
     float32 on the model's device, every forward pass at a bucket size of ``shapes`` when given. The caller puts
     the model in eval mode."""
@@ -94,7 +96,8 @@ def embed_pixels(model, pixels: torch.Tensor, shapes: Shapes | None = None) -> t
     return _bucketed(run, pixels, shapes)
 
 
-def _project_texts(model, texts: list[str], device: torch.device, shapes: Shapes | None) -> torch.Tensor:
+def _project_texts(model: EmbeddingModel,
+                   texts: list[str], device: torch.device, shapes: Shapes | None) -> torch.Tensor:
     """Sentences → projected (not yet normalised) text vectors, one forward pass per bucket chunk."""
     chunks = plan(len(texts), shapes.sizes, shapes.texts) if shapes is not None and texts else []
     if not chunks:
@@ -109,7 +112,8 @@ def _project_texts(model, texts: list[str], device: torch.device, shapes: Shapes
 
 
 @torch.no_grad()
-def embed_texts(model, texts: Sequence[str], subtract: Sequence[Sequence[str]] = (), batch_size: int = 256,
+def embed_texts(model: EmbeddingModel,
+                texts: Sequence[str], subtract: Sequence[Sequence[str]] = (), batch_size: int = 256,
                 progress: bool = False, shapes: Shapes | None = None) -> torch.Tensor:
     """Sentences → text embeddings ``(n, E)``, float32 on the model's device, ``batch_size`` sentences a forward
     pass (with ``shapes``: each at a bucket size, padded with :data:`PAD_TEXT`). With ``subtract`` (one list of
@@ -185,7 +189,7 @@ def _collate(items):
 
 
 @torch.no_grad()
-def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
+def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
                       progress: bool = True, read: Reader = read_image, preprocess=None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
@@ -212,7 +216,7 @@ def embed_image_files(model, paths: Sequence[str | Path], batch_size: int = 64, 
 
 
 @torch.no_grad()
-def pixel_features(model, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
+def pixel_features(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` → backbone features ``(B, D)``, float32 on the model's device (what
     query composition starts from); at the bucket sizes of ``shapes`` when given."""
     device = device_of(model)
@@ -224,7 +228,8 @@ def pixel_features(model, pixels: torch.Tensor, shapes: Shapes | None = None) ->
 
 
 @torch.no_grad()
-def embed_image_source(model, source: ImageSource, batch_size: int = 128, workers: int | None = 2) -> torch.Tensor:
+def embed_image_source(model: EmbeddingModel,
+                       source: ImageSource, batch_size: int = 128, workers: int | None = 2) -> torch.Tensor:
     """Every image of ``source`` → embeddings ``(N, E)`` on the model's device: pixels through
     :func:`embed_pixels`, precomputed features (or a ``views`` source's evaluation view) through the model's
     projection, under the same autocast policy."""
@@ -251,7 +256,8 @@ def embed_image_source(model, source: ImageSource, batch_size: int = 128, worker
     return torch.cat(out)
 
 
-def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int | None = 2, progress: bool = True,
+def embed_split(model: EmbeddingModel,
+                dataset, device="cpu", cache_dir=None, workers: int | None = 2, progress: bool = True,
                 amp: bool = False, source: ImageSource | None = None):
     """Embeds every image and caption of ``dataset`` (a CaptionDataset) with the inference path above.
     ``device`` and ``amp`` are for extracting backbone features when ``source`` is not given.
@@ -269,8 +275,9 @@ def embed_split(model, dataset, device="cpu", cache_dir=None, workers: int | Non
 
 
 @torch.no_grad()
-def fine_embed_split(model, dataset, source, device="cpu", batch_size: int = 128):
-    """Region embeddings ``(N, k, E)`` of a split's images (from ``source``, an ImageSource of grid features
+def fine_embed_split(model: JointEmbedding, dataset, source, device="cpu", batch_size: int = 128):
+    """A model with region attention (STT-ATT; only a ``JointEmbedding`` has one): region embeddings
+    ``(N, k, E)`` of a split's images (from ``source``, an ImageSource of grid features
     or pixels), word embeddings ``(M, T, E)`` and mask ``(M, T)`` of its captions, and ``cap_to_img``."""
     device = torch.device(device)
     was_training = model.training

@@ -15,6 +15,7 @@ from PIL import Image
 
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import tokenize
+from training.models.protocol import EmbeddingModel, has_decoder
 from .embed import device_of, embed_pixels, embed_texts, inference_autocast
 
 Result = list[tuple[str, float]]
@@ -24,13 +25,13 @@ class NoDecoderError(ValueError):
     """The model was trained without a decoder (``decoder.enabled: false``): it can only retrieve."""
 
 
-def require_decoder(model) -> None:
-    if getattr(model, "decoder", None) is None:
+def require_decoder(model: EmbeddingModel) -> None:
+    if not has_decoder(model):
         raise NoDecoderError("this model has no sentence decoder (it was trained with decoder.enabled: false); "
                              "captions and paraphrases need an STT model, e.g. configs/stt.yaml")
 
 
-def decode_settings(model, beam_size: int | None = None, max_len: int | None = None,
+def decode_settings(model: EmbeddingModel, beam_size: int | None = None, max_len: int | None = None,
                     length_penalty: float | None = None, no_repeat: bool | None = None,
                     no_repeat_ngram: int | None = None) -> dict:
     """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
@@ -50,7 +51,7 @@ def decode_settings(model, beam_size: int | None = None, max_len: int | None = N
 
 
 @torch.no_grad()
-def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: int | None = None,
+def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int = 1, beam_size: int | None = None,
                        max_len: int | None = None, length_penalty: float | None = None,
                        no_repeat: bool | None = None, no_repeat_ngram: int | None = None, batch_size: int = 64,
                        exclude: Sequence[Sequence[str]] | None = None) -> list[Result]:
@@ -85,7 +86,8 @@ def caption_embeddings(model, embeddings: torch.Tensor, n: int = 1, beam_size: i
 
 
 @torch.no_grad()
-def embed_image_inputs(model, images: Sequence[str | Path | Image.Image], batch_size: int = 32) -> torch.Tensor:
+def embed_image_inputs(model: EmbeddingModel,
+                       images: Sequence[str | Path | Image.Image], batch_size: int = 32) -> torch.Tensor:
     """Image files or PIL images → common-space vectors, preprocessed as in training (``embed.embed_pixels``)."""
     out = []
     for start in range(0, len(images), batch_size):
@@ -95,7 +97,8 @@ def embed_image_inputs(model, images: Sequence[str | Path | Image.Image], batch_
     return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device_of(model))
 
 
-def caption_images(model, images: Sequence[str | Path | Image.Image], n: int = 1, **options) -> list[Result]:
+def caption_images(model: EmbeddingModel,
+                   images: Sequence[str | Path | Image.Image], n: int = 1, **options) -> list[Result]:
     """Captions for image files or PIL images (STT eq. 10)."""
     require_decoder(model)
     was_training = model.training
@@ -111,7 +114,7 @@ def identical_to(texts: Sequence[str]) -> list[list[str]]:
     return [[" ".join(tokenize(t))] for t in texts]
 
 
-def paraphrase_texts(model, texts: Sequence[str], n: int = 1, drop_identical: bool = True,
+def paraphrase_texts(model: EmbeddingModel, texts: Sequence[str], n: int = 1, drop_identical: bool = True,
                      **options) -> list[Result]:
     """Paraphrases of sentences (STT eq. 11): each sentence is embedded by the text encoder and decoded.
     With ``drop_identical`` a hypothesis that only repeats the input (same words) is left out."""

@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 from training.data.fileio import atomic_path
+from training.models.protocol import EmbeddingModel
 
 KEY = "querybank"
 
 
-def carried(model) -> dict | None:
+def carried(model: EmbeddingModel) -> dict | None:
     """The query bank ``model`` carries (its checkpoint's ``extra["querybank"]``), or None."""
     bank = (getattr(model, "extra", None) or {}).get(KEY)
     return bank if bank and (bank.get("captions") or _count(bank.get("images"))) else None

@@ -54,6 +54,8 @@ class CommonSpace(nn.Module):
     subclass's ``similarity`` and ``project_texts``: normalised text embeddings and scores. (Raw sentences go
     through ``training.inference.embed.embed_texts``, the one text inference path.)"""
     similarity: Similarity
+    fingerprint: str          # set by model.load_model: the fingerprint of the file it was read from
+    extra: dict               # set by model.load_model: what the file carries beside the weights (a query bank)
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, mod
 from pydantic.fields import FieldInfo
 
 from training.models.factory import BACKBONES, CONFIG_REGISTRIES, LOSSES, SIMILARITIES, TEXT_ENCODERS
-from training.models.options import F, Section
+from training.models.options import Key, Section
 from training.models.registry import Registry
 
 # a name of the registry's: anything else is refused, naming it and the names there are
@@ -31,41 +31,41 @@ class RunSection(Section):
 
 
 class DataSection(RunSection):
-    min_word_count: int = F(1, "words seen fewer times in training are unknown (STT §4.2 uses > 3 on COCO)", ge=1)
-    max_caption_len: int = F(50, "tokens; longer captions are truncated", ge=1)
-    max_words: Optional[int] = F(None, "keep only the N most frequent training words (RCN §IV-A: 5000); None = all",
-                                 ge=1)
+    min_word_count: int = Key(1, "words seen fewer times in training are unknown (STT §4.2 uses > 3 on COCO)", ge=1)
+    max_caption_len: int = Key(50, "tokens; longer captions are truncated", ge=1)
+    max_words: Optional[int] = Key(None, "keep only the N most frequent training words (RCN §IV-A: 5000); None = all",
+                                   ge=1)
 
 
 class ExtraBackbone(RunSection):
-    backbone: BackboneName = F(..., "a pretrained (frozen) backbone by name, as image.backbone")
-    weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
-    image_size: int = F(..., "its network input side (its own preprocessing of the same image)", ge=8)
-    resize: int = F(..., "its shorter side before cropping", ge=8)
+    backbone: BackboneName = Key(..., "a pretrained (frozen) backbone by name, as image.backbone")
+    weights: Optional[str] = Key(None, "local weights file; None = the backbone's default source")
+    image_size: int = Key(..., "its network input side (its own preprocessing of the same image)", ge=8)
+    resize: int = Key(..., "its shorter side before cropping", ge=8)
 
 
 class ImageSection(RunSection):
-    backbone: BackboneName = F("resnet152", "image backbone by name (the names below)")
-    weights: Optional[str] = F(None, "local weights file; None = the backbone's default source")
-    image_size: int = F(224, "network input side", ge=8)
-    resize: int = F(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)
-    crops: Literal[1, 5, 10] = F(1, "1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged")
-    train_crops: Literal[0, 5, 10] = F(0, "view augmentation of a frozen backbone's training features: 0 (off), 5 "
-                                          "or 10 crops of the image resized to train_resize; each sample reads one "
-                                          "random view")
-    train_resize: int = F(256, "side the training crops are cut from", ge=8)
-    cache_dir: Optional[str] = F(None, "feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace")
-    channels_last: bool = F(True, "faster CPU convolutions")
-    train_blocks: int = F(0, "partial fine-tuning of an EfficientNet: its last k units (the head convolution, then "
-                             "MBConv blocks from the top) train over cached activations of the units below; 0 = "
-                             "frozen", ge=0)
-    pooling: Literal["mean", "gpo"] = F("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
-    feature_dropout: float = F(0.0, "dropout on the pooled backbone features before the projection, in training "
-                                    "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
-    options: dict = F({}, "the options of image.backbone (its table below)")
-    extra_backbones: list[ExtraBackbone] = F([], "more frozen pretrained backbones read beside image.backbone, "
-                                                 "each with its own input size ({backbone, image_size, resize, "
-                                                 "weights}); their pooled features are concatenated")
+    backbone: BackboneName = Key("resnet152", "image backbone by name (the names below)")
+    weights: Optional[str] = Key(None, "local weights file; None = the backbone's default source")
+    image_size: int = Key(224, "network input side", ge=8)
+    resize: int = Key(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)
+    crops: Literal[1, 5, 10] = Key(1, "1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged")
+    train_crops: Literal[0, 5, 10] = Key(0, "view augmentation of a frozen backbone's training features: 0 (off), 5 "
+                                            "or 10 crops of the image resized to train_resize; each sample reads one "
+                                            "random view")
+    train_resize: int = Key(256, "side the training crops are cut from", ge=8)
+    cache_dir: Optional[str] = Key(None, "feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace")
+    channels_last: bool = Key(True, "faster CPU convolutions")
+    train_blocks: int = Key(0, "partial fine-tuning of an EfficientNet: its last k units (the head convolution, then "
+                               "MBConv blocks from the top) train over cached activations of the units below; 0 = "
+                               "frozen", ge=0)
+    pooling: Literal["mean", "gpo"] = Key("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
+    feature_dropout: float = Key(0.0, "dropout on the pooled backbone features before the projection, in training "
+                                      "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
+    options: dict = Key({}, "the options of image.backbone (its table below)")
+    extra_backbones: list[ExtraBackbone] = Key([], "more frozen pretrained backbones read beside image.backbone, "
+                                                   "each with its own input size ({backbone, image_size, resize, "
+                                                   "weights}); their pooled features are concatenated")
 
     @field_validator("crops", "train_crops", mode="before")
     @classmethod
@@ -83,135 +83,136 @@ class ImageSection(RunSection):
 
 
 class TextSection(RunSection):
-    encoder: TextEncoderName = F("gru", "text encoder by name (the names below)")
-    word_dim: int = F(300, "word embedding size (STT §4.2)", ge=1)
-    hidden: int = F(1024, "hidden / output size (STT §4.2)", ge=1)
-    layers: int = F(1, "recurrent layers", ge=1)
-    bidirectional: bool = F(False, "bidirectional GRU")
-    dropout: float = F(0.0, "dropout on word embeddings", ge=0.0, lt=1.0)
-    options: dict = F({}, "the options of text.encoder (its table below)")
+    encoder: TextEncoderName = Key("gru", "text encoder by name (the names below)")
+    word_dim: int = Key(300, "word embedding size (STT §4.2)", ge=1)
+    hidden: int = Key(1024, "hidden / output size (STT §4.2)", ge=1)
+    layers: int = Key(1, "recurrent layers", ge=1)
+    bidirectional: bool = Key(False, "bidirectional GRU")
+    dropout: float = Key(0.0, "dropout on word embeddings", ge=0.0, lt=1.0)
+    options: dict = Key({}, "the options of text.encoder (its table below)")
 
 
 class ModelSection(RunSection):
-    embed_dim: int = F(1024, "common space size (STT Table 4: 1024)", ge=1)
-    projection: Literal["linear", "two_branch", "mlp", "none"] = F(
+    embed_dim: int = Key(1024, "common space size (STT Table 4: 1024)", ge=1)
+    projection: Literal["linear", "two_branch", "mlp", "none"] = Key(
         "linear", "linear (STT §3.1) | two_branch (two-branch §3.1) | mlp (BiR §5.2) | none (W2VV §III)")
-    text_projection: Optional[Literal["linear", "two_branch", "mlp", "none"]] = F(
+    text_projection: Optional[Literal["linear", "two_branch", "mlp", "none"]] = Key(
         None, "the text side's projection when it differs; None = same as projection")
-    projection_hidden: int = F(2048, "two_branch / mlp: width of the hidden layer", ge=1)
-    projection_dropout: float = F(0.0, "two_branch / mlp: dropout after the hidden layer", ge=0.0, lt=1.0)
-    similarity: SimilarityName = F("cosine", "image-caption similarity by name (the names below)")
+    projection_hidden: int = Key(2048, "two_branch / mlp: width of the hidden layer", ge=1)
+    projection_dropout: float = Key(0.0, "two_branch / mlp: dropout after the hidden layer", ge=0.0, lt=1.0)
+    similarity: SimilarityName = Key("cosine", "image-caption similarity by name (the names below)")
 
 
 class LossSection(RunSection):
-    name: LossName = F("max_violation", "ranking loss by name (the names below)")
-    margin: float = F(0.2, "ranking margin")
-    k: int = F(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
-    lambda_: float = F(1.0, "weight of the caption-anchored direction (two-branch eq. 3)", alias="lambda", ge=0.0)
-    reduction: Literal["sum", "mean"] = F("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
-    warmup_epochs: int = F(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
-                              "collapse (VSE++ §3.3)", ge=0)
-    options: dict = F({}, "the options of loss.name (its table below)")
+    name: LossName = Key("max_violation", "ranking loss by name (the names below)")
+    margin: float = Key(0.2, "ranking margin")
+    k: int = Key(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
+    lambda_: float = Key(1.0, "weight of the caption-anchored direction (two-branch eq. 3)", alias="lambda", ge=0.0)
+    reduction: Literal["sum", "mean"] = Key("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
+    warmup_epochs: int = Key(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
+                                "collapse (VSE++ §3.3)", ge=0)
+    options: dict = Key({}, "the options of loss.name (its table below)")
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class TrainSection(RunSection):
-    epochs: int = F(30, "epochs of the main stage", ge=0)
-    batch_size: int = F(128, "STT §4.2", ge=1)
-    lr: float = F(2.0e-4, "Adam learning rate (STT §4.2)", gt=0.0)
-    lr_decay_epochs: int = F(15, "step: epochs before the decay (STT §4.2); linear: the horizon", ge=0)
-    lr_decay_factor: float = F(0.1, "step / plateau: lr multiplier", gt=0.0)
-    weight_decay: float = F(0.0, "optimiser weight decay", ge=0.0)
-    grad_clip: float = F(2.0, "gradient norm clip; 0 = off", ge=0.0)
-    patience: int = F(10, "early stopping: epochs without a better select_on value", ge=1)
-    select_on: Literal["rsum", "nll"] = F("rsum", "best checkpoint + early stopping: validation R-sum, or the "
-                                                  "decoder's validation NLL per word")
-    seed: int = F(0, "random seed")
-    device: Literal["auto", "cpu", "cuda"] = F("auto", "auto = cuda when available")
-    amp: Literal["auto", "off"] = F("auto", "auto: bf16 autocast on CUDA")
-    workers: int = F(2, "image decoding processes", ge=0)
-    eval_every: int = F(1, "epochs between validations", ge=1)
-    finetune_epochs: int = F(0, "STT §4.2 second stage: the backbone trained end to end", ge=0)
-    finetune_lr: float = F(2.0e-5, "learning rate of that stage", gt=0.0)
-    finetune_batch_size: int = F(32, "batch size of that stage", ge=1)
-    sampling: Literal["caption", "image", "minimal_pairs"] = F(
+    epochs: int = Key(30, "epochs of the main stage", ge=0)
+    batch_size: int = Key(128, "STT §4.2", ge=1)
+    lr: float = Key(2.0e-4, "Adam learning rate (STT §4.2)", gt=0.0)
+    lr_decay_epochs: int = Key(15, "step: epochs before the decay (STT §4.2); linear: the horizon", ge=0)
+    lr_decay_factor: float = Key(0.1, "step / plateau: lr multiplier", gt=0.0)
+    weight_decay: float = Key(0.0, "optimiser weight decay", ge=0.0)
+    grad_clip: float = Key(2.0, "gradient norm clip; 0 = off", ge=0.0)
+    patience: int = Key(10, "early stopping: epochs without a better select_on value", ge=1)
+    select_on: Literal["rsum", "nll"] = Key("rsum", "best checkpoint + early stopping: validation R-sum, or the "
+                                                    "decoder's validation NLL per word")
+    seed: int = Key(0, "random seed")
+    device: Literal["auto", "cpu", "cuda"] = Key("auto", "auto = cuda when available")
+    amp: Literal["auto", "off"] = Key("auto", "auto: bf16 autocast on CUDA")
+    workers: int = Key(2, "image decoding processes", ge=0)
+    eval_every: int = Key(1, "epochs between validations", ge=1)
+    finetune_epochs: int = Key(0, "STT §4.2 second stage: the backbone trained end to end", ge=0)
+    finetune_lr: float = Key(2.0e-5, "learning rate of that stage", gt=0.0)
+    finetune_batch_size: int = Key(32, "batch size of that stage", ge=1)
+    sampling: Literal["caption", "image", "minimal_pairs"] = Key(
         "caption", "caption: every pair once an epoch | image: every image once with a random caption | "
                    "minimal_pairs: image, each minimal pair in one batch")
-    max_steps_per_epoch: Optional[int] = F(None, "cap for smoke runs", ge=1)
-    optimizer: Literal["adam", "rmsprop", "sgd"] = F("adam", "adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3)")
-    optimizer_options: dict = F({}, "extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop")
-    lr_schedule: Literal["step", "plateau", "linear", "cosine"] = F(
+    max_steps_per_epoch: Optional[int] = Key(None, "cap for smoke runs", ge=1)
+    optimizer: Literal["adam", "rmsprop", "sgd"] = Key(
+        "adam", "adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3)")
+    optimizer_options: dict = Key({}, "extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop")
+    lr_schedule: Literal["step", "plateau", "linear", "cosine"] = Key(
         "step", "step: × lr_decay_factor after lr_decay_epochs (STT §4.2) | plateau: after lr_plateau_patience "
                 "epochs without gain (W2VV §III-B) | linear: to lr_final_factor at lr_decay_epochs (BiR §6.3) | "
                 "cosine: per update, warm-up then a half cosine to lr_final_factor")
-    lr_plateau_patience: int = F(3, "plateau: epochs without a validation gain before the lr drops", ge=1)
-    warmup_steps: int = F(0, "cosine: linear warm-up over this many updates", ge=0)
-    encoder_lr_factor: float = F(1.0, "lr of the pretrained encoder weights being trained, as a multiple of the "
-                                      "stage's lr (0.1: 10× slower than the heads)", gt=0.0, le=10.0)
-    cache_dtype: Literal["float16", "float32"] = F("float16", "stored frozen-bottom activations (train_layers)")
-    lr_final_factor: float = F(0.01, "linear / cosine: the final lr multiplier", ge=0.0)
-    init_from: Optional[str] = F(None, "a model.pt whose same-named tensors start this run")
-    freeze: list[str] = F([], "top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder")
-    gather_negatives: bool = F(False, "multi-process (DDP) runs, where batch_size is the global batch split over the "
-                                      "processes: every rank's ranking loss sees the whole global batch's embeddings "
-                                      "as negatives (all-gathered); false: only its own share's")
+    lr_plateau_patience: int = Key(3, "plateau: epochs without a validation gain before the lr drops", ge=1)
+    warmup_steps: int = Key(0, "cosine: linear warm-up over this many updates", ge=0)
+    encoder_lr_factor: float = Key(1.0, "lr of the pretrained encoder weights being trained, as a multiple of the "
+                                        "stage's lr (0.1: 10× slower than the heads)", gt=0.0, le=10.0)
+    cache_dtype: Literal["float16", "float32"] = Key("float16", "stored frozen-bottom activations (train_layers)")
+    lr_final_factor: float = Key(0.01, "linear / cosine: the final lr multiplier", ge=0.0)
+    init_from: Optional[str] = Key(None, "a model.pt whose same-named tensors start this run")
+    freeze: list[str] = Key([], "top-level modules not trained: backbone, image_proj, text_encoder, text_proj, decoder")
+    gather_negatives: bool = Key(False, "multi-process (DDP) runs, where batch_size is the global batch split over the "
+                                        "processes: every rank's ranking loss sees the whole global batch's embeddings "
+                                        "as negatives (all-gathered); false: only its own share's")
 
 
 class DecoderSection(RunSection):
-    enabled: bool = F(False, "STT §3.2: a sentence decoder trained jointly on the common space")
-    rnn: Literal["gru", "lstm"] = F("gru", "decoder cell")
-    word_dim: int = F(300, "word embedding size", ge=1)
-    hidden: int = F(1024, "hidden size", ge=1)
-    layers: int = F(1, "recurrent layers", ge=1)
-    dropout: float = F(0.0, "on the word embeddings and the RNN outputs", ge=0.0, lt=1.0)
-    cond_dropout: float = F(0.0, "on the conditioning vector, training only", ge=0.0, lt=1.0)
-    lambda_ic: float = F(1.0, "λ1 of eq. 12: image captioning loss (eq. 10)", ge=0.0)
-    lambda_para: float = F(1.0, "λ2 of eq. 12: sentence paraphrasing loss (eq. 11)", ge=0.0)
-    lambda_sim: float = F(1.0, "λ3 of eq. 12: the ranking loss (eq. 7)", ge=0.0)
-    beam_size: int = F(3, "inference default; 1 = greedy", ge=1)
-    max_len: int = F(20, "words generated at most", ge=1)
-    length_penalty: float = F(1.0, "hypotheses ranked by log P / steps**length_penalty", ge=0.0)
-    no_repeat: bool = F(True, "never the same word twice in a row")
-    no_repeat_ngram: int = F(0, "m > 0: no m-gram twice in one sentence; 0 = off", ge=0)
+    enabled: bool = Key(False, "STT §3.2: a sentence decoder trained jointly on the common space")
+    rnn: Literal["gru", "lstm"] = Key("gru", "decoder cell")
+    word_dim: int = Key(300, "word embedding size", ge=1)
+    hidden: int = Key(1024, "hidden size", ge=1)
+    layers: int = Key(1, "recurrent layers", ge=1)
+    dropout: float = Key(0.0, "on the word embeddings and the RNN outputs", ge=0.0, lt=1.0)
+    cond_dropout: float = Key(0.0, "on the conditioning vector, training only", ge=0.0, lt=1.0)
+    lambda_ic: float = Key(1.0, "λ1 of eq. 12: image captioning loss (eq. 10)", ge=0.0)
+    lambda_para: float = Key(1.0, "λ2 of eq. 12: sentence paraphrasing loss (eq. 11)", ge=0.0)
+    lambda_sim: float = Key(1.0, "λ3 of eq. 12: the ranking loss (eq. 7)", ge=0.0)
+    beam_size: int = Key(3, "inference default; 1 = greedy", ge=1)
+    max_len: int = Key(20, "words generated at most", ge=1)
+    length_penalty: float = Key(1.0, "hypotheses ranked by log P / steps**length_penalty", ge=0.0)
+    no_repeat: bool = Key(True, "never the same word twice in a row")
+    no_repeat_ngram: int = Key(0, "m > 0: no m-gram twice in one sentence; 0 = off", ge=0)
 
 
 class AttentionSection(RunSection):
-    enabled: bool = F(False, "STT-ATT §3.3: region-word attention similarity (eqs. 13-17)")
-    grid: int = F(0, "regions = feature-map cells average-pooled to grid × grid (0: as is)", ge=0)
-    temperature: float = F(9.0, "λ of eq. 15", gt=0.0)
-    pooled_weight: float = F(1.0, "ranking loss on the pooled vectors too", ge=0.0)
+    enabled: bool = Key(False, "STT-ATT §3.3: region-word attention similarity (eqs. 13-17)")
+    grid: int = Key(0, "regions = feature-map cells average-pooled to grid × grid (0: as is)", ge=0)
+    temperature: float = Key(9.0, "λ of eq. 15", gt=0.0)
+    pooled_weight: float = Key(1.0, "ranking loss on the pooled vectors too", ge=0.0)
 
 
 class SCSTSection(RunSection):
-    steps: int = F(0, "self-critical updates of the decoder on CIDEr-D (Rennie et al. 2017); 0 = off", ge=0)
-    lr: float = F(5.0e-5, "Adam (Rennie et al. §5)", gt=0.0)
-    images_per_batch: int = F(16, "training images per update", ge=1)
-    samples: int = F(5, "sentences sampled per input (leave-one-out baseline)", ge=2)
-    eval_every: int = F(100, "updates between validations (greedy CIDEr-D)", ge=1)
+    steps: int = Key(0, "self-critical updates of the decoder on CIDEr-D (Rennie et al. 2017); 0 = off", ge=0)
+    lr: float = Key(5.0e-5, "Adam (Rennie et al. §5)", gt=0.0)
+    images_per_batch: int = Key(16, "training images per update", ge=1)
+    samples: int = Key(5, "sentences sampled per input (leave-one-out baseline)", ge=2)
+    eval_every: int = Key(100, "updates between validations (greedy CIDEr-D)", ge=1)
 
 
 class QueryBankSection(RunSection):
-    enabled: bool = F(True, "after training, model.pt carries a query bank sampled from the training split, which "
-                            "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
-                            "false: none")
-    captions: int = F(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
-    images: int = F(1000, "training images kept as this model's embeddings (float16, 2 bytes × embed_dim each)",
-                    ge=0)
-    beta: float = F(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
+    enabled: bool = Key(True, "after training, model.pt carries a query bank sampled from the training split, which "
+                              "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
+                              "false: none")
+    captions: int = Key(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
+    images: int = Key(1000, "training images kept as this model's embeddings (float16, 2 bytes × embed_dim each)",
+                      ge=0)
+    beta: float = Key(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
 
 
 class RunConfig(RunSection):
-    name: str = F("unnamed", "the run's name")
-    data: DataSection = F(DataSection())
-    image: ImageSection = F(ImageSection())
-    text: TextSection = F(TextSection())
-    model: ModelSection = F(ModelSection())
-    loss: LossSection = F(LossSection())
-    train: TrainSection = F(TrainSection())
-    decoder: DecoderSection = F(DecoderSection())
-    attention: AttentionSection = F(AttentionSection())
-    scst: SCSTSection = F(SCSTSection())
-    querybank: QueryBankSection = F(QueryBankSection())
+    name: str = Key("unnamed", "the run's name")
+    data: DataSection = Key(DataSection())
+    image: ImageSection = Key(ImageSection())
+    text: TextSection = Key(TextSection())
+    model: ModelSection = Key(ModelSection())
+    loss: LossSection = Key(LossSection())
+    train: TrainSection = Key(TrainSection())
+    decoder: DecoderSection = Key(DecoderSection())
+    attention: AttentionSection = Key(AttentionSection())
+    scst: SCSTSection = Key(SCSTSection())
+    querybank: QueryBankSection = Key(QueryBankSection())
 
     @model_validator(mode="after")
     def _sections_agree(self):

@@ -166,17 +166,17 @@ class Distributed:
 
 def check_config(cfg: dict, world_size: int) -> None:
     """What ``world_size`` processes cannot train, refused before any process waits on another."""
-    t = cfg["train"]
-    sizes = [("train.batch_size", t["batch_size"])]
-    if t["finetune_epochs"] > 0:
-        sizes.append(("train.finetune_batch_size", t["finetune_batch_size"]))
+    train = cfg["train"]
+    sizes = [("train.batch_size", train["batch_size"])]
+    if train["finetune_epochs"] > 0:
+        sizes.append(("train.finetune_batch_size", train["finetune_batch_size"]))
     for key, size in sizes:
         if size % world_size:
             raise ValueError(f"{key} {size} is the global batch: it must be a multiple of the {world_size} processes")
     if cfg.get("scst", {}).get("steps", 0) > 0:
         raise ValueError("the self-critical stage (scst.steps > 0) runs in one process: train the eq. 12 stages with "
                          "several processes and scst.steps=0, then continue with --resume in one")
-    if t["gather_negatives"] and (cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")):
+    if train["gather_negatives"] and (cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")):
         raise ValueError("train.gather_negatives is implemented for the retrieval trainer: not with decoder.enabled "
                          "or attention.enabled")
 

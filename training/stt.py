@@ -109,10 +109,10 @@ class STTLoss(torch.nn.Module):
 
 
 def build_stt_loss(cfg: dict) -> STTLoss:
-    d = cfg["decoder"]
-    if not d["enabled"]:       # STT-ATT retrieval without a decoder: only the ranking term
-        return STTLoss(0.0, 0.0, d["lambda_sim"])
-    return STTLoss(d["lambda_ic"], d["lambda_para"], d["lambda_sim"])
+    decoder = cfg["decoder"]
+    if not decoder["enabled"]:       # STT-ATT retrieval without a decoder: only the ranking term
+        return STTLoss(0.0, 0.0, decoder["lambda_sim"])
+    return STTLoss(decoder["lambda_ic"], decoder["lambda_para"], decoder["lambda_sim"])
 
 
 class STTTrainer(Trainer):
@@ -135,13 +135,13 @@ class STTTrainer(Trainer):
 
     # --- training ----------------------------------------------------------------------------------
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
-        t = self.cfg["train"]
+        train = self.cfg["train"]
         self._fixed_captions = self.fixed_caption_embeddings()
         data = TripleDataset(train_source, self.train_ids, self.triples, self.target_ids)
         sampler = self.sampler(data, [img for img, _, _ in self.triples], generator)
         return DataLoader(data, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_triples,
                           drop_last=len(sampler) > stage.batch_size,
-                          num_workers=t["workers"] if train_source.kind == "files" else 0)
+                          num_workers=train["workers"] if train_source.kind == "files" else 0)
 
     @torch.no_grad()
     def fixed_caption_embeddings(self, batch_size: int = 256) -> torch.Tensor | None:

@@ -111,10 +111,12 @@ class Stage:
 
 
 def plan_stages(cfg: dict, backbone_pretrained: bool) -> list[Stage]:
-    t = cfg["train"]
-    stages = [Stage("main", t["epochs"], t["lr"], t["batch_size"], backbone_trainable=not backbone_pretrained)]
-    if t["finetune_epochs"] > 0 and backbone_pretrained:
-        stages.append(Stage("finetune", t["finetune_epochs"], t["finetune_lr"], t["finetune_batch_size"], True))
+    train = cfg["train"]
+    stages = [Stage("main", train["epochs"], train["lr"], train["batch_size"],
+                    backbone_trainable=not backbone_pretrained)]
+    if train["finetune_epochs"] > 0 and backbone_pretrained:
+        stages.append(Stage("finetune", train["finetune_epochs"], train["finetune_lr"], train["finetune_batch_size"],
+                            True))
     return stages
 
 
@@ -130,19 +132,19 @@ def quiet(*_args) -> None:
 class Trainer:
     def __init__(self, cfg: dict, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
                  log=print):
-        t = cfg["train"]
+        train = cfg["train"]
         self.dist = None            # a distributed.Distributed under a multi-process launcher
         if distributed_requested():
             from .distributed import env_world_size, start
 
             self.check_distributed(cfg, env_world_size())
-            self.dist = start(t["device"])
+            self.dist = start(train["device"])
             if not self.dist.is_main:       # rank 0 logs and shows progress
                 progress, log = False, quiet
         self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
-        set_seed(t["seed"])
-        self.device = self.dist.device if self.dist is not None else resolve_device(t["device"])
-        self.amp = t["amp"] == "auto" and self.device.type == "cuda"
+        set_seed(train["seed"])
+        self.device = self.dist.device if self.dist is not None else resolve_device(train["device"])
+        self.amp = train["amp"] == "auto" and self.device.type == "cuda"
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
         self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:
@@ -159,11 +161,11 @@ class Trainer:
             if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
                 fit(train_texts, vocab, log=log)
             self.fit_seconds = round(time.time() - fit_start, 1)
-            if t["init_from"]:
-                init_from_checkpoint(model, t["init_from"], log=log)
-            freeze_modules(model, t["freeze"])
+            if train["init_from"]:
+                init_from_checkpoint(model, train["init_from"], log=log)
+            freeze_modules(model, train["freeze"])
             # DDP reduces dense gradients (a sparse SGD update is the same update, only faster)
-            sparse = use_sparse_gradients(model, t) if self.dist is None else []
+            sparse = use_sparse_gradients(model, train) if self.dist is None else []
             if sparse:
                 log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
             self.model = model.to(self.device)
@@ -173,18 +175,18 @@ class Trainer:
             cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
             # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
             # runs whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
-            if cache_inputs is not None and "text_encoder" not in t["freeze"]:
+            if cache_inputs is not None and "text_encoder" not in train["freeze"]:
                 from training.data.features import default_cache_dir
 
                 cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
-                             dtype=t["cache_dtype"], progress=progress, log=log)
+                             dtype=train["cache_dtype"], progress=progress, log=log)
         # every rank holds the global batch's embeddings when gathering negatives (DDP only)
-        self.gather = self.dist is not None and t["gather_negatives"]
+        self.gather = self.dist is not None and train["gather_negatives"]
         if self.gather and getattr(self.loss_fn, "on_pairs", False):
             raise ValueError(f"train.gather_negatives: loss {cfg['loss']['name']} compares each pair on its own "
                              f"(no negatives to gather)")
         if self.dist is not None:
-            seed_rank(t["seed"], self.dist.rank)    # dropout differs between ranks; rank 0 draws as one process
+            seed_rank(train["seed"], self.dist.rank)    # dropout differs between ranks; rank 0 draws as one process
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
@@ -210,13 +212,13 @@ class Trainer:
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
         views to precomputed features (not to a trainable backbone's pixels)."""
-        t, im = self.cfg["train"], self.cfg["image"]
+        train, image = self.cfg["train"], self.cfg["image"]
         paths = [r.path for r in dataset.images]
-        common = dict(cache_dir=im["cache_dir"], device=self.device, workers=t["workers"], progress=self.progress,
-                      amp=self.amp)
+        common = dict(cache_dir=image["cache_dir"], device=self.device, workers=train["workers"],
+                      progress=self.progress, amp=self.amp)
         source = image_source(self.model, paths, trainable=trainable, **common)
-        if augment and im["train_crops"] and source.kind == "features":
-            source = view_source(self.model, paths, source, im["train_crops"], im["train_resize"], **common)
+        if augment and image["train_crops"] and source.kind == "features":
+            source = view_source(self.model, paths, source, image["train_crops"], image["train_resize"], **common)
         return source
 
     def selection_score(self, val: dict) -> float:
@@ -224,8 +226,8 @@ class Trainer:
         is better): the validation R-sum, or the decoder's teacher-forced validation NLL per word (negated;
         captioning and paraphrasing weighted by λ1 and λ2 of eq. 12)."""
         if self.cfg["train"]["select_on"] == "nll":
-            d = self.cfg["decoder"]
-            weights = {"ic": d["lambda_ic"], "para": d["lambda_para"]}
+            decoder = self.cfg["decoder"]
+            weights = {"ic": decoder["lambda_ic"], "para": decoder["lambda_para"]}
             return -sum(w * val["nll"][k] for k, w in weights.items()) / sum(weights.values())
         return val["rsum"]
 
@@ -236,20 +238,20 @@ class Trainer:
 
     def sampler(self, data: Dataset, item_to_img: list[int], generator: torch.Generator):
         """``train.sampling``: every item once (caption), or one item per image (image, minimal_pairs)."""
-        t = self.cfg["train"]
-        if t["sampling"] == "caption":
+        train = self.cfg["train"]
+        if train["sampling"] == "caption":
             return torch.utils.data.RandomSampler(cast(Sized, data), generator=generator)   # a map-style dataset
-        groups = minimal_pairs_of(self.train_set) if t["sampling"] == "minimal_pairs" else []
+        groups = minimal_pairs_of(self.train_set) if train["sampling"] == "minimal_pairs" else []
         return OneCaptionPerImage(item_to_img, generator, groups)
 
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         """Batches of ``(images, caption ids, lengths, image index)`` for one epoch."""
-        t = self.cfg["train"]
+        train = self.cfg["train"]
         pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
         sampler = self.sampler(pairs, self.train_cap_to_img, generator)
         return DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
                           drop_last=len(sampler) > stage.batch_size,
-                          num_workers=t["workers"] if train_source.kind == "files" else 0)
+                          num_workers=train["workers"] if train_source.kind == "files" else 0)
 
     def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool) -> torch.Tensor:
         return (self.warmup_loss if warm else self.loss_fn)(sim, img_idx)
@@ -314,26 +316,26 @@ class Trainer:
         """Returns False when early stopping ended training. ``state``: a ``last.pt`` saved inside this stage."""
         if stage.epochs == 0:           # e.g. straight to the self-critical stage: no features, no optimiser
             return True
-        t = self.cfg["train"]
+        train = self.cfg["train"]
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
-        freeze_modules(model, t["freeze"])
+        freeze_modules(model, train["freeze"])
         with self.main_first():
             train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
             val_source = self.source(self.val_set, stage.backbone_trainable) if self.is_main else None
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
-            raise ValueError(f"nothing to train: train.freeze {t['freeze']} leaves no trainable parameter")
-        optimizer = build_optimizer(t, param_groups(model, t["encoder_lr_factor"]), stage.lr)
-        generator = torch.Generator().manual_seed(t["seed"] + len(self.history))
+            raise ValueError(f"nothing to train: train.freeze {train['freeze']} leaves no trainable parameter")
+        optimizer = build_optimizer(train, param_groups(model, train["encoder_lr_factor"]), stage.lr)
+        generator = torch.Generator().manual_seed(train["seed"] + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
         batch_loss = self.batch_loss
         if self.dist is not None:   # this rank's slice of each global batch; DDP averages the gradients
             loader = self.dist.shard_loader(loader)
             batch_loss = self.dist.wrap(model, self.batch_loss)
-        steps = len(loader) if not t["max_steps_per_epoch"] else min(len(loader), t["max_steps_per_epoch"])
-        scheduler = build_scheduler(t, optimizer, stage.epochs * steps)
-        per_step = t["lr_schedule"] == "cosine"
+        steps = len(loader) if not train["max_steps_per_epoch"] else min(len(loader), train["max_steps_per_epoch"])
+        scheduler = build_scheduler(train, optimizer, stage.epochs * steps)
+        per_step = train["lr_schedule"] == "cosine"
         first, bad_epochs = 1, 0
         if state is not None:
             if state["stopped"]:
@@ -346,21 +348,21 @@ class Trainer:
             model.train()
             if not stage.backbone_trainable:
                 model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
-            for name in t["freeze"]:
+            for name in train["freeze"]:
                 getattr(model, name).eval()
             losses = []
             bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
                        unit="batch", leave=False)
             warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
             for step, batch in enumerate(bar):
-                if t["max_steps_per_epoch"] and step >= t["max_steps_per_epoch"]:
+                if train["max_steps_per_epoch"] and step >= train["max_steps_per_epoch"]:
                     break
                 with autocast(self.device, self.amp):
                     loss = batch_loss(batch, train_source.kind, warm)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if t["grad_clip"]:
-                    torch.nn.utils.clip_grad_norm_(params, t["grad_clip"])
+                if train["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
                 optimizer.step()
                 if per_step:
                     scheduler.step()
@@ -374,7 +376,7 @@ class Trainer:
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
                       "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
-            if epoch % t["eval_every"] == 0 or epoch == stage.epochs:
+            if epoch % train["eval_every"] == 0 or epoch == stage.epochs:
                 val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
                 if self.dist is not None:   # the others wait here; then every rank takes the same decisions
                     val = self.dist.broadcast(val)
@@ -390,18 +392,18 @@ class Trainer:
                         save_model(model, self.out_dir / "model.pt",
                                    extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
                 else:
-                    bad_epochs += t["eval_every"]
+                    bad_epochs += train["eval_every"]
             self.history.append(record)
             if self.is_main:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
-            stop = bad_epochs >= t["patience"]
+            stop = bad_epochs >= train["patience"]
             self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
                      f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
             if stop:
-                self.log(f"early stop: no validation {t['select_on']} gain in {bad_epochs} epochs")
+                self.log(f"early stop: no validation {train['select_on']} gain in {bad_epochs} epochs")
                 return False
         return True
 
@@ -489,11 +491,11 @@ def restore_rng(state: dict, generator: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def use_sparse_gradients(model: torch.nn.Module, t: dict) -> list[str]:
+def use_sparse_gradients(model: torch.nn.Module, train: dict) -> list[str]:
     """With plain SGD and no weight decay (BiR §6.3), lookup layers (the n-gram EmbeddingBag, 50,000 × 1,000)
     get sparse gradients: a step then touches the rows of the batch's features instead of the whole matrix,
     with the same update. Adam/RMSprop keep dense gradients (their state decays every row each step)."""
-    if t["optimizer"] != "sgd" or t["weight_decay"]:
+    if train["optimizer"] != "sgd" or train["weight_decay"]:
         return []
     names = []
     for name, module in model.named_modules():
@@ -518,18 +520,18 @@ def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]
             if g["params"]]
 
 
-def build_optimizer(t: dict, params, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(train: dict, params, lr: float) -> torch.optim.Optimizer:
     """``params``: tensors, or groups whose ``lr_scale`` multiplies ``lr``."""
     params = list(params)
     if params and isinstance(params[0], dict):
         params = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in params]
-    opts = dict(t["optimizer_options"])
-    if t["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
-        return torch.optim.RMSprop(params, lr=lr, weight_decay=t["weight_decay"],
+    opts = dict(train["optimizer_options"])
+    if train["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
+        return torch.optim.RMSprop(params, lr=lr, weight_decay=train["weight_decay"],
                                    **{"alpha": 0.9, "eps": 1e-6, **opts})
-    if t["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
-        return torch.optim.SGD(params, lr=lr, weight_decay=t["weight_decay"], **opts)
-    return torch.optim.Adam(params, lr=lr, weight_decay=t["weight_decay"], **opts)
+    if train["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
+        return torch.optim.SGD(params, lr=lr, weight_decay=train["weight_decay"], **opts)
+    return torch.optim.Adam(params, lr=lr, weight_decay=train["weight_decay"], **opts)
 
 
 def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
@@ -540,18 +542,18 @@ def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
     return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(t: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
+def build_scheduler(train: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
     """``total_steps``: the stage's updates (the cosine schedule steps per update, the others per epoch)."""
-    if t["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
-        warmup, final = t["warmup_steps"], t["lr_final_factor"]
+    if train["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
+        warmup, final = train["warmup_steps"], train["lr_final_factor"]
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: cosine_factor(s, total_steps, warmup, final))
-    if t["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=t["lr_decay_factor"],
-                                                          patience=t["lr_plateau_patience"] - 1)
-    if t["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
-        horizon, final = max(1, t["lr_decay_epochs"]), t["lr_final_factor"]
+    if train["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=train["lr_decay_factor"],
+                                                          patience=train["lr_plateau_patience"] - 1)
+    if train["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
+        horizon, final = max(1, train["lr_decay_epochs"]), train["lr_final_factor"]
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
     # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [t["lr_decay_epochs"]], t["lr_decay_factor"])
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train["lr_decay_epochs"]], train["lr_decay_factor"])

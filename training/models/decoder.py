@@ -262,7 +262,7 @@ def ban_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, m: int) -> No
 
 def build_decoder(cfg: dict, vocab_size: int) -> SentenceDecoder:
     """``cfg`` is the whole config; the decoder reads the common space of size ``model.embed_dim``."""
-    d = cfg["decoder"]
-    return SentenceDecoder(vocab_size, cfg["model"]["embed_dim"], word_dim=d["word_dim"], hidden=d["hidden"],
-                           layers=d["layers"], rnn=d["rnn"], dropout=d["dropout"],
-                           cond_dropout=d.get("cond_dropout", 0.0))
+    decoder = cfg["decoder"]
+    return SentenceDecoder(vocab_size, cfg["model"]["embed_dim"], word_dim=decoder["word_dim"],
+                           hidden=decoder["hidden"], layers=decoder["layers"], rnn=decoder["rnn"],
+                           dropout=decoder["dropout"], cond_dropout=decoder.get("cond_dropout", 0.0))

@@ -57,18 +57,18 @@ class JointEmbedding(CommonSpace):
             self.attention = RegionWordAttention(att["temperature"])
         # partial fine-tuning / learned pooling of the CNN's grid: the cached "features" are then the frozen
         # bottom's activations, flattened, and the trained top + pooling run in project_features
-        im = cfg["image"]
+        image = cfg["image"]
         self.image_split: SplitCNN | None = None
         self.image_pool: Pool | None = None
-        if im.get("train_blocks", 0) or im.get("pooling", "mean") != "mean":
-            self.image_split = SplitCNN(self.backbone, im.get("train_blocks", 0))
-            self.image_pool = Pool(im.get("pooling", "mean"))
-            self.bottom_shape = self.image_split.bottom_shape(im["image_size"])
+        if image.get("train_blocks", 0) or image.get("pooling", "mean") != "mean":
+            self.image_split = SplitCNN(self.backbone, image.get("train_blocks", 0))
+            self.image_pool = Pool(image.get("pooling", "mean"))
+            self.bottom_shape = self.image_split.bottom_shape(image["image_size"])
             self.feature_dim = region_dim = cast(int, backbone.module.num_features)   # an EfficientNet's
             self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
         # dropout on the pooled features in training (image.feature_dropout): a frozen backbone gives each training
         # image one fixed vector, which the projection could otherwise learn by heart
-        self.feature_dropout = nn.Dropout(im.get("feature_dropout", 0.0))
+        self.feature_dropout = nn.Dropout(image.get("feature_dropout", 0.0))
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
         self.text_proj = build_projection(cfg["model"], cast(int, self.text_encoder.out_dim),

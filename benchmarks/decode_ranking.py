@@ -44,7 +44,7 @@ from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import dct_scale  # noqa: E402
 from training.inference.embed import embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
-from training.models.model import load_model  # noqa: E402
+from training.models.checkpoint import load_model  # noqa: E402
 
 DATA = Path("/work/shared/datasets/flickr8k")
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"

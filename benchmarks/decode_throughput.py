@@ -46,7 +46,7 @@ from index.embed import exif_time, read_photo  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import SHRINK_TO_EMBED, StackedPreprocess, dct_scale, preprocess_from_dict  # noqa: E402
 from training.models.factory import build_backbone  # noqa: E402
-from training.models.model import load_checkpoint  # noqa: E402
+from training.models.checkpoint import load_checkpoint  # noqa: E402
 
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 SIZES = {"12 MP": (4000, 3000), "1 MP": (1152, 864)}

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from index.embed import embed_image_files, find_images  # noqa: E402
 from index.ray_embed import embed_with_ray, local_init_kwargs  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
-from training.models.model import load_model  # noqa: E402
+from training.models.checkpoint import load_model  # noqa: E402
 
 DATA = Path("/work/shared/datasets/flickr8k/images")
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"

@@ -85,7 +85,7 @@ def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:
     from index.embed import embed_texts
     from index.gallery import Gallery
     from training.data.datasets import load_dataset
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     model = load_model(model_path)
     records = load_dataset(data).split("val").images

@@ -50,7 +50,8 @@ from benchmarks.tables import current_commit  # noqa: E402
 from index.torch_search import TorchFlatSearch  # noqa: E402
 from tests.server_process import spawn  # noqa: E402
 from training.inference.pretrained import resolve  # noqa: E402
-from training.models.model import build_model, load_checkpoint, load_model, save_model  # noqa: E402
+from training.models.model import build_model  # noqa: E402
+from training.models.checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 
 
 def log(*parts) -> None:

@@ -137,7 +137,7 @@ def qb_metrics(img, cap, cap_to_img, bank_img, bank_cap) -> dict:
 def cmd_sweep(args) -> int:
     import torch
 
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
     from training.querybank import sample_indices
 
@@ -174,7 +174,7 @@ def build_and_measure(model_path: str | None, images: list[Path], captions: list
     from index.embed import embed_texts
     from index.gallery import Gallery
     from training.evaluate import KS, summarize
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
 
     out.mkdir(parents=True, exist_ok=True)
@@ -246,7 +246,7 @@ def cmd_timing(args) -> int:
 
     from training.data.datasets import load_dataset
     from training.inference.embed import embed_texts
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
     from training.querybank import sample_indices
 

@@ -46,7 +46,8 @@ from service.images import upload_to_pixels  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
 from tests.server_process import spawn  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
-from training.models.model import build_model, load_model, save_model  # noqa: E402
+from training.models.model import build_model  # noqa: E402
+from training.models.checkpoint import load_model, save_model  # noqa: E402
 
 
 # --- a minimal keep-alive HTTP/1.1 client ------------------------------------------------------------------

@@ -77,7 +77,8 @@ def setup(work: Path, model: Path | None, photos: int) -> tuple[Path, Path, Path
 
     from training.config import load_config
     from training.data.vocab import Vocabulary
-    from training.models.model import build_model, save_model
+    from training.models.model import build_model
+    from training.models.checkpoint import save_model
 
     folder = work / "photos"
     folder.mkdir()

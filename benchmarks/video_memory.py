@@ -65,7 +65,7 @@ def child(args) -> int:
     import torch
 
     from index.video import Sampling, embed_videos
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = load_model(args.model)

@@ -151,7 +151,7 @@ def speed(model, paths: list[str], seconds: float, workers: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="model.pt (one trained on the synthetic set: configs/demo.yaml)")

@@ -206,7 +206,7 @@ def _report_outside(outside) -> None:
 
 
 def _load(args):
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.inference.device import resolve_device
     from training.inference.pretrained import resolve
 

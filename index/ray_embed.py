@@ -173,7 +173,7 @@ class ShardEmbedder:
                  threads: int = 1):
         import torch
 
-        from training.models.model import load_model
+        from training.models.checkpoint import load_model
 
         torch.set_num_threads(max(1, threads))
         self.model = load_model(io.BytesIO(model_bytes), device)      # type: ignore[arg-type]  # torch.load reads it

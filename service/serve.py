@@ -54,7 +54,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from index.gallery import Gallery
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.inference.device import resolve_device
     from training.inference.pretrained import resolve
 

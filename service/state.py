@@ -18,7 +18,8 @@ import torch
 
 from index.gallery import Gallery, current_generation, read_manifest
 from training.models.ensemble import EnsembleEmbedding
-from training.models.model import JointEmbedding, load_model
+from training.models.model import JointEmbedding
+from training.models.checkpoint import load_model
 from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
 from training.inference.shapes import Shapes

@@ -59,7 +59,7 @@ def build_index(model_path, synth_dir, out):
     """A FAISS index of ``synth_dir``'s val+test images and their captions, built with ``model_path``."""
     from index.gallery import build
     from training.data.datasets import load_dataset
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     model = load_model(model_path)
     data = load_dataset(synth_dir)

@@ -40,7 +40,7 @@ def _with_a_video(model: Path, index: Path, out: Path) -> Path:
 
     from index.gallery import add
     from index.video import write_video
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     shutil.copytree(index, out)
     clip = write_video(out.parent / "clip.mp4", (np.full((32, 32, 3), 20 * i, np.uint8) for i in range(8)), fps=4)

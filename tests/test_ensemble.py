@@ -19,7 +19,7 @@ from training.data.preprocess import Preprocess, StackedPreprocess, open_image
 from training.inference.embed import embed_image_files as embed_decoded
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 from training.train import train
 
 QUERIES = ["a red circle above a blue square", "a small green triangle", "two yellow stars"]

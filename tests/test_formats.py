@@ -17,7 +17,7 @@ from index.gallery import Gallery, current_generation, sync
 from index.query import ImageFilter
 from service.cli import main as cli_main
 from training.data.preprocess import open_image
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 TAKEN = dt.datetime(2021, 7, 14, 9, 30, 0, tzinfo=dt.timezone.utc)
 MTIME = dt.datetime(2019, 3, 2, 12, 0, 0, tzinfo=dt.timezone.utc).timestamp()

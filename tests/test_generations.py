@@ -10,7 +10,8 @@ from conftest import tiny_config
 from training.caption_eval import CocoScorer, java_available
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary
-from training.models.model import build_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import save_model
 
 METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
 

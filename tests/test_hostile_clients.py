@@ -23,7 +23,7 @@ from PIL import Image
 
 from index.gallery import add
 from server_process import spawn
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 DEADLINE_MS, BODY_TIMEOUT_S, MIN_RATE = 250, 1.0, 100_000
 BOUNDARY = "hostile-client-boundary"

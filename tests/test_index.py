@@ -16,7 +16,8 @@ from index.gallery import Gallery, IndexMismatchError, add, build, current_gener
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary
-from training.models.model import build_model, load_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +138,7 @@ CRASH_SCRIPT = r"""
 import os, signal, sys
 import index.faiss_index as fi
 from index.gallery import add
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 real_save = fi.VectorIndex.save
 calls = []

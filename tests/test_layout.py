@@ -18,7 +18,8 @@ import torch
 
 from conftest import tiny_config
 from training.data.vocab import Vocabulary
-from training.models.model import build_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import save_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "index", "service")

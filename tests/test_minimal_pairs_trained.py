@@ -20,7 +20,7 @@ from training.config import build_config
 from training.data.datasets import load_dataset
 from training.data.synth import generate
 from training.evaluate import evaluate_model
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 from training.train import train
 
 EPOCHS = {"gru": 45, "bow": 3}      # the bag-of-words score does not depend on training; 3 epochs show it

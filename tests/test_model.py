@@ -15,7 +15,8 @@ from training.inference.embed import embed_split, embed_texts
 from training.models.ensemble import EnsembleEmbedding
 from training.models.factory import TEXT_ENCODERS, build_text_encoder
 from service.cli import main as cli_main
-from training.models.model import build_model, fingerprint, load_checkpoint, load_model, save_model, save_slim
+from training.models.model import build_model
+from training.models.checkpoint import fingerprint, load_checkpoint, load_model, save_model, save_slim
 from training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]

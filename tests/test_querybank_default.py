@@ -21,7 +21,7 @@ from training.data.datasets import load_dataset
 from training.data.preprocess import MirroredViews, Preprocess, StackedPreprocess
 from training.inference.embed import embed_pixels
 from training.models.hubness import item_offsets
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 from training.inference.querybank import attach, carried
 from training.querybank import attach_from_training, make_bank
 

@@ -17,7 +17,8 @@ from training.config_schema import reference_markdown
 from training.data.vocab import Vocabulary, pad_batch
 from training.models import factory
 from training.models.factory import TEXT_ENCODERS
-from training.models.model import build_model, load_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import load_model, save_model
 from training.models.registry import Entry, Registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"

@@ -26,7 +26,7 @@ def records(run):
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
-    from training.models.model import load_checkpoint
+    from training.models.checkpoint import load_checkpoint
     from training.train import load_train_state, train
 
     # dropout (global RNG), a step schedule that changes the lr mid-run, and a shuffling sampler all carry state
@@ -52,7 +52,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(synth_small, tmp
 
 def test_an_interrupted_self_critical_stage_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
     """One eq. 12 epoch, then 6 SCST updates validated every 2; cut after update 4 and resumed."""
-    from training.models.model import load_checkpoint
+    from training.models.checkpoint import load_checkpoint
     from training.train import load_train_state, train
 
     cfg = tiny_config(decoder={**STT_DECODER, "dropout": 0.3}, train={"epochs": 1, "sampling": "image"},

@@ -100,7 +100,7 @@ def test_scst_teaches_a_decoder_the_rewarded_sentences():
 
 def test_scst_stage_trains_the_decoder_only_and_keeps_the_best_checkpoint(synth_small, tmp_path):
     from training.evaluate import evaluate_model
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.train import train
 
     base = tmp_path / "xe"

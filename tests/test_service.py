@@ -24,7 +24,7 @@ from service.app import create_app
 from service.settings import Settings
 from training.inference.compose import compose_query, image_features_of
 from training.data.datasets import load_dataset
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -403,7 +403,7 @@ def test_api_key(tiny_model_path, tiny_index_dir):
 
 def test_not_ready_and_mismatched_index_answer_503_not_500(tiny_model_path, tiny_index_dir, tmp_path):
     import torch
-    from training.models.model import save_model
+    from training.models.checkpoint import save_model
 
     other = load_model(tiny_model_path)
     with torch.no_grad():
@@ -592,7 +592,8 @@ def test_serve_refuses_a_mismatched_index_at_start(tiny_index_dir, tmp_path, cap
     import torch
     from service.cli import main
     from training.data.vocab import Vocabulary
-    from training.models.model import build_model, save_model
+    from training.models.model import build_model
+    from training.models.checkpoint import save_model
 
     from conftest import tiny_config
 

@@ -20,7 +20,7 @@ from service.settings import Settings
 from training.data.vocab import tokenize
 from training.inference.embed import embed_texts
 from training.inference.generate import caption_embeddings, caption_images, paraphrase_texts
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 SENTENCES = ["a red circle left of a blue square", "a green star above a yellow cross",
              "a small purple square below a big red star", "an orange cross right of a green circle"]

@@ -21,7 +21,7 @@ from service.app import create_app
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.data.fileio import atomic_path, created_mode, write_json
-from training.models.model import load_model, save_model
+from training.models.checkpoint import load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -95,12 +95,12 @@ def _all_modes(root: Path) -> dict[str, int]:
 REPLICA = r"""
 import asyncio, json, os, sys
 import httpx, faiss, torch, sqlite3, uvicorn
-import service.app, service.state, index.gallery, training.models.model
+import service.app, service.state, index.gallery, training.models.checkpoint
 from service.app import create_app
 from service.settings import Settings
 
 model, index_dir, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
-warm = training.models.model.load_model(model)
+warm = training.models.checkpoint.load_model(model)
 index.gallery.Gallery.load(index_dir, model=warm).close()
 del warm
 if uid != os.getuid():

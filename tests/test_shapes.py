@@ -13,7 +13,7 @@ from index.gallery import Gallery
 from service.app import create_app
 from service.engine import Engine, Options
 from service.settings import Settings
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 from training.inference.shapes import Chunk, bucket_sizes, plan, resolve
 
 

@@ -7,7 +7,8 @@ from service.cli import main as cli_main
 from training.config import build_config
 from training.data.vocab import Vocabulary
 from training.inference.embed import embed_texts
-from training.models.model import build_model, fingerprint, load_checkpoint, load_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import fingerprint, load_checkpoint, load_model, save_model
 
 
 @pytest.fixture(scope="module")

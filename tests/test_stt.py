@@ -13,7 +13,8 @@ from training.data.vocab import Vocabulary, tokenize
 from training.inference.embed import embed_texts
 from training.inference.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
 from training.models.attention import RegionWordAttention
-from training.models.model import build_model, load_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import load_model, save_model
 from training.stt import STTLoss, STTTrainer, ordered_pairs
 from training.train import Stage
 

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 from index.embed import embed_image_files
 from index.gallery import Gallery, current_generation, sync
 from service.cli import main as cli_main
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ CRASH_SCRIPT = r"""
 import os, signal, sys
 import index.faiss_index as fi
 from index.gallery import sync
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 real_save = fi.VectorIndex.save
 def save_then_die(self, path):

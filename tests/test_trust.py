@@ -16,7 +16,7 @@ from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
 from service.trust import host_name
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 def _client(model, index, host="127.0.0.1", **settings) -> TestClient:
     """A client of the app; ``allowed_hosts`` is "" (the default) unless given, whatever the environment says."""

@@ -17,7 +17,7 @@ from index.query import ImageFilter
 from index.video import (Sampling, VideoError, embed_videos, find_videos, frame_at, probe,
                          sample_frames, segment, write_video)
 from service.cli import main as cli_main
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 
 
 def _frames(n, w=64, h=64, colour=(255, 0, 0), seed=0):

@@ -116,7 +116,7 @@ def _changed(a, b) -> set[str]:
 
 
 def test_view_augmented_teacher_forcing_and_scst(synth_small, tmp_path):
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from training.train import train
 
     quiet = lambda *_: None  # noqa: E731

@@ -431,7 +431,7 @@ def photo_server(tiny_model_path, synth_small, tmp_path_factory):
     """The synthetic test images as a photo folder: in trip/, trip/day2/ and home/, one taken (EXIF) a day from
     2021-05-01 — so the page's folder and date filters have something to filter."""
     from index.gallery import build
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     data = load_dataset(synth_small)
     records = data.split("val").images + data.split("test").images
@@ -568,7 +568,7 @@ def video_server(tiny_model_path, synth_small, tmp_path_factory):
     """Photos and two WebM clips (VP9: Chromium plays it without proprietary codecs), moments of 2 s."""
     from index.gallery import build
     from index.video import Sampling, write_video
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     folder = tmp_path_factory.mktemp("video_gallery")
     for src in sorted((synth_small / "images").glob("*.jpg"))[:4]:

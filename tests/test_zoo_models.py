@@ -10,7 +10,8 @@ from training.data.vocab import Vocabulary, pad_batch
 from training.inference.embed import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
 from training.models.factory import TEXT_ENCODERS, build_loss
-from training.models.model import build_model, load_model, save_model
+from training.models.model import build_model
+from training.models.checkpoint import load_model, save_model
 from training.models.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise
 
 from conftest import tiny_config

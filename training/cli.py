@@ -136,7 +136,7 @@ def cmd_compose(args) -> int:
     from training.data.sources import image_source
     from training.inference.compose import compose_query, image_features_of
     from training.inference.embed import embed_image_source
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     model = load_model(args.model)
     dataset = load_dataset(args.data, split=args.split).split(args.split)
@@ -203,7 +203,7 @@ def cmd_evaluate(args) -> int:
     from training.data.datasets import load_dataset
     from training.data.fileio import write_json
     from training.inference.device import resolve_device
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
     from .evaluate import evaluate_model, format_table, plot_recall, public
 
     if args.generations and args.no_generation:
@@ -270,7 +270,7 @@ def cmd_score_generations(args) -> int:
 def cmd_generate(args) -> int:
     from training.inference.device import resolve_device
     from training.inference.generate import caption_images, paraphrase_texts
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     if args.n < 1:
         print(f"error: -n must be at least 1, got {args.n}", file=sys.stderr)
@@ -299,7 +299,7 @@ def cmd_generate(args) -> int:
 
 def cmd_ensemble(args) -> int:
     from training.models.ensemble import EnsembleEmbedding
-    from training.models.model import load_model, save_model
+    from training.models.checkpoint import load_model, save_model
 
     if args.weights is not None and len(args.weights) != len(args.models):
         print(f"error: --weights needs one weight per model ({len(args.models)}), got {len(args.weights)}",
@@ -324,7 +324,7 @@ def cmd_ensemble(args) -> int:
 
 
 def cmd_slim(args) -> int:
-    from training.models.model import load_model, save_slim
+    from training.models.checkpoint import load_model, save_slim
 
     if not Path(args.model).is_file():
         print(f"error: no model file {args.model}", file=sys.stderr)

@@ -49,7 +49,7 @@ def attach_from_training(cfg: dict, model_file: Path, train_set, device="cpu", p
     """After ``jointspace train``: the ``querybank`` section's bank from the training split, attached to
     ``model_file`` (the kept checkpoint). None (and nothing written) when the section turns it off, the model
     is not a cosine one, or there is no checkpoint."""
-    from training.models.model import load_model
+    from training.models.checkpoint import load_model
 
     section = cfg.get(KEY) or {}
     if not section.get("enabled", True) or not model_file.is_file():

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from training.data.vocab import tokenize
 from training.inference.embed import embed_split
-from training.models.model import save_model
+from training.models.checkpoint import save_model
 from .batches import embed_views, random_view
 from .cider import CiderD
 from .trainer import plan_stages, restore_rng, rng_state

@@ -29,7 +29,7 @@ from training.data.sources import ImageSource
 from training.data.vocab import pad_batch
 from training.inference.embed import autocast, embed_image_source, embed_texts
 from training.models.attention import embed_words
-from training.models.model import load_checkpoint
+from training.models.checkpoint import load_checkpoint
 from .batches import batch_features, image_inputs_to_embedding
 from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer

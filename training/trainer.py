@@ -36,7 +36,8 @@ from training.data.vocab import SPECIALS, Vocabulary, pad_batch
 from training.inference.device import resolve_device
 from training.inference.embed import autocast, embed_split
 from training.models.factory import build_loss
-from training.models.model import build_model, freeze_modules, init_from_checkpoint, save_model
+from training.models.model import build_model, freeze_modules
+from training.models.checkpoint import init_from_checkpoint, save_model
 from .batches import batch_features, image_inputs_to_embedding
 from .config import dump_config
 from .evaluate import minimal_pairs_of, public, retrieval_metrics

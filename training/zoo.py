@@ -20,7 +20,7 @@ import numpy as np
 from training.data.datasets import load_dataset
 from training.data.fileio import atomic_path, write_json, write_text
 from training.inference.device import resolve_device
-from training.models.model import load_model
+from training.models.checkpoint import load_model
 from .config import load_config
 from .evaluate import evaluate_model, plot_recall, public
 from .train import train

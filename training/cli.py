@@ -178,7 +178,7 @@ def cmd_train(args) -> int:
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     if args.resume:
-        from .trainer import load_train_state
+        from .run_state import load_train_state
 
         cfg = build_config(load_train_state(args.out)["config"], args.overrides)
     else:

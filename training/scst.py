@@ -36,7 +36,8 @@ from training.inference.embed import embed_split
 from training.models.checkpoint import save_model
 from .batches import embed_views, random_view
 from .cider import CiderD
-from .trainer import plan_stages, restore_rng, rng_state
+from .run_state import rng_state, set_rng_state
+from .trainer import plan_stages
 
 
 def leave_one_out_advantage(rewards: torch.Tensor) -> torch.Tensor:
@@ -209,7 +210,7 @@ class SelfCriticalStage:
         else:                         # the weights are already the state's (Trainer.run loaded them)
             own = state["scst"]
             optimizer.load_state_dict(own["optimizer"])
-            restore_rng(own["rng"], generator)
+            set_rng_state(own["rng"], generator)
             sample_generator.set_state(own["sample_generator"])
             best, records, first = own["best"], list(own["records"]), own["step"] + 1
             start = time.time() - state["elapsed_s"]

@@ -6,8 +6,9 @@ The names tests and tools use from the training loop are importable from here as
 from __future__ import annotations
 
 from .stt import STTTrainer
-from .trainer import (Stage, Trainer, build_optimizer, build_scheduler, cosine_factor, load_train_state,
-                      param_groups, plan_stages)
+from .optim import build_optimizer, build_scheduler, cosine_factor, param_groups
+from .run_state import load_train_state
+from .trainer import Stage, Trainer, plan_stages
 
 __all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_factor", "load_train_state",
            "param_groups", "plan_stages", "train"]

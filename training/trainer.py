@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import time
@@ -39,6 +38,8 @@ from training.models.factory import build_loss
 from training.models.model import build_model, freeze_modules
 from training.models.checkpoint import init_from_checkpoint, save_model
 from .batches import batch_features, image_inputs_to_embedding
+from .optim import build_optimizer, build_scheduler, param_groups, use_sparse_gradients
+from .run_state import STATE_FILE, STATE_FORMAT, load_train_state, rng_state, seed_rank, set_rng_state
 from .config import dump_config
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
 
@@ -428,11 +429,11 @@ class Trainer:
         else rank 0's (the sampler's is the same on every rank), each other rank reseeding its own generators."""
         ranks = state.get("rng_ranks")
         if self.dist is None:
-            restore_rng(state["rng"], generator)
+            set_rng_state(state["rng"], generator)
         elif ranks is not None and len(ranks) == self.dist.world_size:
-            restore_rng(ranks[self.dist.rank], generator)
+            set_rng_state(ranks[self.dist.rank], generator)
         else:
-            restore_rng(state["rng"], generator)
+            set_rng_state(state["rng"], generator)
             self.log(f"resuming with {self.dist.world_size} processes a run that had {state.get('world_size', 1)}: "
                      f"the random states of ranks other than 0 are reseeded")
             seed_rank(self.cfg["train"]["seed"] + state["epoch"], self.dist.rank)
@@ -446,115 +447,3 @@ class Trainer:
                  "elapsed_s": elapsed, **parts}
         with atomic_path(self.out_dir / STATE_FILE) as tmp:
             torch.save(state, tmp)
-
-
-STATE_FORMAT = "jointspace-train-state/1"
-STATE_FILE = "last.pt"
-
-
-def load_train_state(run_dir: str | Path) -> dict:
-    """The ``last.pt`` of a run directory (``jointspace train --resume``)."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: nothing to resume (a run writes it after its first epoch)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path} is not a jointspace training state (expected format {STATE_FORMAT})")
-    return state
-
-
-def rng_state(generator: torch.Generator) -> dict:
-    """The sampler's generator and the global generators (dropout, shuffles) at an epoch's end."""
-    out = {"sampler": generator.get_state(), "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-           "python": random.getstate()}
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def seed_rank(seed: int, rank: int) -> None:
-    """Rank ``rank``'s global generators (dropout, augmentation) in a multi-process run: rank 0 keeps the stream
-    one process has, each other rank starts its own."""
-    if rank == 0:
-        return
-    derived = (seed * 1_000_003 + rank) % (1 << 31)
-    random.seed(derived)
-    np.random.seed(derived)
-    torch.manual_seed(derived)
-
-
-def restore_rng(state: dict, generator: torch.Generator) -> None:
-    generator.set_state(state["sampler"])
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def use_sparse_gradients(model: torch.nn.Module, train: dict) -> list[str]:
-    """With plain SGD and no weight decay (BiR §6.3), lookup layers (the n-gram EmbeddingBag, 50,000 × 1,000)
-    get sparse gradients: a step then touches the rows of the batch's features instead of the whole matrix,
-    with the same update. Adam/RMSprop keep dense gradients (their state decays every row each step)."""
-    if train["optimizer"] != "sgd" or train["weight_decay"]:
-        return []
-    names = []
-    for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.weight.requires_grad:
-            module.sparse = True
-            names.append(name)
-    return names
-
-
-PRETRAINED_PREFIXES = ("backbone.", "text_encoder.bert.")
-
-
-def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]:
-    """The trainable parameters; with ``encoder_lr_factor`` != 1 the pretrained encoder weights (backbone,
-    MiniLM layers) form a second group whose lr is that multiple of the stage's (``lr_scale``)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    pretrained = [p for n, p in named if n.startswith(PRETRAINED_PREFIXES)]
-    if encoder_lr_factor == 1.0 or not pretrained:
-        return [{"params": [p for _, p in named], "lr_scale": 1.0}]
-    heads = [p for n, p in named if not n.startswith(PRETRAINED_PREFIXES)]
-    return [g for g in ({"params": heads, "lr_scale": 1.0}, {"params": pretrained, "lr_scale": encoder_lr_factor})
-            if g["params"]]
-
-
-def build_optimizer(train: dict, params, lr: float) -> torch.optim.Optimizer:
-    """``params``: tensors, or groups whose ``lr_scale`` multiplies ``lr``."""
-    params = list(params)
-    if params and isinstance(params[0], dict):
-        params = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in params]
-    opts = dict(train["optimizer_options"])
-    if train["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
-        return torch.optim.RMSprop(params, lr=lr, weight_decay=train["weight_decay"],
-                                   **{"alpha": 0.9, "eps": 1e-6, **opts})
-    if train["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
-        return torch.optim.SGD(params, lr=lr, weight_decay=train["weight_decay"], **opts)
-    return torch.optim.Adam(params, lr=lr, weight_decay=train["weight_decay"], **opts)
-
-
-def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
-    """Linear warm-up over ``warmup`` updates, then a half cosine from 1 down to ``final`` at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_scheduler(train: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
-    """``total_steps``: the stage's updates (the cosine schedule steps per update, the others per epoch)."""
-    if train["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
-        warmup, final = train["warmup_steps"], train["lr_final_factor"]
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: cosine_factor(s, total_steps, warmup, final))
-    if train["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=train["lr_decay_factor"],
-                                                          patience=train["lr_plateau_patience"] - 1)
-    if train["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
-        horizon, final = max(1, train["lr_decay_epochs"]), train["lr_final_factor"]
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
-    # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train["lr_decay_epochs"]], train["lr_decay_factor"])

@@ -1,0 +1,54 @@
+"""A training run's state between epochs: ``RUN_DIR/last.pt`` (what ``jointspace train --resume`` reads) and the
+random generators saved in it and put back."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+STATE_FORMAT = "jointspace-train-state/1"
+STATE_FILE = "last.pt"
+
+
+def load_train_state(run_dir: str | Path) -> dict:
+    """The ``last.pt`` of a run directory (``jointspace train --resume``)."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: nothing to resume (a run writes it after its first epoch)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path} is not a jointspace training state (expected format {STATE_FORMAT})")
+    return state
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    """The sampler's generator and the global generators (dropout, shuffles) at an epoch's end."""
+    out = {"sampler": generator.get_state(), "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+           "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Rank ``rank``'s global generators (dropout, augmentation) in a multi-process run: rank 0 keeps the stream
+    one process has, each other rank starts its own."""
+    if rank == 0:
+        return
+    derived = (seed * 1_000_003 + rank) % (1 << 31)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+
+
+def set_rng_state(state: dict, generator: torch.Generator) -> None:
+    """Puts back what :func:`rng_state` saved."""
+    generator.set_state(state["sampler"])
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,17 +39,10 @@ from index.embed import embed_image_files, find_images  # noqa: E402
 from index.ray_embed import embed_with_ray, local_init_kwargs  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 
 DATA = Path("/work/shared/datasets/flickr8k/images")
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def _row(round_: int, engine: str, workers: str, n: int, seconds: float, diff: float) -> dict:
@@ -114,7 +106,7 @@ def main() -> int:
         "description": f"{n} Flickr8k photos embedded with the shipped model ({Path(args.model).name}), batch "
                        f"{args.batch_size}, Ray shards of {args.shard_size} (python benchmarks/embed_throughput.py "
                        f"--images {args.images} --repeat {args.repeat}); time includes loading the model, not starting Ray",
-        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": _commit(),
+        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
         "python": platform.python_version(), "ray": ray.__version__, "images": n, "ray_init_s": ray_init_s,
         "rows": rows,
     })

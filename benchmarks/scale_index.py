@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from index.faiss_index import parse_bytes  # noqa: E402
 from index.gallery import Gallery, add_vectors, build_from_vectors, current_generation  # noqa: E402
 from index.metadata import Metadata  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 
 FP = "benchmark-" + "0" * 54       # a made-up model fingerprint: the index is never used with a model
 
@@ -207,8 +208,7 @@ def main() -> int:
                              f"against exact search (python benchmarks/scale_index.py --n {args.n} --dim "
                              f"{args.dim} --max-index-memory {args.max_index_memory})",
               "hardware": args.hardware, "date": date.today().isoformat(),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=ROOT).stdout.strip(),
+              "commit": current_commit(),
               "n": args.n, "dim": args.dim, "rows": rows, "search": search}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.server_process import free_port  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 
 ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload")
 TEXTS = ["a red circle", "a dog on the beach", "two people walking", "a blue square above a green star",
@@ -366,8 +367,7 @@ def main() -> int:
         finally:
             server.stop()
     summary = summarise(soak)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
+    commit = current_commit()
     rss = [mb for _, mb, _ in soak.rss]
     result = {
         "description": f"python benchmarks/soak.py --seconds {args.seconds:g} --sync-every {args.sync_every:g}: "

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from index.gallery import Gallery, build  # noqa: E402
 from index.query import ImageFilter  # noqa: E402
 from index.video import Sampling, embed_videos, sample_frames, write_video  # noqa: E402
 from training.data.synth import random_scenes, render  # noqa: E402
+from benchmarks.tables import current_commit  # noqa: E402
 
 
 def drift(scene, offset: tuple[float, float]):
@@ -189,8 +189,7 @@ def main(argv=None) -> int:
             rows.append(row)
         run = speed(model, paths, sum(c["duration"] for c in truth), args.workers)
         print(json.dumps(run), file=sys.stderr)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = current_commit()
     result = {"description": f"{args.clips} generated clips ({args.scenes} synthetic scenes each, 3-7 s a scene, "
                              f"{args.size} px, {args.fps} fps, H.264 by PyAV), frames sampled at 1/s; model: "
                              f"{args.model_note}",

@@ -330,12 +330,16 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_
         page.wait_for_selector("#key-form:not([hidden])")
         assert page.evaluate("document.activeElement.id") == "api-key"
         page.keyboard.type("wrong")
-        page.keyboard.press("Enter")
-        _search(page, QUERY)
+        with page.expect_response(lambda r: r.url.endswith("/v1/folders")) as folders:
+            page.keyboard.press("Enter")                                    # the page tries the key at once
+        assert folders.value.status == 401
+        page.wait_for_selector("#key-form:not([hidden])")
+        _search(page, QUERY)                                                # a search without a key is refused too
         _wait_error(page, "Error 401")
         assert "API key" in page.inner_text("#error")
         page.wait_for_selector("#key-form:not([hidden])")                   # asked again, with the API's reason
         assert "API key" in page.inner_text("#key-hint")
+        assert page.evaluate("document.activeElement.id") == "query"        # without taking the typist's focus
 
         page.fill("#api-key", "s3cret")
         page.press("#api-key", "Enter")

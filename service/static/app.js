@@ -176,11 +176,15 @@ async function connect() {
   }
 }
 
+// Shows the key form with the API's reason. The focus moves to it unless the user has typed into another field: a
+// 401 can arrive while they type their next query, and taking the focus then would send their Enter to this form.
 function askForKey(detail) {
   auth.key = "";
   el.keyHint.textContent = detail;
   el.keyForm.hidden = false;
-  el.keyInput.focus();
+  const active = document.activeElement;
+  const typing = active instanceof HTMLInputElement && active !== el.keyInput && active.value !== "";
+  if (!typing) el.keyInput.focus();
 }
 
 auth.onUnauthorized = askForKey;

@@ -93,3 +93,91 @@ def test_cosine_and_order_similarity():
     expected = torch.tensor([[-0.0, -(0.8 ** 2)], [-(1.0 ** 2), -(0.6 ** 2)]])
     assert torch.allclose(order(im, cap), expected)
     assert (order.normalize(torch.tensor([[-3.0, 4.0]])) >= 0).all()
+
+
+# --- XBM: a cross-batch memory of recent embeddings as extra negatives ---------------------------------------------
+
+def _unit(rows):
+    return torch.nn.functional.normalize(torch.tensor(rows, dtype=torch.float32), dim=1)
+
+
+def test_the_memory_keeps_the_newest_entries_detached():
+    from training.models.losses import CrossBatchMemory
+
+    memory = CrossBatchMemory(5)
+    score = build_similarity("cosine")
+    assert len(memory) == 0 and memory.scores(score, torch.eye(2), torch.eye(2)) is None
+    for step in range(3):                          # batches of 2 (image, caption) pairs with image ids 2s, 2s + 1
+        emb = torch.full((2, 3), float(step), requires_grad=True)
+        memory.add(emb, emb * 2, torch.tensor([2 * step, 2 * step + 1]))
+    assert len(memory) == 5
+    assert memory.image_ids.tolist() == [1, 2, 3, 4, 5]               # the oldest entry (id 0) is gone
+    assert memory.images[:, 0].tolist() == [0, 1, 1, 2, 2] and memory.captions[-1, 0] == 4
+    assert not memory.images.requires_grad and not memory.captions.requires_grad
+    memory.clear()
+    assert len(memory) == 0
+
+
+def _brute_max_violation(images, captions, ids, mem_images, mem_captions, mem_ids):
+    """Each anchor's hardest negative among the batch and the memory, by loops (pairs of one image skipped)."""
+    cands_c = [(c, i) for c, i in zip(captions, ids.tolist())] + [(c, i) for c, i in zip(mem_captions, mem_ids.tolist())]
+    cands_i = [(v, i) for v, i in zip(images, ids.tolist())] + [(v, i) for v, i in zip(mem_images, mem_ids.tolist())]
+    total = 0.0
+    for a, own in enumerate(ids.tolist()):
+        pos = float(images[a] @ captions[a])
+        total += max(0.0, M - pos + max(float(images[a] @ c) for c, i in cands_c if i != own))
+        total += max(0.0, M - pos + max(float(v @ captions[a]) for v, i in cands_i if i != own))
+    return total
+
+
+def test_max_violation_mines_the_memory_and_masks_its_positives():
+    from training.models.losses import CrossBatchMemory
+
+    score = build_similarity("cosine")
+    images, captions = _unit([[1, 0, 0], [0, 1, 0], [0, 0, 1]]), _unit([[1, 0.2, 0], [0, 1, 0.2], [0.3, 0, 1]])
+    ids = torch.tensor([0, 1, 2])
+    fn = build_loss({"name": "max_violation", "margin": M, "lambda": 1.0, "reduction": "sum", "k": 10,
+                     "options": {}})
+    plain = fn(score(images, captions), ids).item()
+
+    memory = CrossBatchMemory(8)          # close to image 0 and caption 0: hard negatives of both
+    mem_images, mem_captions = _unit([[1, 0.1, 0], [0, 0.2, 1]]), _unit([[0.95, 0.1, 0], [0.1, 1, 0]])
+    memory.add(mem_images, mem_captions, torch.tensor([7, 8]))
+    with_memory = fn(score(images, captions), ids, memory=memory.scores(score, images, captions)).item()
+    assert with_memory > plain
+    assert with_memory == pytest.approx(_brute_max_violation(images, captions, ids, mem_images, mem_captions,
+                                                             torch.tensor([7, 8])), abs=1e-6)
+
+    same = CrossBatchMemory(8)          # the same vectors filed under the batch's own images: positives
+    same.add(mem_images, mem_captions, torch.tensor([0, 2]))
+    assert fn(score(images, captions), ids, memory=same.scores(score, images, captions)).item() == pytest.approx(
+        _brute_max_violation(images, captions, ids, mem_images, mem_captions, torch.tensor([0, 2])), abs=1e-6)
+    assert fn(score(images, captions), ids, memory=same.scores(score, images, captions)).item() < with_memory
+
+
+def test_the_gradient_of_a_memory_loss_reaches_only_the_batch():
+    from training.models.losses import CrossBatchMemory
+
+    score = build_similarity("cosine")
+    memory = CrossBatchMemory(4)
+    old = torch.nn.functional.normalize(torch.randn(4, 3, generator=torch.Generator().manual_seed(1)), dim=1)
+    old.requires_grad_(True)
+    memory.add(old, old, torch.tensor([5, 6, 7, 8]))
+    images = torch.nn.functional.normalize(torch.randn(3, 3, generator=torch.Generator().manual_seed(2)), dim=1)
+    images.requires_grad_(True)
+    fn = build_loss({"name": "khardest", "margin": 1.0, "lambda": 1.0, "reduction": "sum", "k": 2, "options": {}})
+    total = fn(score(images, images), torch.tensor([0, 1, 2]), memory=memory.scores(score, images, images))
+    total.backward()
+    assert images.grad is not None and images.grad.abs().sum() > 0 and old.grad is None
+
+
+def test_loss_memory_is_refused_where_it_does_not_apply():
+    from conftest import STT_DECODER, tiny_config
+    from training.config import build_config
+
+    with pytest.raises(ValueError, match="loss.memory: loss 'bir_pairwise'"):
+        build_config(tiny_config(loss={"name": "bir_pairwise", "memory": 64}))
+    with pytest.raises(ValueError, match="loss.memory applies to the retrieval trainer"):
+        build_config(tiny_config(loss={"memory": 64}, decoder=STT_DECODER))
+    with pytest.raises(ValueError, match="memory"):
+        build_config(tiny_config(loss={"memory": -1}))

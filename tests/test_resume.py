@@ -50,6 +50,30 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(synth_small, tmp
     assert again["epochs_run"] == 3 and records(tmp_path / "cut") == records(tmp_path / "straight")
 
 
+def test_a_run_with_a_cross_batch_memory_uses_it_and_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
+    """loss.memory (XBM): the memory changes training after the warm-up epoch, and since every epoch starts with
+    it empty, a run cut after epoch 2 ends as the straight run does."""
+    from training.train import load_train_state, train
+
+    def cfg(memory):
+        return tiny_config(loss={"name": "max_violation", "warmup_epochs": 1, "memory": memory},
+                           train={"epochs": 3, "batch_size": 8, "patience": 5})
+
+    quiet = lambda *_: None  # noqa: E731
+    straight = train(cfg(48), synth_small, tmp_path / "straight", progress=False, log=quiet)
+    train(cfg(0), synth_small, tmp_path / "without", progress=False, log=quiet)
+    with pytest.raises(Interrupt):
+        train(cfg(48), synth_small, tmp_path / "cut", progress=False, log=stop_after("[main 2/3]"))
+    resumed = train(cfg(48), synth_small, tmp_path / "cut", progress=False, log=quiet, resume=True)
+    assert resumed["epochs_run"] == straight["epochs_run"] == 3
+    assert records(tmp_path / "cut") == records(tmp_path / "straight")
+    la, lb, lw = (load_train_state(tmp_path / r)["model"] for r in ("straight", "cut", "without"))
+    assert all(torch.equal(la[k], lb[k]) for k in la)
+    warm_only = [records(tmp_path / r)[0]["loss"] for r in ("straight", "without")]
+    assert warm_only[0] == warm_only[1]                     # epoch 1 is the warm-up: no memory yet
+    assert any(not torch.equal(la[k], lw[k]) for k in la)   # afterwards the memory's negatives change the updates
+
+
 def test_an_interrupted_self_critical_stage_resumes_to_the_uninterrupted_result(synth_small, tmp_path):
     """One eq. 12 epoch, then 6 SCST updates validated every 2; cut after update 4 and resumed."""
     from training.models.checkpoint import load_checkpoint

@@ -111,8 +111,17 @@ class LossSection(RunSection):
     reduction: Literal["sum", "mean"] = Key("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
     warmup_epochs: int = Key(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
                                 "collapse (VSE++ §3.3)", ge=0)
+    memory: int = Key(0, "XBM cross-batch memory: the last N (image, caption) embedding pairs, detached, are extra "
+                         "negatives after the warm-up epochs (emptied each epoch); 0 = off", ge=0)
     options: dict = Key({}, "the options of loss.name (its table below)")
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+    @model_validator(mode="after")
+    def _memory_applies(self):
+        if self.memory and not getattr(LOSSES.get(self.name), "takes_memory", False):
+            raise ValueError(f"loss.memory: loss {self.name!r} does not mine negatives from a cross-batch memory "
+                             f"(set loss.memory: 0)")
+        return self
 
 
 class TrainSection(RunSection):
@@ -219,6 +228,8 @@ class RunConfig(RunSection):
         """The rules that tie sections together."""
         im, attention, d = self.image, self.attention.enabled, self.decoder
         decoder = d.enabled and d.lambda_ic + d.lambda_para > 0
+        if self.loss.memory and (decoder or attention or d.enabled):
+            raise ValueError("loss.memory applies to the retrieval trainer (decoder and attention off)")
         if im.train_crops and attention:
             raise ValueError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
         if (im.train_blocks or im.pooling != "mean") and (im.crops != 1 or attention):

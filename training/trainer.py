@@ -35,6 +35,7 @@ from training.data.vocab import SPECIALS, Vocabulary, pad_batch
 from training.inference.device import resolve_device
 from training.inference.embed import autocast, embed_split
 from training.models.factory import build_loss
+from training.models.losses import CrossBatchMemory, MemoryScores
 from training.models.model import build_model, freeze_modules
 from training.models.checkpoint import init_from_checkpoint, save_model
 from .batches import batch_features, image_inputs_to_embedding
@@ -173,6 +174,7 @@ class Trainer:
             self.model = model.to(self.device)
             self.loss_fn = build_loss(cfg["loss"])
             self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
+            self.memory = CrossBatchMemory(cfg["loss"]["memory"]) if cfg["loss"]["memory"] else None
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
             cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
             # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
@@ -255,8 +257,9 @@ class Trainer:
                           drop_last=len(sampler) > stage.batch_size,
                           num_workers=train["workers"] if train_source.kind == "files" else 0)
 
-    def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool) -> torch.Tensor:
-        return (self.warmup_loss if warm else self.loss_fn)(sim, img_idx)
+    def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool,
+                     memory: MemoryScores | None = None) -> torch.Tensor:
+        return self.warmup_loss(sim, img_idx) if warm else self.loss_fn(sim, img_idx, memory=memory)
 
     def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
         images, ids, lengths, img_idx = (x.to(self.device) for x in batch)
@@ -272,7 +275,11 @@ class Trainer:
                 dist = cast("Distributed", self.dist)      # set whenever self.gather is
                 img_emb, cap_emb = dist.gather(img_emb), dist.gather(cap_emb)
                 img_idx = dist.gather_ids(img_idx)
-            loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
+            memory = None
+            if self.memory is not None and not warm:    # XBM: recent batches' embeddings as extra negatives
+                memory = self.memory.scores(model.score, img_emb, cap_emb)
+                self.memory.add(img_emb, cap_emb, img_idx)
+            loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm, memory)
         regularizer = getattr(model.text_encoder, "regularizer", None)
         extra = regularizer() if regularizer is not None else None
         return loss if extra is None else loss + extra      # e.g. RCN eq. 15: L' = L + λV
@@ -356,6 +363,8 @@ class Trainer:
             bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
                        unit="batch", leave=False)
             warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
+            if self.memory is not None:     # each epoch starts empty, so a resumed run mines as an unbroken one
+                self.memory.clear()
             for step, batch in enumerate(bar):
                 if train["max_steps_per_epoch"] and step >= train["max_steps_per_epoch"]:
                     break

@@ -19,7 +19,7 @@ from torch import nn
 
 from training.data.vocab import SPECIALS, Vocabulary, tokenize
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
-from .losses import RankingLoss, positive_mask
+from .losses import MemoryScores, RankingLoss, positive_mask
 
 ARTICLES = frozenset({"a", "an", "the"})   # §6.1: filtered out before building features
 N_RESERVED = 4                             # feature ids 0..3 mirror the vocabulary's specials (0 = padding)
@@ -160,6 +160,8 @@ class BiRPairwise(RankingLoss):
     negative drawn from the batch by the §5.3 methodology: ``i2t`` replaces the sentence (same image),
     ``t2i`` replaces the image (same sentence), ``both`` sums the two."""
 
+    takes_memory = False     # one random negative from the batch (§5.3), by definition
+
     def __init__(self, margin: float = 0.15, lam: float = 1.0, reduction: str = "sum", k: int = 10,
                  methodology: str = "i2t"):
         super().__init__(margin, lam, reduction, k)
@@ -167,7 +169,10 @@ class BiRPairwise(RankingLoss):
             raise ValueError(f"bir_pairwise methodology must be i2t, t2i or both, got {methodology!r}")
         self.methodology = methodology
 
-    def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None,
+                memory: MemoryScores | None = None) -> torch.Tensor:
+        if memory is not None:
+            raise ValueError("bir_pairwise draws its negative from the batch (§5.3): no cross-batch memory")
         sim = sim.float()
         positive = positive_mask(sim, image_ids)
         total = sim.new_zeros(())

@@ -10,8 +10,14 @@ and ``L = L_image_anchored + λ · L_caption_anchored`` (two-branch eq. 3). When
 captions of one image, ``image_ids`` marks those off-diagonal pairs as positives so they are never used
 as negatives. The losses differ in which negatives they keep (the mining strategy). Names map to
 the classes in factory.py.
+
+A :class:`CrossBatchMemory` (``loss.memory``) adds the embeddings of recent batches as further candidates,
+so the hardest negative is mined from more than one batch.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -23,21 +29,77 @@ def positive_mask(sim: torch.Tensor, image_ids: torch.Tensor | None) -> torch.Te
     return image_ids.view(-1, 1) == image_ids.view(1, -1)
 
 
+@dataclass
+class MemoryScores:
+    """The batch against the memory: ``images_vs_captions[i, m] = S(image_i, memory caption m)``,
+    ``captions_vs_images[j, m] = S(memory image m, caption_j)``; ``image_ids[m]`` is memory entry m's image."""
+    images_vs_captions: torch.Tensor
+    captions_vs_images: torch.Tensor
+    image_ids: torch.Tensor
+
+
+class CrossBatchMemory:
+    """XBM (Wang et al., CVPR 2020, "Cross-Batch Memory for Embedding Learning", Alg. 1): a queue of the last
+    ``size`` (image, caption) embedding pairs, detached, whose entries serve as extra negatives of the next
+    batches. Embeddings drift slowly once past the first epochs (XBM §3), so recent ones stand in for a larger
+    batch at the cost of one ``(B, size)`` score matrix per direction, without a gradient through them."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"loss.memory must be at least 1, got {size}")
+        self.size = int(size)
+        self.clear()
+
+    def clear(self) -> None:
+        self.images: torch.Tensor | None = None
+        self.captions: torch.Tensor | None = None
+        self.image_ids: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.image_ids is None else int(self.image_ids.shape[0])
+
+    def scores(self, score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], images: torch.Tensor,
+               captions: torch.Tensor) -> MemoryScores | None:
+        """The batch's embeddings scored against the memory with the model's ``score``; None while empty."""
+        if self.images is None or self.captions is None or self.image_ids is None:
+            return None
+        return MemoryScores(score(images, self.captions.to(images.dtype)),
+                            score(self.images.to(captions.dtype), captions).t(), self.image_ids)
+
+    def add(self, images: torch.Tensor, captions: torch.Tensor, image_ids: torch.Tensor) -> None:
+        """Enqueue a batch (newest last), dropping the oldest entries beyond ``size``."""
+        new = (images.detach().float(), captions.detach().float(), image_ids.detach())
+        if self.images is not None and self.captions is not None and self.image_ids is not None:
+            new = (torch.cat([self.images, new[0]]), torch.cat([self.captions, new[1]]),
+                   torch.cat([self.image_ids, new[2]]))
+        self.images, self.captions, self.image_ids = (x[-self.size:] for x in new)
+
+
 class RankingLoss(torch.nn.Module):
+    takes_memory = True      # forward accepts the scores against a CrossBatchMemory
+
     def __init__(self, margin: float = 0.2, lam: float = 1.0, reduction: str = "sum", k: int = 10, **options):
         super().__init__()
         if options:
             raise ValueError(f"{type(self).__name__} takes no options {sorted(options)}")
         self.margin, self.lam, self.reduction, self.k = float(margin), float(lam), reduction, int(k)
 
-    def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, sim: torch.Tensor, image_ids: torch.Tensor | None = None,
+                memory: MemoryScores | None = None) -> torch.Tensor:
         sim = sim.float()
         positive = positive_mask(sim, image_ids)
         pos = sim.diag()
         # rows: image anchors against every caption; columns: caption anchors against every image
-        by_image = self.reduce(sim, pos.view(-1, 1), positive)
-        by_caption = self.reduce(sim.t(), pos.view(-1, 1), positive.t())
-        return by_image + self.lam * by_caption
+        by_image, by_caption = (sim, positive), (sim.t(), positive.t())
+        if memory is not None:      # XBM: the memory's captions and images join the candidates of each anchor
+            if image_ids is None:
+                raise ValueError("a cross-batch memory needs the batch's image ids (its own positives are masked)")
+            same = image_ids.view(-1, 1) == memory.image_ids.view(1, -1)
+            by_image = (torch.cat([sim, memory.images_vs_captions.float()], 1), torch.cat([positive, same], 1))
+            by_caption = (torch.cat([sim.t(), memory.captions_vs_images.float()], 1),
+                          torch.cat([positive.t(), same], 1))
+        return (self.reduce(by_image[0], pos.view(-1, 1), by_image[1])
+                + self.lam * self.reduce(by_caption[0], pos.view(-1, 1), by_caption[1]))
 
     def reduce(self, scores: torch.Tensor, pos: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
         """``scores[a, j]``: anchor a against candidate j; ``pos[a]``: anchor a's positive score."""

@@ -519,10 +519,10 @@ def t_decode_ranking() -> str:
 
 
 def t_config_reference() -> str:
-    """Not a result: the config reference, from the typed config models (training/config_schema.py)."""
+    """Not a result: the config reference, from the typed config models (training/models/config_schema.py)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from training.config_schema import reference_markdown
+    from training.models.config_schema import reference_markdown
 
     return reference_markdown()
 

@@ -109,7 +109,7 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
 def test_the_typed_models_hold_every_rule_types_and_rules_between_sections(values, message):
     """One source of rules: config_schema's models (strict types, model validators); config.validate only runs
     them and the options check."""
-    from training.config_schema import RunConfig
+    from training.models.config_schema import RunConfig
 
     with pytest.raises(ConfigError, match=message):
         build_config(values)

@@ -32,7 +32,7 @@ def test_gru_ignores_padding_and_bow_ignores_order():
     assert torch.allclose(a, b, atol=1e-6)                       # padding does not change the sentence
     swapped = gru(torch.tensor([[7, 6, 5]]), torch.tensor([3]))
     assert not torch.allclose(a, swapped)                        # order matters to a GRU
-    bow = build_text_encoder({**cfg["text"], "encoder": "bow"}, 20).eval()
+    bow = build_text_encoder(tiny_config(text={"encoder": "bow"})["text"], 20).eval()
     assert torch.allclose(bow(torch.tensor([[5, 6, 7]]), torch.tensor([3])),
                           bow(torch.tensor([[7, 6, 5]]), torch.tensor([3])))  # ...and not to a bag of words
     assert {"gru", "bow"} <= set(TEXT_ENCODERS.names())
@@ -144,3 +144,31 @@ def test_a_model_file_that_would_run_code_is_refused(tiny_model_path, tmp_path, 
     (tmp_path / "junk.pt").write_bytes(b"not a model at all")
     with pytest.raises(ValueError, match="not a jointspace model"):
         load_model(tmp_path / "junk.pt")
+
+
+def test_a_stored_config_older_than_some_keys_is_completed_from_the_schema_on_load(tmp_path):
+    """A model.pt written before a key existed (here: loss.memory, image.feature_dropout, text.options.pooling)
+    loads with that key's one default (config_schema.py) and embeds as before; a stored key this version does not
+    know is refused, naming it."""
+    from training.data.vocab import Vocabulary
+    from training.models.config_schema import defaults
+
+    cfg = tiny_config(text={"options": {"pooling": "mean"}})
+    model = build_model(cfg, Vocabulary.build(["a red circle", "a blue square"]))
+    save_model(model, tmp_path / "model.pt")
+    payload = torch.load(tmp_path / "model.pt", weights_only=True)
+    del payload["config"]["loss"]["memory"], payload["config"]["image"]["feature_dropout"]
+    payload["config"]["text"]["options"] = {}                 # before text.options.pooling existed: GRU's last state
+    torch.save(payload, tmp_path / "old.pt")
+    old = load_model(tmp_path / "old.pt")
+    assert old.cfg["loss"]["memory"] == defaults()["loss"]["memory"] == 0
+    assert old.cfg["image"]["feature_dropout"] == 0.0 and old.cfg["text"]["options"]["pooling"] == "last"
+    assert old.fingerprint == payload["fingerprint"]           # the file's identity is kept
+    assert old.text_encoder.pooling == "last"                # the default of GRUOptions, not restated elsewhere
+    with torch.no_grad():
+        assert old.embed_texts(*pad_batch([[4, 5, 6]])).shape == (1, 32)
+
+    payload["config"]["loss"]["memroy"] = 8
+    torch.save(payload, tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="future.pt: its stored config .*unknown config key 'loss.memroy'"):
+        load_model(tmp_path / "future.pt")

@@ -17,7 +17,7 @@ SENTENCES = ["a dog runs on the grass", "two children play in the snow near a re
 
 
 def _minilm(**options):
-    enc = MiniLMEncoder({"options": options})
+    enc = MiniLMEncoder(build_config({"text": {"encoder": "minilm", "options": options}})["text"])
     enc.fit(log=lambda *_: None)
     return enc
 
@@ -118,8 +118,8 @@ def test_token_dropout_hides_inner_word_pieces_only():
     ({"token_dropout": 0.9}, "token_dropout"),
 ])
 def test_minilm_options_are_checked(options, message):
-    with pytest.raises(ValueError, match=message):
-        MiniLMEncoder({"options": options})
+    with pytest.raises(ConfigError, match=message):
+        build_config({"text": {"encoder": "minilm", "options": options}})
 
 
 def test_gpo_is_max_or_mean_at_the_extremes_and_ignores_padding():

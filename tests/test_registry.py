@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_config
 from training.config import ConfigError, build_config
-from training.config_schema import reference_markdown
+from training.models.config_schema import reference_markdown
 from training.data.vocab import Vocabulary, pad_batch
 from training.models import factory
 from training.models.factory import TEXT_ENCODERS

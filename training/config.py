@@ -1,6 +1,6 @@
 """Run configuration: YAML files with sections ``data image text model loss train decoder attention scst querybank``.
 
-Every key has a default (the typed models of config_schema.py), so a config file names only what it
+Every key has a default (the typed models of models/config_schema.py), so a config file names only what it
 changes. A key that is not there is an error (a typo must not silently train the wrong model), and so is a
 value of the wrong type or outside its allowed values; ``--set a.b=value`` overrides any key by its dotted
 path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bow``).
@@ -17,18 +17,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from pydantic import ValidationError
 
-from training.models.factory import BACKBONES, LOSSES, TEXT_ENCODERS
-from .config_schema import ExtraBackbone, RunConfig, defaults
+from training.models.config_schema import ConfigError, complete, defaults
 
-DEFAULTS: dict[str, Any] = defaults()       # every key and its default: config_schema.py
+DEFAULTS: dict[str, Any] = defaults()       # every key and its default: models/config_schema.py
 
 _OPEN_MAPS = {("text", "options"), ("image", "options"), ("loss", "options"), ("train", "optimizer_options")}
-
-
-class ConfigError(ValueError):
-    """A config file or override names a key that does not exist or has a bad value."""
 
 
 def _merge(base: dict, update: dict, path: tuple[str, ...] = ()) -> dict:
@@ -87,16 +81,12 @@ def _nest(keys: list[str], value: Any) -> dict:
 
 
 def build_config(file_values: dict | None = None, overrides: Sequence[str] = ()) -> dict:
-    """Defaults ← file values ← ``--set`` overrides, checking every key."""
+    """Defaults ← file values ← ``--set`` overrides, checking every key; every option map filled in."""
     cfg = _merge(DEFAULTS, file_values or {})
     for item in overrides:
         keys, value = parse_override(item)
         cfg = _merge(cfg, _nest(keys, value))
-    validate(cfg)
-    # every key of each extra backbone, its defaults filled in (the code reads cfg["image"]["extra_backbones"])
-    cfg["image"]["extra_backbones"] = [ExtraBackbone.model_validate(e).model_dump()
-                                       for e in cfg["image"]["extra_backbones"]]
-    return cfg
+    return complete(cfg)
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
@@ -107,43 +97,6 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: a config file must be a YAML mapping")
     return build_config(values, overrides)
-
-
-def _where(loc: tuple) -> str:
-    return ".".join(str(x) for x in loc)
-
-
-def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
-    errors = err.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])   # a misspelt key first
-    key = prefix + _where(first["loc"])
-    if first["type"] == "extra_forbidden":
-        return ConfigError(f"unknown config key '{key}'")
-    if first["type"] == "value_error" and not first["loc"]:     # a rule between sections (RunConfig)
-        return ConfigError(str(first["ctx"]["error"]))
-    if first["type"] == "value_error":                        # e.g. a name the registry does not have
-        return ConfigError(f"config key '{key}': {first['ctx']['error']}")
-    return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
-
-
-def _check_options(cfg: dict) -> None:
-    """Each option map against the options model of the encoder / backbone / loss it configures."""
-    for registry in (TEXT_ENCODERS, BACKBONES, LOSSES):
-        section, selector = registry.key.split(".")
-        try:
-            registry.check_options(cfg[section][selector], cfg[section]["options"])
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-
-
-def validate(cfg: dict) -> None:
-    """``cfg`` against the typed models (config_schema.py: keys, types, allowed values and the rules between
-    sections), then each option map against its name's options model."""
-    try:
-        RunConfig.model_validate(cfg)
-    except ValidationError as err:
-        raise _explain(err) from None
-    _check_options(cfg)
 
 
 def dump_config(cfg: dict) -> str:

@@ -173,10 +173,10 @@ def check_config(cfg: dict, world_size: int) -> None:
     for key, size in sizes:
         if size % world_size:
             raise ValueError(f"{key} {size} is the global batch: it must be a multiple of the {world_size} processes")
-    if cfg.get("scst", {}).get("steps", 0) > 0:
+    if cfg["scst"]["steps"] > 0:
         raise ValueError("the self-critical stage (scst.steps > 0) runs in one process: train the eq. 12 stages with "
                          "several processes and scst.steps=0, then continue with --resume in one")
-    if train["gather_negatives"] and (cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")):
+    if train["gather_negatives"] and (cfg["decoder"]["enabled"] or cfg["attention"]["enabled"]):
         raise ValueError("train.gather_negatives is implemented for the retrieval trainer: not with decoder.enabled "
                          "or attention.enabled")
 

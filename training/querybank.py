@@ -51,13 +51,13 @@ def attach_from_training(cfg: dict, model_file: Path, train_set, device="cpu", p
     is not a cosine one, or there is no checkpoint."""
     from training.models.checkpoint import load_model
 
-    section = cfg.get(KEY) or {}
-    if not section.get("enabled", True) or not model_file.is_file():
+    section = cfg[KEY]
+    if not section["enabled"] or not model_file.is_file():
         return None
     if cfg["model"]["similarity"] != "cosine":
         log(f"querybank: none attached ({cfg['model']['similarity']} similarity; QB-Norm corrects cosine scores)")
         return None
-    if not section.get("captions", 0) and not section.get("images", 0):
+    if not section["captions"] and not section["images"]:
         return None
     model = load_model(model_file, device)
     bank = make_bank(model, train_set, section["captions"], section["images"], section["beta"],

@@ -17,7 +17,7 @@ __all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_fac
 def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
     """Trains ``cfg`` on ``data`` into ``out_dir``; ``resume`` continues the run's ``last.pt``. Under a launcher
     with several processes (torchrun: ``WORLD_SIZE`` > 1) every process calls this and they train as one."""
-    stt = cfg.get("decoder", {}).get("enabled") or cfg.get("attention", {}).get("enabled")
+    stt = cfg["decoder"]["enabled"] or cfg["attention"]["enabled"]
     trainer = (STTTrainer if stt else Trainer)(cfg, data, out_dir, progress=progress, log=log)
     try:
         summary = trainer.run(resume=resume)

@@ -54,7 +54,7 @@ def model_allows_amp(model: EmbeddingModel) -> bool:
     members = getattr(model, "models", None)
     if members is not None:
         return all(model_allows_amp(m) for m in members)
-    return model.cfg.get("train", {}).get("amp", "auto") != "off"
+    return model.cfg["train"]["amp"] != "off"
 
 
 def device_of(model: EmbeddingModel) -> torch.device:

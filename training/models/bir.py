@@ -41,16 +41,11 @@ class NGramEncoder(nn.Module):
 
     def __init__(self, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
+        opts = cfg_text["options"]                  # every NgramOptions key (config_schema.complete)
         self.cfg_text = cfg_text
-        self.n = int(opts.get("n", 1))
-        self.skip = bool(opts.get("skip", False))
-        self.values = opts.get("values", "binary")
-        if self.values not in ("binary", "tfidf"):
-            raise ValueError(f"ngram text.options.values must be binary or tfidf, got {self.values!r}")
-        self.max_features = int(opts.get("max_features", 50000 if self.n > 1 else 5000))
-        self.drop_articles = bool(opts.get("drop_articles", True))
-        self.activation = opts.get("activation", "relu")
+        self.n, self.skip, self.values = int(opts["n"]), bool(opts["skip"]), opts["values"]
+        self.max_features = int(opts["max_features"] or (50000 if self.n > 1 else 5000))
+        self.drop_articles, self.activation = bool(opts["drop_articles"]), opts["activation"]
         self.out_dim = cfg_text["hidden"]
         self.layer = nn.EmbeddingBag(N_RESERVED, self.out_dim, mode="sum", padding_idx=0)
         self.bias = nn.Parameter(torch.zeros(self.out_dim))
@@ -80,7 +75,7 @@ class NGramEncoder(nn.Module):
         self.idf = torch.tensor(idf)
         self.layer = nn.EmbeddingBag(N_RESERVED + len(kept), self.out_dim, mode="sum", padding_idx=0)
         log(f"ngram features: kept {len(kept)} of {len(counts)} (n={self.n}, skip={self.skip}, {self.values})")
-        if self.cfg_text.get("options", {}).get("word_vectors"):
+        if self.cfg_text["options"]["word_vectors"]:
             self._init_unigrams(kept, texts, log)
 
     def _init_unigrams(self, kept: list[str], texts, log) -> None:
@@ -91,7 +86,7 @@ class NGramEncoder(nn.Module):
         words = Vocabulary([*SPECIALS, *[f for _, f in unigrams]])
         opts = self.cfg_text["options"]
         matrix, found = vectors_for_vocab(words, str(opts["word_vectors"]), self.out_dim, texts,
-                                          epochs=int(opts.get("word_vector_epochs", 5)))
+                                          epochs=int(opts["word_vector_epochs"]))
         with torch.no_grad():
             for row, (i, _) in enumerate(unigrams, start=len(SPECIALS)):
                 if found[row]:
@@ -130,9 +125,9 @@ class SSEEncoder(nn.Module):
 
     def __init__(self, vocab_size: int, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
+        opts = cfg_text["options"]
         self.cfg_text = cfg_text
-        window = int(opts.get("window", 5))                     # §6.5: context window of 5
+        window = int(opts["window"])                            # §6.5: context window of 5 (SSEOptions)
         self.embed = nn.Embedding(vocab_size, cfg_text["word_dim"], padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         self.conv = nn.Conv1d(cfg_text["word_dim"], cfg_text["hidden"], window, padding=window // 2)

@@ -16,6 +16,7 @@ import torch
 from training.data.fileio import atomic_path
 from training.data.vocab import Vocabulary
 from .backbones import LITE_PACKAGES
+from .config_schema import ConfigError, complete
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .model import JointEmbedding, build_model
 
@@ -86,7 +87,7 @@ def _package_versions(cfg: dict) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    extras = [e["backbone"] for e in cfg["image"].get("extra_backbones") or []]
+    extras = [e["backbone"] for e in cfg["image"]["extra_backbones"]]
     for name in (cfg["image"]["backbone"], *extras, cfg["text"]["encoder"]):
         if name in PACKAGES:
             try:
@@ -160,6 +161,12 @@ def load_checkpoint(path: str | Path) -> dict:
                          f"written by jointspace train, slim or ensemble never does") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a jointspace model (expected format {FORMAT})")
+    # a config stored before a key was added gets that key's default, the one written in config_schema.py
+    for part in payload["members"] if payload.get("kind") == ENSEMBLE_KIND else [payload]:
+        try:
+            part["config"] = complete(part["config"])
+        except ConfigError as err:
+            raise ValueError(f"{path}: its stored config is not one this version reads: {err}") from None
     return payload
 
 

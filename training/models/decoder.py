@@ -265,4 +265,4 @@ def build_decoder(cfg: dict, vocab_size: int) -> SentenceDecoder:
     decoder = cfg["decoder"]
     return SentenceDecoder(vocab_size, cfg["model"]["embed_dim"], word_dim=decoder["word_dim"],
                            hidden=decoder["hidden"], layers=decoder["layers"], rnn=decoder["rnn"],
-                           dropout=decoder["dropout"], cond_dropout=decoder.get("cond_dropout", 0.0))
+                           dropout=decoder["dropout"], cond_dropout=decoder["cond_dropout"])

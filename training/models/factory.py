@@ -5,7 +5,7 @@ backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py); ``lo
 ``model.similarity`` → a similarity class (similarity.py); and, for STT-ATT, each backbone's region grid
 (regions.py). The modules that define these know nothing of these tables (nothing registers itself on import).
 The run configuration reads its allowed names, the options each name takes and their descriptions from here
-(``training/config_schema.py``), so a new encoder is its module plus one line below.
+(``training/models/config_schema.py``), so a new encoder is its module plus one line below.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
     """``cfg_image`` is the config's ``image`` section, ``image.extra_backbones`` concatenated to the main one.
     ``load_weights=False`` builds the architecture only (used when a saved model.pt supplies every weight)."""
     main = BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
-    extras = cfg_image.get("extra_backbones") or []
+    extras = cfg_image["extra_backbones"]
     if not extras:
         return main
     parts = [main]
@@ -108,7 +108,7 @@ def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
 def build_loss(cfg: dict) -> nn.Module:
     """``cfg`` is the config's ``loss`` section."""
     return LOSSES.get(cfg["name"])(margin=cfg["margin"], lam=cfg["lambda"], reduction=cfg["reduction"],
-                                   k=cfg["k"], **cfg.get("options", {}))
+                                   k=cfg["k"], **cfg["options"])
 
 
 def build_similarity(name: str) -> Similarity:

@@ -31,9 +31,7 @@ from torch import nn
 from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
 from training.data.vocab import pad_batch
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
-from .options import MiniLMOptions
 from .pooling import Pool, valid_mask
-from .registry import check_options
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -190,7 +188,7 @@ class MiniLMEncoder(nn.Module):
 
     def __init__(self, cfg_text: dict):
         super().__init__()
-        opts = check_options(MiniLMOptions, cfg_text.get("options", {}), "text.options", "text.encoder minilm")
+        opts = cfg_text["options"]                  # every MiniLMOptions key (config_schema.complete)
         self.finetune = opts["finetune"]
         n = ARCH["num_hidden_layers"]
         self.train_layers = n if self.finetune else opts["train_layers"]

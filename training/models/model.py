@@ -35,10 +35,10 @@ class JointEmbedding(CommonSpace):
         self.backbone_pretrained = backbone.pretrained
         self.feature_dim = backbone.dim
         self.preprocess: ImagePreprocess = backbone.preprocess
-        att = cfg.get("attention", {})
+        att = cfg["attention"]
         self.attention = None
         region_dim = backbone.dim
-        if att.get("enabled"):   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
+        if att["enabled"]:   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
             self.backbone = GridRegions(region_grid(backbone.name), backbone.module, cfg["image"]["image_size"],
                                         att["grid"])
             self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
@@ -48,23 +48,23 @@ class JointEmbedding(CommonSpace):
         image = cfg["image"]
         self.image_split: SplitCNN | None = None
         self.image_pool: Pool | None = None
-        if image.get("train_blocks", 0) or image.get("pooling", "mean") != "mean":
-            self.image_split = SplitCNN(self.backbone, image.get("train_blocks", 0))
-            self.image_pool = Pool(image.get("pooling", "mean"))
+        if image["train_blocks"] or image["pooling"] != "mean":
+            self.image_split = SplitCNN(self.backbone, image["train_blocks"])
+            self.image_pool = Pool(image["pooling"])
             self.bottom_shape = self.image_split.bottom_shape(image["image_size"])
             self.feature_dim = region_dim = cast(int, backbone.module.num_features)   # an EfficientNet's
             self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
         # dropout on the pooled features in training (image.feature_dropout): a frozen backbone gives each training
         # image one fixed vector, which the projection could otherwise learn by heart
-        self.feature_dropout = nn.Dropout(image.get("feature_dropout", 0.0))
+        self.feature_dropout = nn.Dropout(image["feature_dropout"])
         self.image_proj = build_projection(cfg["model"], region_dim)
         self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
         self.text_proj = build_projection(cfg["model"], cast(int, self.text_encoder.out_dim),
-                                          cfg["model"].get("text_projection") or cfg["model"]["projection"])
+                                          cfg["model"]["text_projection"] or cfg["model"]["projection"])
         self.similarity = build_similarity(cfg["model"]["similarity"])
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
-        self.decoder = build_decoder(cfg, len(vocab)) if cfg.get("decoder", {}).get("enabled") else None
-        if cfg["image"].get("channels_last", True):
+        self.decoder = build_decoder(cfg, len(vocab)) if cfg["decoder"]["enabled"] else None
+        if image["channels_last"]:
             self.backbone.to(memory_format=torch.channels_last)
 
     # --- image side -------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ class JointEmbedding(CommonSpace):
         (crop features averaged), or ``(B, C, D)`` with ``pool=False``."""
         crops = images.shape[1] if images.dim() == 5 else 1
         flat = images.flatten(0, 1) if images.dim() == 5 else images
-        if self.cfg["image"].get("channels_last", True):
+        if self.cfg["image"]["channels_last"]:
             flat = flat.contiguous(memory_format=torch.channels_last)
         feats = self.backbone(flat) if self.image_split is None else self.image_split.bottom(flat).flatten(1)
         feats = feats.view(-1, crops, feats.shape[-1])
@@ -91,7 +91,7 @@ class JointEmbedding(CommonSpace):
             return features.float()
         x = features.view(features.shape[0], *self.bottom_shape)
         x = x.to(next(self.backbone.parameters()).dtype)
-        if self.cfg["image"].get("channels_last", True):
+        if self.cfg["image"]["channels_last"]:
             x = x.contiguous(memory_format=torch.channels_last)
         grid = self.image_split.top(x).flatten(2).transpose(1, 2).float()        # (B, h*w, D)
         pool = cast(Pool, self.image_pool)   # set with image_split

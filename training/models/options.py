@@ -1,7 +1,7 @@
 """The options each text encoder, image backbone and loss accepts (``text.options``, ``image.options``,
 ``loss.options``) as typed models: every option, its type, allowed values and default. Each registry entry
 (factory.py) names its model; ``registry.check_options`` checks an option map against it. The run configuration
-(``training/config_schema.py``) builds its sections on :class:`Section`.
+(``training/models/config_schema.py``) builds its sections on :class:`Section`.
 """
 from __future__ import annotations
 

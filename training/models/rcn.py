@@ -113,11 +113,11 @@ def _safe(denominator: torch.Tensor) -> torch.Tensor:
 class RecurrentCapsuleNetwork(nn.Module):
     def __init__(self, vocab_size: int, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
+        opts = cfg_text["options"]                  # RCNOptions, defaults §IV-A: 4 capsules, 4 recursions, λ 0.05
         self.cfg_text = cfg_text
-        self.capsules = int(opts.get("capsules", 4))              # §IV-A: four capsules
-        self.recursions = int(opts.get("recursions", 4))          # §IV-A: four recursions → v^(5)
-        self.lam = float(opts.get("lambda", 0.05))                # §IV-A: λ = 0.05 (RCN-0.05)
+        self.capsules = int(opts["capsules"])
+        self.recursions = int(opts["recursions"])                 # r recursions → v^(r+1)
+        self.lam = float(opts["lambda"])                          # eq. 15
         word_dim, hidden = cfg_text["word_dim"], cfg_text["hidden"]
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)

@@ -73,7 +73,7 @@ class GRUEncoder(nn.Module):
 
 def build_gru(cfg_text: dict, vocab_size: int) -> nn.Module:
     encoder = GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
-                         cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"].get("pooling", "last"))
+                         cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"]["pooling"])
     encoder.cfg_text = cfg_text
     return encoder
 
@@ -99,7 +99,7 @@ class BagOfWordsEncoder(nn.Module):
 
 
 def build_bow(cfg_text: dict, vocab_size: int) -> nn.Module:
-    return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"].get("binary", False)),
+    return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"]["binary"]),
                              cfg_text["dropout"])
 
 
@@ -113,14 +113,14 @@ class MeanWordVectors(nn.Module):
 
     def __init__(self, vocab_size: int, word_dim: int, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
+        opts = cfg_text["options"]
         self.cfg_text = cfg_text
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         # 1 for words that count in the mean; words the vectors lack are left out when fixed vectors are used
         self.register_buffer("counted", torch.ones(vocab_size))
         self.counted[:4] = 0
-        self.embed.weight.requires_grad_(bool(opts.get("trainable", True)))
+        self.embed.weight.requires_grad_(bool(opts["trainable"]))
         self.out_dim = word_dim
 
     def fit(self, texts, vocab, log=print) -> None:

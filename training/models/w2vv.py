@@ -20,15 +20,13 @@ from .text_encoders import GRUEncoder, MeanWordVectors
 class Word2VisualVec(nn.Module):
     def __init__(self, vocab_size: int, cfg_text: dict):
         super().__init__()
-        opts = cfg_text.get("options", {})
-        if not opts.get("out_dim"):
+        opts = cfg_text["options"]                  # every W2VVOptions key (config_schema.complete)
+        if not opts["out_dim"]:
             raise ValueError("the w2vv encoder needs text.options.out_dim = the visual feature dimension "
                              "(e.g. 1280 for efficientnet_lite0, 2048 for resnet152)")
         self.cfg_text = cfg_text
         self.vocab_size = vocab_size
-        self.use_bow = bool(opts.get("bow", True))
-        self.use_wordvec = bool(opts.get("wordvec", True))
-        self.use_gru = bool(opts.get("gru", True))
+        self.use_bow, self.use_wordvec, self.use_gru = bool(opts["bow"]), bool(opts["wordvec"]), bool(opts["gru"])
         dims = 0
         if self.use_bow:
             dims += vocab_size                                             # eq. 1: one count per word
@@ -42,7 +40,7 @@ class Word2VisualVec(nn.Module):
             dims += cfg_text["hidden"]
         if dims == 0:
             raise ValueError("w2vv needs at least one of text.options.bow / wordvec / gru")
-        hidden, layers = int(opts.get("mlp_hidden", 2048)), int(opts.get("layers", 3))   # §IV-A: 2048, 3
+        hidden, layers = int(opts["mlp_hidden"]), int(opts["layers"])     # §IV-A: 2048, 3 (W2VVOptions)
         sizes = [dims] + [hidden] * (layers - 2) + [int(opts["out_dim"])]
         mlp: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):

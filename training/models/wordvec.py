@@ -154,12 +154,12 @@ def init_embedding(weight: torch.Tensor, vocab: Vocabulary, cfg_text: dict, text
     """Copies ``text.options.word_vectors`` into an embedding ``weight`` ``(len(vocab), word_dim)`` in place
     (rows the source lacks keep their random initialisation); returns the ``found`` mask, or None when no
     source is configured."""
-    opts = cfg_text.get("options", {})
-    source = opts.get("word_vectors")
+    opts = cfg_text["options"]
+    source = opts["word_vectors"]
     if not source:
         return None
     matrix, found = vectors_for_vocab(vocab, str(source), weight.shape[1], texts, seed=seed,
-                                      epochs=int(opts.get("word_vector_epochs", 5)))
+                                      epochs=int(opts["word_vector_epochs"]))
     with torch.no_grad():
         weight[found] = matrix[found].to(weight)
     if log is not None:

@@ -1,14 +1,17 @@
 """The run configuration as typed models: every section, key, type, allowed value and default. The names
 ``text.encoder``, ``image.backbone``, ``loss.name`` and ``model.similarity`` may take, what each means and the
-options it accepts come from the model library's registry (``models/factory.py``). ``config.build_config``
-checks a config against these (an unknown or misspelt key, name or option is an error naming it and what is
-allowed), and the config reference in docs/training.md is generated from them (:func:`reference_markdown`).
+options it accepts come from the model library's registry (``models/factory.py``). :func:`complete` checks a
+config against these (an unknown or misspelt key, name or option is an error naming it and what is allowed) and
+fills in every key it leaves out, option maps included: the one place a default is written. ``config.build_config``
+(YAML files and ``--set``) and the loading of a ``model.pt`` (whose stored config may predate keys added since)
+both go through it, so the code indexes a config (``cfg["image"]["pooling"]``) and never restates a default.
+The config reference in docs/training.md is generated from these models (:func:`reference_markdown`).
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, cast, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from training.models.factory import BACKBONES, CONFIG_REGISTRIES, LOSSES, SIMILARITIES, TEXT_ENCODERS
@@ -255,6 +258,40 @@ SECTIONS = {name: cast("type[BaseModel]", field.annotation)      # each section 
 def defaults() -> dict:
     """Every key with its default, as the plain dict the code reads (``cfg["train"]["lr"]``)."""
     return RunConfig().model_dump(by_alias=True)
+
+
+class ConfigError(ValueError):
+    """A config file, override or stored config names a key that does not exist or has a bad value."""
+
+
+def complete(values: dict) -> dict:
+    """``values`` checked against the typed models (keys, types, allowed values, the rules between sections, each
+    option map against the options model of the name it configures) and returned with every key, each option map
+    included, its default filled in where ``values`` leaves it out. Raises :class:`ConfigError` naming the key."""
+    try:
+        cfg = RunConfig.model_validate(values).model_dump(by_alias=True)
+    except ValidationError as err:
+        raise _explain(err) from None
+    for registry in (TEXT_ENCODERS, BACKBONES, LOSSES):
+        section, selector = registry.key.split(".")
+        try:
+            cfg[section]["options"] = registry.check_options(cfg[section][selector], cfg[section]["options"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    return cfg
+
+
+def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])   # a misspelt key first
+    key = prefix + ".".join(str(x) for x in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return ConfigError(f"unknown config key '{key}'")
+    if first["type"] == "value_error" and not first["loc"]:     # a rule between sections (RunConfig)
+        return ConfigError(str(first["ctx"]["error"]))
+    if first["type"] == "value_error":                        # e.g. a name the registry does not have
+        return ConfigError(f"config key '{key}': {first['ctx']['error']}")
+    return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
 
 
 def _registry(field: FieldInfo) -> Registry | None:

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from index.faiss_index import parse_bytes  # noqa: E402
-from index.gallery import Gallery, add_vectors, build_from_vectors, current_generation  # noqa: E402
+from index.gallery import Gallery, add_vectors, build_from_vectors  # noqa: E402
+from index.generations import current_generation  # noqa: E402
 from index.metadata import Metadata  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 

@@ -323,7 +323,8 @@ def verify(soak: Soak) -> dict:
     """The index holds exactly the acknowledged photos, and the service serves that generation."""
     import httpx
 
-    from index.gallery import Gallery, current_generation
+    from index.gallery import Gallery
+    from index.generations import current_generation
 
     gallery = Gallery.load(soak.index)
     indexed = {Path(row.path).resolve() for row in gallery.meta.all_images()}

@@ -1,61 +1,28 @@
-"""An index directory: the gallery's image index, its caption index, their metadata and the model they fit.
-
-Layout (every change writes a new *generation*; the ``CURRENT`` file names the live one)::
-
-    INDEX_DIR/
-      CURRENT                  "gen-00000003"      ← replaced atomically (temp file + rename)
-      gen-00000003/
-        manifest.json          format, model fingerprint, similarity, dim, factory strings, counts, next ids,
-                               index id, test-time augmentation, query bank, each side's segments and
-                               tombstone count
-        images.empty.faiss     the trained, empty image index new segments start from
-        images.00000001.faiss  image segments (FAISS id = gallery image id): immutable, hard-linked from the
-        images.00000004.faiss    generation that wrote them
-        images.deleted.npy     image ids deleted from the segments (tombstones; absent: none)
-        captions.…             the same for the caption embeddings
-        metadata.sqlite        id → file path, capture time, size, folder, content hash / caption text, added time
-      gen-00000002/            the previous generation (kept for readers that are still loading it)
-      querybank-<hash>.npz     optional: the query bank of a QB-Norm index (index/querybank.py), shared by the
-                               generations whose manifest names it
-
-A build, ``add``, ``remove``, ``sync`` or ``compact`` writes the new generation into a temporary directory, fsyncs
-it, renames it to ``gen-N`` and only then points ``CURRENT`` at it. An update writes only what changed: added
-vectors go to a new segment, removed ids to a new tombstone file, and the segments it keeps are hard links to the
-previous generation's files (``index/segments.py``; compaction merges segments). Generations get the modes the
-writer's umask gives new files (directories 0755, files 0644 under the usual 022), so a service running as
-another user — a second replica, a container with its own uid on a read-only volume — can read them. A process
-killed at any point leaves ``CURRENT`` naming a complete generation: the previous index stays loadable, and the
-half-written temporary directory is removed by the next writer. Writers take an exclusive ``flock`` on
-``INDEX_DIR/.lock``. The metadata database is still copied whole by every update (an SQLite online backup).
-
-Generations written before segments (format ``jointspace-index/1``: one ``images.faiss`` and one
-``captions.faiss``) load as one segment each; their first update continues in the segment layout.
+"""An index directory as the service and the commands use it: :class:`Gallery` (loading a generation and
+searching it) and the updates (``build``, ``add``, ``remove``, ``compact``, ``sync``), each written as a new
+generation. What a generation is on disk, how one is read, locked and replaced: ``index/generations.py``.
 
 Loading checks the model fingerprint stored at build time against the model's and refuses a mismatch.
 """
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import re
-import shutil
-import tempfile
 import time
 import uuid
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from training.data.fileio import created_mode, write_json, write_text
+from training.data.fileio import write_json
 from training.inference.embed import FileEmbeddings
 from training.models.protocol import EmbeddingModel
 
 from .embed import embed_image_files, embed_texts
+from .generations import (FORMAT, current_generation, locked, new_generation, prune_banks, read_generation,
+                          read_manifest)
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
@@ -63,9 +30,6 @@ from .querybank import QueryBank, bank_for, correction, queries_for, unfold
 from .segments import SegmentedIndex, SideUpdate, write_new
 from .video import DEFAULT_SAMPLING, Sampling, VideoEmbeddings, embed_videos, take_video_ids
 
-FORMAT = "jointspace-index/2"
-READS = ("jointspace-index/1", FORMAT)         # formats that load (1: one FAISS file per side, no segments)
-_GEN = re.compile(r"^gen-(\d{8})$")
 
 
 class IndexMismatchError(ValueError):
@@ -109,7 +73,7 @@ class Gallery:
         root = Path(root)
         generation = current_generation(root)
         gen_dir = root / generation
-        manifest = _read_manifest(gen_dir)
+        manifest = read_generation(gen_dir)
         if model is not None:
             check_model(manifest, model, root)
         sim, key = manifest["similarity"], manifest.get("index_id", "")
@@ -181,82 +145,6 @@ def check_fingerprint(manifest: dict, given: str | None, root: Path | str = "") 
             f"the index {root} was built with model {built[:12]}… but the model given is "
             f"{(given or 'unknown')[:12]}…: the embeddings would not be comparable. Rebuild the index with this "
             f"model (jointspace index build) or use the model it was built with")
-
-
-# --- generations -----------------------------------------------------------------------------------------------
-
-def current_generation(root: Path) -> str:
-    pointer = root / "CURRENT"
-    if not pointer.exists():
-        raise FileNotFoundError(f"no jointspace index at {root} (no CURRENT file; build one with "
-                                f"`jointspace index build`)")
-    name = pointer.read_text().strip()
-    if not _GEN.match(name) or not (root / name).is_dir():
-        raise ValueError(f"{root}/CURRENT names {name!r}, which is not a generation directory")
-    return name
-
-
-def read_manifest(root: str | Path) -> dict:
-    """The manifest of an index directory's live generation."""
-    root = Path(root)
-    return _read_manifest(root / current_generation(root))
-
-
-def _read_manifest(gen_dir: Path) -> dict:
-    manifest = json.loads((gen_dir / "manifest.json").read_text())
-    if manifest.get("format") not in READS:
-        raise ValueError(f"{gen_dir} is not an index this version reads (format {manifest.get('format')!r}; "
-                         f"it reads {', '.join(READS)}): rebuild it with `jointspace index build`")
-    return manifest
-
-
-@contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def new_generation(root: Path, lock: bool = True) -> Iterator[Path]:
-    """Yields an empty temporary directory; when the block ends normally it becomes the live generation.
-    ``lock=False``: the caller already holds the writers' lock."""
-    root = Path(root)
-    with (_locked(root) if lock else nullcontext()):
-        for stale in root.glob(".tmp-gen-*"):        # left by a writer that died; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-gen-", dir=root))
-        os.chmod(tmp, created_mode(directory=True))     # mkdtemp's 0700 → readable by other users (0755 under umask 022)
-        try:
-            yield tmp
-            for f in tmp.iterdir():
-                _fsync_path(f)
-            _fsync_path(tmp)
-            previous = current_generation(root) if (root / "CURRENT").exists() else None
-            numbers = [int(m.group(1)) for p in root.iterdir() if (m := _GEN.match(p.name))]
-            final = root / f"gen-{max(numbers, default=0) + 1:08d}"
-            os.rename(tmp, final)
-            _fsync_path(root)
-            write_text(root / "CURRENT", final.name + "\n")
-            _fsync_path(root)
-            keep = {final.name, previous}
-            for old in root.iterdir():
-                if _GEN.match(old.name) and old.name not in keep:
-                    shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write(gen_dir: Path, manifest: dict, images: SideUpdate, captions: SideUpdate, compact: str = "auto") -> dict:
@@ -372,7 +260,7 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                 "next_video_id": max((int(r[0]) for r in videos), default=-1) + 1, "tta": tta}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
-    with _locked(root):                                   # the bank file and the generation naming it, together
+    with locked(root):                                   # the bank file and the generation naming it, together
         if querybank is not None:
             manifest["querybank"] = querybank.save(root)
         with new_generation(root, lock=False) as gen_dir:
@@ -386,29 +274,15 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
             manifest["captions"], number = write_new(gen_dir, "captions", caps, caption_vectors, cap_ids, number)
             manifest["next_segment"] = number
             write_json(gen_dir / "manifest.json", {**manifest, "updated": now})
-        _prune_banks(root)
+        prune_banks(root)
     return UpdateReport(image_ids=image_ids.tolist(), caption_ids=cap_ids.tolist(),
                         generation=current_generation(root))
-
-
-def _prune_banks(root: Path) -> None:
-    """Removes query bank files that no kept generation names (after a rebuild with another bank or none)."""
-    named = set()
-    for gen in root.iterdir():
-        if _GEN.match(gen.name):
-            try:
-                named.add((_read_manifest(gen).get("querybank") or {}).get("file"))
-            except (OSError, ValueError):
-                return                                   # unreadable generation: keep everything
-    for bank in root.glob("querybank-*.npz"):
-        if bank.name not in named:
-            bank.unlink(missing_ok=True)
 
 
 def _load_for_update(root: Path) -> tuple[Path, dict, SideUpdate, SideUpdate]:
     """The live generation's directory and manifest, and an empty change to each side (no vector is read)."""
     gen_dir = root / current_generation(root)
-    manifest = _read_manifest(gen_dir)
+    manifest = read_generation(gen_dir)
     sim = manifest["similarity"]
     return (gen_dir, manifest, SideUpdate("images", sim, manifest["images"], gen_dir),
             SideUpdate("captions", sim, manifest["captions"], gen_dir))
@@ -522,7 +396,7 @@ def remove(root: str | Path, image_ids: Sequence[int] = (), caption_ids: Sequenc
 @contextmanager
 def _locked_for_update(root: Path):
     """The live generation, read and replaced under the writers' lock (no other writer runs meanwhile)."""
-    with _locked(root):
+    with locked(root):
         yield _load_for_update(root)
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from index.gallery import Gallery, current_generation, read_manifest
+from index.gallery import Gallery
+from index.generations import current_generation, read_manifest
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model

@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_config
 from index.embed import embed_image_files
-from index.gallery import read_manifest
+from index.generations import read_manifest
 from index.querybank import QueryBank
 from service.cli import main as cli_main
 from training.config import ConfigError

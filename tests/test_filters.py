@@ -16,7 +16,8 @@ from PIL import Image, ImageDraw
 
 from index.embed import embed_texts
 from index.faiss_index import VectorIndex
-from index.gallery import Gallery, build, current_generation
+from index.gallery import Gallery, build
+from index.generations import current_generation
 from index.query import ImageFilter, format_time, parse_time
 from training.inference import embed as inference
 from training.data.vocab import pad_batch

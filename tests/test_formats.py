@@ -13,7 +13,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from index.embed import embed_image_files, find_images, read_photo
-from index.gallery import Gallery, current_generation, sync
+from index.gallery import Gallery, sync
+from index.generations import current_generation
 from index.query import ImageFilter
 from service.cli import main as cli_main
 from training.data.preprocess import open_image

@@ -12,7 +12,8 @@ import torch
 from conftest import tiny_config
 from index.embed import embed_image_files, embed_texts
 from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
-from index.gallery import Gallery, IndexMismatchError, add, build, current_generation, remove
+from index.gallery import Gallery, IndexMismatchError, add, build, remove
+from index.generations import current_generation
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from index.embed import embed_image_files, embed_texts
-from index.gallery import Gallery, add, build, read_manifest, sync
+from index.gallery import Gallery, add, build, sync
+from index.generations import read_manifest
 from index.querybank import QueryBank
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset

@@ -13,7 +13,8 @@ from PIL import Image
 import index.embed
 import index.gallery
 from index.embed import embed_image_files, embed_texts
-from index.gallery import Gallery, build, read_manifest
+from index.gallery import Gallery, build
+from index.generations import read_manifest
 from index.querybank import cache_root, embed_bank_captions, model_bank
 from service.cli import main as cli_main
 from training.config import build_config

@@ -13,7 +13,8 @@ import pytest
 import index.segments as segments
 from index.faiss_index import (ID_BYTES, VectorIndex, default_factory, estimate_bytes, factory_for_memory,
                                parse_bytes, training_sample)
-from index.gallery import Gallery, add_vectors, build_from_vectors, compact, current_generation, remove
+from index.gallery import Gallery, add_vectors, build_from_vectors, compact, remove
+from index.generations import current_generation
 from index.metadata import Metadata
 from index.query import ImageFilter
 from training.data.fileio import write_json, write_text

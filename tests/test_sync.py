@@ -11,7 +11,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from index.embed import embed_image_files
-from index.gallery import Gallery, current_generation, sync
+from index.gallery import Gallery, sync
+from index.generations import current_generation
 from service.cli import main as cli_main
 from training.models.checkpoint import load_model
 

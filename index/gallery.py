@@ -11,7 +11,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -400,6 +400,22 @@ def _locked_for_update(root: Path):
         yield _load_for_update(root)
 
 
+def _partition(on_disk: Iterable[Path], indexed: dict, unchanged: Callable[[Any, Path], bool]
+               ) -> tuple[list[Path], list[Path], int]:
+    """The files found against the rows indexed for them: the files to embed (new or no longer ``unchanged``, in
+    path order), those of them that are indexed already, and how many are left as they are."""
+    to_embed, differing, kept = [], [], 0
+    for path in sorted(on_disk):
+        row = indexed.get(path)
+        if row is not None and unchanged(row, path):
+            kept += 1
+            continue
+        to_embed.append(path)
+        if row is not None:
+            differing.append(path)
+    return to_embed, differing, kept
+
+
 def _same_stat(row, path: Path) -> bool:
     """The indexed row still describes the file by size and mtime (no read). Otherwise the content hash decides:
     the worker that would decode the file hashes its bytes first (``embed_image_files(indexed=…)``)."""
@@ -460,29 +476,13 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
                               if Path(r.path) == folder or folder in Path(r.path).parents} if videos else {}
             video_files = {p.resolve() for p in found_videos}
             gone_videos = [r.id for p, r in indexed_videos.items() if p not in video_files]
-            changed_videos, new_videos, unchanged_videos = [], [], 0
-            for path in sorted(video_files):
-                vrow = indexed_videos.get(path)
-                if vrow is None:
-                    new_videos.append(path)
-                elif _unchanged(vrow, path):
-                    unchanged_videos += 1
-                else:
-                    changed_videos.append(vrow.id)
-                    new_videos.append(path)
+            new_videos, differing, unchanged_videos = _partition(video_files, indexed_videos, _unchanged)
+            changed_videos = [indexed_videos[p].id for p in differing]      # read again whole, under new ids
             on_disk = {p.resolve(): p for p in found}
             gone = [r.id for p, r in indexed.items() if p not in on_disk]
-            new, unchanged, hashes = [], 0, {}
-            for path in sorted(on_disk):
-                row = indexed.get(path)
-                if row is None:
-                    new.append(path)
-                elif _same_stat(row, path):
-                    unchanged += 1
-                else:                      # embedded unless its bytes still hash to the indexed sha256
-                    new.append(path)
-                    if row.sha256 is not None:
-                        hashes[str(path)] = row.sha256
+            new, differing, unchanged = _partition(on_disk, indexed, _same_stat)
+            # a photo whose size or mtime changed is embedded unless its bytes still hash to the indexed sha256
+            hashes = {str(p): sha for p in differing if (sha := indexed[p].sha256) is not None}
             emb = embed_image_files(model, new, batch_size=batch_size, workers=workers, progress=progress,
                                     indexed=hashes, tta=manifest.get("tta", "none")) if new else None
             same = {new[p] for p in emb.passed} if emb is not None else set()

@@ -135,7 +135,7 @@ def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]
 # --- model check ----------------------------------------------------------------------------------------------
 
 def check_model(manifest: dict, model: EmbeddingModel, root: Path | str = "") -> None:
-    check_fingerprint(manifest, getattr(model, "fingerprint", None), root)
+    check_fingerprint(manifest, model.fingerprint, root)
 
 
 def check_fingerprint(manifest: dict, given: str | None, root: Path | str = "") -> None:

@@ -28,6 +28,8 @@ from training.data.vocab import tokenize
 if TYPE_CHECKING:
     from pycocoevalcap.meteor.meteor import Meteor
 
+    from training.models.protocol import EmbeddingModel
+
 METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "cider")
 
 
@@ -169,7 +171,7 @@ def load_generations(path: str | Path) -> dict:
     return data
 
 
-def generation_metrics(model, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
+def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
                        cap_to_img: torch.Tensor, meteor: bool = True, examples: int = 5, progress: bool = True,
                        **decode) -> dict:
     """``captioning`` and ``paraphrasing`` scores of a split, from its embedded images and captions

@@ -203,6 +203,7 @@ def cmd_evaluate(args) -> int:
     from training.data.datasets import load_dataset
     from training.data.fileio import write_json
     from training.inference.device import resolve_device
+    from training.models.protocol import has_decoder
     from training.models.checkpoint import load_model
     from .evaluate import evaluate_model, format_table, plot_recall, public
 
@@ -212,7 +213,7 @@ def cmd_evaluate(args) -> int:
         return 2
     device = resolve_device(args.device)
     model = load_model(args.model, device)
-    if args.generations and getattr(model, "decoder", None) is None:
+    if args.generations and not has_decoder(model):
         print(f"error: --generations: {args.model} has no sentence decoder (a retrieval-only model generates "
               f"no captions)", file=sys.stderr)
         return 2

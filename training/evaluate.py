@@ -13,12 +13,17 @@ the ground truth). With 5000 test images the COCO protocols are added: 5 folds o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
+from training.models.protocol import EmbeddingModel, has_attention, has_decoder
+
 from .ranking import KS, mean_inverted_rank, ranks_from_scores, retrieval_metrics, summarize
+
+if TYPE_CHECKING:
+    from training.models.model import JointEmbedding
 
 __all__ = ["KS", "mean_inverted_rank", "ranks_from_scores", "retrieval_metrics", "summarize"]
 
@@ -203,8 +208,8 @@ def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
-def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 2, progress: bool = True,
-                   amp: bool = False, generation: bool = True, meteor: bool = True,
+def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None, workers: int = 2,
+                   progress: bool = True, amp: bool = False, generation: bool = True, meteor: bool = True,
                    decode: dict | None = None, querybank=None, qb_beta: float = 20.0) -> dict:
     """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
@@ -221,22 +226,26 @@ def evaluate_model(model, dataset, device="cpu", cache_dir=None, workers: int = 
     img, cap, cap_to_img = embed_split(model, dataset, device=device, workers=workers, amp=amp, source=source)
     result = full_evaluation(img, cap, cap_to_img, model.similarity)
     result.update(bir_metrics(img, cap, cap_to_img, model.similarity))
-    if getattr(model, "attention", None) is not None:
+    if has_attention(model):
         # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
         # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
         # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
         from training.inference.embed import fine_embed_split
+        from training.models.model import JointEmbedding
 
+        assert isinstance(model, JointEmbedding)     # an ensemble's attention is always None
+        attention = model.attention
+        assert attention is not None                 # has_attention
         pooled = {k: result[k] for k in ("i2t", "t2i", "rsum")}
         regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
         packed = torch.cat([words, mask.unsqueeze(-1).to(words.dtype)], dim=-1)
 
         def attend(imgs: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
-            return model.attention(imgs, caps[..., :-1], caps[..., -1] > 0.5)
+            return attention(imgs, caps[..., :-1], caps[..., -1] > 0.5)
 
         result = {**full_evaluation(regions, packed, cap_to_img, attend),
                   **bir_metrics(regions, packed, cap_to_img, attend), "pooled": pooled}
-    if generation and getattr(model, "decoder", None) is not None:
+    if generation and has_decoder(model):
         from .caption_eval import generation_metrics
 
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
@@ -282,9 +291,12 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def attention_retrieval(model, dataset, source, device="cpu") -> dict:
+def attention_retrieval(model: JointEmbedding, dataset, source, device="cpu") -> dict:
     """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
     from training.inference.embed import fine_embed_split
 
+    attention = model.attention
+    assert attention is not None, "attention_retrieval needs an STT-ATT model (attention.enabled)"
+
     regions, words, mask, cap_to_img = fine_embed_split(model, dataset, source, device=device)
-    return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: model.attention(imgs, caps, mask))
+    return retrieval_metrics(regions, words, cap_to_img, lambda imgs, caps: attention(imgs, caps, mask))

@@ -29,7 +29,7 @@ KEY = "querybank"
 
 def carried(model: EmbeddingModel) -> dict | None:
     """The query bank ``model`` carries (its checkpoint's ``extra["querybank"]``), or None."""
-    bank = (getattr(model, "extra", None) or {}).get(KEY)
+    bank = (model.extra or {}).get(KEY)
     return bank if bank and (bank.get("captions") or _count(bank.get("images"))) else None
 
 

@@ -38,6 +38,8 @@ class EmbeddingModel(Protocol):
     @property
     def fingerprint(self) -> str: ...       # of the model.pt it was loaded from (model.fingerprint)
     @property
+    def extra(self) -> dict: ...            # what the model.pt carries beside it (its query bank, dev metrics)
+    @property
     def training(self) -> bool: ...
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor: ...

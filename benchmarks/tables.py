@@ -120,6 +120,32 @@ def t_flickr8k_dev() -> str:
     return with_provenance(headers, cells, data["rows"], data, column=True)
 
 
+def t_flickr8k_seeds() -> str:
+    """The shipped recipe and the XBM lever over seeds, and the decision of the rule written before the runs
+    (flickr8k_seeds.json, benchmarks/flickr8k_seeds.py)."""
+    data = load("flickr8k_seeds.json")
+    rows = sorted(data["rows"], key=lambda r: (r["recipe"], r["seed"]))
+    headers = ["recipe", "seed", "R-sum (raw)", "QB i2t R@1/5/10", "QB t2i R@1/5/10", "R-sum (QB)", "best epoch",
+               "wall (min)", "peak (GiB)"]
+    cells = [[r["recipe"], str(r["seed"]), f(r["rsum"]), join(r["i2t_qb"]), join(r["t2i_qb"]), f(r["rsum_qb"]),
+              f(r.get("best_epoch"), 0), f(r["wall_min"]), f(r["peak_gib"], 2)] for r in rows]
+    table = with_provenance(headers, cells, rows, data, column=True)
+    decision = data.get("decision")
+    if not decision:
+        return table
+    lines = []
+    for name, st in decision["stats"].items():
+        if st["mean_qb"] is not None:
+            sd = f" ± {f(st['sd_qb'], 2)}" if st["sd_qb"] is not None else ""
+            raw_sd = f" ± {f(st['sd_raw'], 2)}" if st["sd_raw"] is not None else ""
+            lines.append(f"- {name}, seeds {', '.join(map(str, st['seeds']))}: R-sum (QB) {f(st['mean_qb'], 2)}{sd}; "
+                         f"raw {f(st['mean_raw'], 2)}{raw_sd} (mean ± sample sd)")
+    ship = decision.get("ship")
+    lines.append(f"- Decision: {decision['reason']}"
+                 + (f" → {decision['recipe']}, seed {ship['seed']} (R-sum (QB) {f(ship['rsum_qb'])})." if ship else "."))
+    return table + "\n\n" + "\n".join(lines)
+
+
 def t_model_card() -> str:
     """The shipped model's row of flickr8k_dev.json (docs/model-card.md)."""
     data = load("flickr8k_dev.json")

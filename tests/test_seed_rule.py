@@ -30,6 +30,9 @@ def test_a_lever_is_adopted_only_beyond_the_seed_noise(seeds):
 
 
 def test_only_common_seeds_count_and_one_is_not_enough(seeds):
-    assert seeds.decide(rows("shipped", [360]) + rows("xbm", [380, 300]))["recipe"] is None
+    one = seeds.decide(rows("shipped", [360, 366, 362]) + rows("xbm", [380]))           # one common seed: no evidence
+    assert one["recipe"] == "shipped" and one["ship"]["seed"] == 2                     # median of all shipped seeds
+    assert one["stats"]["shipped"]["seeds"] == [0, 1, 2] and one["stats"]["shipped"]["sd_qb"] == 3.06
+    assert seeds.decide(rows("xbm", [380, 300]))["ship"] is None
     two = seeds.decide(rows("shipped", [360, 362]) + rows("xbm", [370, 371, 200]))     # seed 2 of xbm unmatched
     assert two["stats"]["xbm"]["seeds"] == [0, 1] and two["recipe"] == "xbm" and two["ship"]["seed"] == 0

@@ -2,14 +2,16 @@
 rows of ``benchmarks/results/flickr8k_seeds.json`` (rendered into docs/results.md by benchmarks/tables.py).
 
     python benchmarks/flickr8k_seeds.py run --data ../shared/datasets/flickr8k --work runs/seeds
+    python benchmarks/flickr8k_seeds.py record --recipe shipped --seed 0 --model training/pretrained/flickr8k.pt \
+        --row "flickr8k (shipped)" --data ../shared/datasets/flickr8k --work runs/seeds
     python benchmarks/flickr8k_seeds.py decide
 
 Recipes (``RECIPES``): ``shipped`` is configs/flickr8k.yaml; ``xbm`` adds a cross-batch memory of the last 512
 (image, caption) embedding pairs as extra negatives of the hardest-negative loss after the warm-up epoch
 (``loss.memory``, training/models/losses.py). Runs go in ``ORDER``; a finished run is not repeated. (The first
 order alternated the recipes per seed. Its first run, ``xbm`` seed 0, collapsed in its first epoch with the
-memory — dev R-sum 270.6 after the warm-up epoch, then 187.2, 148.6, 136.2, the loss at 2·B·margin, every score
-alike — and was stopped, so the shipped recipe's seeds now come first.) Each run trains in
+memory and was stopped — what it showed is under ``stopped`` in the results file — so the shipped recipe's seeds
+now come first.) Each run trains in
 a child process (its wall time and peak resident memory recorded; the feature cache is shared, so only the first
 run extracts features), then ``jointspace evaluate --split val --querybank-norm`` measures dev R-sum as the
 model ranks (raw cosine) and with querybank normalisation (Flickr8k train as the bank, the correction the service
@@ -34,6 +36,7 @@ import datetime as dt
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,21 +84,48 @@ def run_one(recipe: str, seed: int, data_dir: str, work: Path) -> dict:
                     *sets], cwd=REPO, check=True)
     wall = time.time() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2    # KiB → GiB, largest child so far
-    report = out / "model_dev.json"
-    subprocess.run([*JOINTSPACE, "evaluate", "--model", str(out / "model.pt"), "--data", data_dir, "--split", "val",
-                    "--quiet", "--no-generation", "--querybank-norm", "--out", str(report),
-                    "--plot", str(report.with_suffix(".png"))], cwd=REPO, check=True)
-    result = json.loads(report.read_text())
-    epoch = torch.load(out / "model.pt", map_location="cpu", weights_only=False)["extra"].get("epoch")
     curve = [round(r["val"]["rsum"], 1) for line in (out / "log.jsonl").read_text().splitlines()
              if (r := json.loads(line)).get("val")]
     return {"recipe": recipe, "seed": seed, "sets": RECIPES[recipe] + [f"train.seed={seed}"],
-            "rsum": round(result["rsum"], 2), "rsum_qb": round(result["qbnorm"]["rsum"], 2),
+            **dev_metrics(out / "model.pt", data_dir), "val_rsum_by_epoch": curve, "wall_min": round(wall / 60, 1),
+            "peak_gib": round(peak, 2), "model": str(out / "model.pt"), "hardware": hardware(),
+            "date": dt.date.today().isoformat(), "commit": at_start}
+
+
+def dev_metrics(model: Path, data_dir: str) -> dict:
+    """``jointspace evaluate --split val --querybank-norm`` of ``model``: raw and querybank-normalised dev R-sum,
+    the normalised R@K both ways, the best epoch it was kept at (its report beside it as model_dev.json)."""
+    report = model.with_name(model.stem + "_dev.json")
+    subprocess.run([*JOINTSPACE, "evaluate", "--model", str(model), "--data", data_dir, "--split", "val",
+                    "--quiet", "--no-generation", "--querybank-norm", "--out", str(report),
+                    "--plot", str(report.with_suffix(".png"))], cwd=REPO, check=True)
+    result = json.loads(report.read_text())
+    return {"rsum": round(result["rsum"], 2), "rsum_qb": round(result["qbnorm"]["rsum"], 2),
+            "i2t": [round(result["i2t"][k], 1) for k in ("r1", "r5", "r10")],
+            "t2i": [round(result["t2i"][k], 1) for k in ("r1", "r5", "r10")],
             "i2t_qb": [round(result["qbnorm"]["i2t"][k], 1) for k in ("r1", "r5", "r10")],
             "t2i_qb": [round(result["qbnorm"]["t2i"][k], 1) for k in ("r1", "r5", "r10")],
-            "best_epoch": epoch, "val_rsum_by_epoch": curve, "wall_min": round(wall / 60, 1), "peak_gib": round(peak, 2),
-            "model": str(out / "model.pt"), "hardware": hardware(), "date": dt.date.today().isoformat(),
-            "commit": at_start}
+            "best_epoch": torch.load(model, map_location="cpu", weights_only=False)["extra"].get("epoch")}
+
+
+def cmd_record(args) -> int:
+    """A run trained elsewhere as one seed of a recipe: its model.pt copied into ``--work`` and evaluated here;
+    its training wall time, peak memory and provenance from its row of flickr8k_dev.json."""
+    source = json.loads((RESULTS.parent / "flickr8k_dev.json").read_text())["rows"]
+    trained = next(r for r in source if r["name"] == args.row)
+    out = Path(args.work) / f"{args.recipe}_seed{args.seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(args.model, out / "model.pt")
+    row = {"recipe": args.recipe, "seed": args.seed, "sets": RECIPES[args.recipe] + [f"train.seed={args.seed}"],
+           **dev_metrics(out / "model.pt", args.data), "val_rsum_by_epoch": None,
+           "wall_min": trained["wall_min"], "peak_gib": trained["peak_gib"], "model": str(out / "model.pt"),
+           "hardware": trained["hardware"], "date": trained["date"], "commit": trained["commit"],
+           "note": f"trained before this series (flickr8k_dev.json row {args.row!r}); evaluated {current_commit()}"}
+    data = load()
+    data["rows"] = [r for r in data["rows"] if (r["recipe"], r["seed"]) != (args.recipe, args.seed)] + [row]
+    save(data)
+    print(json.dumps(row))
+    return 0
 
 
 def cmd_run(args) -> int:
@@ -152,6 +182,23 @@ def decide(rows: list[dict]) -> dict:
             "reason": reason}
 
 
+def cmd_stopped(args) -> int:
+    """A run stopped before its end, kept as what it showed (its dev R-sum per epoch, from its log.jsonl) under
+    ``stopped``; it is no seed of its recipe."""
+    log = [json.loads(line) for line in (Path(args.run) / "log.jsonl").read_text().splitlines()]
+    entry = {"recipe": args.recipe, "seed": args.seed, "sets": RECIPES[args.recipe] + [f"train.seed={args.seed}"],
+             "val_rsum_by_epoch": [round(r["val"]["rsum"], 1) for r in log if r.get("val")],
+             "loss_by_epoch": [round(r["loss"], 2) for r in log], "reason": args.reason, "hardware": hardware(),
+             "date": dt.date.fromtimestamp((Path(args.run) / "log.jsonl").stat().st_mtime).isoformat(),
+             "commit": args.commit}
+    data = load()
+    data["stopped"] = [e for e in data.get("stopped", []) if (e["recipe"], e["seed"]) != (args.recipe, args.seed)]
+    data["stopped"].append(entry)
+    save(data)
+    print(json.dumps(entry))
+    return 0
+
+
 def cmd_decide(args) -> int:
     data = load()
     data["decision"] = decide(data["rows"])
@@ -168,8 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--work", required=True, help="folder for the run directories")
     r.add_argument("--runs", type=int, default=len(ORDER), help="only the first N runs of ORDER")
     sub.add_parser("decide", help="apply the rule to the rows so far")
+    c = sub.add_parser("record", help="record a model.pt trained earlier as one seed of a recipe")
+    c.add_argument("--recipe", choices=sorted(RECIPES), required=True)
+    c.add_argument("--seed", type=int, required=True)
+    c.add_argument("--model", required=True, help="its model.pt (copied into --work)")
+    c.add_argument("--row", required=True, help="its row of flickr8k_dev.json (training time and provenance)")
+    c.add_argument("--data", required=True, help="the Flickr8k folder")
+    c.add_argument("--work", required=True, help="folder for the run directories")
+    st = sub.add_parser("stopped", help="keep what a stopped run showed (its dev R-sum per epoch)")
+    st.add_argument("--recipe", choices=sorted(RECIPES), required=True)
+    st.add_argument("--seed", type=int, required=True)
+    st.add_argument("--run", required=True, help="its run directory (log.jsonl)")
+    st.add_argument("--reason", required=True, help="why it was stopped")
+    st.add_argument("--commit", required=True, help="the commit it ran")
     args = ap.parse_args(argv)
-    return cmd_run(args) if args.cmd == "run" else cmd_decide(args)
+    return {"run": cmd_run, "decide": cmd_decide, "record": cmd_record, "stopped": cmd_stopped}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,10 @@ def t_flickr8k_seeds() -> str:
             raw_sd = f" ± {f(st['sd_raw'], 2)}" if st["sd_raw"] is not None else ""
             lines.append(f"- {name}, seeds {', '.join(map(str, st['seeds']))}: R-sum (QB) {f(st['mean_qb'], 2)}{sd}; "
                          f"raw {f(st['mean_raw'], 2)}{raw_sd} (mean ± sample sd)")
+    for e in data.get("stopped", []):
+        lines.append(f"- Stopped: {e['recipe']} seed {e['seed']} ({', '.join(e['sets'])}; {e['date']}, {e['commit']}):"
+                     f" dev R-sum by epoch {', '.join(f(v) for v in e['val_rsum_by_epoch'])}; loss by epoch "
+                     f"{', '.join(f(v) for v in e['loss_by_epoch'])}; {e['reason']}.")
     ship = decision.get("ship")
     lines.append(f"- Decision: {decision['reason']}"
                  + (f" → {decision['recipe']}, seed {ship['seed']} (R-sum (QB) {f(ship['rsum_qb'])})." if ship else "."))
@@ -556,6 +560,7 @@ def t_config_reference() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "config_reference": t_config_reference,
     "flickr8k_dev": t_flickr8k_dev,
+    "flickr8k_seeds": t_flickr8k_seeds,
     "model_card": t_model_card,
     "querybank_sweep": t_querybank_sweep,
     "querybank_unseen": t_querybank_unseen,

@@ -48,7 +48,8 @@ def test_ngram_features_bigrams_and_skipgrams():
 
 def test_ngram_binary_and_tfidf_values():
     texts = ["dog dog runs", "cat runs", "the cat"]
-    cfg = {"hidden": 3, "dropout": 0.0, "options": {"n": 1, "values": "binary", "activation": "none"}}
+    cfg = {"hidden": 3, "dropout": 0.0, "options": TEXT_ENCODERS.check_options(
+        "ngram", {"n": 1, "values": "binary", "activation": "none"})}
     enc = NGramEncoder(cfg)
     enc.fit(texts, None, log=lambda *_: None)
     # articles are dropped; features most frequent first: cat (2), dog (2), runs (2) -> alphabetical ties
@@ -152,7 +153,8 @@ def test_fused_capsule_grus_follow_the_equations(activation):
 
 
 def test_rcn_routing_masks_and_regularizer():
-    cfg = {"word_dim": 8, "hidden": 12, "dropout": 0.0, "options": {"capsules": 3, "recursions": 2, "lambda": 0.5}}
+    cfg = {"word_dim": 8, "hidden": 12, "dropout": 0.0,
+           "options": TEXT_ENCODERS.check_options("rcn", {"capsules": 3, "recursions": 2, "lambda": 0.5})}
     torch.manual_seed(0)
     rcn = RecurrentCapsuleNetwork(20, cfg)
     ids, lengths = pad_batch([[5, 6, 7], [8, 9]])
@@ -172,7 +174,8 @@ def test_rcn_routing_masks_and_regularizer():
     assert reg.item() == pytest.approx(expected.item(), rel=1e-3)
     reg.backward()                                             # differentiable
     # one capsule, no recursion: a plain GRU, no regulariser
-    gru = RecurrentCapsuleNetwork(20, {**cfg, "options": {"capsules": 1, "recursions": 0}})
+    gru = RecurrentCapsuleNetwork(20, {**cfg, "options": TEXT_ENCODERS.check_options("rcn", {"capsules": 1,
+                                                                                          "recursions": 0})})
     out = gru(ids, lengths)
     torch.testing.assert_close(out, gru.emb_grus(gru.embed(ids).unsqueeze(0), lengths)[0])
     assert gru.regularizer() is None

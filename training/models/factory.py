@@ -100,7 +100,9 @@ def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
         return main
     parts = [main]
     for extra in extras:
-        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": []}
+        # an extra backbone takes no options of its own: its options model's defaults (none for a pretrained one)
+        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": [],
+               "options": BACKBONES.check_options(extra["backbone"], {})}
         parts.append(BACKBONES.get(extra["backbone"])(sub, load_weights))
     return backbones.concatenated(parts)
 

@@ -57,6 +57,11 @@ RULE = ("shipped", "xbm")                     # the recipes the rule compares (R
 ORDER = [("shipped", 1), ("shipped", 2), ("shipped", 0), ("xbm", 1), ("xbm", 2), ("xbm", 0)]
 
 
+def sets(recipe: str, seed: int) -> list[str]:
+    """The ``--set`` overrides of one run: the recipe's, and its seed."""
+    return RECIPES[recipe] + [f"train.seed={seed}"]
+
+
 def hardware() -> str:
     cpu = "unknown CPU"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -78,16 +83,16 @@ def save(data: dict) -> None:
 
 def run_one(recipe: str, seed: int, data_dir: str, work: Path) -> dict:
     out = work / f"{recipe}_seed{seed}"
-    sets = [x for kv in [*RECIPES[recipe], f"train.seed={seed}"] for x in ("--set", kv)]
+    overrides = [x for kv in sets(recipe, seed) for x in ("--set", kv)]
     at_start = current_commit()
     start = time.time()
     subprocess.run([*JOINTSPACE, "train", "--config", CONFIG, "--data", data_dir, "--out", str(out), "--quiet",
-                    *sets], cwd=REPO, check=True)
+                    *overrides], cwd=REPO, check=True)
     wall = time.time() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2    # KiB → GiB, largest child so far
     curve = [round(r["val"]["rsum"], 1) for line in (out / "log.jsonl").read_text().splitlines()
              if (r := json.loads(line)).get("val")]
-    return {"recipe": recipe, "seed": seed, "sets": RECIPES[recipe] + [f"train.seed={seed}"],
+    return {"recipe": recipe, "seed": seed, "sets": sets(recipe, seed),
             **dev_metrics(out / "model.pt", data_dir), "val_rsum_by_epoch": curve, "wall_min": round(wall / 60, 1),
             "peak_gib": round(peak, 2), "model": str(out / "model.pt"), "hardware": hardware(),
             "date": dt.date.today().isoformat(), "commit": at_start}
@@ -117,7 +122,7 @@ def cmd_record(args) -> int:
     out = Path(args.work) / f"{args.recipe}_seed{args.seed}"
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(args.model, out / "model.pt")
-    row = {"recipe": args.recipe, "seed": args.seed, "sets": RECIPES[args.recipe] + [f"train.seed={args.seed}"],
+    row = {"recipe": args.recipe, "seed": args.seed, "sets": sets(args.recipe, args.seed),
            **dev_metrics(out / "model.pt", args.data), "val_rsum_by_epoch": None,
            "wall_min": trained["wall_min"], "peak_gib": trained["peak_gib"], "model": str(out / "model.pt"),
            "hardware": trained["hardware"], "date": trained["date"], "commit": trained["commit"],
@@ -146,27 +151,24 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _summary(by_seed: dict[int, dict], seeds: list[int]) -> dict:
+    """Mean and sample sd of a recipe's dev R-sums (querybank-normalised and raw) over ``seeds``."""
+    out: dict = {"seeds": seeds}
+    for key, column in (("qb", "rsum_qb"), ("raw", "rsum")):
+        values = [by_seed[s][column] for s in seeds]
+        out[f"mean_{key}"] = round(statistics.mean(values), 2) if values else None
+        out[f"sd_{key}"] = round(statistics.stdev(values), 2) if len(values) > 1 else None
+    return out
+
+
 def decide(rows: list[dict]) -> dict:
     """The rule of the module docstring, over the seeds both recipes have."""
     by = {name: {r["seed"]: r for r in rows if r["recipe"] == name} for name in RULE}
     seeds = sorted(set(by["shipped"]) & set(by["xbm"]))
-    stats = {}
-    for name in RULE:
-        values = [by[name][s]["rsum_qb"] for s in seeds]
-        raw = [by[name][s]["rsum"] for s in seeds]
-        stats[name] = {"seeds": seeds, "mean_qb": round(statistics.mean(values), 2) if values else None,
-                       "sd_qb": round(statistics.stdev(values), 2) if len(values) > 1 else None,
-                       "mean_raw": round(statistics.mean(raw), 2) if raw else None,
-                       "sd_raw": round(statistics.stdev(raw), 2) if len(raw) > 1 else None}
+    stats = {name: _summary(by[name], seeds) for name in RULE}
     if len(seeds) < 2:
         recipe, pool = "shipped", sorted(by["shipped"])
-        own = [by["shipped"][s]["rsum_qb"] for s in pool]
-        stats["shipped"].update(seeds=pool, mean_qb=round(statistics.mean(own), 2) if own else None,
-                                sd_qb=round(statistics.stdev(own), 2) if len(own) > 1 else None,
-                                mean_raw=round(statistics.mean([by["shipped"][s]["rsum"] for s in pool]), 2)
-                                if own else None,
-                                sd_raw=round(statistics.stdev([by["shipped"][s]["rsum"] for s in pool]), 2)
-                                if len(own) > 1 else None)
+        stats["shipped"] = _summary(by["shipped"], pool)
         reason = f"{len(seeds)} seed(s) of both recipes: no evidence for xbm, keep shipped; ship its median seed"
     else:
         pool = seeds
@@ -188,7 +190,7 @@ def cmd_stopped(args) -> int:
     """A run stopped before its end, kept as what it showed (its dev R-sum per epoch, from its log.jsonl) under
     ``stopped``; it is no seed of its recipe."""
     log = [json.loads(line) for line in (Path(args.run) / "log.jsonl").read_text().splitlines()]
-    entry = {"recipe": args.recipe, "seed": args.seed, "sets": RECIPES[args.recipe] + [f"train.seed={args.seed}"],
+    entry = {"recipe": args.recipe, "seed": args.seed, "sets": sets(args.recipe, args.seed),
              "val_rsum_by_epoch": [round(r["val"]["rsum"], 1) for r in log if r.get("val")],
              "loss_by_epoch": [round(r["loss"], 2) for r in log], "reason": args.reason, "hardware": hardware(),
              "date": dt.date.fromtimestamp((Path(args.run) / "log.jsonl").stat().st_mtime).isoformat(),
@@ -218,16 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--runs", type=int, default=len(ORDER), help="only the first N runs of ORDER")
     r.add_argument("--only", nargs="+", default=[], metavar="RECIPE:SEED", help="these runs instead of ORDER")
     sub.add_parser("decide", help="apply the rule to the rows so far")
-    c = sub.add_parser("record", help="record a model.pt trained earlier as one seed of a recipe")
-    c.add_argument("--recipe", choices=sorted(RECIPES), required=True)
-    c.add_argument("--seed", type=int, required=True)
+    one_run = argparse.ArgumentParser(add_help=False)
+    one_run.add_argument("--recipe", choices=sorted(RECIPES), required=True)
+    one_run.add_argument("--seed", type=int, required=True)
+    c = sub.add_parser("record", parents=[one_run], help="record a model.pt trained earlier as one seed of a recipe")
     c.add_argument("--model", required=True, help="its model.pt (copied into --work)")
     c.add_argument("--row", required=True, help="its row of flickr8k_dev.json (training time and provenance)")
     c.add_argument("--data", required=True, help="the Flickr8k folder")
     c.add_argument("--work", required=True, help="folder for the run directories")
-    st = sub.add_parser("stopped", help="keep what a stopped run showed (its dev R-sum per epoch)")
-    st.add_argument("--recipe", choices=sorted(RECIPES), required=True)
-    st.add_argument("--seed", type=int, required=True)
+    st = sub.add_parser("stopped", parents=[one_run], help="keep what a stopped run showed (its dev R-sum per epoch)")
     st.add_argument("--run", required=True, help="its run directory (log.jsonl)")
     st.add_argument("--reason", required=True, help="why it was stopped")
     st.add_argument("--commit", required=True, help="the commit it ran")

@@ -281,10 +281,10 @@ def complete(values: dict) -> dict:
     return cfg
 
 
-def _explain(err: ValidationError, prefix: str = "") -> ConfigError:
+def _explain(err: ValidationError) -> ConfigError:
     errors = err.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])   # a misspelt key first
-    key = prefix + ".".join(str(x) for x in first["loc"])
+    key = ".".join(str(x) for x in first["loc"])
     if first["type"] == "extra_forbidden":
         return ConfigError(f"unknown config key '{key}'")
     if first["type"] == "value_error" and not first["loc"]:     # a rule between sections (RunConfig)

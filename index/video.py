@@ -428,21 +428,23 @@ def _file_facts(path: Path) -> tuple[str, int, float]:
 
 @torch.no_grad()
 def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
-                 workers: int | None = None, progress: bool = True) -> VideoEmbeddings:
+                 workers: int | None = None, progress: bool = True, pad: bool | None = None) -> VideoEmbeddings:
     """Every readable video of ``paths`` → its moments' vectors and its own vector (frames embedded with
     ``training.inference.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker
-    at a time). A file that cannot be read is skipped with its reason. Puts the model in eval mode."""
+    at a time). A file that cannot be read is skipped with its reason. Puts the model in eval mode. ``pad``: every
+    forward pass at ``batch_size`` rows (``embed.fixed_batches``; default: on CUDA)."""
     from tqdm.auto import tqdm
 
     from training.data.features import loader_options
-    from training.inference.embed import embed_pixels
+    from training.inference.embed import device_of, embed_pixels, fixed_batches
 
     model.eval()
     out = VideoEmbeddings()
     if not paths:
         return out
+    shapes = fixed_batches(batch_size, device_of(model), pad)     # on CUDA: one shape, whatever a flush holds
     if workers is None:                    # as photos: half the usable cores on a CPU, all but one on CUDA
-        workers = loader_options(len(paths) + 1, 1, None, next(model.parameters()).device)["num_workers"]
+        workers = loader_options(len(paths) + 1, 1, None, device_of(model))["num_workers"]
     workers = min(workers, len(paths), os.cpu_count() or 1)
     loader = DataLoader(_Frames(paths, model.preprocess, sampling), batch_size=None, num_workers=workers)
     times: dict[int, list[float]] = {}
@@ -452,7 +454,7 @@ def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: S
 
     def flush():
         if pending:
-            vectors = embed_pixels(model, torch.stack([px for _, px in pending])).cpu().numpy()
+            vectors = embed_pixels(model, torch.stack([px for _, px in pending]), shapes).cpu().numpy()
             for (pos, _), v in zip(pending, vectors):
                 frame_vectors.setdefault(pos, []).append(v)
             out.frames += len(pending)

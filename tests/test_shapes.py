@@ -124,6 +124,42 @@ def test_warm_up_runs_every_size_of_both_searches(loaded):
     assert rec.texts == [1, 2, 4] and rec.images == [1, 2, 4] and seconds > 0
 
 
+def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vectors(tiny_model_path, synth_small,
+                                                                                   tmp_path):
+    """index build / add / sync and video frames: on CUDA every forward pass has ``batch_size`` rows (a short last
+    batch, or one a skipped file shortened, is padded), so a build costs one shape's set-up, not one per size."""
+    from index.video import Sampling, embed_videos, write_video
+    from training.data.datasets import load_dataset
+    from training.inference.embed import embed_image_files, fixed_batches
+
+    assert fixed_batches(64, torch.device("cpu")) is None                       # a CPU has no per-shape cost
+    assert fixed_batches(64, torch.device("cuda")).sizes == (64,)              # (no CUDA needed to choose)
+    assert fixed_batches(64, torch.device("cpu"), pad=True).sizes == (64,)
+    model = load_model(tiny_model_path)
+    paths = [r.path for r in load_dataset(synth_small).split("test").images][:11]
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a picture")
+    paths.insert(2, broken)                                  # the first batch holds 3 readable images of 4
+    rec = _Recorder(model)
+    plain = embed_image_files(model, paths, batch_size=4, workers=0, progress=False)      # the CPU's default
+    assert rec.images == [3, 4, 4]
+    rec.images.clear()
+    padded = embed_image_files(model, paths, batch_size=4, workers=0, progress=False, pad=True)
+    assert rec.images == [4, 4, 4]
+    assert padded.kept == plain.kept and len(padded.skipped) == 1
+    np.testing.assert_allclose(padded.vectors, plain.vectors, atol=1e-5)
+
+    clip = write_video(tmp_path / "c.mp4", (np.full((48, 48, 3), 40 * i, np.uint8) for i in range(5)), fps=1)
+    rec.images.clear()
+    want = embed_videos(model, [clip], Sampling(rate=1.0, window=2.0), batch_size=4, workers=0, progress=False)
+    assert rec.images == [4, 1]
+    rec.images.clear()
+    got = embed_videos(model, [clip], Sampling(rate=1.0, window=2.0), batch_size=4, workers=0, progress=False,
+                       pad=True)
+    assert rec.images == [4, 4]
+    np.testing.assert_allclose(np.concatenate(got.segment_vectors), np.concatenate(want.segment_vectors), atol=1e-5)
+
+
 def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
     base = dict(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=16, bucket_mode="pad")
     from service.metrics import Metrics

@@ -61,6 +61,15 @@ def device_of(model: EmbeddingModel) -> torch.device:
     return next(model.parameters()).device
 
 
+def fixed_batches(batch_size: int, device: torch.device, pad: bool | None = None) -> Shapes | None:
+    """Bulk embedding's one shape: every batch padded to ``batch_size`` — on CUDA by default (``pad`` None), where
+    a short batch (the last one, or one that a skipped file shortened) would cost a new shape's first-call set-up
+    (shapes.py); None (batches as they come) elsewhere, where padding only adds work."""
+    if pad is None:
+        pad = torch.device(device).type == "cuda"
+    return Shapes((batch_size,), images="pad", texts="pad") if pad else None
+
+
 def inference_autocast(model: EmbeddingModel, device: torch.device | None = None):
     """The autocast context of every inference forward pass (module docstring: bf16 on CUDA when the model
     allows it, else none)."""
@@ -190,15 +199,17 @@ def _collate(items):
 
 @torch.no_grad()
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
-                      progress: bool = True, read: Reader = read_image, preprocess=None) -> FileEmbeddings:
+                      progress: bool = True, read: Reader = read_image, preprocess=None,
+                      pad: bool | None = None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
     else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
     and preprocessed in DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file
     that cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
     model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval
-    mode."""
+    mode. ``pad``: every forward pass at ``batch_size`` rows (:func:`fixed_batches`; default: on CUDA)."""
     model.eval()
+    shapes = fixed_batches(batch_size, device_of(model), pad)
     loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
                         collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
                         **loader_options(len(paths), batch_size, workers, device_of(model)))
@@ -208,7 +219,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         passed += nothing
         if pixels is None:
             continue
-        vectors.append(embed_pixels(model, pixels).cpu().numpy())
+        vectors.append(embed_pixels(model, pixels, shapes).cpu().numpy())
         kept += idx
         info += extra
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)

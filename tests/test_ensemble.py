@@ -129,3 +129,41 @@ def test_ensemble_command_rejects_bad_input(members, tmp_path, capsys):
     assert cli_main(["ensemble", "--models", str(members[0]), str(tmp_path / "nope.pt"), "--out", str(out)]) == 2
     assert "no model file" in capsys.readouterr().err
     assert not out.exists()
+    assert cli_main(["ensemble", "--models", *map(str, members), "--querybank", str(tmp_path), "--out", str(out)]) == 2
+    assert "no recognised captioned-image data set" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_ensemble_carries_a_query_bank(members, ensemble_path, synth_small, tmp_path):
+    """Without --querybank: the first member's bank captions (text), no images (those were the member's own
+    vectors); with --querybank DATA: the train split sampled as `jointspace train` samples it, the images embedded
+    by the ensemble — and `index build` uses it by default."""
+    from training.inference.querybank import carried
+    from training.querybank import sample
+
+    first = load_model(members[0])
+    own = carried(first)
+    assert own and own["captions"] and own["images"] is not None
+    plain = carried(load_model(ensemble_path))
+    assert plain["captions"] == own["captions"] and plain["images"] is None and plain["beta"] == own["beta"]
+
+    out = tmp_path / "banked.pt"
+    assert cli_main(["ensemble", "--models", *map(str, members), "--weights", "1", "0.5", "--querybank",
+                     str(synth_small), "--out", str(out)]) == 0
+    ensemble = load_model(out)
+    bank = carried(ensemble)
+    section = first.cfg["querybank"]
+    texts, records = sample(load_dataset(synth_small).split("train"), section["captions"], section["images"],
+                            first.cfg["train"]["seed"])
+    assert bank["captions"] == texts and bank["images"].shape == (len(records), 64)
+    want = embed_decoded(ensemble, [r.path for r in records], progress=False, workers=0).vectors
+    np.testing.assert_allclose(bank["images"].float().numpy(), want, atol=2e-3)        # kept in float16
+    assert ensemble.fingerprint == load_model(ensemble_path).fingerprint      # the bank is not part of the weights
+
+    from index.generations import read_manifest
+
+    index_dir = tmp_path / "index"
+    assert cli_main(["index", "build", "--model", str(out), "--data", str(synth_small), "--split", "val", "--out",
+                     str(index_dir), "--workers", "0", "--quiet"]) == 0
+    entry = read_manifest(index_dir)["querybank"]
+    assert (entry["origin"], entry["captions"], entry["images"]) == ("model", len(texts), len(records))

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import tiny_config
 from index.embed import embed_image_files
@@ -94,6 +95,31 @@ def test_an_ensemble_member_reading_two_backbones_gets_its_own_pixels(two_backbo
         got = ensemble.image_features(torch.stack([pre(p) for p in pictures]))
         own = [m.image_features(torch.stack([m.preprocess(p) for p in pictures])) for m in members]
     torch.testing.assert_close(got, torch.cat(own, 1), atol=1e-5, rtol=0)
+
+
+def test_an_ensemble_of_seeds_reading_the_same_backbones_runs_them_once(two_backbone_run, synth_small,
+                                                                       tmp_path):
+    """Seeds of one recipe (the shipped kind: several frozen CNNs, stacked pixels) share their preprocessing and
+    their networks' weights: the ensemble reads the pixels whole and runs the CNNs once for all members."""
+    cfg, out = two_backbone_run
+    train({**cfg, "train": {**cfg["train"], "seed": 5}}, synth_small, tmp_path, progress=False, log=lambda *_: None)
+    members = [load_model(out / "model.pt"), load_model(tmp_path / "model.pt")]
+    assert not torch.equal(members[0].image_proj.weight, members[1].image_proj.weight)     # other trained heads
+    ensemble = EnsembleEmbedding(members, [1.0, 1.0], ["seed0", "seed5"])
+    assert ensemble.preprocess == members[0].preprocess and ensemble._twins == [0, 0]
+    pictures = [open_image(r.path) for r in load_dataset(synth_small).split("test").images[:3]]
+    pixels = torch.stack([ensemble.preprocess(p) for p in pictures])
+    calls = []
+    members[1].backbone.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        got = ensemble.image_features(pixels)
+        own = members[0].image_features(pixels)
+        embedded = ensemble.embed_images(pixels)
+    assert calls == []                                                 # the second member's CNNs never ran
+    torch.testing.assert_close(got, torch.cat([own, own], 1), atol=0, rtol=0)
+    with torch.no_grad():
+        want = [F.normalize(m.embed_images(pixels), dim=-1) for m in members]
+    torch.testing.assert_close(embedded, F.normalize(torch.cat(want, 1), dim=-1), atol=1e-5, rtol=0)
 
 
 def test_a_data_set_query_bank_reads_the_feature_cache(two_backbone_run, synth_small, tmp_path, monkeypatch):

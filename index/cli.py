@@ -444,8 +444,8 @@ def cmd_search(args) -> int:
         for i, s in hits:
             if i in rows:
                 row = rows[i]
-                hit = {"id": i, "score": round(s, 6), "path": row.path, "taken": format_time(row.taken),
-                       "folder": row.folder}
+                hit = {"id": i, "score": round(s, 6), "media": "photo", "path": row.path,
+                       "taken": format_time(row.taken), "folder": row.folder}
                 if row.video_id is not None:
                     hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
                 results.append(hit)

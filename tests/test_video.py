@@ -177,7 +177,7 @@ def test_build_and_search_return_photos_and_moments_in_one_ranking(tmp_path, tin
                 "--k", "6"] + (["--media", media] if media else [])
         assert cli_main(args) == 0
         results = json.loads(capsys.readouterr().out)["results"]
-        assert {r.get("media", "photo") for r in results} == expect
+        assert {r["media"] for r in results} == expect                # as the service names them
         assert len(results) == (6 if media is None else 3)
         for r in results:
             if r.get("media") == "video":

@@ -24,6 +24,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-ms", type=float, help="a request whose batch has not begun this long after its "
                                                      "body was complete is answered 503 + Retry-After, not "
                                                      "computed; 0 = none (env JOINTSPACE_DEADLINE_MS, default 5000)")
+    p.add_argument("--header-timeout-s", type=float, help="seconds a request's line and headers get; 408 and the "
+                                                          "connection closed after (env JOINTSPACE_HEADER_TIMEOUT_S, "
+                                                          "default 10)")
     p.add_argument("--body-timeout-s", type=float, help="seconds a request body gets, plus 1 s per --body-min-rate "
                                                         "bytes sent; 408 after (env JOINTSPACE_BODY_TIMEOUT_S, "
                                                         "default 10)")
@@ -59,6 +62,7 @@ def cmd_serve(args) -> int:
     from training.inference.pretrained import resolve
 
     from .app import create_app
+    from .protocol import http_protocol
     from .settings import Settings
 
     given = {k: v for k, v in vars(args).items()
@@ -78,5 +82,5 @@ def cmd_serve(args) -> int:
     print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
           f"{gallery.captions.ntotal} captions; API docs: /docs)", flush=True)
     uvicorn.run(create_app(settings, model=model, gallery=gallery), host=settings.host, port=settings.port,
-                log_level=args.log_level, access_log=False)
+                log_level=args.log_level, access_log=False, http=http_protocol(settings.header_timeout_s))
     return 0

@@ -49,7 +49,10 @@ class Settings(BaseSettings):
                                                          "being computed; 0 = no deadline")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
     decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
-    # request bodies and thumbnails
+    # request lines, headers, bodies and thumbnails
+    header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's line and headers get from the "
+                                                            "connection opening (or the request's first byte on a "
+                                                            "kept-alive connection); 408 and closed after")
     body_timeout_s: float = Field(10.0, gt=0, description="seconds a request body gets, plus 1 s for every "
                                                           "body_min_rate bytes it sends; 408 when it has not "
                                                           "arrived by then")

@@ -1,17 +1,19 @@
 """Slow, stalled and hostile clients against a real ``jointspace serve`` (uvicorn over sockets, the real tiny model
 and FAISS index): a slow upload is answered, not shed (its deadline starts when its body is complete); stalled
 uploads neither count as work nor lock out a text search, and get 408 once they fall behind the minimum body
-rate; hostile bodies (a 5,000-digit integer, NaN, deep nesting, mutilated images) are 4xx with clean messages;
+rate; a connection whose request line and headers do not arrive in time (nothing sent, or headers a byte at a
+time, also as the second request of a kept-alive connection) gets 408 and is closed; hostile bodies (a 5,000-digit integer, NaN, deep nesting, mutilated images) are 4xx with clean messages;
 a thumbnail flood is refused beyond its own bound without starving searches.
 
 The server runs with short budgets so that the module takes seconds: a 250 ms deadline (a body trickled for
-1 s outlasts it four times over), 1 s for a body plus 1 s per 100 kB."""
+1 s outlasts it four times over), 1 s for a body plus 1 s per 100 kB, 1 s for the request line and headers."""
 from __future__ import annotations
 
 import asyncio
 import io
 import json
 import re
+import select
 import shutil
 import socket
 import time
@@ -25,7 +27,7 @@ from index.gallery import add
 from server_process import spawn
 from training.models.checkpoint import load_model
 
-DEADLINE_MS, BODY_TIMEOUT_S, MIN_RATE = 250, 1.0, 100_000
+DEADLINE_MS, BODY_TIMEOUT_S, MIN_RATE, HEADER_TIMEOUT_S = 250, 1.0, 100_000, 1.0
 BOUNDARY = "hostile-client-boundary"
 
 
@@ -46,6 +48,7 @@ def server(tiny_model_path, tiny_index_dir, big_photo, tmp_path_factory):
     big_id = add(index, load_model(tiny_model_path), [big_photo], progress=False, workers=0).image_ids[0]
     env = {"JOINTSPACE_RELOAD_INTERVAL_S": "0", "JOINTSPACE_DEADLINE_MS": str(DEADLINE_MS),
            "JOINTSPACE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S), "JOINTSPACE_BODY_MIN_RATE": str(MIN_RATE),
+           "JOINTSPACE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
            "JOINTSPACE_MAX_THUMBNAILS": "2", "JOINTSPACE_THUMBNAIL_WORKERS": "1"}
     proc, port = spawn(["--model", str(tiny_model_path), "--index", str(index), "--log-level", "warning"], env=env,
                        timeout=90, capture=True)
@@ -114,6 +117,57 @@ def _trickle(port: int, path: str, body: bytes, pieces: int, seconds: float) -> 
 
 def _detail(body: bytes) -> str:
     return json.loads(body)["detail"]
+
+
+# --- slow request lines and headers ----------------------------------------------------------------------------
+
+def _late_headers(sock: socket.socket, head: bytes, seconds_per_byte: float) -> tuple[int, dict, bytes, float]:
+    """Sends ``head`` a byte at a time until the server answers: (status, headers, body, seconds)."""
+    start = time.perf_counter()
+    for byte in head:
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            break
+        ready = select.select([sock], [], [], seconds_per_byte)[0]
+        if ready:
+            break
+    status, headers, body = _response(sock)
+    return status, headers, body, time.perf_counter() - start
+
+
+def test_a_connection_that_sends_nothing_or_trickles_its_headers_gets_408_and_is_closed(server):
+    base, port, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
+        start = time.perf_counter()
+        status, headers, body = _response(idle)
+        waited = time.perf_counter() - start
+        assert status == 408 and headers["connection"] == "close" and "did not arrive within 1 s" in _detail(body)
+        assert HEADER_TIMEOUT_S * 0.9 <= waited < HEADER_TIMEOUT_S + 4
+        assert idle.recv(1) == b""                                         # closed
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: " + b"x" * 200 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+        # meanwhile, other clients are answered
+        assert httpx.post(f"{base}/v1/search/images", json={"text": "a red circle", "k": 2}).status_code == 200
+        status, _, body, seconds = _late_headers(slow, head, 0.05)
+        assert status == 408 and seconds < HEADER_TIMEOUT_S + 4
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as brisk:     # in time, though not at once
+        status, _, _, _ = _late_headers(brisk, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 0.005)
+        assert status == 200
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_its_own_header_deadline(server):
+    _, port, _ = server
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        time.sleep(HEADER_TIMEOUT_S * 0.6)
+        sock.sendall(head)
+        assert _response(sock)[0] == 200
+        time.sleep(HEADER_TIMEOUT_S * 0.6)          # the connection's age is past the deadline: the clock restarted
+        sock.sendall(head)
+        assert _response(sock)[0] == 200
+        status, _, body, _ = _late_headers(sock, head, 0.1)       # a byte every 0.1 s: 4 s for the whole head
+        assert status == 408 and "request line and headers" in _detail(body)
 
 
 # --- slow uploads ------------------------------------------------------------------------------------------------

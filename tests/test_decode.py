@@ -272,7 +272,7 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     monkeypatch.setattr(index_embed, "decode_image", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
     model = torch.nn.Linear(1, 1)
     model.preprocess, model.cfg = Preprocess(32, 32), {"model": {"embed_dim": 4}}
-    monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels: torch.zeros(len(pixels), 4))
+    monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels, shapes=None: torch.zeros(len(pixels), 4))
     out = index_embed.embed_image_files(model, [same, edited], workers=0, progress=False, indexed=indexed)
     assert out.passed == [0] and out.kept == [1] and not out.skipped
     assert sorted(reads) == ["edited.jpg", "same.jpg"] and len(decodes) == 1       # each read once, one decoded

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What benchmarks/gpu_host.py needs on a lent GPU machine with no network, carried in parts that fit beside the
-# working tree: each call to the machine carries the checkout (about 49 MiB, the shipped model included) and at most
+# working tree: each call to the machine carries the checkout (about 53 MiB, the shipped model included) and at most
 # 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack) and MiniLM's tokenizer travel
-# as parts of at most 12 MiB, one part a call, appended to /root/gpu on the machine while it stays warm.
+# as parts of at most 9 MiB, one part a call, appended to /root/gpu on the machine while it stays warm.
 #
 #   here:   benchmarks/gpu_host_carry.sh pack          wheels + tokenizer.json → .gpu/1, .gpu/2, … (git-ignored)
 #   there:  benchmarks/gpu_host_carry.sh keep N        (a call carrying .gpu/N) append part N to /root/gpu
@@ -37,7 +37,7 @@ pack)
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .gpu/carry/wheels "${specs[@]}"
     .venv/bin/python benchmarks/gpu_host.py --write-tokenizer .gpu/carry/tokenizer.json
     tar -C .gpu -cf .gpu/carry.tar carry
-    split -b 12M -d -a 1 .gpu/carry.tar .gpu/part.
+    split -b 9M -d -a 1 .gpu/carry.tar .gpu/part.
     n=0
     for part in .gpu/part.*; do n=$((n + 1)); mkdir -p ".gpu/$n"; mv "$part" ".gpu/$n/"; done
     rm -rf .gpu/carry .gpu/carry.tar

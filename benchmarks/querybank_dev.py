@@ -10,8 +10,8 @@
   drawn (training/querybank.py), with and without test-time augmentation of the gallery (each dev image and its
   mirror image, backbone features averaged: ``index build --tta flip``). The ranking is the one a built index
   serves (tests/test_querybank.py checks that the folded FAISS search ranks as these metrics do). The shipped
-  model's dev features (two views), the dev and train caption embeddings and the 1,000 bank images' embeddings
-  are written under ``--work`` and read from there when present (features stored as float16).
+  model's dev features (two views, stored as float16), the dev and train caption embeddings and the bank images'
+  embeddings (int8 rows, as a bank stores them) are written under ``--work`` and read from there when present.
 * ``unseen`` — galleries the model never saw, through ``jointspace index build`` with its defaults and with
   ``--no-querybank``: the sample photos of ``make demo`` against their own captions (and the corpus's 10 other
   captions), and the test split of a generated synthetic set (``jointspace synth``).
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 RESULTS = REPO / "benchmarks" / "results" / "querybank_dev.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 CAPTION_SIZES = (0, 1000, 2000, 5000, 10000, 30000)
-IMAGE_SIZES = (0, 250, 500, 1000)
+IMAGE_SIZES = (0, 250, 500, 1000, 3000, 5000, 6000)
 SEED = 0                      # the bank's sample seed (training/querybank.py: captions seed, images seed + 1)
 BETA = 20.0
 
@@ -82,7 +82,9 @@ def embeddings(model, data: str, work: Path) -> dict:
 
     from training.data.datasets import load_dataset
     from training.data.preprocess import MirroredViews, open_image
-    from training.inference.embed import embed_image_files, embed_texts
+    from training.data.sources import image_source
+    from training.inference.embed import embed_image_source, embed_texts
+    from training.inference.querybank import image_vectors, quantize_images
     from training.querybank import sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
@@ -108,13 +110,14 @@ def embeddings(model, data: str, work: Path) -> dict:
             feats = [model.image_features(model.preprocess.normalize(px), pool=False).half().numpy()
                      for px in DataLoader(Views(), batch_size=32, num_workers=1)]
         np.save(work / "dev_feats.npy", np.concatenate(feats))
-    if not (work / "train_img1000.npy").exists():
+    if not (work / "train_img.npy").exists():      # as a bank stores them: int8 rows, dequantised
         idx = sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)
-        emb = embed_image_files(model, [train[i].path for i in idx], workers=1, progress=False, batch_size=32)
-        np.save(work / "train_img1000.npy", emb.vectors.astype(np.float16))
-        np.save(work / "train_img1000_idx.npy", np.array(idx))
+        source = image_source(model, [train[i].path for i in idx], progress=False)     # the feature cache
+        rows, scales = quantize_images(embed_image_source(model, source))
+        np.save(work / "train_img.npy", image_vectors({"images": rows, "image_scales": scales}))
+        np.save(work / "train_img_idx.npy", np.array(idx))
     return {name: np.load(work / f"{name}.npy") for name in
-            ("dev_caps", "dev_cap2img", "train_caps", "dev_feats", "train_img1000", "train_img1000_idx")}
+            ("dev_caps", "dev_cap2img", "train_caps", "dev_feats", "train_img", "train_img_idx")}
 
 
 def qb_metrics(img, cap, cap_to_img, bank_img, bank_cap) -> dict:
@@ -147,15 +150,15 @@ def cmd_sweep(args) -> int:
         feats = torch.from_numpy(arr["dev_feats"]).float()
         plain = model.embed_features(feats[:, 0]).numpy()
         flip = model.embed_features(feats.mean(1)).numpy()
-    # the bank images: the seeded sample of 1,000 training images a bank of that size holds; smaller image banks
-    # are seeded samples of those 1,000
+    # the bank images: the seeded sample of training images a bank of the largest size holds (all 6,000 of
+    # Flickr8k's); a smaller image bank is the seeded sample of them that a bank of that size holds
     rows, note = [], args.note
     for n_img in IMAGE_SIZES:
-        img_rows = sample_indices(len(arr["train_img1000"]), n_img, SEED + 1)
+        img_rows = sample_indices(len(arr["train_img"]), n_img, SEED + 1)
         for n_cap in CAPTION_SIZES:
             caps = arr["train_caps"][sample_indices(len(arr["train_caps"]), n_cap, SEED)]
             for tta, img in (("none", plain), ("flip", flip)):
-                m = qb_metrics(img, arr["dev_caps"], arr["dev_cap2img"], arr["train_img1000"][img_rows], caps)
+                m = qb_metrics(img, arr["dev_caps"], arr["dev_cap2img"], arr["train_img"][img_rows], caps)
                 rows.append({"name": f"captions {n_cap}, images {n_img}, tta {tta}", "bank_captions": n_cap,
                              "bank_images": n_img, "tta": tta, **m, **stamp(note)})
                 print(json.dumps(rows[-1]), flush=True)

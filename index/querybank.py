@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from training.data.fileio import atomic_path
-from training.inference.querybank import carried
+from training.inference.querybank import carried, image_vectors
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 from training.models.protocol import EmbeddingModel
 
@@ -168,8 +168,8 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
     captions = None
     if bank.get("captions"):
         captions, _ = embed_bank_captions(model, list(bank["captions"]), progress=progress, cache=cache)
-    images = bank.get("images")
-    images = None if images is None or len(images) == 0 else np.asarray(images, dtype=np.float16)
+    vectors = image_vectors(bank)
+    images = None if vectors is None else vectors.astype(np.float16)
     return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model")
 
 

@@ -23,7 +23,7 @@ from training.data.preprocess import MirroredViews, Preprocess, StackedPreproces
 from training.inference.embed import embed_pixels
 from training.models.hubness import item_offsets
 from training.models.checkpoint import load_model
-from training.inference.querybank import attach, carried
+from training.inference.querybank import attach, carried, image_vectors, quantize_images
 from training.querybank import attach_from_training, make_bank
 
 
@@ -51,9 +51,9 @@ def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_sma
     n_caps = sum(len(r.captions) for r in train.images)
     assert bank is not None and bank["beta"] == 20.0
     assert len(bank["captions"]) == min(10000, n_caps) and set(bank["captions"]) <= texts
-    assert tuple(bank["images"].shape) == (min(1000, train.n_images), model.cfg["model"]["embed_dim"])
-    assert bank["images"].dtype == torch.float16
-    assert model.cfg["querybank"] == {"enabled": True, "captions": 10000, "images": 1000, "beta": 20.0}
+    assert tuple(bank["images"].shape) == (min(5000, train.n_images), model.cfg["model"]["embed_dim"])
+    assert bank["images"].dtype == torch.int8 and bank["image_scales"].shape == (len(bank["images"]),)
+    assert model.cfg["querybank"] == {"enabled": True, "captions": 10000, "images": 5000, "beta": 20.0}
 
 
 def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):
@@ -64,14 +64,15 @@ def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, 
     again = load_model(model_copy)
     got = carried(again)
     assert got["captions"] == bank["captions"] and got["beta"] == 12.5
-    assert torch.equal(got["images"], bank["images"])
+    assert torch.equal(got["images"], bank["images"]) and torch.equal(got["image_scales"], bank["image_scales"])
     assert again.fingerprint == model.fingerprint
-    # the stored images are this model's embeddings of three distinct training images
+    # the stored images are this model's embeddings of three distinct training images, within half a step
     direct = embed_image_files(model, [r.path for r in train.images], progress=False, workers=0).vectors
-    rows = {int(np.argmax(direct @ v)) for v in got["images"].float().numpy()}
+    stored = image_vectors(got)
+    rows = {int(np.argmax(direct @ v)) for v in stored}
     assert len(rows) == 3
-    for v in got["images"].float().numpy():
-        assert np.abs(direct - v).max(1).min() < 2e-3
+    for v, scale in zip(stored, got["image_scales"].numpy()):
+        assert np.abs(direct - v).max(1).min() <= scale / 2 + 1e-6
     attach(model_copy, None)
     assert carried(load_model(model_copy)) is None and load_model(model_copy).fingerprint == model.fingerprint
 
@@ -86,6 +87,42 @@ def test_the_config_sizes_or_turns_off_the_bank(model, model_copy, synth_small):
     bank = attach_from_training({**model.cfg, "querybank": section}, model_copy, train, log=lambda *_: None)
     assert len(bank["captions"]) == 4
     assert len(carried(load_model(model_copy))["captions"]) == 4 and len(carried(load_model(model_copy))["images"]) == 0
+
+
+def test_bank_images_are_one_byte_a_dimension_and_float16_banks_still_read(model, model_copy, synth_small,
+                                                                            tmp_path, monkeypatch):
+    vectors = torch.nn.functional.normalize(torch.randn(50, 64, generator=torch.Generator().manual_seed(0)), dim=1)
+    rows, scales = quantize_images(vectors)
+    assert rows.dtype == torch.int8 and rows.abs().max() == 127 and scales.shape == (50,)
+    back = image_vectors({"images": rows, "image_scales": scales})
+    assert np.abs(back - vectors.numpy()).max(1).max() <= scales.max().item() / 2 + 1e-7   # within half a step
+    # a bank written before the quantisation: float16 images, no scales, read and folded as before
+    train = load_dataset(synth_small).split("train")
+    bank = make_bank(model, train, captions=5, images=4, beta=20.0)
+    old = {**bank, "images": torch.from_numpy(image_vectors(bank)).half()}
+    del old["image_scales"]
+    np.testing.assert_array_equal(image_vectors(old), old["images"].float().numpy())
+    attach(model_copy, old)
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))       # its captions' vectors: not the shared cache
+    assert _build(model_copy, synth_small, tmp_path / "index") == 0
+    assert read_manifest(tmp_path / "index")["querybank"]["images"] == 4
+
+
+def test_the_querybank_command_attaches_a_bank_to_a_model_and_removes_it(model, model_copy, synth_small, capsys):
+    assert cli_main(["querybank", "--model", str(model_copy), "--data", str(synth_small), "--captions", "6",
+                     "--images", "5", "--beta", "15", "--seed", "2"]) == 0
+    assert "6 captions and 5 images" in capsys.readouterr().out
+    got = carried(load_model(model_copy))
+    want = make_bank(model, load_dataset(synth_small).split("train"), captions=6, images=5, beta=15.0, seed=2)
+    assert got["captions"] == want["captions"] and got["beta"] == 15.0
+    np.testing.assert_allclose(image_vectors(got), image_vectors(want), atol=1e-6)
+    assert load_model(model_copy).fingerprint == model.fingerprint
+    assert cli_main(["querybank", "--model", str(model_copy), "--remove"]) == 0
+    assert carried(load_model(model_copy)) is None
+    assert cli_main(["querybank", "--model", str(model_copy)]) == 2
+    assert "--data is needed" in capsys.readouterr().err
+    assert cli_main(["querybank", "--model", str(model_copy), "--data", str(model_copy.parent)]) == 2
+    assert "error:" in capsys.readouterr().err
 
 
 # --- index build: the model's bank by default ------------------------------------------------------------------

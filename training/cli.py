@@ -328,7 +328,7 @@ def cmd_ensemble(args) -> int:
         extra[QB_KEY] = bank
     fp = save_model(ensemble, args.out, extra=extra)
     print(json.dumps({"out": args.out, "members": args.models, "weights": ensemble.weights,
-                      "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp,
+                      "embed_dim": ensemble.cfg.model.embed_dim, "fingerprint": fp,
                       "querybank": describe(bank) if bank else None}))
     return 0
 
@@ -352,8 +352,8 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
     train_set = load_dataset(data, split="train").split("train")
     if train_set.n_images == 0:
         raise ValueError(f"--querybank: {data} has no train split")
-    section, seed = first.cfg["querybank"], first.cfg["train"]["seed"]
-    return make_bank(ensemble, train_set, section["captions"], section["images"], section["beta"], seed=seed)
+    section, seed = first.cfg.querybank, first.cfg.train.seed
+    return make_bank(ensemble, train_set, section.captions, section.images, section.beta, seed=seed)
 
 
 def cmd_slim(args) -> int:

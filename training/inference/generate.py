@@ -15,6 +15,7 @@ from PIL import Image
 
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import tokenize
+from training.models.config_schema import RunConfig
 from training.models.protocol import EmbeddingModel, has_decoder
 from .embed import device_of, embed_pixels, embed_texts, inference_autocast
 
@@ -35,10 +36,13 @@ def decode_settings(model: EmbeddingModel, beam_size: int | None = None, max_len
                     length_penalty: float | None = None, no_repeat: bool | None = None,
                     no_repeat_ngram: int | None = None) -> dict:
     """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
-    decoder = model.cfg["decoder"]
+    cfg = model.cfg
+    if not isinstance(cfg, RunConfig):         # an ensemble: no decoder
+        raise NoDecoderError("an ensemble has no sentence decoder")
+    decoder = cfg.decoder
     given = {"beam_size": beam_size, "max_len": max_len, "length_penalty": length_penalty, "no_repeat": no_repeat,
              "no_repeat_ngram": no_repeat_ngram}
-    out = {name: decoder[name] if value is None else value for name, value in given.items()}
+    out = {name: getattr(decoder, name) if value is None else value for name, value in given.items()}
     if not isinstance(out["beam_size"], int) or out["beam_size"] < 1:
         raise ValueError(f"beam_size must be a positive integer, got {out['beam_size']!r}")
     if not isinstance(out["max_len"], int) or out["max_len"] < 1:
@@ -92,7 +96,7 @@ def embed_image_inputs(model: EmbeddingModel,
         batch = [im if isinstance(im, Image.Image) else open_image(im, embed_side(model.preprocess))
                  for im in images[start:start + batch_size]]
         out.append(embed_pixels(model, torch.stack([model.preprocess.pixels(im) for im in batch])))
-    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device_of(model))
+    return torch.cat(out) if out else torch.zeros(0, model.cfg.model.embed_dim, device=device_of(model))
 
 
 def caption_images(model: EmbeddingModel,

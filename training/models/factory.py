@@ -1,7 +1,9 @@
 """The one registry: every name a config can use, each one line ``Entry(name, builder, options model, description)``.
 
 ``text.encoder`` → a text encoder builder ``(cfg_text, vocab_size) → nn.Module``; ``image.backbone`` → an image
-backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py); ``loss.name`` → a loss class;
+backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py), each given the config's typed section
+(``sections.TextKeys``, ``sections.ImageKeys``: its options are the entry's options model); ``loss.name`` → a loss
+class;
 ``model.similarity`` → a similarity class (similarity.py); and, for STT-ATT, each backbone's region grid
 (regions.py). The modules that define these know nothing of these tables (nothing registers itself on import).
 The run configuration reads its allowed names, the options each name takes and their descriptions from here

@@ -57,7 +57,8 @@ def shipped_preprocess(path: Path):
     stored = payload.get("backbone", {}).get("preprocess")
     if stored:
         return preprocess_from_dict(stored)
-    return build_backbone(payload["config"]["image"], load_weights=False).preprocess      # an ensemble's file
+    cfg = payload["members"][0]["config"] if "members" in payload else payload["config"]  # an ensemble: its first
+    return build_backbone(cfg.image, load_weights=False).preprocess                        # member's image section
 
 
 def photo(width: int, height: int, seed: int) -> Image.Image:

@@ -66,7 +66,7 @@ def measure(name: str, path: Path, repeats: int) -> dict:
         image_ms = _median_ms(lambda: embed_pixels(model, one), repeats)
         texts_s = _per_second(lambda: embed_texts(model, [SENTENCE] * 32), 32, max(2, repeats // 4))
         images_s = _per_second(lambda: embed_pixels(model, one.repeat(16, 1, 1, 1, 1)), 16, max(2, repeats // 8))
-    dim = int(model.cfg["model"]["embed_dim"])
+    dim = int(model.cfg.model.embed_dim)
     return {"name": name, "model": str(path), "members": members, "embed_dim": dim,
             "index_bytes_per_item": 4 * dim, "file_mb": round(path.stat().st_size / 1e6, 1),
             "load_s": round(load_s, 2), "text_ms": round(text_ms, 1), "image_ms": round(image_ms, 1),

@@ -30,6 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.config import load_config  # noqa: E402
+from training.models.config_schema import RunConfig  # noqa: E402
 from training.models.factory import build_loss, build_similarity  # noqa: E402
 from training.models.projection import Float32BatchNorm1d, build_projection  # noqa: E402
 
@@ -49,18 +50,18 @@ def plain_bn(module: nn.Module) -> nn.Module:
 BOUNDED_LOSSES = ("sum", "max_violation", "khardest")
 
 
-def equal_similarity_loss(cfg: dict, batch: int) -> float:
+def equal_similarity_loss(cfg: RunConfig, batch: int) -> float:
     """The floor: the configured loss on a batch whose similarities are all equal."""
-    return build_loss(cfg["loss"])(torch.zeros(batch, batch)).item()
+    return build_loss(cfg.loss)(torch.zeros(batch, batch)).item()
 
 
-def unpaired_training(cfg: dict, img_proj: nn.Module, txt_proj: nn.Module, steps: int, batch: int,
+def unpaired_training(cfg: RunConfig, img_proj: nn.Module, txt_proj: nn.Module, steps: int, batch: int,
                       img_dim: int, txt_dim: int, amp: bool, device: torch.device, seed: int) -> list[float]:
     """Losses of ``steps`` optimiser steps on independent random images and captions."""
-    similarity = build_similarity(cfg["model"]["similarity"])
-    loss_fn = build_loss(cfg["loss"])
+    similarity = build_similarity(cfg.model.similarity)
+    loss_fn = build_loss(cfg.loss)
     params = list(img_proj.parameters()) + list(txt_proj.parameters())
-    opt = torch.optim.Adam(params, lr=cfg["train"]["lr"])
+    opt = torch.optim.Adam(params, lr=cfg.train.lr)
     img_proj.train(), txt_proj.train()
     g = torch.Generator(device="cpu").manual_seed(seed)
     losses = []
@@ -101,13 +102,13 @@ def main() -> int:
     args = ap.parse_args()
     device = torch.device(args.device)
     cfg = load_config(args.config)
-    batch, txt_dim = cfg["train"]["batch_size"], args.text_dim or cfg["text"]["word_dim"]
-    if cfg["loss"]["name"] not in BOUNDED_LOSSES:
-        ap.error(f"loss '{cfg['loss']['name']}' selects its triplets, so it has no floor; use a config whose loss "
+    batch, txt_dim = cfg.train.batch_size, args.text_dim or cfg.text.word_dim
+    if cfg.loss.name not in BOUNDED_LOSSES:
+        ap.error(f"loss '{cfg.loss.name}' selects its triplets, so it has no floor; use a config whose loss "
                  f"is one of {', '.join(BOUNDED_LOSSES)} (e.g. with --config and the same model section)")
     torch.manual_seed(0)
-    img0 = build_projection(cfg["model"], args.image_dim).to(device)
-    txt0 = build_projection(cfg["model"], txt_dim).to(device)
+    img0 = build_projection(cfg.model, args.image_dim).to(device)
+    txt0 = build_projection(cfg.model, txt_dim).to(device)
     floor = equal_similarity_loss(cfg, batch)
     print(f"{args.config} on {device}: batch {batch}, {args.steps} steps of unpaired random inputs; "
           f"floor (all similarities equal) {floor:.1f}")

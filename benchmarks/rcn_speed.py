@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.config import build_config  # noqa: E402
 from training.models.rcn import CapsuleGRUs, RecurrentCapsuleNetwork, capsule_grus_stepwise  # noqa: E402
 
 
@@ -60,7 +61,8 @@ def main() -> int:
         stepwise = best_of(lambda: capsule_grus_stepwise(caps, x, lengths), args.repeats, device)
         print(f"| {name} | {fused:.4f} | {stepwise:.4f} | {stepwise / fused:.2f} |")
 
-    cfg = {"word_dim": 300, "hidden": 1024, "dropout": 0.0, "options": {"capsules": 4, "recursions": 4}}
+    cfg = build_config({"text": {"encoder": "rcn", "word_dim": 300, "hidden": 1024, "dropout": 0.0,
+                                 "options": {"capsules": 4, "recursions": 4}}}).text
     rcn = RecurrentCapsuleNetwork(5000, cfg).to(device)
     ids = torch.randint(4, 5000, (args.batch, args.words), device=device)
     fused = best_of(lambda: rcn(ids, lengths), args.repeats, device)

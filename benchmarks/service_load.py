@@ -329,7 +329,7 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(cpu_threads(0))           # the server's own default: the same compute budget
-    print(f"model {args.model} ({model.cfg.get('name', '')}), index {args.index}: {gallery.images.ntotal} images "
+    print(f"model {args.model} ({model.cfg.name}), index {args.index}: {gallery.images.ntotal} images "
           f"({gallery.images.factory}), {gallery.captions.ntotal} captions; device {device}; "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}",
           flush=True)

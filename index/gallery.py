@@ -195,9 +195,9 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
-    if querybank is not None and model.cfg["model"]["similarity"] != "cosine":
+    if querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
-                         f"{model.cfg['model']['similarity']!r}")
+                         f"{model.cfg.model.similarity!r}")
     if not emb.kept and not (videos is not None and videos.moments):
         raise ValueError(f"none of the {len(image_paths)} images and {len(video_paths)} videos could be read: "
                          f"nothing to index")
@@ -214,11 +214,11 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
         ids = np.concatenate([ids, np.arange(len(image_paths), len(image_paths) + len(moment_rows))])
         rows += moment_rows
     report = build_from_vectors(
-        root, model.fingerprint, model.cfg["model"]["similarity"], vectors, ids, rows,
+        root, model.fingerprint, model.cfg.model.similarity, vectors, ids, rows,
         cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=int(len(image_paths)
                                                                                             + len(rows) - len(emb.kept)),
         factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
-        model_name=model.cfg.get("name", ""), querybank=querybank, videos=video_rows, tta=tta)
+        model_name=model.cfg.name, querybank=querybank, videos=video_rows, tta=tta)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
     report.video_ids = [r[0] for r in video_rows]
     report.moments = len(rows) - len(emb.kept)

@@ -145,7 +145,7 @@ def embed_bank_captions(model: EmbeddingModel, captions: list[str], progress: bo
     if path.is_file():
         try:
             vectors = np.load(path)
-            if vectors.shape == (len(captions), model.cfg["model"]["embed_dim"]):
+            if vectors.shape == (len(captions), model.cfg.model.embed_dim):
                 return vectors, True
         except (OSError, ValueError):
             pass                                      # unreadable: embed again and rewrite it
@@ -163,7 +163,7 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
     """The QueryBank of the bank ``model`` carries (its captions embedded, or read from the cache), or None when
     it carries none or is not a cosine model."""
     bank = carried(model)
-    if bank is None or model.cfg.get("model", {}).get("similarity") != "cosine":
+    if bank is None or model.cfg.model.similarity != "cosine":
         return None
     captions = None
     if bank.get("captions"):

@@ -243,7 +243,7 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
     if address:
         check_address(address)
     fingerprint = model.fingerprint
-    dim = model.cfg["model"]["embed_dim"]
+    dim = model.cfg.model.embed_dim
     plan = plan_shards(paths, shard_size, fingerprint)
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)

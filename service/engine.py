@@ -149,7 +149,7 @@ class Engine:
         extra = 1 if exclude is not None else 0
         groups: dict[int, list[int]] = {}
         for row, (n, beam_size) in enumerate(settings):
-            width = max(decode_settings(self.model, beam_size)["beam_size"], n + extra)
+            width = max(decode_settings(self.model, beam_size).beam_size, n + extra)
             groups.setdefault(width, []).append(row)
         out: list[Generated] = [[] for _ in settings]
         for width, rows in groups.items():

@@ -22,7 +22,7 @@ from training.models.model import build_model
 @pytest.mark.parametrize("variant,tensors,size", [("efficientnet_lite0", 296, 224), ("efficientnet_lite1", 386, 240),
                                                    ("efficientnet_lite2", 386, 260)])
 def test_efficientnet_lite_offline_weights_map_onto_timm(variant, tensors, size):
-    cfg = build_config({"image": {"backbone": variant, "image_size": size, "resize": size}})["image"]
+    cfg = build_config({"image": {"backbone": variant, "image_size": size, "resize": size}}).image
     bb = build_backbone(cfg)
     source = torch.load(efficientnet_lite_weights_file(variant), map_location="cpu", weights_only=True)
     assert len(source) == tensors
@@ -41,7 +41,7 @@ def test_efficientnet_lite_weights_of_another_variant_are_refused(tmp_path):
     wrong = tmp_path / "lite0.pth"
     torch.save(torch.load(efficientnet_lite_weights_file("efficientnet_lite0"), weights_only=True), wrong)
     cfg = build_config({"image": {"backbone": "efficientnet_lite2", "image_size": 260, "resize": 260,
-                                  "weights": str(wrong)}})["image"]
+                                  "weights": str(wrong)}}).image
     with pytest.raises(ValueError, match="efficientnet_lite2 weights have 296 tensors, the model 386"):
         build_backbone(cfg)
 
@@ -52,7 +52,7 @@ def test_torchvision_backbone_from_local_weights_file(tmp_path):
     torch.nn.init.constant_(net.conv1.weight, 0.01)
     path = tmp_path / "resnet18.pth"
     torch.save(net.state_dict(), path)
-    cfg = build_config({"image": {"backbone": "resnet18", "weights": str(path)}})["image"]
+    cfg = build_config({"image": {"backbone": "resnet18", "weights": str(path)}}).image
     bb = build_backbone(cfg)
     assert bb.dim == 512 and torch.equal(bb.module.conv1.weight, net.conv1.weight)
     with torch.no_grad():
@@ -61,7 +61,7 @@ def test_torchvision_backbone_from_local_weights_file(tmp_path):
 
 def test_missing_torchvision_weights_give_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))     # empty cache, and no network here
-    cfg = build_config({"image": {"backbone": "resnet18"}})["image"]
+    cfg = build_config({"image": {"backbone": "resnet18"}}).image
     with pytest.raises(RuntimeError, match="image.weights"):
         build_backbone(cfg)
 
@@ -91,7 +91,7 @@ def _images(folder, n):
 
 def test_feature_cache_is_reused_and_never_stale(tmp_path):
     cfg = tiny_config()
-    cfg["image"]["backbone"] = "smallcnn"
+    assert cfg.image.backbone == "smallcnn"
     model = build_model(cfg, Vocabulary.build(["a"])).eval()
     paths = _images(tmp_path / "img", 5)
     cache = tmp_path / "cache"

@@ -1,4 +1,5 @@
 """Config files: defaults, overrides by dotted path, unknown keys refused."""
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,15 +14,15 @@ def test_every_shipped_config_loads():
     assert files
     for f in files:
         cfg = load_config(f)
-        assert cfg["train"]["epochs"] >= 1 or cfg["scst"]["steps"] >= 1, f     # every config trains something
+        assert cfg.train.epochs >= 1 or cfg.scst.steps >= 1, f     # every config trains something
 
 
 def test_override_by_dotted_path_parses_yaml_values():
     cfg = build_config({}, ["train.epochs=1", "train.lr=1e-4", "text.encoder=bow", "image.weights=null",
                             "text.options.binary=true"])
-    assert cfg["train"]["epochs"] == 1 and cfg["train"]["lr"] == 1e-4
-    assert cfg["text"]["encoder"] == "bow" and cfg["image"]["weights"] is None
-    assert cfg["text"]["options"] == {"binary": True}
+    assert cfg.train.epochs == 1 and cfg.train.lr == 1e-4
+    assert cfg.text.encoder == "bow" and cfg.image.weights is None
+    assert cfg.text.options.model_dump() == {"binary": True}
 
 
 @pytest.mark.parametrize("override", ["train.epoch=3", "nosuch.key=1", "train=5", "model.similarity=dot",
@@ -42,8 +43,8 @@ def test_file_values_then_overrides(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  epochs: 7\n  lr: 0.5\n")
     cfg = load_config(f, ["train.epochs=2"])
-    assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == 0.5
-    assert cfg["loss"]["name"] == "max_violation"          # untouched defaults stay
+    assert cfg.train.epochs == 2 and cfg.train.lr == 0.5
+    assert cfg.loss.name == "max_violation"          # untouched defaults stay
 
 
 def test_typed_config_names_the_misspelt_key_or_option_and_what_is_allowed():
@@ -85,12 +86,12 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
     for name in ("stt_flickr8k_frozen.yaml", "stt_flickr8k_scst.yaml"):
         cfg = load_config(root / name)
         for key in ("backbone", "image_size", "resize", "crops", "pooling", "train_blocks", "extra_backbones"):
-            assert cfg["image"][key] == shipped["image"][key], (name, key)
+            assert getattr(cfg.image, key) == getattr(shipped.image, key), (name, key)
         # the text tower and the space are loaded from the shipped model: same encoder, layers, pooling and width
-        assert cfg["text"]["encoder"] == shipped["text"]["encoder"], name
-        assert _inference_options(cfg["text"]["options"]) == _inference_options(shipped["text"]["options"]), name
-        assert cfg["model"] == shipped["model"], name
-        assert "text_encoder" in cfg["train"]["freeze"], name
+        assert cfg.text.encoder == shipped.text.encoder, name
+        assert _inference_options(cfg.text.options.model_dump()) == _inference_options(shipped.text.options.model_dump()), name
+        assert cfg.model == shipped.model, name
+        assert "text_encoder" in cfg.train.freeze, name
 
 
 @pytest.mark.parametrize("values, message", [
@@ -109,10 +110,43 @@ def test_decoder_configs_on_the_shipped_space_read_its_image_features():
 def test_the_typed_models_hold_every_rule_types_and_rules_between_sections(values, message):
     """One source of rules: config_schema's models (strict types, model validators); config.validate only runs
     them and the options check."""
-    from training.models.config_schema import RunConfig
+    from training.models.config_schema import RunConfig, defaults
 
     with pytest.raises(ConfigError, match=message):
         build_config(values)
     with pytest.raises(ValueError):                     # the model alone refuses it too
-        RunConfig.model_validate(build_config({}) | {k: {**build_config({})[k], **v} if isinstance(v, dict) else v
-                                                     for k, v in values.items()})
+        RunConfig.model_validate(defaults() | {k: {**defaults()[k], **v} if isinstance(v, dict) else v
+                                               for k, v in values.items()})
+
+
+def test_a_config_is_typed_read_by_attribute_and_a_missing_key_is_an_error():
+    """build_config hands out the typed RunConfig: sections are models, each option map is the options model of
+    the name it configures, a key that does not exist is an AttributeError (never a silent default), and the
+    config is read-only."""
+    from pydantic import ValidationError
+
+    from training.models.config_schema import ImageSection, RunConfig, TextSection
+    from training.models.options import GRUOptions, NoOptions, SmallCNNOptions
+
+    cfg = build_config({"image": {"backbone": "smallcnn", "options": {"width": 8}}}, ["train.lr=1e-4"])
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.image, ImageSection) and isinstance(cfg.text, TextSection)
+    assert isinstance(cfg.image.options, SmallCNNOptions) and cfg.image.options.width == 8
+    assert cfg.image.options.out_dim == 512                                  # its default, filled in
+    assert isinstance(cfg.text.options, GRUOptions) and cfg.text.options.pooling == "last"
+    assert isinstance(cfg.loss.options, NoOptions) and cfg.train.lr == 1e-4
+    with pytest.raises(AttributeError, match="poolng"):
+        _ = cfg.image.poolng
+    with pytest.raises(AttributeError, match="epoch"):
+        _ = cfg.train.epoch
+    with pytest.raises(AttributeError):
+        _ = cfg.text.options.capsules                                       # an RCN option, not a GRU's
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.train.lr = 1.0
+    with pytest.raises(TypeError):
+        _ = cfg["train"]                                                     # not a dict
+    # its plain form (what model.pt and config.yaml store) reads back to an equal config
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # each option map serialises as the options model it holds
+        plain = cfg.model_dump()
+    assert plain["image"]["options"] == {"width": 8, "out_dim": 512} and build_config(plain) == cfg
+    assert plain["loss"]["lambda"] == cfg.loss.lambda_ == 1.0                # stored under its config name

@@ -63,7 +63,7 @@ def _expected(models, weights, images, texts, min_side):
 def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensemble_path, synth_small, tmp_path):
     loaded = load_model(ensemble_path)
     assert isinstance(loaded, EnsembleEmbedding) and loaded.weights == [1.0, 0.5]
-    assert loaded.cfg["model"]["embed_dim"] == 64 and loaded.fingerprint
+    assert loaded.cfg.model.embed_dim == 64 and loaded.fingerprint
     models = [load_model(p) for p in members]
     data = load_dataset(synth_small)
     records = data.split("val").images + data.split("test").images
@@ -152,9 +152,9 @@ def test_an_ensemble_carries_a_query_bank(members, ensemble_path, synth_small, t
                      str(synth_small), "--out", str(out)]) == 0
     ensemble = load_model(out)
     bank = carried(ensemble)
-    section = first.cfg["querybank"]
-    texts, records = sample(load_dataset(synth_small).split("train"), section["captions"], section["images"],
-                            first.cfg["train"]["seed"])
+    section = first.cfg.querybank
+    texts, records = sample(load_dataset(synth_small).split("train"), section.captions, section.images,
+                            first.cfg.train.seed)
     assert bank["captions"] == texts and bank["images"].shape == (len(records), 64)
     want = embed_decoded(ensemble, [r.path for r in records], progress=False, workers=0).vectors
     np.testing.assert_allclose(image_vectors(bank), want, atol=bank["image_scales"].max().item() / 2 + 1e-6)
@@ -167,3 +167,24 @@ def test_an_ensemble_carries_a_query_bank(members, ensemble_path, synth_small, t
                      str(index_dir), "--workers", "0", "--quiet"]) == 0
     entry = read_manifest(index_dir)["querybank"]
     assert (entry["origin"], entry["captions"], entry["images"]) == ("model", len(texts), len(records))
+
+
+def test_an_ensemble_answers_the_config_keys_a_model_is_asked_for_typed(members, ensemble_path):
+    """An ensemble's cfg is its own small typed config: width, similarity, the first member's image section, the
+    text length it reads, no decoder or attention; model.pt stores it as a plain dict, members' configs whole."""
+    from training.models.config_schema import EnsembleConfig, RunConfig
+
+    first, second = (load_model(p) for p in members)
+    loaded = load_model(ensemble_path)
+    cfg = loaded.cfg
+    assert isinstance(cfg, EnsembleConfig) and all(isinstance(m.cfg, RunConfig) for m in loaded.models)
+    assert cfg.model.embed_dim == first.cfg.model.embed_dim + second.cfg.model.embed_dim
+    assert cfg.model.similarity == "cosine" and cfg.image == first.cfg.image
+    assert cfg.data.max_caption_len == 2048 and not cfg.decoder.enabled and not cfg.attention.enabled
+    assert cfg.ensemble.weights == [1.0, 0.5] and cfg.name == f"ensemble({first.cfg.name}+{second.cfg.name})"
+    with pytest.raises(AttributeError):
+        _ = cfg.train
+    payload = torch.load(ensemble_path, weights_only=True)
+    assert type(payload["config"]) is dict and payload["config"] == cfg.model_dump()
+    assert payload["members"][0]["config"] == first.cfg.model_dump()
+

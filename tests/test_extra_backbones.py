@@ -12,7 +12,7 @@ from index.embed import embed_image_files
 from index.generations import read_manifest
 from index.querybank import QueryBank
 from service.cli import main as cli_main
-from training.config import ConfigError
+from training.config import ConfigError, build_config
 from training.data.datasets import load_dataset
 from training.data.features import extract_features
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
@@ -39,14 +39,14 @@ def two_backbone_run(synth_small, tmp_path_factory):
 
 def test_features_are_each_backbones_own_features_concatenated(synth_small):
     cfg = tiny_config(image=IMAGE)
-    assert cfg["image"]["extra_backbones"] == [{"backbone": "efficientnet_lite1", "weights": None,
-                                                 "image_size": 32, "resize": 36}]
+    assert [e.model_dump() for e in cfg.image.extra_backbones] == [{"backbone": "efficientnet_lite1", "weights": None,
+                                                                    "image_size": 32, "resize": 36}]
     model = build_model(cfg, Vocabulary.build(["a"])).eval()
     assert isinstance(model.preprocess, StackedPreprocess) and model.preprocess.channels == 6
     assert model.backbone_name == "efficientnet_lite0+efficientnet_lite1" and model.feature_dim == 1280 + 1280
-    alone = [build_backbone({**cfg["image"], "extra_backbones": []}),
-             build_backbone({**cfg["image"], "backbone": "efficientnet_lite1", "image_size": 32, "resize": 36,
-                             "extra_backbones": []})]
+    alone = [build_backbone(tiny_config(image={**IMAGE, "extra_backbones": []}).image),
+             build_backbone(tiny_config(image={"backbone": "efficientnet_lite1", "image_size": 32, "resize": 36,
+                                               "options": {}}).image)]
     assert [b.preprocess for b in alone] == list(model.preprocess.members)
     pictures = [open_image(r.path) for r in load_dataset(synth_small).split("test").images[:3]]
     with torch.no_grad():
@@ -61,9 +61,9 @@ def test_features_are_each_backbones_own_features_concatenated(synth_small):
 def test_cached_training_features_and_serving_from_pixels_agree(two_backbone_run, synth_small, tmp_path):
     cfg, out = two_backbone_run
     model = load_model(out / "model.pt")
-    assert model.cfg["image"]["extra_backbones"] == cfg["image"]["extra_backbones"]
+    assert model.cfg.image.extra_backbones == cfg.image.extra_backbones
     paths = [r.path for r in load_dataset(synth_small).split("test").images]
-    cached = extract_features(model, paths, cache_dir=cfg["image"]["cache_dir"], progress=False, workers=0)
+    cached = extract_features(model, paths, cache_dir=cfg.image.cache_dir, progress=False, workers=0)
     assert cached.shape == (len(paths), 2560)          # the training run's cache, found again (same key)
     manifests = [json.loads(p.read_text()) for p in (out / "cache").glob("*.json")]
     views = [m for m in manifests if m.get("per_view")]          # image.train_crops: 5 views of each network
@@ -102,7 +102,7 @@ def test_an_ensemble_of_seeds_reading_the_same_backbones_runs_them_once(two_back
     """Seeds of one recipe (the shipped kind: several frozen CNNs, stacked pixels) share their preprocessing and
     their networks' weights: the ensemble reads the pixels whole and runs the CNNs once for all members."""
     cfg, out = two_backbone_run
-    train({**cfg, "train": {**cfg["train"], "seed": 5}}, synth_small, tmp_path, progress=False, log=lambda *_: None)
+    train(build_config(cfg.model_dump(), ["train.seed=5"]), synth_small, tmp_path, progress=False, log=lambda *_: None)
     members = [load_model(out / "model.pt"), load_model(tmp_path / "model.pt")]
     assert not torch.equal(members[0].image_proj.weight, members[1].image_proj.weight)     # other trained heads
     ensemble = EnsembleEmbedding(members, [1.0, 1.0], ["seed0", "seed5"])
@@ -161,4 +161,4 @@ def test_bad_extra_backbones_are_refused_before_any_work():
         tiny_config(image=IMAGE, train={"finetune_epochs": 1})
     with pytest.raises(ValueError, match="trained from scratch"):
         build_backbone(tiny_config(image={**IMAGE, "extra_backbones": [
-            {"backbone": "smallcnn", "image_size": 32, "resize": 32}]})["image"])
+            {"backbone": "smallcnn", "image_size": 32, "resize": 32}]}).image)

@@ -322,7 +322,7 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     paths = [r.path for r in split.images]
     texts = [c for r in split.images for c in r.captions]
     img, cap, cap_to_img = embed_split(model, split, progress=False, workers=0)          # what evaluate scores
-    assert img.shape == (len(paths), model.cfg["model"]["embed_dim"]) and cap.shape[0] == len(texts)
+    assert img.shape == (len(paths), model.cfg.model.embed_dim) and cap.shape[0] == len(texts)
     files = embed_image_source(model, ImageSource("files", ImageFiles(paths, model.preprocess)), workers=0)
     indexed = embed_image_files(model, paths, progress=False, workers=0)
     assert indexed.kept == list(range(len(paths))) and not indexed.skipped

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from training.models.config_schema import LossSection
 from training.models.factory import LOSSES, build_loss, build_similarity
 
 # S[i, j] = S(image_i, caption_j); diagonal = matching pairs
@@ -14,7 +15,7 @@ M = 0.2
 def loss(name, sim=S, **kw):
     cfg = {"name": name, "margin": M, "lambda": kw.pop("lam", 1.0), "reduction": kw.pop("reduction", "sum"),
            "k": kw.pop("k", 10), "options": {}}
-    return build_loss(cfg)(sim, **kw).item()
+    return build_loss(LossSection.model_validate(cfg))(sim, **kw).item()
 
 
 def hinge(pos, neg):
@@ -76,7 +77,7 @@ def test_every_loss_is_differentiable_and_registered():
     for name in LOSSES.names():
         sim = S.clone().requires_grad_(True)
         cfg = {"name": name, "margin": M, "lambda": 1.0, "reduction": "sum", "k": 2, "options": {}}
-        loss_fn = build_loss(cfg)
+        loss_fn = build_loss(LossSection.model_validate(cfg))
         if getattr(loss_fn, "on_pairs", False):    # W2VV's mse reads (prediction, target) pairs, not scores
             loss_fn(sim, S + 1).backward()
         else:
@@ -136,8 +137,7 @@ def test_max_violation_mines_the_memory_and_masks_its_positives():
     score = build_similarity("cosine")
     images, captions = _unit([[1, 0, 0], [0, 1, 0], [0, 0, 1]]), _unit([[1, 0.2, 0], [0, 1, 0.2], [0.3, 0, 1]])
     ids = torch.tensor([0, 1, 2])
-    fn = build_loss({"name": "max_violation", "margin": M, "lambda": 1.0, "reduction": "sum", "k": 10,
-                     "options": {}})
+    fn = build_loss(LossSection(name="max_violation", margin=M, k=10))
     plain = fn(score(images, captions), ids).item()
 
     memory = CrossBatchMemory(8)          # close to image 0 and caption 0: hard negatives of both
@@ -165,7 +165,7 @@ def test_the_gradient_of_a_memory_loss_reaches_only_the_batch():
     memory.add(old, old, torch.tensor([5, 6, 7, 8]))
     images = torch.nn.functional.normalize(torch.randn(3, 3, generator=torch.Generator().manual_seed(2)), dim=1)
     images.requires_grad_(True)
-    fn = build_loss({"name": "khardest", "margin": 1.0, "lambda": 1.0, "reduction": "sum", "k": 2, "options": {}})
+    fn = build_loss(LossSection(name="khardest", margin=1.0, k=2))
     total = fn(score(images, images), torch.tensor([0, 1, 2]), memory=memory.scores(score, images, images))
     total.backward()
     assert images.grad is not None and images.grad.abs().sum() > 0 and old.grad is None

@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gru_ignores_padding_and_bow_ignores_order():
     cfg = tiny_config()
     torch.manual_seed(0)
-    gru = build_text_encoder(cfg["text"], 20).eval()
+    gru = build_text_encoder(cfg.text, 20).eval()
     ids, lengths = pad_batch([[5, 6, 7], [5, 6, 7, 8, 9]])      # row 0 is padded to length 5
     a = gru(ids[:1], lengths[:1])
     b = gru(torch.tensor([[5, 6, 7]]), torch.tensor([3]))
     assert torch.allclose(a, b, atol=1e-6)                       # padding does not change the sentence
     swapped = gru(torch.tensor([[7, 6, 5]]), torch.tensor([3]))
     assert not torch.allclose(a, swapped)                        # order matters to a GRU
-    bow = build_text_encoder(tiny_config(text={"encoder": "bow"})["text"], 20).eval()
+    bow = build_text_encoder(tiny_config(text={"encoder": "bow"}).text, 20).eval()
     assert torch.allclose(bow(torch.tensor([[5, 6, 7]]), torch.tensor([3])),
                           bow(torch.tensor([[7, 6, 5]]), torch.tensor([3])))  # ...and not to a bag of words
     assert {"gru", "bow"} <= set(TEXT_ENCODERS.names())
@@ -40,7 +40,7 @@ def test_gru_ignores_padding_and_bow_ignores_order():
 
 def test_binary_bow_counts_each_word_once():
     cfg = tiny_config(text={"encoder": "bow", "options": {"binary": True}})
-    bow = build_text_encoder(cfg["text"], 20).eval()
+    bow = build_text_encoder(cfg.text, 20).eval()
     assert torch.allclose(bow(torch.tensor([[5, 5, 6]]), torch.tensor([3])),
                           bow(torch.tensor([[5, 6, 0]]), torch.tensor([2])))
 
@@ -55,7 +55,7 @@ def test_train_saves_loadable_self_contained_model(synth_small, tmp_path):
     assert summary["best_val_rsum"] == max(r["val"]["rsum"] for r in log)
 
     payload = load_checkpoint(run / "model.pt")
-    assert payload["config"]["text"]["encoder"] == "gru" and payload["vocab"]["idx2word"][:4] == [
+    assert payload["config"].text.encoder == "gru" and payload["vocab"]["idx2word"][:4] == [
         "<pad>", "<start>", "<end>", "<unk>"]
     assert payload["backbone"]["preprocess"]["image_size"] == 32
 
@@ -161,8 +161,8 @@ def test_a_stored_config_older_than_some_keys_is_completed_from_the_schema_on_lo
     payload["config"]["text"]["options"] = {}                 # before text.options.pooling existed: GRU's last state
     torch.save(payload, tmp_path / "old.pt")
     old = load_model(tmp_path / "old.pt")
-    assert old.cfg["loss"]["memory"] == defaults()["loss"]["memory"] == 0
-    assert old.cfg["image"]["feature_dropout"] == 0.0 and old.cfg["text"]["options"]["pooling"] == "last"
+    assert old.cfg.loss.memory == defaults()["loss"]["memory"] == 0
+    assert old.cfg.image.feature_dropout == 0.0 and old.cfg.text.options.pooling == "last"
     assert old.fingerprint == payload["fingerprint"]           # the file's identity is kept
     assert old.text_encoder.pooling == "last"                # the default of GRUOptions, not restated elsewhere
     with torch.no_grad():
@@ -172,3 +172,27 @@ def test_a_stored_config_older_than_some_keys_is_completed_from_the_schema_on_lo
     torch.save(payload, tmp_path / "future.pt")
     with pytest.raises(ValueError, match="future.pt: its stored config .*unknown config key 'loss.memroy'"):
         load_model(tmp_path / "future.pt")
+
+
+def test_a_loaded_model_holds_a_typed_config_and_model_pt_stores_it_as_a_plain_dict(tmp_path):
+    """build_model and load_model hand the code a RunConfig; model.pt keeps the config as the plain dict it
+    always held (cfg.model_dump()), so a file's fingerprint and format do not depend on the classes."""
+    from training.data.vocab import Vocabulary
+    from training.models.config_schema import RunConfig
+
+    cfg = tiny_config(text={"encoder": "rcn", "options": {"capsules": 2, "lambda": 0.1}})
+    model = build_model(cfg, Vocabulary.build(["a red circle"]))
+    assert model.cfg is cfg
+    fp = save_model(model, tmp_path / "model.pt")
+    stored = torch.load(tmp_path / "model.pt", weights_only=True)["config"]
+    assert type(stored) is dict and stored == cfg.model_dump()
+    assert stored["text"]["options"] == {"word_vectors": None, "word_vector_epochs": 5, "capsules": 2,
+                                         "recursions": 4, "lambda": 0.1}
+    assert json.loads(json.dumps(stored)) == stored                      # plain values only
+    loaded = load_model(tmp_path / "model.pt")
+    assert isinstance(loaded.cfg, RunConfig) and loaded.cfg == cfg and loaded.cfg.text.options.capsules == 2
+    assert isinstance(load_checkpoint(tmp_path / "model.pt")["config"], RunConfig)
+    assert fingerprint(loaded) == fp == loaded.fingerprint
+    with pytest.raises(AttributeError):
+        _ = loaded.cfg.model.embed_dims
+

@@ -17,7 +17,7 @@ SENTENCES = ["a dog runs on the grass", "two children play in the snow near a re
 
 
 def _minilm(**options):
-    enc = MiniLMEncoder(build_config({"text": {"encoder": "minilm", "options": options}})["text"])
+    enc = MiniLMEncoder(build_config({"text": {"encoder": "minilm", "options": options}}).text)
     enc.fit(log=lambda *_: None)
     return enc
 

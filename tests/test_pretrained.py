@@ -28,7 +28,7 @@ def test_the_shipped_file_is_small_slim_and_the_reported_model(shipped):
     assert path.stat().st_size <= 50 * 1024 ** 2
     payload = load_checkpoint(path)
     assert payload["slim"]["omitted"] > 0 and not any(k.startswith("backbone.") for k in payload["state_dict"])
-    assert shipped.cfg["name"] == "flickr8k" and shipped.cfg["text"]["encoder"] == "minilm"
+    assert shipped.cfg.name == "flickr8k" and shipped.cfg.text.encoder == "minilm"
     # the dev R-sum it was selected with is the shipped row of the results the docs are generated from
     rows = json.loads((REPO / "benchmarks" / "results" / "flickr8k_dev.json").read_text())["rows"]
     row = next(r for r in rows if r["name"] == "flickr8k (shipped)")

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from training.config import load_config
+from training.models.config_schema import ModelSection
 from training.models.projection import Float32BatchNorm1d, build_projection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_float32_batchnorm_normalises_in_float32_under_autocast():
 def test_two_branch_checkpoints_with_plain_batchnorm_still_load():
     cfg = {"embed_dim": 6, "projection_hidden": 10, "projection_dropout": 0.5}
     old = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Dropout(0.5), nn.Linear(10, 6), nn.BatchNorm1d(6))
-    new = build_projection(cfg, 4, "two_branch")
+    new = build_projection(ModelSection.model_validate(cfg), 4, "two_branch")
     new.load_state_dict(old.state_dict(), strict=True)
     old.eval(), new.eval()
     x = torch.randn(3, 4)
@@ -58,18 +59,18 @@ def test_the_probe_catches_a_position_leak_and_passes_the_two_branch_projection(
     probe = load_probe()
     cfg = load_config(ROOT / "configs" / "zoo" / "twobranch_k10.yaml",
                       overrides=["model.embed_dim=32", "model.projection_hidden=64", "train.lr=0.01"])
-    batch, img_dim, txt_dim, cpu = cfg["train"]["batch_size"], 24, 12, torch.device("cpu")
+    batch, img_dim, txt_dim, cpu = cfg.train.batch_size, 24, 12, torch.device("cpu")
     torch.manual_seed(0)
-    honest = probe.unpaired_training(cfg, build_projection(cfg["model"], img_dim),
-                                     build_projection(cfg["model"], txt_dim), 120, batch, img_dim, txt_dim,
+    honest = probe.unpaired_training(cfg, build_projection(cfg.model, img_dim),
+                                     build_projection(cfg.model, txt_dim), 120, batch, img_dim, txt_dim,
                                      amp=False, device=cpu, seed=3)
     torch.manual_seed(0)
-    leaky = probe.unpaired_training(cfg, PositionTagged(build_projection(cfg["model"], img_dim), batch, 32),
-                                    PositionTagged(build_projection(cfg["model"], txt_dim), batch, 32), 120,
+    leaky = probe.unpaired_training(cfg, PositionTagged(build_projection(cfg.model, img_dim), batch, 32),
+                                    PositionTagged(build_projection(cfg.model, txt_dim), batch, 32), 120,
                                     batch, img_dim, txt_dim, amp=False, device=cpu, seed=3)
     floor = probe.equal_similarity_loss(cfg, batch)          # margin · k · B · (1 + λ) for K-hardest
     assert abs(floor - 0.1 * 10 * batch * 1.1) < 1e-3
     def last(ls): return sum(ls[-20:]) / 20
     assert last(honest) > 0.9 * floor                  # nothing to learn from unpaired inputs
     assert last(leaky) < 0.2 * floor                   # the batch position alone pairs them
-    assert probe.order_equivariance_error(build_projection(cfg["model"], img_dim), img_dim, batch, False, cpu) < 1e-5
+    assert probe.order_equivariance_error(build_projection(cfg.model, img_dim), img_dim, batch, False, cpu) < 1e-5

@@ -51,15 +51,15 @@ def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_sma
     n_caps = sum(len(r.captions) for r in train.images)
     assert bank is not None and bank["beta"] == 20.0
     assert len(bank["captions"]) == min(10000, n_caps) and set(bank["captions"]) <= texts
-    assert tuple(bank["images"].shape) == (min(5000, train.n_images), model.cfg["model"]["embed_dim"])
+    assert tuple(bank["images"].shape) == (min(5000, train.n_images), model.cfg.model.embed_dim)
     assert bank["images"].dtype == torch.int8 and bank["image_scales"].shape == (len(bank["images"]),)
-    assert model.cfg["querybank"] == {"enabled": True, "captions": 10000, "images": 5000, "beta": 20.0}
+    assert model.cfg.querybank.model_dump() == {"enabled": True, "captions": 10000, "images": 5000, "beta": 20.0}
 
 
 def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):
     train = load_dataset(synth_small).split("train")
     bank = make_bank(model, train, captions=7, images=3, beta=12.5, seed=3)
-    assert len(bank["captions"]) == 7 and tuple(bank["images"].shape) == (3, model.cfg["model"]["embed_dim"])
+    assert len(bank["captions"]) == 7 and tuple(bank["images"].shape) == (3, model.cfg.model.embed_dim)
     attach(model_copy, bank)
     again = load_model(model_copy)
     got = carried(again)
@@ -80,11 +80,11 @@ def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, 
 def test_the_config_sizes_or_turns_off_the_bank(model, model_copy, synth_small):
     train = load_dataset(synth_small).split("train")
     attach(model_copy, None)
-    off = {**model.cfg, "querybank": {**model.cfg["querybank"], "enabled": False}}
+    off = build_config(model.cfg.model_dump(), ["querybank.enabled=false"])
     assert attach_from_training(off, model_copy, train, log=lambda *_: None) is None
     assert carried(load_model(model_copy)) is None
-    section = build_config({"querybank": {"captions": 4, "images": 0}})["querybank"]
-    bank = attach_from_training({**model.cfg, "querybank": section}, model_copy, train, log=lambda *_: None)
+    sized = build_config(model.cfg.model_dump(), ["querybank.captions=4", "querybank.images=0"])
+    bank = attach_from_training(sized, model_copy, train, log=lambda *_: None)
     assert len(bank["captions"]) == 4
     assert len(carried(load_model(model_copy))["captions"]) == 4 and len(carried(load_model(model_copy))["images"]) == 0
 

@@ -20,6 +20,7 @@ from training.models.factory import TEXT_ENCODERS
 from training.models.model import build_model
 from training.models.checkpoint import load_model, save_model
 from training.models.registry import Entry, Registry
+from training.models.sections import TextKeys
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 HEADING = "## Adding a text encoder: one module plus one registry line"
@@ -52,7 +53,7 @@ def max_words(tmp_path, monkeypatch):
 
 def test_a_registered_text_encoder_is_configured_built_embedded_and_reloaded(max_words, tmp_path):
     cfg = tiny_config(text={"encoder": "max_words", "word_dim": 24, "options": {"unit_words": True}})
-    assert cfg["text"]["options"] == {"unit_words": True}
+    assert cfg.text.options.model_dump() == {"unit_words": True}
     vocab = Vocabulary.build(["a red circle", "a blue square left of a circle"])
     torch.manual_seed(0)
     model = build_model(cfg, vocab).eval()
@@ -61,7 +62,7 @@ def test_a_registered_text_encoder_is_configured_built_embedded_and_reloaded(max
     ids, lengths = pad_batch(model.encode_text_ids(texts))
     with torch.no_grad():
         emb = model.embed_texts(ids, lengths)
-    assert emb.shape == (3, cfg["model"]["embed_dim"]) and torch.isfinite(emb).all()
+    assert emb.shape == (3, cfg.model.embed_dim) and torch.isfinite(emb).all()
     torch.testing.assert_close(emb.norm(dim=1), torch.ones(3))                       # cosine space: unit vectors
     assert not torch.allclose(emb[0], emb[1])
     torch.testing.assert_close(emb[0], emb[2])                                        # a maximum ignores word order
@@ -95,7 +96,7 @@ def test_a_name_not_in_the_registry_is_refused_naming_it():
         with pytest.raises(ConfigError, match=message):
             build_config(values)
     with pytest.raises(KeyError, match="unknown text encoder 'max_words'"):
-        factory.build_text_encoder({"encoder": "max_words"}, 10)
+        factory.build_text_encoder(TextKeys(encoder="max_words"), 10)
 
 
 def test_each_table_is_built_in_one_place_and_names_are_unique():

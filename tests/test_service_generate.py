@@ -72,7 +72,7 @@ def _well_formed(results, n, model, exclude=()):
         words = r["text"].split()
         assert words and r["text"] == " ".join(words), r
         assert "<unk>" not in words and all(w in model.vocab for w in words), r
-        assert 1 <= len(words) <= model.cfg["decoder"]["max_len"]
+        assert 1 <= len(words) <= model.cfg.decoder.max_len
         assert r["text"] not in exclude
     assert len({r["text"] for r in results}) == n
 

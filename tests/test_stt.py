@@ -358,7 +358,7 @@ def test_a_frozen_text_side_embeds_each_training_caption_once(synth_small, tmp_p
     model = trainer.model
     batch, kind = batch_of(trainer)
     table = trainer._fixed_captions
-    assert table is not None and table.shape == (len(trainer.train_ids), cfg["model"]["embed_dim"])
+    assert table is not None and table.shape == (len(trainer.train_ids), cfg.model.embed_dim)
     model.train()
     for name in frozen:                       # as the trainer runs a stage: frozen modules in eval mode
         getattr(model, name).eval()

@@ -155,6 +155,6 @@ def test_view_augmentation_config_is_checked():
     with pytest.raises(ConfigError, match="train_resize"):
         tiny_config(image={"image_size": 32, "train_crops": 5, "train_resize": 24})
     # without view augmentation train_resize is unused: a native size above its default is fine (Lite2: 260 px)
-    assert tiny_config(image={"image_size": 260, "resize": 260})["image"]["image_size"] == 260
+    assert tiny_config(image={"image_size": 260, "resize": 260}).image.image_size == 260
     with pytest.raises(ConfigError, match="STT-ATT"):
         tiny_config(image={"train_crops": 5}, attention={"enabled": True})

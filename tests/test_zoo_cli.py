@@ -52,8 +52,8 @@ def test_compose_cli_ranks_images(w2vv_run, synth_small, tmp_path, capsys):
 
 
 def test_plateau_schedule_halves_after_three_flat_epochs():
-    t = tiny_config(train={"lr_schedule": "plateau", "lr_decay_factor": 0.5, "lr_plateau_patience": 3})["train"]
-    opt = build_optimizer({**t, "optimizer": "rmsprop"}, [torch.nn.Parameter(torch.zeros(1))], 1e-4)
+    t = tiny_config(train={"lr_schedule": "plateau", "lr_decay_factor": 0.5, "lr_plateau_patience": 3}).train
+    opt = build_optimizer(t.model_copy(update={"optimizer": "rmsprop"}), [torch.nn.Parameter(torch.zeros(1))], 1e-4)
     assert opt.defaults["alpha"] == 0.9 and opt.defaults["eps"] == 1e-6           # W2VV §III-B
     sched = build_scheduler(t, opt)
     lrs = []
@@ -68,7 +68,7 @@ def test_plateau_patience_below_one_is_rejected():
     for bad in (0, -1, 1.5):
         with pytest.raises(ConfigError, match="lr_plateau_patience"):
             load_config(None, overrides=[f"train.lr_plateau_patience={bad}"])
-    t = tiny_config(train={"lr_schedule": "plateau", "lr_decay_factor": 0.5, "lr_plateau_patience": 1})["train"]
+    t = tiny_config(train={"lr_schedule": "plateau", "lr_decay_factor": 0.5, "lr_plateau_patience": 1}).train
     opt = build_optimizer(t, [torch.nn.Parameter(torch.zeros(1))], 1e-4)
     sched = build_scheduler(t, opt)
     lrs = []
@@ -79,8 +79,8 @@ def test_plateau_patience_below_one_is_rejected():
 
 
 def test_linear_schedule_reaches_final_factor():
-    t = tiny_config(train={"lr_schedule": "linear", "lr_decay_epochs": 4, "lr_final_factor": 0.01})["train"]
-    opt = build_optimizer({**t, "optimizer": "sgd"}, [torch.nn.Parameter(torch.zeros(1))], 1e-3)
+    t = tiny_config(train={"lr_schedule": "linear", "lr_decay_epochs": 4, "lr_final_factor": 0.01}).train
+    opt = build_optimizer(t.model_copy(update={"optimizer": "sgd"}), [torch.nn.Parameter(torch.zeros(1))], 1e-3)
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0
     sched = build_scheduler(t, opt)
     lrs = [opt.param_groups[0]["lr"]]

@@ -9,6 +9,7 @@ from training.config import build_config
 from training.data.vocab import Vocabulary, pad_batch
 from training.inference.embed import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
+from training.models.config_schema import LossSection
 from training.models.factory import TEXT_ENCODERS, build_loss
 from training.models.model import build_model
 from training.models.checkpoint import load_model, save_model
@@ -38,7 +39,7 @@ def test_registered_names():
     for name in ("gru", "bow", "mean_wordvec", "ngram", "sse", "rcn", "w2vv", "minilm"):
         assert name in TEXT_ENCODERS
     for name in ("bir_pairwise", "mse"):
-        build_loss(build_config({"loss": {"name": name}})["loss"])
+        build_loss(build_config({"loss": {"name": name}}).loss)
 
 
 def test_ngram_features_bigrams_and_skipgrams():
@@ -48,8 +49,8 @@ def test_ngram_features_bigrams_and_skipgrams():
 
 def test_ngram_binary_and_tfidf_values():
     texts = ["dog dog runs", "cat runs", "the cat"]
-    cfg = {"hidden": 3, "dropout": 0.0, "options": TEXT_ENCODERS.check_options(
-        "ngram", {"n": 1, "values": "binary", "activation": "none"})}
+    cfg = tiny_config(text={"encoder": "ngram", "hidden": 3, "dropout": 0.0,
+                            "options": {"n": 1, "values": "binary", "activation": "none"}}).text
     enc = NGramEncoder(cfg)
     enc.fit(texts, None, log=lambda *_: None)
     # articles are dropped; features most frequent first: cat (2), dog (2), runs (2) -> alphabetical ties
@@ -78,7 +79,7 @@ def test_fitted_encoders_save_and_load_self_contained(tmp_path, encoder, options
                    model={"projection": projection, "embed_dim": 64 if encoder == "w2vv" else 32})
     sentences = ["a dog runs on the red grass", "cats"]
     before = embed_texts(m, sentences)
-    assert before.shape == (2, m.cfg["model"]["embed_dim"]) and torch.isfinite(before).all()
+    assert before.shape == (2, m.cfg.model.embed_dim) and torch.isfinite(before).all()
     save_model(m, tmp_path / "model.pt")
     loaded = load_model(tmp_path / "model.pt")          # no fit(): everything comes from model.pt
     torch.testing.assert_close(embed_texts(loaded, sentences), before)
@@ -89,12 +90,10 @@ def test_fitted_encoders_save_and_load_self_contained(tmp_path, encoder, options
 def test_bir_pairwise_one_random_negative_by_methodology():
     sim = torch.tensor([[0.5, 0.2], [0.9, 0.1]])
     # 2 pairs: the only negative of row 0 is column 1 and of row 1 is column 0
-    i2t = build_loss({"name": "bir_pairwise", "margin": 0.15, "lambda": 1.0, "reduction": "sum", "k": 1,
-                      "options": {"methodology": "i2t"}})
+    i2t = build_loss(LossSection(name="bir_pairwise", margin=0.15, k=1, options={"methodology": "i2t"}))
     # i2t (same image, other sentence): [.15 - .5 + .2]+ + [.15 - .1 + .9]+ = 0 + .95
     assert i2t(sim).item() == pytest.approx(0.95)
-    t2i = build_loss({"name": "bir_pairwise", "margin": 0.15, "lambda": 1.0, "reduction": "sum", "k": 1,
-                      "options": {"methodology": "t2i"}})
+    t2i = build_loss(LossSection(name="bir_pairwise", margin=0.15, k=1, options={"methodology": "t2i"}))
     # t2i (same sentence, other image): column 0 vs row 1: [.15 - .5 + .9]+ = .55; column 1 vs row 0: .25
     assert t2i(sim).item() == pytest.approx(0.8)
     # a caption of the same image is never the negative
@@ -102,8 +101,7 @@ def test_bir_pairwise_one_random_negative_by_methodology():
 
 
 def test_bir_negative_is_random_among_the_batch():
-    loss = build_loss({"name": "bir_pairwise", "margin": 10.0, "lambda": 1.0, "reduction": "sum", "k": 1,
-                       "options": {"methodology": "i2t"}})
+    loss = build_loss(LossSection(name="bir_pairwise", margin=10.0, k=1, options={"methodology": "i2t"}))
     sim = torch.zeros(3, 3)
     sim[0, 1], sim[0, 2] = 1.0, 2.0
     torch.manual_seed(0)
@@ -153,8 +151,8 @@ def test_fused_capsule_grus_follow_the_equations(activation):
 
 
 def test_rcn_routing_masks_and_regularizer():
-    cfg = {"word_dim": 8, "hidden": 12, "dropout": 0.0,
-           "options": TEXT_ENCODERS.check_options("rcn", {"capsules": 3, "recursions": 2, "lambda": 0.5})}
+    cfg = tiny_config(text={"encoder": "rcn", "word_dim": 8, "hidden": 12, "dropout": 0.0,
+                            "options": {"capsules": 3, "recursions": 2, "lambda": 0.5}}).text
     torch.manual_seed(0)
     rcn = RecurrentCapsuleNetwork(20, cfg)
     ids, lengths = pad_batch([[5, 6, 7], [8, 9]])
@@ -174,8 +172,8 @@ def test_rcn_routing_masks_and_regularizer():
     assert reg.item() == pytest.approx(expected.item(), rel=1e-3)
     reg.backward()                                             # differentiable
     # one capsule, no recursion: a plain GRU, no regulariser
-    gru = RecurrentCapsuleNetwork(20, {**cfg, "options": TEXT_ENCODERS.check_options("rcn", {"capsules": 1,
-                                                                                          "recursions": 0})})
+    gru = RecurrentCapsuleNetwork(20, cfg.model_copy(update={"options": TEXT_ENCODERS.check_options(
+        "rcn", {"capsules": 1, "recursions": 0})}))
     out = gru(ids, lengths)
     torch.testing.assert_close(out, gru.emb_grus(gru.embed(ids).unsqueeze(0), lengths)[0])
     assert gru.regularizer() is None
@@ -188,7 +186,7 @@ def test_w2vv_predicts_visual_features_and_composes_queries():
     ids, lengths = pad_batch(m.encode_text_ids(["a dog runs", "a red car"]))
     predicted = m.project_texts(ids, lengths)
     assert predicted.shape == (2, 64) and (predicted >= 0).all()       # eq. 7 ends with a ReLU
-    mse = build_loss(m.cfg["loss"])
+    mse = build_loss(m.cfg.loss)
     assert mse.on_pairs and mse(predicted, predicted + 2).item() == pytest.approx(4.0)
     # §IV-C: φ(x) + r("dog") − r("car"), normalised
     phi = torch.rand(64)

@@ -182,7 +182,7 @@ def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, 
 
     from training.inference.generate import caption_embeddings, decode_settings
 
-    settings = decode_settings(model, **decode)
+    settings = decode_settings(model, **decode).as_dict()
     captions = [c for r in dataset.images for c in r.captions]
     chunk = 256
 

@@ -338,7 +338,7 @@ def cmd_ensemble(args) -> int:
         extra[QB_KEY] = bank
     fp = save_model(ensemble, args.out, extra=extra)
     print(json.dumps({"out": args.out, "members": args.models, "weights": ensemble.weights,
-                      "embed_dim": ensemble.cfg["model"]["embed_dim"], "fingerprint": fp,
+                      "embed_dim": ensemble.cfg.model.embed_dim, "fingerprint": fp,
                       "querybank": describe(bank) if bank else None}))
     return 0
 
@@ -362,8 +362,8 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
     train_set = load_dataset(data, split="train").split("train")
     if train_set.n_images == 0:
         raise ValueError(f"--querybank: {data} has no train split")
-    section, seed = first.cfg["querybank"], first.cfg["train"]["seed"]
-    return make_bank(ensemble, train_set, section["captions"], section["images"], section["beta"], seed=seed)
+    section, seed = first.cfg.querybank, first.cfg.train.seed
+    return make_bank(ensemble, train_set, section.captions, section.images, section.beta, seed=seed)
 
 
 def cmd_querybank(args) -> int:
@@ -388,15 +388,15 @@ def cmd_querybank(args) -> int:
         print("error: give an ensemble its bank when it is made: jointspace ensemble ... --querybank DATA",
               file=sys.stderr)
         return 2
-    section = model.cfg["querybank"]
+    section = model.cfg.querybank
     try:
         train_set = load_dataset(args.data, split="train").split("train")
         if train_set.n_images == 0:
             raise ValueError(f"{args.data} has no train split")
-        bank = make_bank(model, train_set, section["captions"] if args.captions is None else args.captions,
-                         section["images"] if args.images is None else args.images,
-                         section["beta"] if args.beta is None else args.beta,
-                         seed=model.cfg["train"]["seed"] if args.seed is None else args.seed, progress=True)
+        bank = make_bank(model, train_set, section.captions if args.captions is None else args.captions,
+                         section.images if args.images is None else args.images,
+                         section.beta if args.beta is None else args.beta,
+                         seed=model.cfg.train.seed if args.seed is None else args.seed, progress=True)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ path, the value parsed as YAML (``--set train.lr=1e-4``, ``--set text.encoder=bo
 The names (``text.encoder``, ``image.backbone``, ``loss.name``, ``model.similarity``) are the registry's
 (``models/factory.py``), and the option maps (``text.options``, ``image.options``, ``loss.options``) are checked
 against the options model of the name they configure: an unknown name or option is an error that lists the known
-ones.
+ones. :func:`build_config` and :func:`load_config` return the typed :class:`RunConfig`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from training.models.config_schema import ConfigError, complete, defaults
+from training.models.config_schema import ConfigError, RunConfig, complete, defaults
 
 DEFAULTS: dict[str, Any] = defaults()       # every key and its default: models/config_schema.py
 
@@ -80,7 +80,7 @@ def _nest(keys: list[str], value: Any) -> dict:
     return out
 
 
-def build_config(file_values: dict | None = None, overrides: Sequence[str] = ()) -> dict:
+def build_config(file_values: dict | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Defaults ← file values ← ``--set`` overrides, checking every key; every option map filled in."""
     cfg = _merge(DEFAULTS, file_values or {})
     for item in overrides:
@@ -89,7 +89,7 @@ def build_config(file_values: dict | None = None, overrides: Sequence[str] = ())
     return complete(cfg)
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     values: dict = {}
     if path is not None:
         text = Path(path).read_text()
@@ -99,5 +99,5 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
     return build_config(values, overrides)
 
 
-def dump_config(cfg: dict) -> str:
-    return yaml.safe_dump(cfg, sort_keys=False)
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(), sort_keys=False)

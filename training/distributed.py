@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, Sampler
 
+from training.models.config_schema import RunConfig
+
 # rank 0 may compute a feature cache (or validate a large split) while the others wait at a barrier
 TIMEOUT = datetime.timedelta(hours=4)
 
@@ -164,19 +166,19 @@ class Distributed:
             dist.destroy_process_group()
 
 
-def check_config(cfg: dict, world_size: int) -> None:
+def check_config(cfg: RunConfig, world_size: int) -> None:
     """What ``world_size`` processes cannot train, refused before any process waits on another."""
-    train = cfg["train"]
-    sizes = [("train.batch_size", train["batch_size"])]
-    if train["finetune_epochs"] > 0:
-        sizes.append(("train.finetune_batch_size", train["finetune_batch_size"]))
+    train = cfg.train
+    sizes = [("train.batch_size", train.batch_size)]
+    if train.finetune_epochs > 0:
+        sizes.append(("train.finetune_batch_size", train.finetune_batch_size))
     for key, size in sizes:
         if size % world_size:
             raise ValueError(f"{key} {size} is the global batch: it must be a multiple of the {world_size} processes")
-    if cfg["scst"]["steps"] > 0:
+    if cfg.scst.steps > 0:
         raise ValueError("the self-critical stage (scst.steps > 0) runs in one process: train the eq. 12 stages with "
                          "several processes and scst.steps=0, then continue with --resume in one")
-    if train["gather_negatives"] and (cfg["decoder"]["enabled"] or cfg["attention"]["enabled"]):
+    if train.gather_negatives and (cfg.decoder.enabled or cfg.attention.enabled):
         raise ValueError("train.gather_negatives is implemented for the retrieval trainer: not with decoder.enabled "
                          "or attention.enabled")
 

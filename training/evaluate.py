@@ -251,7 +251,7 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
                                          **(decode or {})))
     if querybank is not None:     # QB-Norm (models/hubness.py): the bank split's images and captions as query banks
-        if model.cfg["model"]["similarity"] != "cosine":
+        if model.cfg.model.similarity != "cosine":
             raise ValueError("querybank normalisation applies to cosine-similarity models")
         bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,
                                             amp=amp)

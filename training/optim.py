@@ -7,12 +7,14 @@ import math
 
 import torch
 
+from training.models.config_schema import TrainSection
 
-def use_sparse_gradients(model: torch.nn.Module, train: dict) -> list[str]:
+
+def use_sparse_gradients(model: torch.nn.Module, train: TrainSection) -> list[str]:
     """With plain SGD and no weight decay (BiR §6.3), lookup layers (the n-gram EmbeddingBag, 50,000 × 1,000)
     get sparse gradients: a step then touches the rows of the batch's features instead of the whole matrix,
     with the same update. Adam/RMSprop keep dense gradients (their state decays every row each step)."""
-    if train["optimizer"] != "sgd" or train["weight_decay"]:
+    if train.optimizer != "sgd" or train.weight_decay:
         return []
     names = []
     for name, module in model.named_modules():
@@ -37,18 +39,18 @@ def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]
             if g["params"]]
 
 
-def build_optimizer(train: dict, params, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(train: TrainSection, params, lr: float) -> torch.optim.Optimizer:
     """``params``: tensors, or groups whose ``lr_scale`` multiplies ``lr``."""
     params = list(params)
     if params and isinstance(params[0], dict):
         params = [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in params]
-    opts = dict(train["optimizer_options"])
-    if train["optimizer"] == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
-        return torch.optim.RMSprop(params, lr=lr, weight_decay=train["weight_decay"],
+    opts = dict(train.optimizer_options)
+    if train.optimizer == "rmsprop":     # W2VV §III-B: RMSprop, γ = 0.9, ε = 1e-6
+        return torch.optim.RMSprop(params, lr=lr, weight_decay=train.weight_decay,
                                    **{"alpha": 0.9, "eps": 1e-6, **opts})
-    if train["optimizer"] == "sgd":         # BiR §6.3: plain SGD, no momentum
-        return torch.optim.SGD(params, lr=lr, weight_decay=train["weight_decay"], **opts)
-    return torch.optim.Adam(params, lr=lr, weight_decay=train["weight_decay"], **opts)
+    if train.optimizer == "sgd":         # BiR §6.3: plain SGD, no momentum
+        return torch.optim.SGD(params, lr=lr, weight_decay=train.weight_decay, **opts)
+    return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay, **opts)
 
 
 def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
@@ -59,18 +61,18 @@ def cosine_factor(step: int, total: int, warmup: int, final: float) -> float:
     return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(train: dict, optimizer: torch.optim.Optimizer, total_steps: int = 1):
+def build_scheduler(train: TrainSection, optimizer: torch.optim.Optimizer, total_steps: int = 1):
     """``total_steps``: the stage's updates (the cosine schedule steps per update, the others per epoch)."""
-    if train["lr_schedule"] == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
-        warmup, final = train["warmup_steps"], train["lr_final_factor"]
+    if train.lr_schedule == "cosine":    # SGDR-style half cosine after a linear warm-up (as VSE∞ trains)
+        warmup, final = train.warmup_steps, train.lr_final_factor
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: cosine_factor(s, total_steps, warmup, final))
-    if train["lr_schedule"] == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=train["lr_decay_factor"],
-                                                          patience=train["lr_plateau_patience"] - 1)
-    if train["lr_schedule"] == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
-        horizon, final = max(1, train["lr_decay_epochs"]), train["lr_final_factor"]
+    if train.lr_schedule == "plateau":   # W2VV §III-B: halve the lr after 3 epochs without val improvement
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=train.lr_decay_factor,
+                                                          patience=train.lr_plateau_patience - 1)
+    if train.lr_schedule == "linear":    # BiR §6.3: lr decreases linearly to lr_final_factor over the horizon
+        horizon, final = max(1, train.lr_decay_epochs), train.lr_final_factor
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
     # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train["lr_decay_epochs"]], train["lr_decay_factor"])
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train.lr_decay_epochs], train.lr_decay_factor)

@@ -10,7 +10,8 @@ import torch
 
 from training.data.sources import image_source
 from training.inference.embed import embed_image_source
-from training.inference.querybank import KEY, attach, describe, quantize_images
+from training.inference.querybank import attach, describe, quantize_images
+from training.models.config_schema import RunConfig
 
 
 def sample_indices(total: int, n: int, seed: int) -> list[int]:
@@ -30,11 +31,11 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
               workers: int = 2, progress: bool = False, source: str = "") -> dict:
     """A bank from ``dataset`` (a split): ``captions`` sampled captions as text, ``images`` sampled images
     embedded with ``model`` (a frozen backbone's features come from the feature cache)."""
-    if model.cfg["model"]["similarity"] != "cosine":
+    if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
-                         f"{model.cfg['model']['similarity']} similarity")
+                         f"{model.cfg.model.similarity} similarity")
     texts, records = sample(dataset, captions, images, seed)
-    vectors = torch.zeros(0, model.cfg["model"]["embed_dim"])
+    vectors = torch.zeros(0, model.cfg.model.embed_dim)
     if records:
         src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
         vectors = embed_image_source(model, src, workers=workers).cpu()
@@ -45,24 +46,24 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
                                 f"{len(dataset.images)} images (seed {seed})"}
 
 
-def attach_from_training(cfg: dict, model_file: Path, train_set, device="cpu", progress: bool = False,
+def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cpu", progress: bool = False,
                          log=print) -> dict | None:
     """After ``jointspace train``: the ``querybank`` section's bank from the training split, attached to
     ``model_file`` (the kept checkpoint). None (and nothing written) when the section turns it off, the model
     is not a cosine one, or there is no checkpoint."""
     from training.models.checkpoint import load_model
 
-    section = cfg[KEY]
-    if not section["enabled"] or not model_file.is_file():
+    section = cfg.querybank
+    if not section.enabled or not model_file.is_file():
         return None
-    if cfg["model"]["similarity"] != "cosine":
-        log(f"querybank: none attached ({cfg['model']['similarity']} similarity; QB-Norm corrects cosine scores)")
+    if cfg.model.similarity != "cosine":
+        log(f"querybank: none attached ({cfg.model.similarity} similarity; QB-Norm corrects cosine scores)")
         return None
-    if not section["captions"] and not section["images"]:
+    if not section.captions and not section.images:
         return None
     model = load_model(model_file, device)
-    bank = make_bank(model, train_set, section["captions"], section["images"], section["beta"],
-                     seed=cfg["train"]["seed"], device=device, workers=cfg["train"]["workers"], progress=progress)
+    bank = make_bank(model, train_set, section.captions, section.images, section.beta,
+                     seed=cfg.train.seed, device=device, workers=cfg.train.workers, progress=progress)
     attach(model_file, bank)
     log(f"querybank: {describe(bank)} attached to {model_file}")
     return bank

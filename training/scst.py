@@ -83,14 +83,14 @@ class SelfCriticalStage:
 
     def __init__(self, trainer):
         self.trainer, self.cfg = trainer, trainer.cfg
-        self.scst, self.decoding = self.cfg["scst"], self.cfg["decoder"]
+        self.scst, self.decoding = self.cfg.scst, self.cfg.decoder
         model, device = trainer.model, trainer.device
         self.model, self.device = model, device
         self.splits = {}
         for name, dataset in (("train", trainer.train_set), ("val", trainer.val_set)):
             source = trainer.source(dataset, trainable=False, augment=name == "train")
             img, cap, _ = embed_split(model, dataset, device=device, amp=trainer.amp,
-                                      workers=self.cfg["train"]["workers"], source=source)
+                                      workers=self.cfg.train.workers, source=source)
             # image.train_crops: each update reads a random view of each training image
             views = embed_views(model, source) if source.kind == "views" else None
             self.splits[name] = _Split(dataset, img.to(device), cap.to(device), views)
@@ -98,7 +98,7 @@ class SelfCriticalStage:
 
     # --- one update ---------------------------------------------------------------------------------
     def _rewards(self, ids: list[list[int]], keys: list, cider: CiderD, copies: list | None) -> torch.Tensor:
-        samples = self.scst["samples"]
+        samples = self.scst.samples
         out = np.zeros((len(keys), samples), dtype=np.float32)
         for i, key in enumerate(keys):
             for j in range(samples):
@@ -109,28 +109,28 @@ class SelfCriticalStage:
 
     def step(self, generator: torch.Generator, sample_generator: torch.Generator | None) -> dict | None:
         """One update's loss and mean rewards; None when the batch gives no task anything to do."""
-        split, decoder, samples = self.splits["train"], self.model.decoder, self.scst["samples"]
-        order = torch.randperm(len(split.images), generator=generator)[:self.scst["images_per_batch"]].tolist()
+        split, decoder, samples = self.splits["train"], self.model.decoder, self.scst.samples
+        order = torch.randperm(len(split.images), generator=generator)[:self.scst.images_per_batch].tolist()
         images = [split.images[i] for i in order]
         tasks: list[tuple[str, float, torch.Tensor, list[int], CiderD, list[list[str]] | None]] = []
         picks: list[int] = []
-        if self.decoding["lambda_ic"] > 0:
+        if self.decoding.lambda_ic > 0:
             emb = (split.image_emb[images] if split.image_views is None
                    else random_view(split.image_views[images], generator))
-            tasks.append(("ic", self.decoding["lambda_ic"], emb, images, split.caption_cider, None))
-        if self.decoding["lambda_para"] > 0 and split.para_cider is not None:
+            tasks.append(("ic", self.decoding.lambda_ic, emb, images, split.caption_cider, None))
+        if self.decoding.lambda_para > 0 and split.para_cider is not None:
             caps = [split.image_caps[i] for i in images if len(split.image_caps[i]) > 1]
             picks = [c[int(torch.randint(len(c), (1,), generator=generator))] for c in caps]
         if picks:                                       # none when every image drawn has a single caption
             para_cider = cast(CiderD, split.para_cider)     # picks are drawn only when it is set
-            tasks.append(("para", self.decoding["lambda_para"], split.caption_emb[picks], picks, para_cider,
+            tasks.append(("para", self.decoding.lambda_para, split.caption_emb[picks], picks, para_cider,
                           [split.captions[j] for j in picks]))
         if not tasks:
             return None
         # both tasks in one decoder batch, as in eq. 12's teacher-forced training
         z = torch.cat([t[2] for t in tasks])
-        ids, logprobs = decoder.sample(z, n=samples, max_len=self.decoding["max_len"],
-                                       no_repeat=self.decoding["no_repeat"], generator=sample_generator)
+        ids, logprobs = decoder.sample(z, n=samples, max_len=self.decoding.max_len,
+                                       no_repeat=self.decoding.no_repeat, generator=sample_generator)
         loss: float | torch.Tensor = 0.0
         parts, start = {}, 0
         for name, lam, _emb, keys, cider, copies in tasks:
@@ -151,8 +151,8 @@ class SelfCriticalStage:
         def greedy(emb: torch.Tensor) -> list[list[str]]:
             out = []
             for s in range(0, emb.shape[0], batch_size):
-                hyps = decoder.greedy(emb[s:s + batch_size], self.decoding["max_len"], self.decoding["length_penalty"],
-                                      self.decoding["no_repeat"])
+                hyps = decoder.greedy(emb[s:s + batch_size], self.decoding.max_len, self.decoding.length_penalty,
+                                      self.decoding.no_repeat)
                 out += [[self.words.idx2word[w] for w in h.ids] for h in hyps]
             return out
 
@@ -168,7 +168,7 @@ class SelfCriticalStage:
         return {k: round(v, 5) for k, v in val.items()}
 
     def selection_score(self, val: dict) -> float:
-        weights = {"cider_ic": self.decoding["lambda_ic"], "cider_para": self.decoding["lambda_para"]}
+        weights = {"cider_ic": self.decoding.lambda_ic, "cider_para": self.decoding.lambda_para}
         used = {k: w for k, w in weights.items() if k in val and w > 0}
         return sum(w * val[k] for k, w in used.items()) / sum(used.values())
 
@@ -185,7 +185,7 @@ class SelfCriticalStage:
 
     def run(self, out_dir: Path, log_path: Path, progress: bool = True, log=print, state: dict | None = None) -> dict:
         """The stage; ``state`` (a ``last.pt`` written by :meth:`save_state`) continues it after that update."""
-        scst, train = self.scst, self.cfg["train"]
+        scst, train = self.scst, self.cfg.train
         model, decoder = self.model, self.model.decoder
         params = [p for p in decoder.parameters() if p.requires_grad]
         if not params:
@@ -194,9 +194,9 @@ class SelfCriticalStage:
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
-        optimizer = torch.optim.Adam(params, lr=scst["lr"])
-        generator = torch.Generator().manual_seed(train["seed"])
-        sample_generator = (torch.Generator(device=self.device).manual_seed(train["seed"] + 1))
+        optimizer = torch.optim.Adam(params, lr=scst.lr)
+        generator = torch.Generator().manual_seed(train.seed)
+        sample_generator = (torch.Generator(device=self.device).manual_seed(train.seed + 1))
         if state is None:
             start = time.time()
             val = self.validate()
@@ -206,7 +206,7 @@ class SelfCriticalStage:
                       "elapsed_s": round(time.time() - start, 1)}
             records, first = [record], 1
             _append(log_path, record)
-            log(f"[scst 0/{scst['steps']}] val CIDEr-D (greedy) {val}")
+            log(f"[scst 0/{scst.steps}] val CIDEr-D (greedy) {val}")
         else:                         # the weights are already the state's (Trainer.run loaded them)
             own = state["scst"]
             optimizer.load_state_dict(own["optimizer"])
@@ -219,20 +219,20 @@ class SelfCriticalStage:
         model.eval()                  # encoders frozen: no dropout there
         decoder.train()               # the samples come from the training-mode decoder (its dropout on)
         rewards, losses = [], []
-        bar = tqdm(range(first, scst["steps"] + 1), desc="scst", disable=not progress, unit="step",
-                   initial=first - 1, total=scst["steps"])
+        bar = tqdm(range(first, scst.steps + 1), desc="scst", disable=not progress, unit="step",
+                   initial=first - 1, total=scst.steps)
         for step in bar:
             out = self.step(generator, sample_generator)
             if out is not None:
                 optimizer.zero_grad(set_to_none=True)
                 out["loss"].backward()
-                if train["grad_clip"]:
-                    torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+                if train.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
                 optimizer.step()
                 losses.append(float(out["loss"].detach()))
                 rewards.append(out["reward"])
                 bar.set_postfix({f"r_{k}": f"{v:.3f}" for k, v in out["reward"].items()})
-            if step % scst["eval_every"] == 0 or step == scst["steps"]:
+            if step % scst.eval_every == 0 or step == scst.steps:
                 val = self.validate()
                 decoder.train()
                 score = self.selection_score(val)
@@ -248,7 +248,7 @@ class SelfCriticalStage:
                 _append(log_path, record)
                 records.append(record)
                 self.save_state(step, optimizer, generator, sample_generator, best, records, time.time() - start)
-                log(f"[scst {step}/{scst['steps']}] train reward {record['reward']} val {val}"
+                log(f"[scst {step}/{scst.steps}] train reward {record['reward']} val {val}"
                     f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
         return {"scst_best_val_cider": round(best, 5), "scst_seconds": round(time.time() - start, 1)}
 

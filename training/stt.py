@@ -30,6 +30,7 @@ from training.data.vocab import pad_batch
 from training.inference.embed import autocast, embed_image_source, embed_texts
 from training.models.attention import embed_words
 from training.models.checkpoint import load_checkpoint
+from training.models.config_schema import RunConfig
 from .batches import batch_features, image_inputs_to_embedding
 from .evaluate import attention_retrieval, public
 from .trainer import Stage, Trainer
@@ -108,17 +109,17 @@ class STTLoss(torch.nn.Module):
         return total, parts
 
 
-def build_stt_loss(cfg: dict) -> STTLoss:
-    decoder = cfg["decoder"]
-    if not decoder["enabled"]:       # STT-ATT retrieval without a decoder: only the ranking term
-        return STTLoss(0.0, 0.0, decoder["lambda_sim"])
-    return STTLoss(decoder["lambda_ic"], decoder["lambda_para"], decoder["lambda_sim"])
+def build_stt_loss(cfg: RunConfig) -> STTLoss:
+    decoder = cfg.decoder
+    if not decoder.enabled:       # STT-ATT retrieval without a decoder: only the ranking term
+        return STTLoss(0.0, 0.0, decoder.lambda_sim)
+    return STTLoss(decoder.lambda_ic, decoder.lambda_para, decoder.lambda_sim)
 
 
 class STTTrainer(Trainer):
     """The training loop of ``train.py`` with STT samples, the eq. 12 loss and decoder validation."""
 
-    def __init__(self, cfg: dict, data, out_dir, progress: bool = True, log=print):
+    def __init__(self, cfg: RunConfig, data, out_dir, progress: bool = True, log=print):
         super().__init__(cfg, data, out_dir, progress=progress, log=log)
         self.stt_loss = build_stt_loss(cfg)
         self.triples = ordered_pairs(self.train_cap_to_img)
@@ -135,13 +136,13 @@ class STTTrainer(Trainer):
 
     # --- training ----------------------------------------------------------------------------------
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
-        train = self.cfg["train"]
+        train = self.cfg.train
         self._fixed_captions = self.fixed_caption_embeddings()
         data = TripleDataset(train_source, self.train_ids, self.triples, self.target_ids)
         sampler = self.sampler(data, [img for img, _, _ in self.triples], generator)
         return DataLoader(data, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_triples,
                           drop_last=len(sampler) > stage.batch_size,
-                          num_workers=train["workers"] if train_source.kind == "files" else 0)
+                          num_workers=train.workers if train_source.kind == "files" else 0)
 
     @torch.no_grad()
     def fixed_caption_embeddings(self, batch_size: int = 256) -> torch.Tensor | None:
@@ -182,7 +183,7 @@ class STTTrainer(Trainer):
         img_emb = model.similarity.normalize(regions.mean(1))           # §3.3 average pooling
         words, mask = embed_words(model, ids_a, len_a)
         l_sim = self.ranking_loss(model.attention(regions, words, mask), img_idx, warm)   # eqs. 13-17 in eq. 7
-        pooled = self.cfg["attention"]["pooled_weight"]
+        pooled = self.cfg.attention.pooled_weight
         if pooled > 0:
             l_sim = l_sim + pooled * self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm)
         return img_emb, cap_emb, l_sim
@@ -205,7 +206,7 @@ class STTTrainer(Trainer):
         resumed run goes on where its ``last.pt`` was written: in an eq. 12 stage, or in the self-critical
         stage (which writes it at every validation) with its decoder, optimiser and random-number states."""
         summary = super().run(resume=resume)
-        if self.cfg["scst"]["steps"] > 0:
+        if self.cfg.scst.steps > 0:
             from .scst import SelfCriticalStage
 
             state = self.resumed_state
@@ -236,7 +237,7 @@ class STTTrainer(Trainer):
         decoder = cast("SentenceDecoder", model.decoder)     # an STT model has one
         was_training = model.training
         model.eval()
-        img_emb = embed_image_source(model, source, workers=self.cfg["train"]["workers"]).to(self.device)
+        img_emb = embed_image_source(model, source, workers=self.cfg.train.workers).to(self.device)
         texts = [c for r in self.val_set.images for c in r.captions]
         caps = model.encode_text_ids(texts)
         cap_emb = embed_texts(model, texts, batch_size=512)

@@ -5,6 +5,7 @@ The names tests and tools use from the training loop are importable from here as
 """
 from __future__ import annotations
 
+from training.models.config_schema import RunConfig
 from .stt import STTTrainer
 from .optim import build_optimizer, build_scheduler, cosine_factor, param_groups
 from .run_state import load_train_state
@@ -14,10 +15,10 @@ __all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_fac
            "param_groups", "plan_stages", "train"]
 
 
-def train(cfg: dict, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
+def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
     """Trains ``cfg`` on ``data`` into ``out_dir``; ``resume`` continues the run's ``last.pt``. Under a launcher
     with several processes (torchrun: ``WORLD_SIZE`` > 1) every process calls this and they train as one."""
-    stt = cfg["decoder"]["enabled"] or cfg["attention"]["enabled"]
+    stt = cfg.decoder.enabled or cfg.attention.enabled
     trainer = (STTTrainer if stt else Trainer)(cfg, data, out_dir, progress=progress, log=log)
     try:
         summary = trainer.run(resume=resume)

@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, Sized, cast
+from typing import TYPE_CHECKING, Any, Sequence, Sized, cast
 
 import numpy as np
 import torch
@@ -38,6 +38,8 @@ from training.models.factory import build_loss
 from training.models.losses import CrossBatchMemory, MemoryScores
 from training.models.model import build_model, freeze_modules
 from training.models.checkpoint import init_from_checkpoint, save_model
+from training.models.config_schema import RunConfig
+from training.models.options import NoOptions
 from .batches import batch_features, image_inputs_to_embedding
 from .optim import build_optimizer, build_scheduler, param_groups, use_sparse_gradients
 from .run_state import STATE_FILE, STATE_FORMAT, load_train_state, rng_state, seed_rank, set_rng_state
@@ -113,12 +115,12 @@ class Stage:
     backbone_trainable: bool
 
 
-def plan_stages(cfg: dict, backbone_pretrained: bool) -> list[Stage]:
-    train = cfg["train"]
-    stages = [Stage("main", train["epochs"], train["lr"], train["batch_size"],
+def plan_stages(cfg: RunConfig, backbone_pretrained: bool) -> list[Stage]:
+    train = cfg.train
+    stages = [Stage("main", train.epochs, train.lr, train.batch_size,
                     backbone_trainable=not backbone_pretrained)]
-    if train["finetune_epochs"] > 0 and backbone_pretrained:
-        stages.append(Stage("finetune", train["finetune_epochs"], train["finetune_lr"], train["finetune_batch_size"],
+    if train.finetune_epochs > 0 and backbone_pretrained:
+        stages.append(Stage("finetune", train.finetune_epochs, train.finetune_lr, train.finetune_batch_size,
                             True))
     return stages
 
@@ -133,29 +135,29 @@ def quiet(*_args) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: dict, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
+    def __init__(self, cfg: RunConfig, data: str | Path | CaptionDataset, out_dir: str | Path, progress: bool = True,
                  log=print):
-        train = cfg["train"]
+        train = cfg.train
         self.dist = None            # a distributed.Distributed under a multi-process launcher
         if distributed_requested():
             from .distributed import env_world_size, start
 
             self.check_distributed(cfg, env_world_size())
-            self.dist = start(train["device"])
+            self.dist = start(train.device)
             if not self.dist.is_main:       # rank 0 logs and shows progress
                 progress, log = False, quiet
         self.cfg, self.out_dir, self.progress, self.log = cfg, Path(out_dir), progress, log
-        set_seed(train["seed"])
-        self.device = self.dist.device if self.dist is not None else resolve_device(train["device"])
-        self.amp = train["amp"] == "auto" and self.device.type == "cuda"
+        set_seed(train.seed)
+        self.device = self.dist.device if self.dist is not None else resolve_device(train.device)
+        self.amp = train.amp == "auto" and self.device.type == "cuda"
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
         self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:
             raise ValueError(f"{dataset.name}: training needs a train and a val split "
                              f"(found train={self.train_set.n_images}, val={self.val_set.n_images})")
         train_texts = [c for r in self.train_set.images for c in r.captions]
-        max_words = cfg["data"]["max_words"]
-        vocab = Vocabulary.build(train_texts, min_count=cfg["data"]["min_word_count"],
+        max_words = cfg.data.max_words
+        vocab = Vocabulary.build(train_texts, min_count=cfg.data.min_word_count,
                                  max_size=max_words + len(SPECIALS) if max_words else None)
         with self.main_first():     # downloads and caches: rank 0 fills them, the other ranks read them
             model = build_model(cfg, vocab)
@@ -164,33 +166,33 @@ class Trainer:
             if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
                 fit(train_texts, vocab, log=log)
             self.fit_seconds = round(time.time() - fit_start, 1)
-            if train["init_from"]:
-                init_from_checkpoint(model, train["init_from"], log=log)
-            freeze_modules(model, train["freeze"])
+            if train.init_from:
+                init_from_checkpoint(model, train.init_from, log=log)
+            freeze_modules(model, train.freeze)
             # DDP reduces dense gradients (a sparse SGD update is the same update, only faster)
             sparse = use_sparse_gradients(model, train) if self.dist is None else []
             if sparse:
                 log(f"sparse gradients for {sparse} (plain SGD updates only the rows a batch uses)")
             self.model = model.to(self.device)
-            self.loss_fn = build_loss(cfg["loss"])
-            self.warmup_loss = build_loss({**cfg["loss"], "name": "sum", "options": {}})
-            self.memory = CrossBatchMemory(cfg["loss"]["memory"]) if cfg["loss"]["memory"] else None
+            self.loss_fn = build_loss(cfg.loss)
+            self.warmup_loss = build_loss(cfg.loss.model_copy(update={"name": "sum", "options": NoOptions()}))
+            self.memory = CrossBatchMemory(cfg.loss.memory) if cfg.loss.memory else None
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
             cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
             # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
             # runs whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
-            if cache_inputs is not None and "text_encoder" not in train["freeze"]:
+            if cache_inputs is not None and "text_encoder" not in train.freeze:
                 from training.data.features import default_cache_dir
 
-                cache_inputs(self.train_ids, cache_dir=cfg["image"]["cache_dir"] or default_cache_dir(),
-                             dtype=train["cache_dtype"], progress=progress, log=log)
+                cache_inputs(self.train_ids, cache_dir=cfg.image.cache_dir or default_cache_dir(),
+                             dtype=train.cache_dtype, progress=progress, log=log)
         # every rank holds the global batch's embeddings when gathering negatives (DDP only)
-        self.gather = self.dist is not None and train["gather_negatives"]
+        self.gather = self.dist is not None and train.gather_negatives
         if self.gather and getattr(self.loss_fn, "on_pairs", False):
-            raise ValueError(f"train.gather_negatives: loss {cfg['loss']['name']} compares each pair on its own "
+            raise ValueError(f"train.gather_negatives: loss {cfg.loss.name} compares each pair on its own "
                              f"(no negatives to gather)")
         if self.dist is not None:
-            seed_rank(train["seed"], self.dist.rank)    # dropout differs between ranks; rank 0 draws as one process
+            seed_rank(train.seed, self.dist.rank)    # dropout differs between ranks; rank 0 draws as one process
         self.train_cap_to_img = [r.image_id for r in self.train_set.images for _ in r.captions]
         self.best_score, self.best_rsum = float("-inf"), float("-inf")
         self.history: list[dict] = []
@@ -204,58 +206,58 @@ class Trainer:
     def main_first(self):
         return self.dist.main_first() if self.dist is not None else contextlib.nullcontext()
 
-    def check_distributed(self, cfg: dict, world_size: int) -> None:
+    def check_distributed(self, cfg: RunConfig, world_size: int) -> None:
         """What a multi-process run cannot do, refused before the processes wait on each other."""
         from .distributed import check_config
 
         check_config(cfg, world_size)
-        if cfg["train"]["gather_negatives"] and type(self).batch_loss is not Trainer.batch_loss:
+        if cfg.train.gather_negatives and type(self).batch_loss is not Trainer.batch_loss:
             raise ValueError(f"train.gather_negatives: {type(self).__name__} computes its own batch loss; gathered "
                              f"negatives are implemented for the retrieval trainer (decoder and attention off)")
 
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
         views to precomputed features (not to a trainable backbone's pixels)."""
-        train, image = self.cfg["train"], self.cfg["image"]
+        train, image = self.cfg.train, self.cfg.image
         paths = [r.path for r in dataset.images]
-        common = dict(cache_dir=image["cache_dir"], device=self.device, workers=train["workers"],
-                      progress=self.progress, amp=self.amp)
+        common: dict[str, Any] = dict(cache_dir=image.cache_dir, device=self.device, workers=train.workers,
+                                      progress=self.progress, amp=self.amp)
         source = image_source(self.model, paths, trainable=trainable, **common)
-        if augment and image["train_crops"] and source.kind == "features":
-            source = view_source(self.model, paths, source, image["train_crops"], image["train_resize"], **common)
+        if augment and image.train_crops and source.kind == "features":
+            source = view_source(self.model, paths, source, image.train_crops, image.train_resize, **common)
         return source
 
     def selection_score(self, val: dict) -> float:
         """``train.select_on``: what the best checkpoint, early stopping and the plateau schedule follow (higher
         is better): the validation R-sum, or the decoder's teacher-forced validation NLL per word (negated;
         captioning and paraphrasing weighted by λ1 and λ2 of eq. 12)."""
-        if self.cfg["train"]["select_on"] == "nll":
-            decoder = self.cfg["decoder"]
-            weights = {"ic": decoder["lambda_ic"], "para": decoder["lambda_para"]}
+        if self.cfg.train.select_on == "nll":
+            decoder = self.cfg.decoder
+            weights = {"ic": decoder.lambda_ic, "para": decoder.lambda_para}
             return -sum(w * val["nll"][k] for k, w in weights.items()) / sum(weights.values())
         return val["rsum"]
 
     def validate(self, source: ImageSource) -> dict:
         img, cap, cap_to_img = embed_split(self.model, self.val_set, device=self.device, amp=self.amp,
-                                           workers=self.cfg["train"]["workers"], source=source)
+                                           workers=self.cfg.train.workers, source=source)
         return public(retrieval_metrics(img, cap, cap_to_img, self.model.similarity))
 
     def sampler(self, data: Dataset, item_to_img: list[int], generator: torch.Generator):
         """``train.sampling``: every item once (caption), or one item per image (image, minimal_pairs)."""
-        train = self.cfg["train"]
-        if train["sampling"] == "caption":
+        train = self.cfg.train
+        if train.sampling == "caption":
             return torch.utils.data.RandomSampler(cast(Sized, data), generator=generator)   # a map-style dataset
-        groups = minimal_pairs_of(self.train_set) if train["sampling"] == "minimal_pairs" else []
+        groups = minimal_pairs_of(self.train_set) if train.sampling == "minimal_pairs" else []
         return OneCaptionPerImage(item_to_img, generator, groups)
 
     def make_loader(self, stage: Stage, train_source: ImageSource, generator: torch.Generator) -> DataLoader:
         """Batches of ``(images, caption ids, lengths, image index)`` for one epoch."""
-        train = self.cfg["train"]
+        train = self.cfg.train
         pairs = PairDataset(train_source, self.train_ids, self.train_cap_to_img)
         sampler = self.sampler(pairs, self.train_cap_to_img, generator)
         return DataLoader(pairs, batch_size=stage.batch_size, sampler=sampler, collate_fn=collate_pairs,
                           drop_last=len(sampler) > stage.batch_size,
-                          num_workers=train["workers"] if train_source.kind == "files" else 0)
+                          num_workers=train.workers if train_source.kind == "files" else 0)
 
     def ranking_loss(self, sim: torch.Tensor, img_idx: torch.Tensor, warm: bool,
                      memory: MemoryScores | None = None) -> torch.Tensor:
@@ -325,26 +327,26 @@ class Trainer:
         """Returns False when early stopping ended training. ``state``: a ``last.pt`` saved inside this stage."""
         if stage.epochs == 0:           # e.g. straight to the self-critical stage: no features, no optimiser
             return True
-        train = self.cfg["train"]
+        train = self.cfg.train
         model = self.model
         model.set_backbone_trainable(stage.backbone_trainable)
-        freeze_modules(model, train["freeze"])
+        freeze_modules(model, train.freeze)
         with self.main_first():
             train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
             val_source = self.source(self.val_set, stage.backbone_trainable) if self.is_main else None
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
-            raise ValueError(f"nothing to train: train.freeze {train['freeze']} leaves no trainable parameter")
-        optimizer = build_optimizer(train, param_groups(model, train["encoder_lr_factor"]), stage.lr)
-        generator = torch.Generator().manual_seed(train["seed"] + len(self.history))
+            raise ValueError(f"nothing to train: train.freeze {train.freeze} leaves no trainable parameter")
+        optimizer = build_optimizer(train, param_groups(model, train.encoder_lr_factor), stage.lr)
+        generator = torch.Generator().manual_seed(train.seed + len(self.history))
         loader = self.make_loader(stage, train_source, generator)
         batch_loss = self.batch_loss
         if self.dist is not None:   # this rank's slice of each global batch; DDP averages the gradients
             loader = self.dist.shard_loader(loader)
             batch_loss = self.dist.wrap(model, self.batch_loss)
-        steps = len(loader) if not train["max_steps_per_epoch"] else min(len(loader), train["max_steps_per_epoch"])
+        steps = len(loader) if not train.max_steps_per_epoch else min(len(loader), train.max_steps_per_epoch)
         scheduler = build_scheduler(train, optimizer, stage.epochs * steps)
-        per_step = train["lr_schedule"] == "cosine"
+        per_step = train.lr_schedule == "cosine"
         first, bad_epochs = 1, 0
         if state is not None:
             if state["stopped"]:
@@ -357,23 +359,23 @@ class Trainer:
             model.train()
             if not stage.backbone_trainable:
                 model.backbone.eval()       # frozen: keep BatchNorm statistics fixed
-            for name in train["freeze"]:
+            for name in train.freeze:
                 getattr(model, name).eval()
             losses = []
             bar = tqdm(loader, desc=f"{stage.name} epoch {epoch}/{stage.epochs}", disable=not self.progress,
                        unit="batch", leave=False)
-            warm = len(self.history) < self.cfg["loss"]["warmup_epochs"]
+            warm = len(self.history) < self.cfg.loss.warmup_epochs
             if self.memory is not None:     # each epoch starts empty, so a resumed run mines as an unbroken one
                 self.memory.clear()
             for step, batch in enumerate(bar):
-                if train["max_steps_per_epoch"] and step >= train["max_steps_per_epoch"]:
+                if train.max_steps_per_epoch and step >= train.max_steps_per_epoch:
                     break
                 with autocast(self.device, self.amp):
                     loss = batch_loss(batch, train_source.kind, warm)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if train["grad_clip"]:
-                    torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+                if train.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
                 optimizer.step()
                 if per_step:
                     scheduler.step()
@@ -387,7 +389,7 @@ class Trainer:
             record = {"stage": stage.name, "epoch": epoch, "lr": optimizer.param_groups[0]["lr"],
                       "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
-            if epoch % train["eval_every"] == 0 or epoch == stage.epochs:
+            if epoch % train.eval_every == 0 or epoch == stage.epochs:
                 val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
                 if self.dist is not None:   # the others wait here; then every rank takes the same decisions
                     val = self.dist.broadcast(val)
@@ -403,18 +405,18 @@ class Trainer:
                         save_model(model, self.out_dir / "model.pt",
                                    extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
                 else:
-                    bad_epochs += train["eval_every"]
+                    bad_epochs += train.eval_every
             self.history.append(record)
             if self.is_main:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
-            stop = bad_epochs >= train["patience"]
+            stop = bad_epochs >= train.patience
             self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
                      f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
             if stop:
-                self.log(f"early stop: no validation {train['select_on']} gain in {bad_epochs} epochs")
+                self.log(f"early stop: no validation {train.select_on} gain in {bad_epochs} epochs")
                 return False
         return True
 
@@ -445,13 +447,13 @@ class Trainer:
             set_rng_state(state["rng"], generator)
             self.log(f"resuming with {self.dist.world_size} processes a run that had {state.get('world_size', 1)}: "
                      f"the random states of ranks other than 0 are reseeded")
-            seed_rank(self.cfg["train"]["seed"] + state["epoch"], self.dist.rank)
+            seed_rank(self.cfg.train.seed + state["epoch"], self.dist.rank)
 
     def write_state(self, stage: str, index: int, epoch: int, elapsed: float, **parts) -> None:
         """Writes ``RUN_DIR/last.pt`` atomically: the run's config, weights and history at ``epoch`` (or update)
         of stage ``index``, plus the stage's own ``parts`` (optimiser, random states, ...)."""
-        state = {"format": STATE_FORMAT, "config": self.cfg, "stage": stage, "stage_index": index, "epoch": epoch,
-                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+        state = {"format": STATE_FORMAT, "config": self.cfg.model_dump(), "stage": stage, "stage_index": index,
+                 "epoch": epoch, "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                  "history": self.history, "best_score": self.best_score, "best_rsum": self.best_rsum,
                  "elapsed_s": elapsed, **parts}
         with atomic_path(self.out_dir / STATE_FILE) as tmp:

@@ -75,9 +75,9 @@ def run_zoo(data: str | Path, configs: Sequence[str | Path], out: str | Path, ov
                 continue
         log(f"zoo: training {name} ({config_path})")
         summary = train(cfg, dataset, run_dir, progress=progress, log=log)
-        device = resolve_device(cfg["train"]["device"])
+        device = resolve_device(cfg.train.device)
         model = load_model(run_dir / "model.pt", device)
-        result = evaluate_model(model, evaluation_set, device=device, workers=cfg["train"]["workers"],
+        result = evaluate_model(model, evaluation_set, device=device, workers=cfg.train.workers,
                                 progress=progress, amp=device.type == "cuda")
         metrics = {**public(result), "split": split, "config": str(config_path), "overrides": list(overrides),
                    "run_key": key, "train": summary, "model_fingerprint": model.fingerprint}

@@ -22,7 +22,7 @@ def _decoder(batcher: DynamicBatcher | None, state: ServiceState, what: str) -> 
     """The decoder route's batcher (the state creates it when the loaded model has a decoder); 409 without."""
     if batcher is None or not state.has_decoder:
         raise HTTPException(409, f"{what} needs a model with a sentence decoder (Show, Translate and Tell); the "
-                                 f"loaded model '{state.loaded.model.cfg.get('name', '')}' was trained without one "
+                                 f"loaded model '{state.loaded.model.cfg.name}' was trained without one "
                                  f"(decoder.enabled: false): serve an STT model, e.g. one trained with "
                                  f"configs/stt.yaml")
     return batcher

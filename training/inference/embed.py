@@ -35,6 +35,7 @@ from training.data.preprocess import embed_side, open_image
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
+from training.models.config_schema import RunConfig
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .shapes import Shapes, plan
@@ -51,10 +52,10 @@ def autocast(device: torch.device, amp: bool):
 def model_allows_amp(model: EmbeddingModel) -> bool:
     """Whether the model may run under bf16 autocast: its config's ``train.amp`` is not ``off`` (for an ensemble:
     no member's is)."""
-    members = getattr(model, "models", None)
-    if members is not None:
-        return all(model_allows_amp(m) for m in members)
-    return model.cfg["train"]["amp"] != "off"
+    cfg = model.cfg
+    if isinstance(cfg, RunConfig):
+        return cfg.train.amp != "off"
+    return all(model_allows_amp(m) for m in getattr(model, "models", ()))
 
 
 def device_of(model: EmbeddingModel) -> torch.device:
@@ -148,7 +149,7 @@ def embed_texts(model: EmbeddingModel,
                     at += len(ws)
                 queries = torch.stack(rows)
             out.append(model.similarity.normalize(queries).float())
-    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device)
+    return torch.cat(out) if out else torch.zeros(0, model.cfg.model.embed_dim, device=device)
 
 
 def read_image(path: str | Path, min_side: int | None = None) -> tuple[Image.Image, None]:
@@ -222,7 +223,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         vectors.append(embed_pixels(model, pixels, shapes).cpu().numpy())
         kept += idx
         info += extra
-    out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg["model"]["embed_dim"]), np.float32)
+    out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)
     return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed)
 
 

@@ -7,14 +7,16 @@ model's ``decoder`` config section. A model without a decoder raises :class:`NoD
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from PIL import Image
 
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import tokenize
+from training.models.config_schema import RunConfig
 from training.models.protocol import EmbeddingModel, has_decoder
 from .embed import device_of, embed_pixels, embed_texts, inference_autocast
 
@@ -31,20 +33,39 @@ def require_decoder(model: EmbeddingModel) -> None:
                              "captions and paraphrases need an STT model, e.g. configs/stt.yaml")
 
 
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How sentences are decoded: the keyword arguments of :func:`caption_embeddings` that ``decoder`` config keys
+    of the same names default."""
+    beam_size: int
+    max_len: int
+    length_penalty: float
+    no_repeat: bool
+    no_repeat_ngram: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def decode_settings(model: EmbeddingModel, beam_size: int | None = None, max_len: int | None = None,
                     length_penalty: float | None = None, no_repeat: bool | None = None,
-                    no_repeat_ngram: int | None = None) -> dict:
+                    no_repeat_ngram: int | None = None) -> DecodeSettings:
     """The model's decoding defaults (config ``decoder`` section) with the given values replacing them."""
-    decoder = model.cfg["decoder"]
-    given = {"beam_size": beam_size, "max_len": max_len, "length_penalty": length_penalty, "no_repeat": no_repeat,
-             "no_repeat_ngram": no_repeat_ngram}
-    out = {name: decoder[name] if value is None else value for name, value in given.items()}
-    if not isinstance(out["beam_size"], int) or out["beam_size"] < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {out['beam_size']!r}")
-    if not isinstance(out["max_len"], int) or out["max_len"] < 1:
-        raise ValueError(f"max_len must be a positive integer, got {out['max_len']!r}")
-    if not isinstance(out["no_repeat_ngram"], int) or out["no_repeat_ngram"] < 0:
-        raise ValueError(f"no_repeat_ngram must be an integer >= 0, got {out['no_repeat_ngram']!r}")
+    cfg = model.cfg
+    if not isinstance(cfg, RunConfig):         # an ensemble: no decoder
+        raise NoDecoderError("an ensemble has no sentence decoder")
+    d = cfg.decoder
+    out = DecodeSettings(beam_size=d.beam_size if beam_size is None else beam_size,
+                         max_len=d.max_len if max_len is None else max_len,
+                         length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+                         no_repeat=d.no_repeat if no_repeat is None else no_repeat,
+                         no_repeat_ngram=d.no_repeat_ngram if no_repeat_ngram is None else no_repeat_ngram)
+    if not isinstance(out.beam_size, int) or out.beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {out.beam_size!r}")
+    if not isinstance(out.max_len, int) or out.max_len < 1:
+        raise ValueError(f"max_len must be a positive integer, got {out.max_len!r}")
+    if not isinstance(out.no_repeat_ngram, int) or out.no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be an integer >= 0, got {out.no_repeat_ngram!r}")
     return out
 
 
@@ -63,7 +84,7 @@ def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int =
     opts = decode_settings(model, beam_size, max_len, length_penalty, no_repeat, no_repeat_ngram)
     extra = 1 if exclude is not None else 0         # room for one excluded hypothesis (the input sentence)
     want = n + extra
-    beam = max(opts["beam_size"], want)
+    beam = max(opts.beam_size, want)
     decoder = model.decoder
     device = next(decoder.parameters()).device
     was_training = model.training
@@ -72,9 +93,9 @@ def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int =
     for start in range(0, embeddings.shape[0], batch_size):
         z = embeddings[start:start + batch_size].to(device)
         with inference_autocast(model, device):        # the inference policy (embed.py)
-            hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts["max_len"],
-                                    length_penalty=opts["length_penalty"], no_repeat=opts["no_repeat"],
-                                    no_repeat_ngram=opts["no_repeat_ngram"])
+            hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts.max_len,
+                                    length_penalty=opts.length_penalty, no_repeat=opts.no_repeat,
+                                    no_repeat_ngram=opts.no_repeat_ngram)
         for row, row_hyps in enumerate(hyps):
             banned = set(exclude[start + row]) if exclude is not None else set()
             texts = [(model.vocab.decode(h.ids), h.score) for h in row_hyps]
@@ -92,7 +113,7 @@ def embed_image_inputs(model: EmbeddingModel,
         batch = [im if isinstance(im, Image.Image) else open_image(im, embed_side(model.preprocess))
                  for im in images[start:start + batch_size]]
         out.append(embed_pixels(model, torch.stack([model.preprocess.pixels(im) for im in batch])))
-    return torch.cat(out) if out else torch.zeros(0, model.cfg["model"]["embed_dim"], device=device_of(model))
+    return torch.cat(out) if out else torch.zeros(0, model.cfg.model.embed_dim, device=device_of(model))
 
 
 def caption_images(model: EmbeddingModel,

@@ -70,9 +70,9 @@ def describe(bank: dict) -> str:
 def attach(path: str | Path, bank: dict | None) -> None:
     """Writes ``bank`` into the checkpoint at ``path`` (``extra["querybank"]``; None removes it), atomically;
     every other entry, the fingerprint included, stays as it is."""
-    from training.models.checkpoint import load_checkpoint
+    from training.models.checkpoint import read_checkpoint
 
-    payload = load_checkpoint(path)
+    payload = read_checkpoint(path)
     extra = dict(payload.get("extra") or {})
     if bank is None:
         extra.pop(KEY, None)

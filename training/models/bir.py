@@ -20,6 +20,8 @@ from torch import nn
 from training.data.vocab import SPECIALS, Vocabulary, tokenize
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .losses import MemoryScores, RankingLoss, positive_mask
+from .options import NgramOptions, SSEOptions, options_as
+from .sections import TextKeys
 
 ARTICLES = frozenset({"a", "an", "the"})   # §6.1: filtered out before building features
 N_RESERVED = 4                             # feature ids 0..3 mirror the vocabulary's specials (0 = padding)
@@ -39,17 +41,17 @@ class NGramEncoder(nn.Module):
     """§5.2: the textual MLP's first layer over binary or tf-idf n-gram features (an EmbeddingBag computes
     W·x for the sparse feature vector x without building it)."""
 
-    def __init__(self, cfg_text: dict):
+    def __init__(self, cfg_text: TextKeys):
         super().__init__()
-        opts = cfg_text["options"]                  # every NgramOptions key (config_schema.complete)
+        opts = options_as(cfg_text.options, NgramOptions)
         self.cfg_text = cfg_text
-        self.n, self.skip, self.values = int(opts["n"]), bool(opts["skip"]), opts["values"]
-        self.max_features = int(opts["max_features"] or (50000 if self.n > 1 else 5000))
-        self.drop_articles, self.activation = bool(opts["drop_articles"]), opts["activation"]
-        self.out_dim = cfg_text["hidden"]
+        self.n, self.skip, self.values = int(opts.n), bool(opts.skip), opts.values
+        self.max_features = int(opts.max_features or (50000 if self.n > 1 else 5000))
+        self.drop_articles, self.activation = bool(opts.drop_articles), opts.activation
+        self.out_dim = cfg_text.hidden
         self.layer = nn.EmbeddingBag(N_RESERVED, self.out_dim, mode="sum", padding_idx=0)
         self.bias = nn.Parameter(torch.zeros(self.out_dim))
-        self.dropout = nn.Dropout(cfg_text["dropout"])
+        self.dropout = nn.Dropout(cfg_text.dropout)
         self.register_buffer("table", pack_json([]))           # the kept n-grams, id = N_RESERVED + position
         self.register_buffer("idf", torch.zeros(N_RESERVED))    # tf-idf: log(|D| / df) per feature id
         self._index: dict[str, int] | None = None
@@ -75,7 +77,7 @@ class NGramEncoder(nn.Module):
         self.idf = torch.tensor(idf)
         self.layer = nn.EmbeddingBag(N_RESERVED + len(kept), self.out_dim, mode="sum", padding_idx=0)
         log(f"ngram features: kept {len(kept)} of {len(counts)} (n={self.n}, skip={self.skip}, {self.values})")
-        if self.cfg_text["options"]["word_vectors"]:
+        if options_as(self.cfg_text.options, NgramOptions).word_vectors:
             self._init_unigrams(kept, texts, log)
 
     def _init_unigrams(self, kept: list[str], texts, log) -> None:
@@ -84,9 +86,9 @@ class NGramEncoder(nn.Module):
 
         unigrams = [(i, f) for i, f in enumerate(kept) if " " not in f]
         words = Vocabulary([*SPECIALS, *[f for _, f in unigrams]])
-        opts = self.cfg_text["options"]
-        matrix, found = vectors_for_vocab(words, str(opts["word_vectors"]), self.out_dim, texts,
-                                          epochs=int(opts["word_vector_epochs"]))
+        opts = options_as(self.cfg_text.options, NgramOptions)
+        matrix, found = vectors_for_vocab(words, str(opts.word_vectors), self.out_dim, texts,
+                                          epochs=int(opts.word_vector_epochs))
         with torch.no_grad():
             for row, (i, _) in enumerate(unigrams, start=len(SPECIALS)):
                 if found[row]:
@@ -115,7 +117,7 @@ class NGramEncoder(nn.Module):
         return self.dropout(x)
 
 
-def build_ngram(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_ngram(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     return NGramEncoder(cfg_text)
 
 
@@ -123,16 +125,16 @@ class SSEEncoder(nn.Module):
     """§5.2 item 3 (Bespalov et al. 2011): lookup table (M-d words) → K kernels convolved over a window of
     words (phrase embeddings) → average over the sentence → ReLU."""
 
-    def __init__(self, vocab_size: int, cfg_text: dict):
+    def __init__(self, vocab_size: int, cfg_text: TextKeys):
         super().__init__()
-        opts = cfg_text["options"]
+        opts = options_as(cfg_text.options, SSEOptions)
         self.cfg_text = cfg_text
-        window = int(opts["window"])                            # §6.5: context window of 5 (SSEOptions)
-        self.embed = nn.Embedding(vocab_size, cfg_text["word_dim"], padding_idx=0)
+        window = int(opts.window)                            # §6.5: context window of 5 (SSEOptions)
+        self.embed = nn.Embedding(vocab_size, cfg_text.word_dim, padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
-        self.conv = nn.Conv1d(cfg_text["word_dim"], cfg_text["hidden"], window, padding=window // 2)
-        self.dropout = nn.Dropout(cfg_text["dropout"])
-        self.out_dim = cfg_text["hidden"]
+        self.conv = nn.Conv1d(cfg_text.word_dim, cfg_text.hidden, window, padding=window // 2)
+        self.dropout = nn.Dropout(cfg_text.dropout)
+        self.out_dim = cfg_text.hidden
 
     def fit(self, texts, vocab, log=print) -> None:
         from .wordvec import init_embedding   # §6.5: word2vec initialisation roughly doubled SSE's accuracy
@@ -146,7 +148,7 @@ class SSEEncoder(nn.Module):
         return torch.relu(mean)
 
 
-def build_sse(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_sse(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     return SSEEncoder(vocab_size, cfg_text)
 
 

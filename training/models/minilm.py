@@ -31,7 +31,9 @@ from torch import nn
 from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
 from training.data.vocab import pad_batch
 from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
+from .options import MiniLMOptions, options_as
 from .pooling import Pool, valid_mask
+from .sections import TextKeys
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -186,17 +188,17 @@ class MiniLMEncoder(nn.Module):
     pooling run; in eval mode the whole model runs from the word pieces. Both give the same vectors (a test
     holds them to 1e-5 in float32)."""
 
-    def __init__(self, cfg_text: dict):
+    def __init__(self, cfg_text: TextKeys):
         super().__init__()
-        opts = cfg_text["options"]                  # every MiniLMOptions key (config_schema.complete)
-        self.finetune = opts["finetune"]
+        opts = options_as(cfg_text.options, MiniLMOptions)
+        self.finetune = opts.finetune
         n = ARCH["num_hidden_layers"]
-        self.train_layers = n if self.finetune else opts["train_layers"]
+        self.train_layers = n if self.finetune else opts.train_layers
         self.split = n - self.train_layers             # first trained layer (n: none)
-        self.token_dropout = float(opts["token_dropout"])
-        self.max_tokens = opts["max_tokens"]
+        self.token_dropout = float(opts.token_dropout)
+        self.max_tokens = opts.max_tokens
         self.bert = MiniLMBert()
-        self.pool = Pool(opts["pooling"])
+        self.pool = Pool(opts.pooling)
         self.register_buffer("tokenizer_json", pack_json(None))
         self.out_dim = ARCH["hidden_size"]
         self._tokenizer: Tokenizer | None = None
@@ -336,5 +338,5 @@ class MiniLMEncoder(nn.Module):
         return self.top(self._cached_bottom(ids, lengths), valid)
 
 
-def build_minilm(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_minilm(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     return MiniLMEncoder(cfg_text)

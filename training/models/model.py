@@ -16,6 +16,7 @@ from training.data.preprocess import ImagePreprocess
 from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import Backbone, SplitCNN
+from .config_schema import RunConfig
 from .decoder import build_decoder
 from .ensemble import CommonSpace
 from .factory import build_backbone, build_similarity, build_text_encoder, region_grid
@@ -26,7 +27,7 @@ from .regions import GridRegions
 
 
 class JointEmbedding(CommonSpace):
-    def __init__(self, cfg: dict, vocab: Vocabulary, backbone: Backbone):
+    def __init__(self, cfg: RunConfig, vocab: Vocabulary, backbone: Backbone):
         super().__init__()
         self.cfg = cfg
         self.vocab = vocab
@@ -35,36 +36,36 @@ class JointEmbedding(CommonSpace):
         self.backbone_pretrained = backbone.pretrained
         self.feature_dim = backbone.dim
         self.preprocess: ImagePreprocess = backbone.preprocess
-        att = cfg["attention"]
+        att = cfg.attention
         self.attention = None
         region_dim = backbone.dim
-        if att["enabled"]:   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
-            self.backbone = GridRegions(region_grid(backbone.name), backbone.module, cfg["image"]["image_size"],
-                                        att["grid"])
+        if att.enabled:   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
+            self.backbone = GridRegions(region_grid(backbone.name), backbone.module, cfg.image.image_size,
+                                        att.grid)
             self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
-            self.attention = RegionWordAttention(att["temperature"])
+            self.attention = RegionWordAttention(att.temperature)
         # partial fine-tuning / learned pooling of the CNN's grid: the cached "features" are then the frozen
         # bottom's activations, flattened, and the trained top + pooling run in project_features
-        image = cfg["image"]
+        image = cfg.image
         self.image_split: SplitCNN | None = None
         self.image_pool: Pool | None = None
-        if image["train_blocks"] or image["pooling"] != "mean":
-            self.image_split = SplitCNN(self.backbone, image["train_blocks"])
-            self.image_pool = Pool(image["pooling"])
-            self.bottom_shape = self.image_split.bottom_shape(image["image_size"])
+        if image.train_blocks or image.pooling != "mean":
+            self.image_split = SplitCNN(self.backbone, image.train_blocks)
+            self.image_pool = Pool(image.pooling)
+            self.bottom_shape = self.image_split.bottom_shape(image.image_size)
             self.feature_dim = region_dim = cast(int, backbone.module.num_features)   # an EfficientNet's
             self.cache_dim = int(torch.tensor(self.bottom_shape).prod())
         # dropout on the pooled features in training (image.feature_dropout): a frozen backbone gives each training
         # image one fixed vector, which the projection could otherwise learn by heart
-        self.feature_dropout = nn.Dropout(image["feature_dropout"])
-        self.image_proj = build_projection(cfg["model"], region_dim)
-        self.text_encoder = build_text_encoder(cfg["text"], len(vocab))
-        self.text_proj = build_projection(cfg["model"], cast(int, self.text_encoder.out_dim),
-                                          cfg["model"]["text_projection"] or cfg["model"]["projection"])
-        self.similarity = build_similarity(cfg["model"]["similarity"])
+        self.feature_dropout = nn.Dropout(image.feature_dropout)
+        self.image_proj = build_projection(cfg.model, region_dim)
+        self.text_encoder = build_text_encoder(cfg.text, len(vocab))
+        self.text_proj = build_projection(cfg.model, cast(int, self.text_encoder.out_dim),
+                                          cfg.model.text_projection or cfg.model.projection)
+        self.similarity = build_similarity(cfg.model.similarity)
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
-        self.decoder = build_decoder(cfg, len(vocab)) if cfg["decoder"]["enabled"] else None
-        if image["channels_last"]:
+        self.decoder = build_decoder(cfg, len(vocab)) if cfg.decoder.enabled else None
+        if image.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
 
     # --- image side -------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ class JointEmbedding(CommonSpace):
         (crop features averaged), or ``(B, C, D)`` with ``pool=False``."""
         crops = images.shape[1] if images.dim() == 5 else 1
         flat = images.flatten(0, 1) if images.dim() == 5 else images
-        if self.cfg["image"]["channels_last"]:
+        if self.cfg.image.channels_last:
             flat = flat.contiguous(memory_format=torch.channels_last)
         feats = self.backbone(flat) if self.image_split is None else self.image_split.bottom(flat).flatten(1)
         feats = feats.view(-1, crops, feats.shape[-1])
@@ -91,7 +92,7 @@ class JointEmbedding(CommonSpace):
             return features.float()
         x = features.view(features.shape[0], *self.bottom_shape)
         x = x.to(next(self.backbone.parameters()).dtype)
-        if self.cfg["image"]["channels_last"]:
+        if self.cfg.image.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         grid = self.image_split.top(x).flatten(2).transpose(1, 2).float()        # (B, h*w, D)
         pool = cast(Pool, self.image_pool)   # set with image_split
@@ -122,12 +123,12 @@ class JointEmbedding(CommonSpace):
         itself (``encode_text``: n-gram features, WordPiece; see text_encoders.py)."""
         own = getattr(self.text_encoder, "encode_text", None)
         if own is not None:
-            return [own(t, self.vocab, self.cfg["data"]["max_caption_len"]) for t in texts]
+            return [own(t, self.vocab, self.cfg.data.max_caption_len) for t in texts]
         return self.encode_word_ids(texts)
 
     def encode_word_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts → word ids of ``vocab``: what the sentence decoder writes, whatever the text encoder reads."""
-        return [self.vocab.encode(t, max_len=self.cfg["data"]["max_caption_len"]) for t in texts]
+        return [self.vocab.encode(t, max_len=self.cfg.data.max_caption_len) for t in texts]
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Padded ids → the common space, before the similarity's normalisation."""
@@ -144,8 +145,8 @@ class JointEmbedding(CommonSpace):
                 module.requires_grad_(True)
 
 
-def build_model(cfg: dict, vocab: Vocabulary, load_weights: bool = True) -> JointEmbedding:
-    return JointEmbedding(cfg, vocab, build_backbone(cfg["image"], load_weights=load_weights))
+def build_model(cfg: RunConfig, vocab: Vocabulary, load_weights: bool = True) -> JointEmbedding:
+    return JointEmbedding(cfg, vocab, build_backbone(cfg.image, load_weights=load_weights))
 
 
 def freeze_modules(model: JointEmbedding, names) -> None:

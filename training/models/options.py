@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,7 +17,25 @@ def Key(default: Any, description: str = "", **kw) -> Any:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=False)
+    """A typed, read-only part of the config: unknown keys are refused, and so is reading one (AttributeError).
+    ``model_dump()`` gives the plain dict a file stores (keys by their config names: ``lambda``, not ``lambda_``)."""
+    model_config = ConfigDict(extra="forbid", validate_default=False, frozen=True, serialize_by_alias=True,
+                              validate_by_name=True, validate_by_alias=True)
+
+
+class NoOptions(Section):
+    """The options of a name that takes none (``image.options`` of a pretrained backbone, most ``loss.options``)."""
+
+
+OptionsT = TypeVar("OptionsT", bound=Section)
+
+
+def options_as(options: Section, model: type[OptionsT]) -> OptionsT:
+    """``options`` (a section's ``options``, validated into the options model of the name it configures) as
+    ``model``: what a builder reads its options through; a TypeError if the config chose another name."""
+    if not isinstance(options, model):
+        raise TypeError(f"expected the options {model.__name__}, got {type(options).__name__}")
+    return options
 
 
 # --- per-name options (text.options, image.options, loss.options) ----------------------------------------
@@ -59,7 +77,6 @@ class RCNOptions(WordVectorOptions):
     capsules: int = Key(4, "capsules (RCN §IV-A)", ge=1)
     recursions: int = Key(4, "routing recursions (RCN §IV-A); 0 with one capsule is a plain GRU", ge=0)
     lambda_: float = Key(0.05, "λ of the diversity regulariser (RCN eq. 15)", alias="lambda", ge=0)
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class W2VVOptions(WordVectorOptions):

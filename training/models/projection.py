@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .config_schema import ModelSection
+
 
 class Float32BatchNorm1d(nn.BatchNorm1d):
     """BatchNorm1d that normalises in float32 under autocast (mixed-precision practice for normalisation
@@ -16,20 +18,20 @@ class Float32BatchNorm1d(nn.BatchNorm1d):
             return super().forward(x.float())
 
 
-def build_projection(cfg_model: dict, in_dim: int, kind: str | None = None) -> nn.Module:
+def build_projection(cfg_model: ModelSection, in_dim: int, kind: str | None = None) -> nn.Module:
     """``kind`` defaults to ``model.projection`` (the text side may override it with ``model.text_projection``)."""
-    kind, out_dim = kind or cfg_model["projection"], cfg_model["embed_dim"]
+    kind, out_dim = kind or cfg_model.projection, cfg_model.embed_dim
     if kind == "linear":      # STT §3.1: a single fully connected layer
         return nn.Linear(in_dim, out_dim)
     if kind == "two_branch":  # two-branch §3.1: FC → ReLU → dropout → FC → BN (no ReLU after the last FC)
-        hidden = cfg_model["projection_hidden"]
+        hidden = cfg_model.projection_hidden
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
-                             nn.Dropout(cfg_model["projection_dropout"]), nn.Linear(hidden, out_dim),
+                             nn.Dropout(cfg_model.projection_dropout), nn.Linear(hidden, out_dim),
                              Float32BatchNorm1d(out_dim))
     if kind == "mlp":         # BiR §5.2: the trainable visual model, FC (1000) → ReLU → FC (n_emb)
-        hidden = cfg_model["projection_hidden"]
+        hidden = cfg_model.projection_hidden
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
-                             nn.Dropout(cfg_model["projection_dropout"]), nn.Linear(hidden, out_dim))
+                             nn.Dropout(cfg_model.projection_dropout), nn.Linear(hidden, out_dim))
     if kind == "none":        # W2VV §III: no projection, the encoder's output is the space itself
         if in_dim != out_dim:
             raise ValueError(f"model.projection 'none' keeps the {in_dim}-d input, but model.embed_dim is "

@@ -12,6 +12,7 @@ from torch import nn
 
 from training.data.preprocess import ImagePreprocess
 from training.data.vocab import Vocabulary
+from training.models.config_schema import ModelConfig
 from training.models.similarity import Similarity
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class EmbeddingModel(Protocol):
     and vocabulary it was built from, its preprocessing and similarity, and the optional parts."""
 
     @property
-    def cfg(self) -> dict: ...
+    def cfg(self) -> ModelConfig: ...       # a RunConfig, or an ensemble's EnsembleConfig
     @property
     def vocab(self) -> Vocabulary: ...
     @property

@@ -28,6 +28,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from .options import RCNOptions, options_as
+from .sections import TextKeys
+
 
 EPS = 1e-6
 # CapsuleGRUs hands the fused GRU weights mapped from its own parameters on every call, so on CUDA they are
@@ -111,19 +114,19 @@ def _safe(denominator: torch.Tensor) -> torch.Tensor:
 
 
 class RecurrentCapsuleNetwork(nn.Module):
-    def __init__(self, vocab_size: int, cfg_text: dict):
+    def __init__(self, vocab_size: int, cfg_text: TextKeys):
         super().__init__()
-        opts = cfg_text["options"]                  # RCNOptions, defaults §IV-A: 4 capsules, 4 recursions, λ 0.05
+        opts = options_as(cfg_text.options, RCNOptions)    # defaults §IV-A: 4 capsules, 4 recursions, λ 0.05
         self.cfg_text = cfg_text
-        self.capsules = int(opts["capsules"])
-        self.recursions = int(opts["recursions"])                 # r recursions → v^(r+1)
-        self.lam = float(opts["lambda"])                          # eq. 15
-        word_dim, hidden = cfg_text["word_dim"], cfg_text["hidden"]
+        self.capsules = int(opts.capsules)
+        self.recursions = int(opts.recursions)                 # r recursions → v^(r+1)
+        self.lam = float(opts.lambda_)                          # eq. 15
+        word_dim, hidden = cfg_text.word_dim, cfg_text.hidden
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         self.emb_grus = CapsuleGRUs(self.capsules, word_dim, hidden, "tanh")
         self.mask_grus = CapsuleGRUs(self.capsules, word_dim, word_dim, "sigmoid")
-        self.dropout = nn.Dropout(cfg_text["dropout"])
+        self.dropout = nn.Dropout(cfg_text.dropout)
         self.out_dim = hidden
         self._last_masks: torch.Tensor | None = None
 
@@ -161,5 +164,5 @@ class RecurrentCapsuleNetwork(nn.Module):
         return self.lam * (1.0 / (diversity * smallest + EPS)).mean()
 
 
-def build_rcn(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_rcn(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     return RecurrentCapsuleNetwork(vocab_size, cfg_text)

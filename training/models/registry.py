@@ -4,9 +4,11 @@ of an option map against an entry's options model. The tables themselves are bui
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Iterable, Iterator, TypeVar
+from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
+
+from .options import NoOptions, Section
 
 T = TypeVar("T")
 
@@ -57,8 +59,8 @@ class Registry(Generic[T]):
     def unknown(self, name: str) -> str:
         return f"unknown {self.kind} '{name}'; choose one of: {', '.join(self.names())}"
 
-    def check_options(self, name: str, options: dict) -> dict:
-        """``options`` (the config's ``<section>.options``) checked against the options model of ``name``."""
+    def check_options(self, name: str, options: Mapping[str, Any] | BaseModel) -> Section:
+        """``options`` (the config's ``<section>.options``) validated into the options model of ``name``."""
         section = self.key.split(".")[0]
         return check_options(self.entry(name).options, options, f"{section}.options", f"{self.key} {name}")
 
@@ -72,10 +74,15 @@ class Registry(Generic[T]):
         return name in self.entries
 
 
-def check_options(model: type[BaseModel] | None, options: dict, where: str, owner: str) -> dict:
+def check_options(model: type[BaseModel] | None, options: Mapping[str, Any] | BaseModel, where: str,
+                  owner: str) -> Section:
     """``options`` (the map at config key ``where``, e.g. ``text.options``, of ``owner``, e.g. ``text.encoder gru``)
     against ``model`` (None: takes no options). An unknown option or a bad value is a ValueError naming it;
-    returns every option of the model, defaults filled in."""
+    returns the options as ``model`` (:class:`options.NoOptions` for None), defaults filled in."""
+    if isinstance(options, BaseModel):
+        if isinstance(options, model or NoOptions):
+            return cast(Section, options)
+        options = options.model_dump()
     fields = model.model_fields if model is not None else {}
     known = [field.alias or name for name, field in fields.items()]
     unknown = sorted(set(options) - set(known))
@@ -83,9 +90,9 @@ def check_options(model: type[BaseModel] | None, options: dict, where: str, owne
         raise ValueError(f"{where}: unknown option {', '.join(map(repr, unknown))} for {owner} "
                          f"(its options: {', '.join(known) or 'none'})")
     if model is None:
-        return {}
+        return NoOptions()
     try:
-        return model.model_validate(options).model_dump(by_alias=True)
+        return cast(Section, model.model_validate(options))
     except ValidationError as err:
         first = err.errors()[0]
         if not first["loc"]:                        # a rule over several options (a model validator)

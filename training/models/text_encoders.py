@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .options import BowOptions, GRUOptions, MeanWordvecOptions, options_as
+from .sections import TextKeys
 
 class GRUEncoder(nn.Module):
     """STT §3.1: a recurrent sentence encoder; its final hidden state represents the sentence."""
@@ -44,7 +46,7 @@ class GRUEncoder(nn.Module):
         self.out_dim = hidden
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
 
-    cfg_text: dict | None = None
+    cfg_text: TextKeys | None = None
 
     def fit(self, texts, vocab, log=print) -> None:
         """Word-vector initialisation of the embedding (RCN §IV-A, W2VV §III-A), when configured."""
@@ -71,9 +73,9 @@ class GRUEncoder(nn.Module):
         return (out * valid).sum(1) / valid.sum(1)
 
 
-def build_gru(cfg_text: dict, vocab_size: int) -> nn.Module:
-    encoder = GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"], cfg_text["layers"],
-                         cfg_text["bidirectional"], cfg_text["dropout"], cfg_text["options"]["pooling"])
+def build_gru(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+    encoder = GRUEncoder(vocab_size, cfg_text.word_dim, cfg_text.hidden, cfg_text.layers,
+                         cfg_text.bidirectional, cfg_text.dropout, options_as(cfg_text.options, GRUOptions).pooling)
     encoder.cfg_text = cfg_text
     return encoder
 
@@ -98,29 +100,28 @@ class BagOfWordsEncoder(nn.Module):
         return self.dropout(torch.relu(self.fc(ids) + self.bias))
 
 
-def build_bow(cfg_text: dict, vocab_size: int) -> nn.Module:
-    return BagOfWordsEncoder(vocab_size, cfg_text["hidden"], bool(cfg_text["options"]["binary"]),
-                             cfg_text["dropout"])
+def build_bow(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+    return BagOfWordsEncoder(vocab_size, cfg_text.hidden, options_as(cfg_text.options, BowOptions).binary,
+                             cfg_text.dropout)
 
 
 class MeanWordVectors(nn.Module):
     """Two-branch §3.1 / W2VV eq. 2: s(q) = 1/|q| Σ_{w∈q} v(w), over the words that have a vector.
 
-    ``fit`` loads ``text.options.word_vectors``; with ``trainable: false`` (the papers: fixed GloVe /
-    word2vec features) the vectors stay as loaded."""
+    ``fit`` loads ``text.options.word_vectors`` (``cfg_text``); with ``trainable`` false (the papers: fixed
+    GloVe / word2vec features) the vectors stay as loaded."""
 
     counted: torch.Tensor   # buffer (registered below)
 
-    def __init__(self, vocab_size: int, word_dim: int, cfg_text: dict):
+    def __init__(self, vocab_size: int, word_dim: int, cfg_text: TextKeys, trainable: bool):
         super().__init__()
-        opts = cfg_text["options"]
         self.cfg_text = cfg_text
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         # 1 for words that count in the mean; words the vectors lack are left out when fixed vectors are used
         self.register_buffer("counted", torch.ones(vocab_size))
         self.counted[:4] = 0
-        self.embed.weight.requires_grad_(bool(opts["trainable"]))
+        self.embed.weight.requires_grad_(trainable)
         self.out_dim = word_dim
 
     def fit(self, texts, vocab, log=print) -> None:
@@ -136,6 +137,7 @@ class MeanWordVectors(nn.Module):
         return total / weights.sum(1, keepdim=True).clamp(min=1.0)
 
 
-def build_mean_wordvec(cfg_text: dict, vocab_size: int) -> nn.Module:
-    return MeanWordVectors(vocab_size, cfg_text["word_dim"], cfg_text)
+def build_mean_wordvec(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+    return MeanWordVectors(vocab_size, cfg_text.word_dim, cfg_text,
+                           options_as(cfg_text.options, MeanWordvecOptions).trainable)
 

@@ -14,39 +14,40 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .options import W2VVOptions, options_as
+from .sections import TextKeys
 from .text_encoders import GRUEncoder, MeanWordVectors
 
 
 class Word2VisualVec(nn.Module):
-    def __init__(self, vocab_size: int, cfg_text: dict):
+    def __init__(self, vocab_size: int, cfg_text: TextKeys):
         super().__init__()
-        opts = cfg_text["options"]                  # every W2VVOptions key (config_schema.complete)
-        if not opts["out_dim"]:
+        opts = options_as(cfg_text.options, W2VVOptions)
+        if not opts.out_dim:
             raise ValueError("the w2vv encoder needs text.options.out_dim = the visual feature dimension "
                              "(e.g. 1280 for efficientnet_lite0, 2048 for resnet152)")
         self.cfg_text = cfg_text
         self.vocab_size = vocab_size
-        self.use_bow, self.use_wordvec, self.use_gru = bool(opts["bow"]), bool(opts["wordvec"]), bool(opts["gru"])
+        self.use_bow, self.use_wordvec, self.use_gru = bool(opts.bow), bool(opts.wordvec), bool(opts.gru)
         dims = 0
         if self.use_bow:
             dims += vocab_size                                             # eq. 1: one count per word
         if self.use_wordvec:                                               # eq. 2: fixed word vectors, mean
-            self.wordvec = MeanWordVectors(vocab_size, cfg_text["word_dim"],
-                                           {**cfg_text, "options": {**opts, "trainable": False}})
-            dims += cfg_text["word_dim"]
+            self.wordvec = MeanWordVectors(vocab_size, cfg_text.word_dim, cfg_text, trainable=False)
+            dims += cfg_text.word_dim
         if self.use_gru:                                                   # eq. 3: the GRU's last state
-            self.gru = GRUEncoder(vocab_size, cfg_text["word_dim"], cfg_text["hidden"])
+            self.gru = GRUEncoder(vocab_size, cfg_text.word_dim, cfg_text.hidden)
             self.gru.cfg_text = cfg_text
-            dims += cfg_text["hidden"]
+            dims += cfg_text.hidden
         if dims == 0:
             raise ValueError("w2vv needs at least one of text.options.bow / wordvec / gru")
-        hidden, layers = int(opts["mlp_hidden"]), int(opts["layers"])     # §IV-A: 2048, 3 (W2VVOptions)
-        sizes = [dims] + [hidden] * (layers - 2) + [int(opts["out_dim"])]
+        hidden, layers = int(opts.mlp_hidden), int(opts.layers)     # §IV-A: 2048, 3 (W2VVOptions)
+        sizes = [dims] + [hidden] * (layers - 2) + [int(opts.out_dim)]
         mlp: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             mlp += [nn.Linear(a, b), nn.ReLU()]                           # eqs. 5–7: σ = ReLU on every layer
             if i < len(sizes) - 2:
-                mlp.append(nn.Dropout(cfg_text["dropout"]))               # §III-B: dropout on hidden layers
+                mlp.append(nn.Dropout(cfg_text.dropout))               # §III-B: dropout on hidden layers
         self.mlp = nn.Sequential(*mlp)
         self.out_dim = sizes[-1]
 
@@ -73,7 +74,7 @@ class Word2VisualVec(nn.Module):
         return self.mlp(torch.cat(parts, 1))                             # eq. 4 then eqs. 5–7
 
 
-def build_w2vv(cfg_text: dict, vocab_size: int) -> nn.Module:
+def build_w2vv(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
     return Word2VisualVec(vocab_size, cfg_text)
 
 

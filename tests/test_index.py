@@ -1,6 +1,7 @@
 """The gallery index: build/search against exact ranking, add/remove by id, model check, crash safety, CLI."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -284,6 +285,14 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
     assert added["image_ids"] == [info["next_image_id"]]
     assert cli_main(["index", "remove", "--index", str(out), "--ids", str(added["image_ids"][0])]) == 0
     assert json.loads(capsys.readouterr().out)["removed_images"] == 1
+    folder = tmp_path / "more"                      # a file given alone and inside its folder is added once
+    folder.mkdir()
+    for p in sorted((Path(synth_small) / "images").glob("*"))[:2]:
+        shutil.copy(p, folder / p.name)
+    one = sorted(folder.iterdir())[0]
+    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(one), str(folder),
+                     "--quiet", "--workers", "0"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["image_ids"]) == 2
     assert cli_main(["index", "info", "--index", str(tmp_path / "nothing")]) == 2
     assert "no jointspace index" in capsys.readouterr().err
 

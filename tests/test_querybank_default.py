@@ -123,6 +123,9 @@ def test_the_querybank_command_attaches_a_bank_to_a_model_and_removes_it(model, 
     assert "--data is needed" in capsys.readouterr().err
     assert cli_main(["querybank", "--model", str(model_copy), "--data", str(model_copy.parent)]) == 2
     assert "error:" in capsys.readouterr().err
+    for bad, message in ((["--images", "-1"], "--images is a count"), (["--beta", "0"], "--beta must be positive")):
+        assert cli_main(["querybank", "--model", str(model_copy), "--data", str(synth_small), *bad]) == 2
+        assert message in capsys.readouterr().err
 
 
 # --- index build: the model's bank by default ------------------------------------------------------------------

@@ -390,6 +390,11 @@ def cmd_querybank(args) -> int:
         return 2
     section = model.cfg.querybank
     try:
+        for flag, value in (("--captions", args.captions), ("--images", args.images)):
+            if value is not None and value < 0:
+                raise ValueError(f"{flag} is a count, 0 or more; got {value}")
+        if args.beta is not None and not args.beta > 0:
+            raise ValueError(f"--beta must be positive; got {args.beta}")
         train_set = load_dataset(args.data, split="train").split("train")
         if train_set.n_images == 0:
             raise ValueError(f"{args.data} has no train split")

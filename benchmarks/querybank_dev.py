@@ -82,10 +82,9 @@ def embeddings(model, data: str, work: Path) -> dict:
 
     from training.data.datasets import load_dataset
     from training.data.preprocess import MirroredViews, open_image
-    from training.data.sources import image_source
-    from training.inference.embed import embed_image_source, embed_texts
-    from training.inference.querybank import image_vectors, quantize_images
-    from training.querybank import sample_indices
+    from training.inference.embed import embed_texts
+    from training.inference.querybank import image_vectors
+    from training.querybank import make_bank, sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset(data)
@@ -110,12 +109,10 @@ def embeddings(model, data: str, work: Path) -> dict:
             feats = [model.image_features(model.preprocess.normalize(px), pool=False).half().numpy()
                      for px in DataLoader(Views(), batch_size=32, num_workers=1)]
         np.save(work / "dev_feats.npy", np.concatenate(feats))
-    if not (work / "train_img.npy").exists():      # as a bank stores them: int8 rows, dequantised
-        idx = sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)
-        source = image_source(model, [train[i].path for i in idx], progress=False)     # the feature cache
-        rows, scales = quantize_images(embed_image_source(model, source))
-        np.save(work / "train_img.npy", image_vectors({"images": rows, "image_scales": scales}))
-        np.save(work / "train_img_idx.npy", np.array(idx))
+    if not (work / "train_img.npy").exists():      # the largest bank's images, as a bank stores them (dequantised)
+        bank = make_bank(model, dataset.split("train"), captions=0, images=max(IMAGE_SIZES), beta=BETA, seed=SEED)
+        np.save(work / "train_img.npy", image_vectors(bank))
+        np.save(work / "train_img_idx.npy", np.array(sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)))
     return {name: np.load(work / f"{name}.npy") for name in
             ("dev_caps", "dev_cap2img", "train_caps", "dev_feats", "train_img", "train_img_idx")}
 

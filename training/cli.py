@@ -356,18 +356,24 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
             return None
         return {"captions": list(own["captions"]), "images": None, "beta": own["beta"],
                 "source": f"{own.get('source', '')}; captions only (the images were a member's embeddings)"}
-    from training.data.datasets import load_dataset
     from training.querybank import make_bank
+
+    section, seed = first.cfg.querybank, first.cfg.train.seed
+    return make_bank(ensemble, _train_split(data, "--querybank: "), section.captions, section.images, section.beta,
+                     seed=seed)
+
+
+def _train_split(data: str, prefix: str = ""):
+    """The train split of the data set at ``data`` (a query bank's sample); ValueError when it has none."""
+    from training.data.datasets import load_dataset
 
     train_set = load_dataset(data, split="train").split("train")
     if train_set.n_images == 0:
-        raise ValueError(f"--querybank: {data} has no train split")
-    section, seed = first.cfg.querybank, first.cfg.train.seed
-    return make_bank(ensemble, train_set, section.captions, section.images, section.beta, seed=seed)
+        raise ValueError(f"{prefix}{data} has no train split")
+    return train_set
 
 
 def cmd_querybank(args) -> int:
-    from training.data.datasets import load_dataset
     from training.inference.querybank import attach, describe
     from training.models.checkpoint import load_model
     from training.models.ensemble import EnsembleEmbedding
@@ -395,10 +401,7 @@ def cmd_querybank(args) -> int:
                 raise ValueError(f"{flag} is a count, 0 or more; got {value}")
         if args.beta is not None and not args.beta > 0:
             raise ValueError(f"--beta must be positive; got {args.beta}")
-        train_set = load_dataset(args.data, split="train").split("train")
-        if train_set.n_images == 0:
-            raise ValueError(f"{args.data} has no train split")
-        bank = make_bank(model, train_set, section.captions if args.captions is None else args.captions,
+        bank = make_bank(model, _train_split(args.data), section.captions if args.captions is None else args.captions,
                          section.images if args.images is None else args.images,
                          section.beta if args.beta is None else args.beta,
                          seed=model.cfg.train.seed if args.seed is None else args.seed, progress=True)

@@ -3,6 +3,7 @@ with a plateau, BiR §6.3 SGD with a linear decay, a cosine schedule with warm-u
 pretrained encoder weights, and sparse gradients for lookup layers under plain SGD."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -76,3 +77,50 @@ def build_scheduler(train: TrainSection, optimizer: torch.optim.Optimizer, total
             optimizer, lambda e: 1.0 - (1.0 - final) * min(e, horizon) / horizon)
     # STT §4.2: the learning rate drops once, by lr_decay_factor, after lr_decay_epochs epochs
     return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train.lr_decay_epochs], train.lr_decay_factor)
+
+
+class WeightAverage:
+    """An exponential moving average of the trained weights (Polyak averaging; ``train.ema``): after every update
+    ``w̄ ← d·w̄ + (1 − d)·w`` with ``d = min(decay, (1 + n) / (10 + n))`` after ``n`` updates, so the first
+    updates are not weighed against the initial weights for long. Validation and the kept checkpoint use the
+    averaged weights (:meth:`applied`); the optimiser goes on from the raw ones."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"weight averaging needs a decay in (0, 1), got {decay}")
+        self.decay, self.updates = decay, 0
+        self.shadow = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        self.updates += 1
+        keep = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        params = dict(model.named_parameters())
+        for name, avg in self.shadow.items():
+            avg.lerp_(params[name].detach(), 1.0 - keep)
+
+    @contextlib.contextmanager
+    def applied(self, model: torch.nn.Module):
+        """Inside, ``model`` holds the averaged weights; on leaving, its own again."""
+        params = dict(model.named_parameters())
+        raw = {n: params[n].detach().clone() for n in self.shadow}
+        try:
+            with torch.no_grad():
+                for name, avg in self.shadow.items():
+                    params[name].copy_(avg)
+            yield model
+        finally:
+            with torch.no_grad():
+                for name, weights in raw.items():
+                    params[name].copy_(weights)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates,
+                "shadow": {n: t.detach().cpu() for n, t in self.shadow.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state["shadow"]) != set(self.shadow):
+            raise ValueError("the saved weight average covers other parameters than this stage trains")
+        self.updates = int(state["updates"])
+        for name, t in state["shadow"].items():
+            self.shadow[name].copy_(t)

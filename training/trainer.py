@@ -41,7 +41,7 @@ from training.models.checkpoint import init_from_checkpoint, save_model
 from training.models.config_schema import RunConfig
 from training.models.options import NoOptions
 from .batches import batch_features, image_inputs_to_embedding
-from .optim import build_optimizer, build_scheduler, param_groups, use_sparse_gradients
+from .optim import WeightAverage, build_optimizer, build_scheduler, param_groups, use_sparse_gradients
 from .run_state import STATE_FILE, STATE_FORMAT, load_train_state, rng_state, seed_rank, set_rng_state
 from .config import dump_config
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
@@ -347,12 +347,15 @@ class Trainer:
         steps = len(loader) if not train.max_steps_per_epoch else min(len(loader), train.max_steps_per_epoch)
         scheduler = build_scheduler(train, optimizer, stage.epochs * steps)
         per_step = train.lr_schedule == "cosine"
+        average = WeightAverage(model, train.ema) if train.ema else None
         first, bad_epochs = 1, 0
         if state is not None:
             if state["stopped"]:
                 return False
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
+            if average is not None and state.get("weight_average") is not None:
+                average.load_state_dict(state["weight_average"])
             self.restore_rng(state, generator)
             first, bad_epochs = state["epoch"] + 1, state["bad_epochs"]
         for epoch in range(first, stage.epochs + 1):
@@ -377,6 +380,8 @@ class Trainer:
                 if train.grad_clip:
                     torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
                 optimizer.step()
+                if average is not None:
+                    average.update(model)
                 if per_step:
                     scheduler.step()
                 losses.append(loss.item())
@@ -390,7 +395,9 @@ class Trainer:
                       "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % train.eval_every == 0 or epoch == stage.epochs:
-                val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
+                # with train.ema the averaged weights are validated and kept (training goes on from the raw ones)
+                with average.applied(model) if average is not None else contextlib.nullcontext():
+                    val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
                 if self.dist is not None:   # the others wait here; then every rank takes the same decisions
                     val = self.dist.broadcast(val)
                 val = cast(dict, val)       # every rank's now
@@ -402,8 +409,9 @@ class Trainer:
                     self.best_score, self.best_rsum, bad_epochs = score, val["rsum"], 0
                     record["best"] = True
                     if self.is_main:
-                        save_model(model, self.out_dir / "model.pt",
-                                   extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
+                        with average.applied(model) if average is not None else contextlib.nullcontext():
+                            save_model(model, self.out_dir / "model.pt",
+                                       extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
                 else:
                     bad_epochs += train.eval_every
             self.history.append(record)
@@ -411,7 +419,8 @@ class Trainer:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
             stop = bad_epochs >= train.patience
-            self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start)
+            self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start,
+                            weight_average=average.state_dict() if average is not None else None)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
                      f"{' (best)' if record.get('best') else ''} {record['elapsed_s']}s")
@@ -421,7 +430,7 @@ class Trainer:
         return True
 
     def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
-                   stopped: bool, start: float) -> None:
+                   stopped: bool, start: float, **extra) -> None:
         """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write).
         A multi-process run keeps every rank's random states (``rng_ranks``); rank 0 writes the file while the
         others wait."""
@@ -431,7 +440,7 @@ class Trainer:
         if self.is_main:
             self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
                              scheduler=scheduler.state_dict(), rng=rng, bad_epochs=bad_epochs, stopped=stopped,
-                             **ranks)
+                             **ranks, **extra)
         if self.dist is not None:
             self.dist.barrier()
 

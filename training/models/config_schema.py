@@ -109,6 +109,9 @@ class TrainSection(RunSection):
     lr_decay_factor: float = Key(0.1, "step / plateau: lr multiplier", gt=0.0)
     weight_decay: float = Key(0.0, "optimiser weight decay", ge=0.0)
     grad_clip: float = Key(2.0, "gradient norm clip; 0 = off", ge=0.0)
+    ema: float = Key(0.0, "decay of an exponential moving average of the trained weights, updated every step "
+                          "(ramped up as (1 + n) / (10 + n) over the first updates); validation and the kept "
+                          "checkpoint use the average; 0 = off", ge=0.0, lt=1.0)
     patience: int = Key(10, "early stopping: epochs without a better select_on value", ge=1)
     select_on: Literal["rsum", "nll"] = Key("rsum", "best checkpoint + early stopping: validation R-sum, or the "
                                                     "decoder's validation NLL per word")

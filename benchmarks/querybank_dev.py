@@ -8,9 +8,10 @@
 * ``sweep`` — Flickr8k dev retrieval under QB-Norm (inverted softmax, training/models/hubness.py) against banks
   of Flickr8k training captions and images of several sizes, each a seeded sample exactly as a model's bank is
   drawn (training/querybank.py), with and without test-time augmentation of the gallery (each dev image and its
-  mirror image, backbone features averaged: ``index build --tta flip``). The ranking is the one a built index
+  mirror image, backbone features averaged: ``index build --tta flip``; those and a closer centre crop and its
+  mirror image: ``--tta flip-crop``). The ranking is the one a built index
   serves (tests/test_querybank.py checks that the folded FAISS search ranks as these metrics do). The shipped
-  model's dev features (two views, stored as float16), the dev and train caption embeddings and the bank images'
+  model's dev features (the four views of ``--tta flip-crop``, stored as float16), the dev and train caption embeddings and the bank images'
   embeddings (int8 rows, as a bank stores them) are written under ``--work`` and read from there when present.
 * ``unseen`` — galleries the model never saw, through ``jointspace index build`` with its defaults and with
   ``--no-querybank``: the sample photos of ``make demo`` against their own captions (and the corpus's 10 other
@@ -81,7 +82,7 @@ def embeddings(model, data: str, work: Path) -> dict:
     from torch.utils.data import DataLoader, Dataset
 
     from training.data.datasets import load_dataset
-    from training.data.preprocess import MirroredViews, open_image
+    from training.data.preprocess import ZOOM, MirroredViews, open_image
     from training.inference.embed import embed_texts
     from training.inference.querybank import image_vectors
     from training.querybank import make_bank, sample_indices
@@ -95,8 +96,8 @@ def embeddings(model, data: str, work: Path) -> dict:
     if not (work / "train_caps.npy").exists():
         np.save(work / "train_caps.npy",
                 embed_texts(model, [c for r in train for c in r.captions]).numpy().astype(np.float16))
-    if not (work / "dev_feats.npy").exists():          # (N, 2, D): the view and its mirror image's features
-        views = MirroredViews(model.preprocess)
+    if not (work / "dev_feats4.npy").exists():    # (N, 4, D): the view, its mirror, the closer crop, its mirror
+        views = MirroredViews(model.preprocess, zoom=ZOOM)
 
         class Views(Dataset):
             def __len__(self):
@@ -108,13 +109,13 @@ def embeddings(model, data: str, work: Path) -> dict:
         with torch.no_grad():
             feats = [model.image_features(model.preprocess.normalize(px), pool=False).half().numpy()
                      for px in DataLoader(Views(), batch_size=32, num_workers=1)]
-        np.save(work / "dev_feats.npy", np.concatenate(feats))
+        np.save(work / "dev_feats4.npy", np.concatenate(feats))
     if not (work / "train_img.npy").exists():      # the largest bank's images, as a bank stores them (dequantised)
         bank = make_bank(model, dataset.split("train"), captions=0, images=max(IMAGE_SIZES), beta=BETA, seed=SEED)
         np.save(work / "train_img.npy", image_vectors(bank))
         np.save(work / "train_img_idx.npy", np.array(sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)))
     return {name: np.load(work / f"{name}.npy") for name in
-            ("dev_caps", "dev_cap2img", "train_caps", "dev_feats", "train_img", "train_img_idx")}
+            ("dev_caps", "dev_cap2img", "train_caps", "dev_feats4", "train_img", "train_img_idx")}
 
 
 def qb_metrics(img, cap, cap_to_img, bank_img, bank_cap) -> dict:
@@ -144,9 +145,10 @@ def cmd_sweep(args) -> int:
     model = load_model(resolve(args.model)).eval()
     arr = embeddings(model, args.data, Path(args.work))
     with torch.no_grad():
-        feats = torch.from_numpy(arr["dev_feats"]).float()
-        plain = model.embed_features(feats[:, 0]).numpy()
-        flip = model.embed_features(feats.mean(1)).numpy()
+        feats = torch.from_numpy(arr["dev_feats4"]).float()
+        views = {"none": model.embed_features(feats[:, 0]).numpy(),
+                 "flip": model.embed_features(feats[:, :2].mean(1)).numpy(),
+                 "flip-crop": model.embed_features(feats.mean(1)).numpy()}
     # the bank images: the seeded sample of training images a bank of the largest size holds (all 6,000 of
     # Flickr8k's); a smaller image bank is the seeded sample of them that a bank of that size holds
     rows, note = [], args.note
@@ -154,7 +156,7 @@ def cmd_sweep(args) -> int:
         img_rows = sample_indices(len(arr["train_img"]), n_img, SEED + 1)
         for n_cap in CAPTION_SIZES:
             caps = arr["train_caps"][sample_indices(len(arr["train_caps"]), n_cap, SEED)]
-            for tta, img in (("none", plain), ("flip", flip)):
+            for tta, img in views.items():
                 m = qb_metrics(img, arr["dev_caps"], arr["dev_cap2img"], arr["train_img"][img_rows], caps)
                 rows.append({"name": f"captions {n_cap}, images {n_img}, tta {tta}", "bank_captions": n_cap,
                              "bank_images": n_img, "tta": tta, **m, **stamp(note)})
@@ -228,8 +230,11 @@ def cmd_unseen(args) -> int:
                       [r.path for r in test], caps, truth))
     rows = []
     for gallery, images, captions, own in galleries:
-        for label, extra in (("index build (default: the model's query bank)", []),
-                             ("index build --no-querybank", ["--no-querybank"])):
+        for label, extra in (("index build (default: the model's query bank, --tta flip-crop)", []),
+                             ("index build --tta flip", ["--tta", "flip"]),
+                             ("index build --no-querybank", ["--no-querybank"]),
+                             ("index build --no-querybank --tta flip", ["--no-querybank", "--tta", "flip"]),
+                             ("index build --no-querybank --tta none", ["--no-querybank", "--tta", "none"])):
             t0 = time.time()
             m = build_and_measure(args.model, images, captions, own, work / f"g{len(rows)}", extra)
             rows.append({"name": f"{gallery}: {label}", "gallery": gallery, "build": label, **m,
@@ -266,7 +271,7 @@ def cmd_timing(args) -> int:
         print(json.dumps(rows[-1]), flush=True)
     paths = [r.path for r in load_dataset(args.data).split("val").images[:args.images]]
     embed_image_files(model, paths[:8], workers=0, progress=False)           # warm-up
-    for tta in ("none", "flip"):
+    for tta in ("none", "flip", "flip-crop"):
         t0 = time.perf_counter()
         embed_image_files(model, paths, workers=1, progress=False, tta=tta, batch_size=32)
         seconds = time.perf_counter() - t0

@@ -186,10 +186,12 @@ def t_querybank_sweep() -> str:
     """Flickr8k dev under the bank sizes and test-time augmentation (querybank_dev.json, sweep)."""
     data = load("querybank_dev.json")
     rows = [r for r in data.get("sweep", []) if r["tta"] == "none"]
-    flip = {(r["bank_captions"], r["bank_images"]): r for r in data.get("sweep", []) if r["tta"] == "flip"}
-    headers = ["bank captions", "bank images", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum", "R-sum, --tta flip"]
+    tta = {(r["tta"], r["bank_captions"], r["bank_images"]): r for r in data.get("sweep", [])}
+    headers = ["bank captions", "bank images", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum", "R-sum, --tta flip",
+               "R-sum, --tta flip-crop"]
     cells = [[f"{r['bank_captions']:,}", f"{r['bank_images']:,}", join(r["i2t"]), join(r["t2i"]), f(r["rsum"]),
-              f(flip.get((r["bank_captions"], r["bank_images"]), {}).get("rsum"))] for r in rows]
+              *(f(tta.get((mode, r["bank_captions"], r["bank_images"]), {}).get("rsum"))
+                for mode in ("flip", "flip-crop"))] for r in rows]
     return with_provenance(headers, cells, rows, data, right={0, 1})
 
 

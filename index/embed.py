@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, MirroredViews, decode_image
+from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, ZOOM, MirroredViews, decode_image
 from training.inference.embed import FileEmbeddings
 from training.inference.embed import embed_image_files as files_to_embeddings
 from training.inference.embed import embed_texts as texts_to_embeddings
@@ -29,8 +29,9 @@ IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".t
                   | RAW_SUFFIXES)
 # never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
 DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
-# gallery-side test-time augmentation (index build --tta): none, or each view and its mirror image averaged
-TTA = ("none", "flip")
+# gallery-side test-time augmentation (index build --tta): none; flip, each view and its mirror image averaged;
+# flip-crop, those and a closer centre crop of the image (ImageNet's 0.875) and its mirror image averaged
+TTA = ("none", "flip", "flip-crop")
 
 
 def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:
@@ -186,10 +187,13 @@ class _Indexed:
 
 def view_preprocess(model: EmbeddingModel, tta: str = "none"):
     """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`): ``none`` the
-    model's own, ``flip`` each view and its mirror image, features averaged (``MirroredViews``)."""
+    model's own, ``flip`` each view and its mirror image, ``flip-crop`` also the image enlarged 8/7 and cut to
+    the centre, and its mirror image; features averaged (``MirroredViews``)."""
     if tta not in TTA:
         raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
-    return MirroredViews(model.preprocess) if tta == "flip" else model.preprocess
+    if tta == "none":
+        return model.preprocess
+    return MirroredViews(model.preprocess, zoom=ZOOM if tta == "flip-crop" else None)
 
 
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,

@@ -19,7 +19,7 @@ from index.querybank import cache_root, embed_bank_captions, model_bank
 from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
-from training.data.preprocess import MirroredViews, Preprocess, StackedPreprocess
+from training.data.preprocess import ZOOM, MirroredViews, Preprocess, StackedPreprocess, zoomed
 from training.inference.embed import embed_pixels
 from training.models.hubness import item_offsets
 from training.models.checkpoint import load_model
@@ -141,8 +141,8 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     assert manifest["querybank"]["images"] == len(bank["images"])
     # used: scores are cosine minus the offset of the model's bank (QB-Norm eq. 3, folded)
     records = load_dataset(synth_small).split("val").images
-    assert manifest["tta"] == "flip"                                   # the default: each image and its mirror
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip").vectors
+    assert manifest["tta"] == "flip-crop"          # the default: each image, a closer crop and their mirror images
+    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
     queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
     offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
                            torch.from_numpy(img), 20.0).numpy()
@@ -222,7 +222,7 @@ def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth
                      "--workers", "0", "--quiet"]) == 0
     new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
     bank = model_bank(model)
-    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip").vectors
+    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
     gallery = Gallery.load(out, model=model)
     assert np.allclose(gallery.images.reconstruct(new_id), bank.fold("images", vec)[0], atol=1e-3)
     gallery.close()
@@ -262,15 +262,36 @@ def test_mirrored_views_are_the_views_of_the_mirror_image():
     assert px.shape == (2, 6, 32, 32) and torch.equal(px[1, 3:, :24, :24], small)     # top-left, not flipped off it
 
 
-def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_small, tmp_path):
+def test_flip_crop_adds_a_closer_centre_crop_and_its_mirror_image():
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    mirror = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    base = Preprocess(image_size=32, resize=32)
+    views = MirroredViews(base, zoom=ZOOM)
+    px = views.pixels(image)
+    assert px.shape == (4, 3, 32, 32) and views.crops == 4
+    close = Preprocess(image_size=32, resize=37)             # 32 · 8/7, then the centre 32 × 32
+    assert zoomed(base) == close and views.min_side == 37 > MirroredViews(base).min_side
+    assert torch.equal(px[:2], MirroredViews(base).pixels(image))          # the flip views first, unchanged
+    assert torch.equal(px[2], close.pixels(image)[0]) and torch.equal(px[3], close.pixels(mirror)[0])
+    assert not torch.equal(px[2], px[0])
+    # a stacked preprocessing: every member enlarged by the same factor, each in its own top-left corner
+    stacked = StackedPreprocess((Preprocess(image_size=32, resize=32), Preprocess(image_size=24, resize=24)))
+    assert zoomed(stacked).members == (close, Preprocess(image_size=24, resize=27))
+    px = MirroredViews(stacked, zoom=ZOOM).pixels(image)
+    assert px.shape == (4, 6, 32, 32)
+    assert torch.equal(px[3, 3:, :24, :24], Preprocess(image_size=24, resize=27).pixels(mirror)[0])
+
+
+@pytest.mark.parametrize("tta", ["flip", "flip-crop"])
+def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_small, tmp_path, tta):
     records = load_dataset(synth_small).split("val").images
     paths = [r.path for r in records]
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
     plain, flip = tmp_path / "plain", tmp_path / "flip"
     build(plain, model, paths, captions, progress=False, workers=0)
-    build(flip, model, paths, captions, progress=False, workers=0, tta="flip")
+    build(flip, model, paths, captions, progress=False, workers=0, tta=tta)
     a, b = read_manifest(plain), read_manifest(flip)
-    assert (a["tta"], b["tta"]) == ("none", "flip")
+    assert (a["tta"], b["tta"]) == ("none", tta)
     for key in ("dim", "similarity", "next_image_id", "next_caption_id"):
         assert a[key] == b[key]
     assert a["images"]["factory"] == b["images"]["factory"]
@@ -280,8 +301,9 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     assert files == sorted(p.name for p in (flip / gb.generation).glob("images.*.faiss"))
     for name in files:                       # same index type and size: the same search work per query
         assert (plain / ga.generation / name).stat().st_size == (flip / gb.generation / name).stat().st_size
-    # the stored vectors are the average of the view and its mirror image, unit length, and differ from plain
-    views = torch.stack([MirroredViews(model.preprocess).pixels(Image.open(p)) for p in paths[:4]])
+    # the stored vectors are the average of the views (and their mirror images), unit length, and differ from plain
+    zoom = ZOOM if tta == "flip-crop" else None
+    views = torch.stack([MirroredViews(model.preprocess, zoom=zoom).pixels(Image.open(p)) for p in paths[:4]])
     expected = embed_pixels(model, views).numpy()
     for i in range(4):
         assert np.allclose(gb.image_vector(i), expected[i], atol=1e-5)
@@ -306,3 +328,4 @@ def test_tta_option_of_index_build(tiny_model_path, synth_small, tmp_path):
     assert _build(tiny_model_path, synth_small, tmp_path / "i", "--tta", "flip", "--no-querybank") == 0
     assert read_manifest(tmp_path / "i")["tta"] == "flip"
     assert _build(tiny_model_path, synth_small, tmp_path / "j", "--tta", "flip", "--engine", "ray") == 2
+    assert _build(tiny_model_path, synth_small, tmp_path / "k", "--tta", "flip-crop", "--engine", "ray") == 2

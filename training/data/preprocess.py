@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 import torchvision.transforms.functional as TF
@@ -172,13 +172,30 @@ def _rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+ZOOM = 8 / 7       # ImageNet's evaluation crop: the image resized to 8/7 of the input side, the centre cut (0.875)
+
+
+def zoomed(base: "ImagePreprocess", factor: float = ZOOM) -> "ImagePreprocess":
+    """``base``'s views of the image resized ``factor`` times larger before the crop: a closer view of the centre
+    (each member of a stacked preprocessing by the same factor)."""
+    if isinstance(base, StackedPreprocess):
+        return StackedPreprocess(tuple(cast(Preprocess, zoomed(m, factor)) for m in base.members))
+    return base.views(base.crops, round(max(base.resize, base.image_size) * factor))
+
+
 @dataclass(frozen=True)
 class MirroredViews:
-    """Test-time augmentation of a gallery image (``index build --tta flip``): the views of ``base`` and the
-    same views of the horizontally mirrored image, ``2 × crops`` views in all; the model averages the views'
-    backbone features as it averages multiple crops (``JointEmbedding.image_features``). Normalisation is the
-    base's, so a query embedded with ``base`` lands in the same space."""
+    """Test-time augmentation of a gallery image (``index build --tta flip`` / ``flip-crop``): the views of
+    ``base`` and the same views of the horizontally mirrored image, ``2 × crops`` views in all; with ``zoom`` also
+    those of the image enlarged ``zoom`` times and cut to the centre (:func:`zoomed`), and their mirror images,
+    ``4 × crops``. The model averages the views' backbone features as it averages multiple crops
+    (``JointEmbedding.image_features``). Normalisation is the base's, so a query embedded with ``base`` lands in
+    the same space."""
     base: ImagePreprocess
+    zoom: float | None = None
+
+    def _bases(self) -> tuple[ImagePreprocess, ...]:
+        return (self.base,) if self.zoom is None else (self.base, zoomed(self.base, self.zoom))
 
     @property
     def image_size(self) -> int:
@@ -186,7 +203,7 @@ class MirroredViews:
 
     @property
     def crops(self) -> int:
-        return 2 * self.base.crops
+        return 2 * len(self._bases()) * self.base.crops
 
     @property
     def channels(self) -> int:
@@ -194,11 +211,13 @@ class MirroredViews:
 
     @property
     def min_side(self) -> int:
-        return self.base.min_side
+        return max(b.min_side for b in self._bases())
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
         # mirror the image, not the tensor: a stacked preprocess keeps each member's view in the top-left corner
-        return torch.cat([self.base.pixels(image), self.base.pixels(ImageOps.mirror(image.convert("RGB")))])
+        image = _rgb(image)
+        mirror = ImageOps.mirror(image)
+        return torch.cat([b.pixels(im) for b in self._bases() for im in (image, mirror)])
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.base.normalize(pixels)

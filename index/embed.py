@@ -205,10 +205,13 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
     whose bytes still hash to it is not decoded (listed in ``passed``), the hash and the decoding reading the bytes
     once.
     ``tta``: gallery-side test-time augmentation (:func:`view_preprocess`); a query is always embedded from the
-    model's one view."""
-    return files_to_embeddings(model, paths, batch_size=batch_size, workers=workers, progress=progress,
-                               read=_Indexed(indexed) if indexed else read_photo,
-                               preprocess=view_preprocess(model, tta))
+    model's one view. ``batch_size`` counts views: a forward pass takes ``batch_size`` of them whatever ``tta``
+    (16 images of 4 views under ``flip-crop`` at 64), so augmentation costs time, not memory."""
+    views = view_preprocess(model, tta)
+    per_image = max(1, views.crops // model.preprocess.crops)
+    return files_to_embeddings(model, paths, batch_size=max(1, batch_size // per_image), workers=workers,
+                               progress=progress, read=_Indexed(indexed) if indexed else read_photo,
+                               preprocess=views)
 
 
 def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

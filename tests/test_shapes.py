@@ -160,6 +160,35 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     np.testing.assert_allclose(np.concatenate(got.segment_vectors), np.concatenate(want.segment_vectors), atol=1e-5)
 
 
+def test_a_forward_pass_holds_batch_size_views_whatever_the_augmentation(tiny_model_path, synth_small):
+    """index build --tta: each photo's 2 or 4 views count against --batch-size, so a pass's memory does not grow
+    with the augmentation; the vectors are those of one pass per photo."""
+    from index.embed import embed_image_files
+    from training.data.datasets import load_dataset
+
+    model = load_model(tiny_model_path)
+    paths = [r.path for r in load_dataset(synth_small).split("test").images][:10]
+    rec = _Recorder(model)
+    views = []
+    real = model.image_features
+
+    def features(x, *a, **kw):
+        views.append(x.shape[0] * x.shape[1])               # (photos, views, C, S, S)
+        return real(x, *a, **kw)
+
+    model.image_features = features
+    got = {}
+    for tta, photos in (("none", [8, 2]), ("flip", [4, 4, 2]), ("flip-crop", [2, 2, 2, 2, 2])):
+        rec.images.clear()
+        views.clear()
+        got[tta] = embed_image_files(model, paths, batch_size=8, workers=0, progress=False, tta=tta).vectors
+        assert rec.images == photos, tta
+        assert max(views) == 8, tta
+    one = [embed_image_files(model, [p], batch_size=1, workers=0, progress=False, tta="flip-crop").vectors[0]
+           for p in paths[:3]]
+    np.testing.assert_allclose(got["flip-crop"][:3], np.stack(one), atol=1e-5)
+
+
 def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
     base = dict(model=str(tiny_model_path), index=str(tiny_index_dir), max_batch=16, bucket_mode="pad")
     from service.metrics import Metrics

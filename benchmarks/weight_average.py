@@ -41,7 +41,7 @@ def cmd_run(args) -> int:
     from flickr8k_levers import commit
     from training.config import load_config
     from training.models.checkpoint import save_model
-    from training.optim import WeightAverage
+    from training.optim import WeightAverage, weights_swapped
 
     class Recorded(WeightAverage):
         """The run's average, also updating averages of the ``EXTRA`` decays and keeping the raw weights it swaps
@@ -75,9 +75,7 @@ def cmd_run(args) -> int:
             row = {"epoch": len(self.history) + 1, f"ema{DECAY}": res["rsum"]}
             variants = {"raw": average.raw, **{f"ema{d}": e.shadow for d, e in average.extras.items()}}
             for tag, weights in variants.items():
-                holder = WeightAverage.__new__(WeightAverage)
-                holder.shadow = weights
-                with WeightAverage.applied(holder, self.model):
+                with weights_swapped(self.model, weights):
                     r = super().validate(source)
                     row[tag] = r["rsum"]
                     if r["rsum"] > best.get(tag, float("-inf")):

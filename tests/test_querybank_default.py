@@ -324,6 +324,16 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     gb.close()
 
 
+def test_the_parser_offers_the_augmentations_the_embedder_knows():
+    import pickle
+
+    from index import cli
+
+    assert cli.TTA == index.embed.TTA and cli.DEFAULT_TTA in cli.TTA
+    views = MirroredViews(Preprocess(image_size=32, resize=32), zoom=ZOOM)
+    assert views.crops == 4 and pickle.loads(pickle.dumps(views)) == views     # decoding workers get a copy
+
+
 def test_tta_option_of_index_build(tiny_model_path, synth_small, tmp_path):
     assert _build(tiny_model_path, synth_small, tmp_path / "i", "--tta", "flip", "--no-querybank") == 0
     assert read_manifest(tmp_path / "i")["tta"] == "flip"

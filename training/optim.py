@@ -79,6 +79,23 @@ def build_scheduler(train: TrainSection, optimizer: torch.optim.Optimizer, total
     return torch.optim.lr_scheduler.MultiStepLR(optimizer, [train.lr_decay_epochs], train.lr_decay_factor)
 
 
+@contextlib.contextmanager
+def weights_swapped(model: torch.nn.Module, weights: dict[str, torch.Tensor]):
+    """Inside, the parameters of ``model`` named in ``weights`` hold those tensors; on leaving (also on an error),
+    their own values again."""
+    params = dict(model.named_parameters())
+    own = {n: params[n].detach().clone() for n in weights}
+    try:
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, value in own.items():
+                params[name].copy_(value)
+
+
 class WeightAverage:
     """An exponential moving average of the trained weights (Polyak averaging; ``train.ema``): after every update
     ``w̄ ← d·w̄ + (1 − d)·w`` with ``d = min(decay, (1 + n) / (10 + n))`` after ``n`` updates, so the first
@@ -99,20 +116,9 @@ class WeightAverage:
         for name, avg in self.shadow.items():
             avg.lerp_(params[name].detach(), 1.0 - keep)
 
-    @contextlib.contextmanager
     def applied(self, model: torch.nn.Module):
         """Inside, ``model`` holds the averaged weights; on leaving, its own again."""
-        params = dict(model.named_parameters())
-        raw = {n: params[n].detach().clone() for n in self.shadow}
-        try:
-            with torch.no_grad():
-                for name, avg in self.shadow.items():
-                    params[name].copy_(avg)
-            yield model
-        finally:
-            with torch.no_grad():
-                for name, weights in raw.items():
-                    params[name].copy_(weights)
+        return weights_swapped(model, self.shadow)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "updates": self.updates,

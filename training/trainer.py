@@ -348,6 +348,11 @@ class Trainer:
         scheduler = build_scheduler(train, optimizer, stage.epochs * steps)
         per_step = train.lr_schedule == "cosine"
         average = WeightAverage(model, train.ema) if train.ema else None
+
+        def kept_weights():
+            """With train.ema the averaged weights are validated and kept (training goes on from the raw ones)."""
+            return average.applied(model) if average is not None else contextlib.nullcontext()
+
         first, bad_epochs = 1, 0
         if state is not None:
             if state["stopped"]:
@@ -395,8 +400,7 @@ class Trainer:
                       "loss": round(mean_loss, 5) if mean_loss is not None else None,
                       "elapsed_s": round(time.time() - start, 1), **self.epoch_log()}
             if epoch % train.eval_every == 0 or epoch == stage.epochs:
-                # with train.ema the averaged weights are validated and kept (training goes on from the raw ones)
-                with average.applied(model) if average is not None else contextlib.nullcontext():
+                with kept_weights():
                     val = self.validate(cast(ImageSource, val_source)) if self.is_main else None
                 if self.dist is not None:   # the others wait here; then every rank takes the same decisions
                     val = self.dist.broadcast(val)
@@ -409,7 +413,7 @@ class Trainer:
                     self.best_score, self.best_rsum, bad_epochs = score, val["rsum"], 0
                     record["best"] = True
                     if self.is_main:
-                        with average.applied(model) if average is not None else contextlib.nullcontext():
+                        with kept_weights():
                             save_model(model, self.out_dir / "model.pt",
                                        extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
                 else:

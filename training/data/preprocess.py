@@ -19,6 +19,7 @@ Without ``min_side`` an image is decoded at full size.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence, cast
 
@@ -194,7 +195,9 @@ class MirroredViews:
     base: ImagePreprocess
     zoom: float | None = None
 
+    @cached_property
     def _bases(self) -> tuple[ImagePreprocess, ...]:
+        """The preprocessings whose views (and their mirror images) are taken, derived once."""
         return (self.base,) if self.zoom is None else (self.base, zoomed(self.base, self.zoom))
 
     @property
@@ -203,7 +206,7 @@ class MirroredViews:
 
     @property
     def crops(self) -> int:
-        return 2 * len(self._bases()) * self.base.crops
+        return 2 * len(self._bases) * self.base.crops
 
     @property
     def channels(self) -> int:
@@ -211,13 +214,13 @@ class MirroredViews:
 
     @property
     def min_side(self) -> int:
-        return max(b.min_side for b in self._bases())
+        return max(b.min_side for b in self._bases)
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
         # mirror the image, not the tensor: a stacked preprocess keeps each member's view in the top-left corner
         image = _rgb(image)
         mirror = ImageOps.mirror(image)
-        return torch.cat([b.pixels(im) for b in self._bases() for im in (image, mirror)])
+        return torch.cat([b.pixels(im) for b in self._bases for im in (image, mirror)])
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.base.normalize(pixels)

@@ -56,7 +56,8 @@ def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | No
     register_heif()
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # the size is checked below, against this service's own limit; Pillow's warning would say less
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             check_geometry(im.size, resize_side, max_pixels)
             if min_side is not None:
@@ -66,12 +67,14 @@ def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | No
             return upright if min_side is None else reduce_to(upright, min_side)
     except ImageGeometryError as err:
         raise ImageError(413, str(err)) from None
+    except Image.DecompressionBombError:            # Pillow's own bound (twice its warning's), met while opening
+        raise ImageError(413, f"image has more than {2 * Image.MAX_IMAGE_PIXELS:,} pixels; the limit is "
+                              f"{max_pixels:,}") from None
     except UnidentifiedImageError:
         raise ImageError(400, f"corrupt image: its first bytes say {sniff_image(data[:64])}, but no decoder can read "
                               f"it") from None
     except Exception as err:  # noqa: BLE001 - any decoder error (Pillow, libheif, struct, ...) is the file's fault
-        status = 413 if decoder_error(err) == "it is too large to decode" else 400
-        raise ImageError(status, f"corrupt or truncated image: {decoder_error(err)}") from None
+        raise ImageError(400, f"corrupt or truncated image: {decoder_error(err)}") from None
 
 
 def _open_raw_file(path: Path, max_pixels: int, min_side: int | None) -> Image.Image:

@@ -2,10 +2,10 @@
 session's temporary folder, where every gallery, index and model of the suite lives; the repository; Python's
 library folders), a Python object's repr (``object at 0x…``) or a traceback.
 
-A pytest plugin (``pytest_plugins`` in conftest.py): for the whole session, ``httpx.Client.send`` and
-``httpx.AsyncClient.send`` — what Starlette's TestClient and every HTTP test use, against in-process apps and
-``jointspace serve`` processes alike — check each 4xx and 5xx body they receive whole, and fail the test that
-provoked it at once, naming what leaked. Raw-socket tests check their own bodies (tests/test_hostile_clients.py).
+A pytest plugin (``pytest_plugins`` in conftest.py): for the whole session, the ``send`` of httpx's clients and of
+httpx2's (Starlette's TestClient) — what every HTTP test uses, against in-process apps and ``jointspace serve``
+processes alike — check each 4xx and 5xx body they receive whole, and fail the test that provoked it at once,
+naming what leaked. Raw-socket tests check their own bodies (tests/test_hostile_clients.py).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ErrorBodies:
             return
         try:
             body = response.text
-        except httpx.ResponseNotRead:                       # a streamed answer the test reads itself
+        except Exception:  # noqa: BLE001 - ResponseNotRead (httpx's or httpx2's): a stream the test reads itself
             return
         self.checked += 1
         found = self.leak(body)
@@ -49,25 +49,41 @@ class ErrorBodies:
                               f"holds {found!r}: {body[:500]}")
 
 
+def _clients():
+    """The httpx client classes in use: httpx's, and httpx2's (what Starlette's TestClient is built on)."""
+    modules = [httpx]
+    try:
+        import httpx2
+    except ImportError:
+        pass
+    else:
+        modules.append(httpx2)
+    return [(m.Client, m.AsyncClient) for m in modules]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def error_bodies(tmp_path_factory):
     """The session's :class:`ErrorBodies`, checking every error answer an httpx client receives."""
     checker = ErrorBodies([str(tmp_path_factory.getbasetemp()), str(REPO), f"{sys.base_prefix}/lib",
                            f"{sys.prefix}/lib"])
-    sync_send, async_send = httpx.Client.send, httpx.AsyncClient.send
+    originals = []
+    for sync_client, async_client in _clients():
+        sync_send, async_send = sync_client.send, async_client.send
+        originals.append((sync_client, async_client, sync_send, async_send))
 
-    def send(self, request, **kwargs):
-        response = sync_send(self, request, **kwargs)
-        checker.check(response)
-        return response
+        def send(self, request, _send=sync_send, **kwargs):
+            response = _send(self, request, **kwargs)
+            checker.check(response)
+            return response
 
-    async def asend(self, request, **kwargs):
-        response = await async_send(self, request, **kwargs)
-        checker.check(response)
-        return response
+        async def asend(self, request, _send=async_send, **kwargs):
+            response = await _send(self, request, **kwargs)
+            checker.check(response)
+            return response
 
-    httpx.Client.send, httpx.AsyncClient.send = send, asend      # type: ignore[method-assign]
+        sync_client.send, async_client.send = send, asend
     try:
         yield checker
     finally:
-        httpx.Client.send, httpx.AsyncClient.send = sync_send, async_send    # type: ignore[method-assign]
+        for sync_client, async_client, sync_send, async_send in originals:
+            sync_client.send, async_client.send = sync_send, async_send

@@ -68,8 +68,8 @@ def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | No
     except ImageGeometryError as err:
         raise ImageError(413, str(err)) from None
     except Image.DecompressionBombError:            # Pillow's own bound (twice its warning's), met while opening
-        raise ImageError(413, f"image has more than {2 * Image.MAX_IMAGE_PIXELS:,} pixels; the limit is "
-                              f"{max_pixels:,}") from None
+        raise ImageError(413, f"image has more pixels than its decoder accepts; the limit is {max_pixels:,}") \
+            from None
     except UnidentifiedImageError:
         raise ImageError(400, f"corrupt image: its first bytes say {sniff_image(data[:64])}, but no decoder can read "
                               f"it") from None

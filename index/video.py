@@ -1,7 +1,10 @@
 """Videos in the gallery: read a file with PyAV, sample frames, embed them, group them into moments.
 
 * :func:`probe` opens a file and checks it before any frame is decoded: a video stream, a sane size (at most
-  :data:`MAX_SIDE` pixels a side, so a 16k × 16k stream is refused), frame rate and claimed duration.
+  :data:`MAX_SIDE` pixels a side, so a 16k × 16k stream is refused, and no more elongated than a photo may be:
+  ``training.data.preprocess.MAX_ASPECT``), frame rate and claimed duration. A file is a video by its content
+  (:func:`is_video`), not its name. Every failure is told in ``training.data.media.decoder_error``'s words, never
+  FFmpeg's own message (which names the file's path).
 * :func:`sample_frames` yields ``(seconds, upright RGB image)`` at ``rate`` frames a second, at most
   ``max_frames``: a generator, one frame in memory at a time. Far targets are reached by seeking to the keyframe
   before them; near ones by decoding on. Rotation metadata (the display matrix) is applied. A file that claims a

@@ -121,9 +121,17 @@ def is_video(path: str | Path) -> bool:
     return sniff_video(head) is not None
 
 
-def _open(path: str | Path):
+def decoder():
+    """PyAV, imported on first use. Its first import is not safe from two threads at once (a half-initialised
+    module seen by the second), so a process that decodes on several threads makes it first: the service does
+    before it is ready (service/state.py)."""
     import av
 
+    return av
+
+
+def _open(path: str | Path):
+    av = decoder()
     path = Path(path)
     try:
         size = path.stat().st_size

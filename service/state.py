@@ -19,6 +19,7 @@ import torch
 
 from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
+from index.video import decoder
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
@@ -216,6 +217,8 @@ class ServiceState:
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
+            # PyAV is imported here, once, before the decoding threads may each need it first (index/video.py)
+            await loop.run_in_executor(self.compute_pool, decoder)
             engine = Engine(model, gallery, self.shapes)
             sizes = self.warmup_sizes()
             self.phase = "warming up"

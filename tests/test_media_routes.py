@@ -292,3 +292,25 @@ def test_docs_render_in_a_browser_within_their_csp(tiny_model_path, tiny_index_d
             browser.close()
     assert problems == []
     assert requests and all(u.startswith(live.url) for u in requests), requests
+
+
+def test_the_service_imports_its_video_decoder_before_it_is_ready(tiny_model_path, tiny_index_dir):
+    """PyAV's first import is not safe from two threads at once: two decoding threads that each imported it first
+    (a frame, and a truncated upload's error) once answered 500. The service imports it while it loads."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, time\n"
+            f"from fastapi.testclient import TestClient\n"
+            f"from service.app import create_app\n"
+            f"from service.settings import Settings\n"
+            f"assert 'av' not in sys.modules\n"
+            f"app = create_app(Settings(model={str(tiny_model_path)!r}, index={str(tiny_index_dir)!r}, "
+            f"reload_interval_s=0))\n"
+            f"with TestClient(app) as c:\n"
+            f"    while c.get('/readyz').status_code != 200:\n"
+            f"        time.sleep(0.05)\n"
+            f"    assert 'av' in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "JOINTSPACE_ALLOWED_HOSTS": "testserver"})
+    assert result.returncode == 0, result.stderr[-2000:]

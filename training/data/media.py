@@ -87,6 +87,14 @@ TOO_LARGE = "it is too large to decode"
 UNDECODABLE = "its data cannot be decoded"
 
 
+# PyAV's exception classes (av.error), by name, and their words
+_FFMPEG = (({"EOFError"}, TRUNCATED),
+           ({"DecoderNotFoundError", "DemuxerNotFoundError", "PatchWelcomeError", "OptionNotFoundError"}, UNSUPPORTED),
+           ({"FileNotFoundError", "PermissionError", "IsADirectoryError"}, UNREADABLE),
+           ({"InvalidDataError"}, CORRUPT),
+           ({"MemoryError"}, TOO_LARGE))
+
+
 def decoder_error(err: BaseException) -> str:
     """The public phrase for a decoder's exception: what kind of failure it was, from the exception's type (and,
     for Pillow's plain OSErrors and SyntaxErrors, a word of its message), never the message itself."""
@@ -96,20 +104,11 @@ def decoder_error(err: BaseException) -> str:
         return TOO_LARGE
     if isinstance(err, UnidentifiedImageError):
         return UNRECOGNISED
-    import av.error as av_error
-
-    if isinstance(err, av_error.FFmpegError):
-        if isinstance(err, av_error.EOFError):
-            return TRUNCATED
-        if isinstance(err, (av_error.DecoderNotFoundError, av_error.DemuxerNotFoundError,
-                            av_error.PatchWelcomeError, av_error.OptionNotFoundError)):
-            return UNSUPPORTED
-        if isinstance(err, (av_error.FileNotFoundError, av_error.PermissionError, av_error.IsADirectoryError)):
-            return UNREADABLE
-        if isinstance(err, av_error.InvalidDataError):
-            return CORRUPT
-        if isinstance(err, av_error.MemoryError):
-            return TOO_LARGE
+    ffmpeg = {c.__name__ for c in type(err).__mro__ if c.__module__ == "av.error"}    # PyAV's, without importing it
+    if "FFmpegError" in ffmpeg:
+        for names, words in _FFMPEG:
+            if ffmpeg & names:
+                return words
         return UNDECODABLE
     text = str(err).lower()
     if isinstance(err, EOFError) or "truncated" in text:

@@ -20,6 +20,7 @@ import torch
 from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
 from index.video import decoder
+from training.data.preprocess import register_heif
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
@@ -52,6 +53,11 @@ def cpu_threads(setting: int) -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
     return max(1, cores - 1)
+
+
+def _import_decoders() -> None:
+    decoder()
+    register_heif()
 
 
 @dataclass(frozen=True)
@@ -217,8 +223,9 @@ class ServiceState:
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
-            # PyAV is imported here, once, before the decoding threads may each need it first (index/video.py)
-            await loop.run_in_executor(self.compute_pool, decoder)
+            # the decoders that are imported on first use (PyAV, pillow-heif) are imported here, once, before the
+            # decoding threads may each need one first: a first import is not safe from two threads at once
+            await loop.run_in_executor(self.compute_pool, _import_decoders)
             engine = Engine(model, gallery, self.shapes)
             sizes = self.warmup_sizes()
             self.phase = "warming up"

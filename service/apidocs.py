@@ -11,6 +11,7 @@ off (service/app.py).
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
@@ -53,10 +54,13 @@ window.ui = SwaggerUIBundle({
 
 
 def swagger_ui_folder() -> Path:
-    """The folder of Swagger UI's files in the installed ``fastapi-offline`` package."""
-    from importlib.resources import files
-
-    return Path(str(files("fastapi_offline") / "static"))
+    """The folder of Swagger UI's files in the installed ``fastapi-offline`` package, found without importing it
+    (nor ``importlib.resources``: a replica that changed its user may no longer read the standard library's
+    folder, docs/deploy.md)."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("fastapi-offline (a dependency: its static folder holds Swagger UI) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
 
 
 def add_docs(app: FastAPI) -> None:

@@ -13,7 +13,15 @@ JPEGs), driven by keep-alive clients with a think time, so that the service is b
 * ``compose``: a photo uploaded with words to add (``POST /v1/search/images``, multipart);
 * ``thumbnail``: ``GET /v1/images/{id}?size=256`` of ids from recent answers (404 once sync removed one);
 * ``slow_upload``: a photo uploaded at 64 kB/s (above the default minimum body rate): answered, never shed;
-* ``stalled_upload``: the headers of a 2 MB upload, then nothing: 408 after ``JOINTSPACE_BODY_TIMEOUT_S``.
+* ``stalled_upload``: the headers of a 2 MB upload, then nothing: 408 after ``JOINTSPACE_BODY_TIMEOUT_S``;
+* ``hostile_upload``: a file of tests/hostile_media.py's corpus uploaded for caption search (aspect extremes,
+  huge declared sizes, truncated files, polyglots, videos, lying names): each must get its own status
+  (``wrong_status`` counts those that did not);
+* ``frame``: ``GET /v1/videos/{id}/frame`` of a 640×480 clip in the folder, at a random time, a random third of
+  them at ``?size=128``, and ``GET /v1/videos/{id}`` with a random range (some invalid, some past the end).
+
+The folder also holds hostile files that indexing must skip (the aspect-extreme PNGs, a truncated PNG, a header
+claiming 10 G pixels): every sync lists them again, and the index never holds them.
 
 ``--sync-every`` seconds after the previous sync ended (or the start), two new photos are written to the folder
 and one is deleted, then ``jointspace index sync`` runs; a change is *acknowledged* when sync exits 0. Halfway the service is killed with SIGKILL and
@@ -44,10 +52,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.hostile_media import corpus, png, video  # noqa: E402
 from tests.server_process import free_port  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 
-ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload")
+ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload", "hostile_upload", "frame")
 TEXTS = ["a red circle", "a dog on the beach", "two people walking", "a blue square above a green star",
          "a city street at night", "a small yellow triangle", "children playing in a park", "a mountain lake"]
 
@@ -85,6 +94,10 @@ def setup(work: Path, model: Path | None, photos: int) -> tuple[Path, Path, Path
     folder.mkdir()
     for i in range(photos):
         photo(folder / f"photo_{i:04d}.jpg", seed=i)
+    video(folder / "clip.mp4", size=(640, 480), frames=16, fps=4.0)
+    for name, data in (("wide.png", png(20_000, 2)), ("widest.png", png(24_500_000, 2)),
+                       ("claims.png", png(100_000, 100_000, truncate=True)), ("cut.png", png(64, 48)[:60])):
+        (folder / name).write_bytes(data)             # skipped by every build and sync
     captions = work / "captions.txt"
     captions.write_text("\n".join(f"{t} number {i}" for i in range(40) for t in TEXTS) + "\n")
     if model is None:
@@ -149,8 +162,10 @@ class Server:
 # --- the clients ---------------------------------------------------------------------------------------------
 
 class Soak:
-    def __init__(self, args, server: Server, folder: Path, index: Path, uploads: list[bytes]):
+    def __init__(self, args, server: Server, folder: Path, index: Path, uploads: list[bytes], hostile: list):
         self.args, self.server, self.folder, self.index, self.uploads = args, server, folder, index, uploads
+        self.hostile = hostile                                              # tests/hostile_media.py's cases
+        self.wrong_status: list[tuple[str, int, int]] = []                  # (file, expected, got)
         self.records: list[tuple[str, float, float, int | None]] = []      # route, start, end, status (None: error)
         self.rss: list[tuple[float, float, int]] = []                       # seconds, MB, server life
         self.syncs: list[dict] = []
@@ -189,6 +204,23 @@ class Soak:
     async def request(self, c, route: str):
         if route == "text":
             return await c.post(f"{self.base}/v1/search/images", json={"text": self.rng.choice(TEXTS), "k": 10})
+        if route == "hostile_upload":
+            case = self.rng.choice(self.hostile)
+            r = await c.post(f"{self.base}/v1/search/captions",
+                             files={"image": (case.name, case.data, "application/octet-stream")})
+            if r.status_code != case.upload and r.status_code < 500:
+                self.wrong_status.append((case.name, case.upload, r.status_code))
+            return r
+        if route == "frame":
+            if self.rng.random() < 0.25:
+                first = self.rng.choice([0, 100, 10 ** 9])
+                spec = self.rng.choice([f"bytes={first}-{first + 999}", f"bytes={first + 5}-{first}",
+                                        "bytes=-500", f"bytes=0-{'9' * 400}"])
+                return await c.get(f"{self.base}/v1/videos/0", headers={"Range": spec})
+            params = {"t": round(self.rng.uniform(0, 4), 2)}
+            if self.rng.random() < 0.33:
+                params["size"] = 128
+            return await c.get(f"{self.base}/v1/videos/0/frame", params=params)
         image = self.rng.choice(self.uploads)
         if route == "upload":
             return await c.post(f"{self.base}/v1/search/captions", files={"image": ("p.jpg", image, "image/jpeg")},
@@ -273,7 +305,8 @@ class Soak:
     async def run(self) -> None:
         think = self.args.think_ms / 1000
         tasks = [asyncio.create_task(self.client(route, think)) for route, n in
-                 (("text", 4), ("upload", 1), ("compose", 1), ("thumbnail", 2)) for _ in range(n)]
+                 (("text", 4), ("upload", 1), ("compose", 1), ("thumbnail", 2), ("hostile_upload", 1),
+                  ("frame", 1)) for _ in range(n)]
         tasks += [asyncio.create_task(self.raw_upload("slow_upload", 64_000)),
                   asyncio.create_task(self.raw_upload("stalled_upload", None)),
                   asyncio.create_task(self.sampler()), asyncio.create_task(self.syncer()),
@@ -327,7 +360,7 @@ def verify(soak: Soak) -> dict:
     from index.generations import current_generation
 
     gallery = Gallery.load(soak.index)
-    indexed = {Path(row.path).resolve() for row in gallery.meta.all_images()}
+    indexed = {Path(row.path).resolve() for row in gallery.meta.all_images() if row.video_id is None}
     generation = current_generation(soak.index)
     deadline = time.monotonic() + 30
     ready = {}
@@ -358,9 +391,10 @@ def main() -> int:
         work = Path(tmp)
         model, folder, index = setup(work, args.model, args.photos)
         uploads = [photo(work / f"upload_{i}.jpg", seed=90_000 + i).read_bytes() for i in range(4)]
+        hostile = corpus(work / "hostile")
         server = Server(model, index, free_port())
         server.start()
-        soak = Soak(args, server, folder, index, uploads)
+        soak = Soak(args, server, folder, index, uploads, hostile)
         try:
             asyncio.run(soak.run())
             time.sleep(args.sync_every / 10)
@@ -375,7 +409,8 @@ def main() -> int:
                        f"mixed traffic, index sync every {args.sync_every:g} s, one kill -9 of the service halfway",
         "hardware": args.hardware, "date": date.today().isoformat(), "commit": commit,
         "python": platform.python_version(), "seconds": args.seconds, "think_ms": args.think_ms,
-        **summary, "syncs": soak.syncs, "kill_at_s": soak.kill_at, "ready_again_s": soak.ready_again,
+        **summary, "hostile_wrong_status": soak.wrong_status[:20], "hostile_wrong_status_count": len(soak.wrong_status),
+        "syncs": soak.syncs, "kill_at_s": soak.kill_at, "ready_again_s": soak.ready_again,
         "rss_mb": {"first": rss[0] if rss else None, "peak": max(rss, default=None), "last": rss[-1] if rss else None,
                    "samples": soak.rss},
         "index_check": check,
@@ -390,8 +425,9 @@ def main() -> int:
     print(f"syncs: {sum(s['ok'] for s in soak.syncs)}/{len(soak.syncs)} ok; RSS MB first/peak/last "
           f"{result['rss_mb']['first']}/{result['rss_mb']['peak']}/{result['rss_mb']['last']}")
     print(f"index: {check}")
+    print(f"hostile uploads answered another status than their own: {len(soak.wrong_status)}")
     bad = summary["outside_kill_window"]["5xx"] or summary["outside_kill_window"]["connection_errors"] \
-        or check["missing"] or check["unexpected"] or not check["served_generation_is_latest"]
+        or check["missing"] or check["unexpected"] or not check["served_generation_is_latest"] or soak.wrong_status
     return 1 if bad else 0
 
 

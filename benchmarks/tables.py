@@ -454,7 +454,9 @@ def t_soak_cpu() -> str:
             f"{len(check['missing'])} acknowledged ones missing, {len(check['unexpected'])} unexpected, "
             f"latest generation served: {'yes' if check['served_generation_is_latest'] else 'no'}; server RSS "
             f"(sampled every 5 s) first / peak / last: {_rss(rss['samples'], 0)} MB before the kill, "
-            f"{_rss(rss['samples'], 1, data['ready_again_s'])} MB after the restart (once ready).")
+            f"{_rss(rss['samples'], 1, data['ready_again_s'])} MB after the restart (once ready)."
+            + (f" Hostile uploads answered another status than their own: {data['hostile_wrong_status_count']}."
+               if "hostile_wrong_status_count" in data else ""))
 
 
 def _rss(samples: list, life: int, since: float = 0.0) -> str:
@@ -557,6 +559,43 @@ def t_video_memory() -> str:
         f" Model: {data['model']}; {data['workers']} decoding worker; frames sampled at {data['sampling']['rate']:g}/s."
 
 
+def t_hostile_media() -> str:
+    """benchmarks/hostile_media.py: the aspect-extreme PNGs at upload and at index time; frames of an 8192² video."""
+    data = load("hostile_media_cpu.json")
+    upload = md_table(["upload", "bytes", "status", "longest answer (s)", "largest RSS growth in one request (MB)"],
+                      [[r["file"], f"{r['bytes']:,}", " / ".join(map(str, r["statuses"])), f(r["max_s"], 3),
+                        f(r["max_rss_growth_mb"], 1)] for r in data["upload"]], right={1, 3, 4})
+    index = md_table(["index build", "wall (s)", "peak RSS (MB)", "vs the photos alone: wall / peak RSS",
+                      "skip reason"],
+                     [[r["file"], f(r["wall_s"], 2), str(r["peak_rss_mb"]),
+                       f"{r['extra_s']:+.2f} s / {r['extra_rss_mb']:+d} MB" if "extra_s" in r else "—",
+                       r.get("skip_reason", "") or "—"] for r in data["index"]], right={1, 2})
+    reader = md_table(["the index's reader alone, one file", "time (ms)", "peak RSS growth (MB)", "skip reason"],
+                      [[r["file"], f(r["seconds"] * 1000, 2), f(r["rss_growth_mb"], 1), r["skip_reason"] or "—"]
+                       for r in data["index_reader"]], right={1, 2})
+    fr = data["frames"]
+    alone, settings = fr["one_frame_alone"], fr["settings"]
+
+    def counts(summary: dict) -> str:
+        return ", ".join(f"{n:,} × {status}" for status, n in sorted(summary["statuses"].items()))
+
+    frames = md_table(["answers", "statuses", "p50 (s)", "max (s)"],
+                      [[f"{fr['clients']} clients: full-size frames", counts(fr["frames"]), f(fr["frames"]["p50_s"], 2),
+                        f(fr["frames"]["max_s"], 2)],
+                       ["meanwhile, a 128-px thumbnail every 0.25 s", counts(fr["thumbnails_128px"]),
+                        f(fr["thumbnails_128px"]["p50_s"], 3), f(fr["thumbnails_128px"]["max_s"], 3)],
+                       ["meanwhile, a text search every 0.5 s", counts(fr["text_search"]),
+                        f(fr["text_search"]["p50_s"], 3), f(fr["text_search"]["max_s"], 3)]], right={2, 3})
+    hw, day, commit = provenance({}, data)
+    return (upload + "\n\n" + index + "\n\n" + reader + "\n\n" + frames +
+            f"\n\nFrames: {fr['video']}, {fr['seconds']:g} s of load. Server RSS before / peak / growth: "
+            f"{fr['rss_before_mb']} / {max(fr['vmhwm_mb'], fr['rss_peak_sampled_mb'])} / {fr['growth_mb']:+d} MB "
+            f"(bound: {settings['media_memory_mb']} MiB of estimated frames and thumbnails at once, one larger job "
+            f"alone; {settings['thumbnail_workers']} threads, {settings['max_thumbnails']} admitted). One frame "
+            f"alone: {alone['seconds']:g} s, {alone['rss_growth_mb']:+d} MB (the admission's estimate: "
+            f"{alone['estimate_mb']} MB). Model: {data['model']}.\n\nHardware: {hw}; date: {day}; commit: {commit}.")
+
+
 def t_decode_throughput_cpu() -> str:
     data = load("decode_throughput_cpu.json")
     rows = data["rows"]
@@ -633,6 +672,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "video_speed": t_video_speed,
     "video_memory": t_video_memory,
     "decode_throughput_cpu": t_decode_throughput_cpu,
+    "hostile_media": t_hostile_media,
     "decode_ranking": t_decode_ranking,
 }
 

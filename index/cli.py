@@ -155,7 +155,7 @@ def _sampling(args):
 
 
 def _split_media(paths, args) -> tuple[list, list]:
-    """Paths → (photos, videos) by suffix; videos empty with --no-videos."""
+    """Paths → (photos, videos) by content (index.video.is_video); videos empty with --no-videos."""
     from .video import is_video
 
     photos = [p for p in paths if not is_video(p)]

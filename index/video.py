@@ -1,7 +1,10 @@
 """Videos in the gallery: read a file with PyAV, sample frames, embed them, group them into moments.
 
 * :func:`probe` opens a file and checks it before any frame is decoded: a video stream, a sane size (at most
-  :data:`MAX_SIDE` pixels a side, so a 16k × 16k stream is refused), frame rate and claimed duration.
+  :data:`MAX_SIDE` pixels a side, so a 16k × 16k stream is refused, and no more elongated than a photo may be:
+  ``training.data.preprocess.MAX_ASPECT``), frame rate and claimed duration. A file is a video by its content
+  (:func:`is_video`), not its name. Every failure is told in ``training.data.media.decoder_error``'s words, never
+  FFmpeg's own message (which names the file's path).
 * :func:`sample_frames` yields ``(seconds, upright RGB image)`` at ``rate`` frames a second, at most
   ``max_frames``: a generator, one frame in memory at a time. Far targets are reached by seeking to the keyframe
   before them; near ones by decoding on. Rotation metadata (the display matrix) is applied. A file that claims a
@@ -27,8 +30,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
-from training.models.protocol import EmbeddingModel
 from PIL import Image
+from training.data.media import decoder_error, file_head, sniff_video
+from training.data.preprocess import ImageGeometryError, check_geometry
+from training.models.protocol import EmbeddingModel
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".m4v", ".webm", ".mkv", ".avi"}
@@ -107,23 +112,37 @@ def scan_media(root: str | Path, exclude: Sequence[str] = (), default_excludes: 
 
 
 def is_video(path: str | Path) -> bool:
-    return Path(path).suffix.lower() in VIDEO_SUFFIXES
+    """Whether a file holds a video, told by its content (``training.data.media.sniff_video``), not its name: a
+    JPEG named ``.mp4`` is a photo. A file that cannot be read (gone since) is told by its suffix."""
+    try:
+        head = file_head(path)
+    except OSError:
+        return Path(path).suffix.lower() in VIDEO_SUFFIXES
+    return sniff_video(head) is not None
+
+
+def decoder():
+    """PyAV, imported on first use. Its first import is not safe from two threads at once (a half-initialised
+    module seen by the second), so a process that decodes on several threads makes it first: the service does
+    before it is ready (service/state.py)."""
+    import av
+
+    return av
 
 
 def _open(path: str | Path):
-    import av
-
+    av = decoder()
     path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as err:
-        raise VideoError(f"cannot read the file: {err.strerror or err}") from None
+        raise VideoError(f"cannot read the file: {decoder_error(err)}") from None
     if size == 0:
         raise VideoError("empty file (0 bytes)")
     try:
         return av.open(str(path), metadata_errors="ignore")
     except Exception as err:  # noqa: BLE001 - any container error: not a readable video
-        raise VideoError(f"not a readable video container: {type(err).__name__}: {err}") from None
+        raise VideoError(f"not a readable video container: {decoder_error(err)}") from err
 
 
 def _creation_time(metadata: dict) -> float | None:
@@ -150,6 +169,10 @@ def _probe(container) -> _Probe:
         raise VideoError("the video stream has no frame size")
     if width > MAX_SIDE or height > MAX_SIDE:
         raise VideoError(f"frames of {width} × {height} pixels: larger than {MAX_SIDE} a side, refused")
+    try:
+        check_geometry((width, height))                     # the aspect ratio a frame may have, as a photo
+    except ImageGeometryError as err:
+        raise VideoError(f"frames of {width} × {height} pixels, refused: {err}") from None
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     fps = float(rate) if rate else 0.0
     if not 0 < fps <= MAX_FPS:
@@ -178,12 +201,17 @@ def probe(path: str | Path) -> dict:
     return {"width": p.width, "height": p.height, "fps": p.fps, "duration": p.duration, "taken": p.taken}
 
 
-def _upright(frame, side: int | None) -> Image.Image:
-    """A decoded frame → RGB PIL image, scaled so its shorter side is at most ``side``, rotation applied."""
+def _upright(frame, side: int | None, max_pixels: int | None = None) -> Image.Image:
+    """A decoded frame → RGB PIL image, scaled (before it is converted to RGB) so its shorter side is at most
+    ``side`` and its area at most ``max_pixels``, rotation applied."""
     w, h = frame.width, frame.height
+    scale = 1.0
     if side and min(w, h) > side:
         scale = side / min(w, h)
-        w, h = max(2, round(w * scale)), max(2, round(h * scale))
+    if max_pixels and w * h * scale * scale > max_pixels:
+        scale = math.sqrt(max_pixels / (w * h))
+    if scale < 1.0:
+        w, h = max(2, int(w * scale)), max(2, int(h * scale))
     image = frame.to_image(width=w, height=h) if (w, h) != (frame.width, frame.height) else frame.to_image()
     rotation = int(round(getattr(frame, "rotation", 0) or 0)) % 360
     if rotation:
@@ -230,7 +258,7 @@ def sample_frames(path: str | Path, rate: float = DEFAULT_RATE, max_frames: int 
                     frames = container.decode(stream)
                     continue
                 if taken == 0:
-                    raise VideoError(f"no frame decodes: {type(err).__name__}: {err}") from None
+                    raise VideoError(f"no frame decodes: {decoder_error(err)}") from err
                 break                                               # damaged from here on: the video ends here
             if got is None:
                 break                                               # end of the stream
@@ -256,13 +284,34 @@ def sample_frames(path: str | Path, rate: float = DEFAULT_RATE, max_frames: int 
         container.close()
 
 
-def frame_at(path: str | Path, seconds: float, side: int | None = FRAME_SIDE) -> Image.Image:
+# bytes a frame request may take per pixel: of the stream, the decoder's YUV 4:2:0 frames (1.5 bytes a pixel: the
+# frame, its references, one per decoding thread); of the frame served, the RGB the scaler writes and Pillow's copy
+FRAME_STREAM_BYTES_PER_PIXEL = 6
+FRAME_OUTPUT_BYTES_PER_PIXEL = 8
+
+
+def frame_cost(size: tuple[int, int], side: int | None, max_pixels: int | None = None) -> int:
+    """The memory (bytes) :func:`frame_at` takes for a video whose frames are ``size``, scaled to ``side`` and
+    ``max_pixels`` as it scales them: estimated from the size alone, before anything is decoded."""
+    width, height = size
+    scale = min(1.0, side / min(width, height)) if side else 1.0
+    if max_pixels and width * height * scale * scale > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+    out = int(width * scale) * int(height * scale)
+    return width * height * FRAME_STREAM_BYTES_PER_PIXEL + out * FRAME_OUTPUT_BYTES_PER_PIXEL
+
+
+def frame_at(path: str | Path, seconds: float, side: int | None = FRAME_SIDE,
+             max_pixels: int | None = None) -> Image.Image:
     """The upright frame at ``seconds`` (the first at or after it; the last one when ``seconds`` is past the end):
-    seeks to the keyframe before it and decodes on. :class:`VideoError` when none decodes."""
+    seeks to the keyframe before it and decodes on, one decoding thread (a frame asked for by a client takes one
+    core, whatever its size). The frame is scaled to ``side`` and ``max_pixels`` (:func:`_upright`) before it is
+    converted to RGB. :class:`VideoError` when none decodes."""
     container = _open(path)
     try:
         _probe(container)
         stream = container.streams.video[0]
+        stream.thread_count = 1
         start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
         try:
             container.seek(int((max(seconds, 0.0) + start) / stream.time_base), stream=stream, backward=True)
@@ -276,10 +325,10 @@ def frame_at(path: str | Path, seconds: float, side: int | None = FRAME_SIDE) ->
                     break
         except Exception as err:  # noqa: BLE001
             if last is None:
-                raise VideoError(f"no frame decodes: {type(err).__name__}: {err}") from None
+                raise VideoError(f"no frame decodes: {decoder_error(err)}") from err
         if last is None:
             raise VideoError("no frame decodes at that time")
-        return _upright(last, side)
+        return _upright(last, side, max_pixels)
     finally:
         container.close()
 

@@ -4,7 +4,7 @@ Routes (service/api/, one module per resource): the ``/v1`` API — search (``/v
 ``/v1/search/captions``), the gallery (``/v1/folders``, ``/v1/images/{id}``), its videos (``/v1/videos/{id}``,
 ``/v1/videos/{id}/frame``) and the decoder (``/v1/captions``, ``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
 an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
-(``/docs``), written for this app's settings: its limits, its error responses, and API-key security only when a
+(``/docs``: Swagger UI from the app's own files, service/apidocs.py), written for this app's settings: its limits, its error responses, and API-key security only when a
 key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
 configured for is answered 421, and no other origin may read it unless configured (service/trust.py).
 """
@@ -25,6 +25,7 @@ from .metrics import Metrics, MetricsMiddleware
 from .contract import error_responses
 from .middleware import BodyMiddleware, InFlightMiddleware
 from .page import add_page
+from .apidocs import add_docs
 from .api import gallery as gallery_api
 from .api import generate as generate_api
 from .api import operations as operations_api
@@ -54,7 +55,9 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
         finally:
             await state.stop()
 
-    app = _App(title="jointspace", version=__version__, lifespan=lifespan,
+    # FastAPI's own /docs and /redoc load their scripts from a CDN: off, /docs is served from this app's files
+    app = _App(title="jointspace", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+               swagger_ui_oauth2_redirect_url=None,
                description="Image–text retrieval in a common vector space: search a photo gallery with a "
                            "sentence, rank captions for an image.")
     app.state.service = state
@@ -65,13 +68,14 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
                            responses=error_responses(401) if keyed else None)
     app.include_router(operations_api.router)
     add_page(app)
+    add_docs(app)
     _add_error_handlers(app)
     # outermost last: metrics see every request; a body is received whole before admission counts its request
     app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
-                       retry_after_s=settings.retry_after_s, metrics=metrics, thumbnail_limit=settings.max_thumbnails)
+                       retry_after_s=settings.retry_after_s, metrics=metrics)
     app.add_middleware(BodyMiddleware, limit=settings.max_upload_bytes + BODY_SLACK, timeout_s=settings.body_timeout_s,
                        min_rate=settings.body_min_rate, buffer_bytes=settings.upload_buffer_bytes,
-                       retry_after_s=settings.retry_after_s, metrics=metrics)
+                       peer_bytes=settings.upload_peer_bytes, retry_after_s=settings.retry_after_s, metrics=metrics)
     origins = cors_origins(settings.cors_origins)
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
@@ -114,8 +118,8 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict:
     }
     for path, content in request_bodies.items():
         doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
-    for param in (doc["paths"]["/v1/images/{image_id}"]["get"]["parameters"]
-                  + doc["paths"]["/v1/videos/{video_id}/frame"]["get"]["parameters"]):
+    for param in (p for path in ("/v1/images/{image_id}", "/v1/videos/{video_id}/frame")
+                  for op in doc["paths"][path].values() for p in op["parameters"]):
         if param["name"] == "size":
             param["schema"] = {"type": "integer", "minimum": 16, "maximum": settings.max_thumbnail}
     app.openapi_schema = doc

@@ -1,12 +1,12 @@
 """ASGI middlewares of the app, outermost first (service/app.py): the request body received whole under its own
-budget (:class:`BodyMiddleware`), then admission control with in-flight counts for the model's routes and for
-thumbnails (:class:`InFlightMiddleware`). A request reaches admission only once its body is complete, so
-admission, the in-flight counts and the deadline count work, never bytes still on their way."""
+budget (:class:`BodyMiddleware`), then admission control with in-flight counts for the model's routes
+(:class:`InFlightMiddleware`). A request reaches admission only once its body is complete, so admission, the
+in-flight counts and the deadline count work, never bytes still on their way. (Thumbnails and video frames have an
+admission of their own, which knows what each will cost: service/decoding.py.)"""
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections import deque
 
@@ -38,26 +38,35 @@ class BodyMiddleware:
       plus one second for every ``min_rate`` bytes it has sent; a body that falls behind is answered 408 (and the
       connection closed), never 503: a slow uplink is the client's budget, not the service's overload. A 9 MB photo
       at 1 MB/s needs 9 s and is allowed ``timeout_s`` + 9e6 / ``min_rate`` s.
-    * **Memory**: a body over :data:`SMALL_BODY` bytes reserves its ``Content-Length`` (``limit`` when it is sent
-      chunked) of ``buffer_bytes`` from when it starts to when its request is answered; when that would exceed
-      ``buffer_bytes`` it is answered 503 + Retry-After at once, before its body is read (and before a client
-      that asked for ``100-continue`` sends it). Small bodies — every JSON query — take nothing from it, so stalled
-      uploads cannot crowd out a text search.
+    * **Memory**: the bytes of a body over :data:`SMALL_BODY` bytes (or sent chunked) are counted as they arrive,
+      until its request is answered, against ``buffer_bytes`` for all clients and ``peer_bytes`` for its client's
+      address (``scope["client"]``). An upload that would take either past its bound while other bodies hold
+      some of it is answered 503 + Retry-After: at once, before its body is read (and before a client that asked
+      for ``100-continue`` sends it), when its ``Content-Length`` says so; else when the bytes that do not fit
+      arrive. A stalled upload holds only what it has sent — 128 connections that declared 2 MB and sent 1 KB
+      hold 128 KB, not 256 MB — and one address cannot hold more than ``peer_bytes``, so no client can deny
+      uploads to others. Small bodies — every JSON query — take nothing from it, so uploads cannot crowd out a
+      text search.
 
     The request then goes on with its body replayed from memory, as the chunks it arrived in, each dropped once
     read; after it, ``receive`` is the server's again (a disconnect is still seen)."""
 
     def __init__(self, app: ASGIApp, limit: int, timeout_s: float, min_rate: float, buffer_bytes: int,
-                 retry_after_s: int = 1, metrics=None):
+                 peer_bytes: int | None = None, retry_after_s: int = 1, metrics=None):
         self.app, self.limit, self.timeout_s, self.min_rate = app, limit, timeout_s, min_rate
         self.buffer_bytes, self.metrics = buffer_bytes, metrics
-        self.reserved = 0                   # bytes of the buffer taken by the large bodies in the service now
+        self.peer_bytes = buffer_bytes if peer_bytes is None else peer_bytes
+        self.held = 0                       # bytes of counted bodies received and not yet answered
+        self.held_by: dict[str, int] = {}   # the same, per client address
         self.receiving = 0                  # bodies being received now
         self._too_large = _response(413, f"request body larger than {limit:,} bytes", {"connection": "close"})
-        # refused before the body was read: the connection is closed rather than left to read it to its end
+        # refused before (or while) the body is read: the connection is closed rather than left to read it to its
+        # end
+        retry = {"retry-after": str(retry_after_s), "connection": "close"}
         self._full = _response(503, f"the service is receiving {buffer_bytes:,} bytes of uploads already; retry "
-                                    f"after {retry_after_s} s", {"retry-after": str(retry_after_s),
-                                                                 "connection": "close"})
+                                    f"after {retry_after_s} s", retry)
+        self._peer_full = _response(503, f"this client is sending {self.peer_bytes:,} bytes of uploads already; "
+                                         f"retry after {retry_after_s} s", retry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -76,23 +85,38 @@ class BodyMiddleware:
         if length is not None and length > self.limit:
             await _answer(send, self._too_large)
             return
-        reserve = length if length is not None else self.limit
-        if reserve <= SMALL_BODY:
-            reserve = 0
-        elif self.reserved and self.reserved + reserve > self.buffer_bytes:
-            self._shed()
-            await _answer(send, self._full)
-            return
-        self.reserved += reserve
+        counted = length is None or length > SMALL_BODY
+        client = scope.get("client")
+        peer = client[0] if client else ""
+        if counted and length is not None:
+            refusal = self._overflow(peer, length, 0)
+            if refusal is not None:
+                await _answer(send, refusal)
+                return
+        body = _Held(self, peer) if counted else None
         try:
-            chunks = await self._receive_body(receive, send, length)
+            chunks = await self._receive_body(receive, send, length, body)
             if chunks is not None:
                 await self.app(scope, _replay(chunks, receive), send)
         finally:
-            self.reserved -= reserve
+            if body is not None:
+                body.release()
 
-    async def _receive_body(self, receive: Receive, send: Send, length: int | None) -> deque[bytes] | None:
-        """The body's chunks; None when it was answered (408, 413) or the client went away."""
+    def _overflow(self, peer: str, more: int, mine: int) -> tuple[Message, Message] | None:
+        """The refusal when ``more`` bytes for a body from ``peer`` that holds ``mine`` already would take the
+        buffer or the peer's share past its bound while other bodies hold some of it; else None."""
+        for held, cap, refusal, reason in ((self.held, self.buffer_bytes, self._full, "buffer_full"),
+                                           (self.held_by.get(peer, 0), self.peer_bytes, self._peer_full,
+                                            "peer_full")):
+            if held > mine and held + more > cap:
+                if self.metrics is not None:
+                    self.metrics.shed.labels("uploads", reason).inc()
+                return refusal
+        return None
+
+    async def _receive_body(self, receive: Receive, send: Send, length: int | None,
+                            held: _Held | None) -> deque[bytes] | None:
+        """The body's chunks; None when it was answered (408, 413, 503) or the client went away."""
         chunks: deque[bytes] = deque()
         received = 0
         start = time.monotonic()
@@ -117,6 +141,12 @@ class BodyMiddleware:
                     if received > self.limit:
                         await _answer(send, self._too_large)
                         return None
+                    if held is not None:
+                        refusal = self._overflow(held.peer, len(body), held.bytes)
+                        if refusal is not None:
+                            await _answer(send, refusal)
+                            return None
+                        held.add(len(body))
                     chunks.append(body)
                 if not message.get("more_body", False):
                     return chunks
@@ -132,13 +162,31 @@ class BodyMiddleware:
             408, f"the request body arrived too slowly: {received:,}{of} bytes in {elapsed:.1f} s; a body gets "
                  f"{self.timeout_s:g} s plus 1 s for every {self.min_rate:,.0f} bytes sent", {"connection": "close"}))
 
-    def _shed(self) -> None:
-        if self.metrics is not None:
-            self.metrics.shed.labels("uploads", "buffer_full").inc()
-
     def _gauge(self) -> None:
         if self.metrics is not None:
             self.metrics.bodies_receiving.set(self.receiving)
+
+
+class _Held:
+    """The bytes one body holds of :class:`BodyMiddleware`'s buffer and of its client's share."""
+
+    def __init__(self, owner: BodyMiddleware, peer: str):
+        self.owner, self.peer, self.bytes = owner, peer, 0
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        self.owner.held += n
+        self.owner.held_by[self.peer] = self.owner.held_by.get(self.peer, 0) + n
+
+    def release(self) -> None:
+        owner = self.owner
+        owner.held -= self.bytes
+        left = owner.held_by.get(self.peer, 0) - self.bytes
+        if left > 0:
+            owner.held_by[self.peer] = left
+        else:
+            owner.held_by.pop(self.peer, None)
+        self.bytes = 0
 
 
 def _replay(chunks: deque[bytes], receive: Receive) -> Receive:
@@ -157,14 +205,6 @@ def _replay(chunks: deque[bytes], receive: Receive) -> Receive:
 
 
 ARRIVAL = "jointspace_arrival"      # scope["state"] key: time.monotonic() when the request was admitted
-_IMAGE_PATH = re.compile(r"/v1/images/[^/]+$")
-
-
-def _is_thumbnail(scope: Scope) -> bool:
-    """``GET /v1/images/{id}?size=…``: a thumbnail, decoded and encoded again (the file itself is only read)."""
-    if scope["method"] not in ("GET", "HEAD") or not _IMAGE_PATH.search(scope["path"]):
-        return False
-    return any(part.split(b"=", 1)[0] == b"size" for part in scope.get("query_string", b"").split(b"&"))
 
 
 class InFlightMiddleware:
@@ -182,23 +222,16 @@ class InFlightMiddleware:
     Load shedding: when ``limit`` requests are in already, one more is answered 503 + Retry-After at once, before
     any work is spent on it — the cheapest refusal there is. Every admitted request gets its admission time in
     ``scope["state"][ARRIVAL]``, from which the routes compute its deadline: the deadline starts when the request
-    is complete, not when its first byte arrived.
-
-    Thumbnails (``GET /v1/images/{id}?size=``) have a bound of their own, ``thumbnail_limit`` being made at once
-    (one more: 503 + Retry-After at once): they are not model work and do not count towards ``limit``, so a flood
-    of them is refused without crowding out a search."""
+    is complete, not when its first byte arrived. Thumbnails and video frames are not model work and do not count
+    towards ``limit`` (service/decoding.py admits them)."""
 
     def __init__(self, app: ASGIApp, counts: dict[str, int], limit: int | None = None, retry_after_s: int = 1,
-                 metrics=None, thumbnail_limit: int | None = None):
+                 metrics=None):
         self.app, self.counts, self.limit, self.metrics = app, counts, limit, metrics
-        self.thumbnail_limit, self.thumbnails = thumbnail_limit, 0
-        # the refusals are rendered once: under overload they are most of what the server sends, and they must
-        # cost as little event-loop time as possible (every refusal is time not spent answering admitted requests)
-        retry = {"retry-after": str(retry_after_s)}
+        # the refusal is rendered once: under overload it is most of what the server sends, and it must cost as
+        # little event-loop time as possible (every refusal is time not spent answering admitted requests)
         self._busy = _response(503, f"the service is at capacity: {limit} requests are in already; retry after "
-                                    f"{retry_after_s} s", retry)
-        self._thumbnails_busy = _response(503, f"the service is at capacity: {thumbnail_limit} thumbnails are "
-                                               f"being made already; retry after {retry_after_s} s", retry)
+                                    f"{retry_after_s} s", {"retry-after": str(retry_after_s)})
 
     def _batcher(self, scope: Scope) -> str | None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -218,10 +251,7 @@ class InFlightMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = self._batcher(scope)
         if name is None:
-            if scope["type"] == "http" and self.thumbnail_limit is not None and _is_thumbnail(scope):
-                await self._thumbnail(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
             return
         if self.limit is not None and sum(self.counts.values()) >= self.limit:
             if self.metrics is not None:
@@ -251,19 +281,6 @@ class InFlightMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             done()
-
-    async def _thumbnail(self, scope: Scope, receive: Receive, send: Send) -> None:
-        assert self.thumbnail_limit is not None
-        if self.thumbnails >= self.thumbnail_limit:
-            if self.metrics is not None:
-                self.metrics.shed.labels("thumbnail", "queue_full").inc()
-            await _answer(send, self._thumbnails_busy)
-            return
-        self.thumbnails += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.thumbnails -= 1
 
     def _gauge(self) -> None:
         if self.metrics is not None:

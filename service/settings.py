@@ -59,14 +59,27 @@ class Settings(BaseSettings):
     body_min_rate: int = Field(16_384, ge=1, description="bytes per second a request body must keep up after its "
                                                          "first body_timeout_s seconds (408 below)")
     upload_buffer_bytes: int = Field(256 * 1024 * 1024, ge=1,
-                                     description="most bytes of request bodies over 64 KiB held at once, each "
-                                                 "counted by its Content-Length from its first byte until it is "
-                                                 "answered; one more is answered 503 + Retry-After before it is "
-                                                 "read (JSON queries and small images take none)")
-    max_thumbnails: int = Field(16, ge=1, description="most thumbnails (/v1/images/{id}?size=) being made at once; "
-                                                      "one more is answered 503 + Retry-After at once")
-    thumbnail_workers: int = Field(1, ge=1, description="threads that make thumbnails (not the upload decoding "
-                                                        "threads)")
+                                     description="most bytes of request bodies held at once, counted as they "
+                                                 "arrive until each request is answered; an upload that would "
+                                                 "overflow it is answered 503 + Retry-After (before it is read "
+                                                 "when its Content-Length says so)")
+    upload_peer_bytes: int = Field(64 * 1024 * 1024, ge=1,
+                                   description="most bytes of request bodies one client address holds at once "
+                                               "(counted as upload_buffer_bytes); beyond, its upload is answered "
+                                               "503 + Retry-After")
+    max_thumbnails: int = Field(16, ge=1, description="most frames and thumbnails (/v1/images/{id}?size=, "
+                                                      "/v1/videos/{id}/frame, a video moment's image) being made or "
+                                                      "waiting at once, at most half of them heavy; one more is "
+                                                      "answered 503 + Retry-After at once")
+    thumbnail_workers: int = Field(2, ge=1, description="threads that make frames and thumbnails (not the upload "
+                                                        "decoding threads); heavy ones take at most all but one")
+    media_memory_bytes: int = Field(512 * 1024 * 1024, ge=1,
+                                    description="most memory the frames and thumbnails being made may take at once, "
+                                                "each estimated from its file's size before it is decoded (one "
+                                                "larger than this runs alone)")
+    max_frame_pixels: int = Field(8 * 1024 * 1024, ge=16 * 16,
+                                  description="largest video frame served without ?size=, width × height: a larger "
+                                              "frame is scaled down to it while it is decoded")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads on CPU (0 = all cores but one)")
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest image upload (413 beyond)")

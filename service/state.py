@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 
 from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
+from index.video import decoder
+from training.data.preprocess import register_heif
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
@@ -28,12 +31,15 @@ from training.inference.shapes import resolve as resolve_shapes
 from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher
+from .decoding import MediaDecoder
 from .engine import Engine
 from .metrics import Metrics
 from .schemas import request_models
 from .settings import Settings
 
 log = logging.getLogger("jointspace.service")
+# an absolute path (POSIX or Windows) not inside a word or URL: group 1 is its last name
+_PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
 
 
 def cpu_threads(setting: int) -> int:
@@ -47,6 +53,11 @@ def cpu_threads(setting: int) -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
     return max(1, cores - 1)
+
+
+def _import_decoders() -> None:
+    decoder()
+    register_heif()
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,9 @@ class ServiceState:
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
-        # thumbnails have threads of their own (and a bound on how many wait: InFlightMiddleware)
-        self.thumbnail_pool = ThreadPoolExecutor(settings.thumbnail_workers, thread_name_prefix="jointspace-thumb")
+        # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
+        self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
+                                  metrics)
         # requests on their way to each batcher (InFlightMiddleware)
         self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
         # the model's similarity bounds min_score: known from the index's manifest before anything is loaded
@@ -115,6 +127,12 @@ class ServiceState:
         if not self.settings.deadline_ms or arrival is None:
             return None
         return arrival + self.settings.deadline_ms / 1000.0
+
+    @property
+    def public_error(self) -> str | None:
+        """The loading error as ``/readyz`` shows it: every file path cut to its last name (the full error, with
+        the server's paths, is in the log)."""
+        return None if self.error is None else _PATH.sub(lambda m: "…/" + m.group(1), self.error)
 
     @property
     def ready(self) -> bool:
@@ -179,7 +197,7 @@ class ServiceState:
             await batcher.stop()
         self.compute_pool.shutdown(wait=False, cancel_futures=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
-        self.thumbnail_pool.shutdown(wait=False, cancel_futures=True)
+        self.media.shutdown()
         torch.set_num_threads(self._torch_threads)      # the process's setting, as it was before start()
         gc.unfreeze()                                   # let a clean shutdown free everything again
 
@@ -205,6 +223,9 @@ class ServiceState:
                 self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
                 await self.caption_batcher.start()
                 await self.paraphrase_batcher.start()
+            # the decoders that are imported on first use (PyAV, pillow-heif) are imported here, once, before the
+            # decoding threads may each need one first: a first import is not safe from two threads at once
+            await loop.run_in_executor(self.compute_pool, _import_decoders)
             engine = Engine(model, gallery, self.shapes)
             sizes = self.warmup_sizes()
             self.phase = "warming up"

@@ -8,6 +8,8 @@ os.environ.setdefault("JOINTSPACE_CACHE", "")   # replaced per session below
 # Starlette's TestClient sends ``Host: testserver``: a name the service answers only when configured to
 # (service/trust.py); tests of the Host check pass their own allowed_hosts
 os.environ["JOINTSPACE_ALLOWED_HOSTS"] = "testserver"
+# every error answer of the suite is checked for server paths and object reprs (tests/error_bodies.py)
+pytest_plugins = ["error_bodies"]
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""``jointspace train --resume``: an interrupted run continues from ``last.pt`` and ends as if never stopped."""
+"""``jointspace train --resume``: an interrupted run continues from ``last.pt`` and ends as if never stopped;
+``last.pt`` is unpickled with ``weights_only=True``."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +110,32 @@ def test_resume_cli_refuses_what_it_cannot_do(synth_small, tmp_path, capsys):
     assert "drop --config" in capsys.readouterr().err
     assert main(["train", "--data", str(synth_small), "--out", str(tmp_path)]) == 2
     assert "--config is required" in capsys.readouterr().err
+
+
+class _Payload:
+    """What a crafted last.pt would run when unpickled without weights_only."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path(_Payload.target),))
+
+
+def test_a_state_file_holding_other_objects_is_refused_never_run(tmp_path):
+    """last.pt is read with weights_only=True and numpy's random state allowed: tensors, plain values and numpy
+    arrays load; any other pickled object is refused before it could run."""
+    import random
+
+    import numpy as np
+
+    from training.run_state import STATE_FORMAT, load_train_state
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"format": STATE_FORMAT, "model": {"w": torch.ones(2)}, "numpy": np.random.get_state(),
+                "python": random.getstate(), "history": [{"epoch": 1, "loss": 0.5}]}, run / "last.pt")
+    state = load_train_state(run)
+    assert state["numpy"][0] == "MT19937" and torch.equal(state["model"]["w"], torch.ones(2))
+    _Payload.target = str(tmp_path / "ran")
+    torch.save({"format": STATE_FORMAT, "model": {}, "extra": _Payload()}, run / "last.pt")
+    with pytest.raises(ValueError, match="holds objects a training state does not"):
+        load_train_state(run)
+    assert not (tmp_path / "ran").exists()

@@ -2,6 +2,7 @@
 random generators saved in it and put back."""
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 
@@ -13,12 +14,29 @@ STATE_FORMAT = "jointspace-train-state/1"
 STATE_FILE = "last.pt"
 
 
+def _state_globals() -> list:
+    """The classes a ``last.pt`` may hold besides tensors and plain values: numpy's random state (an array of
+    uint32 and its dtype). Nothing else is unpickled."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return [np.ndarray, np.dtype, _reconstruct, type(np.dtype(np.uint32))]
+
+
 def load_train_state(run_dir: str | Path) -> dict:
-    """The ``last.pt`` of a run directory (``jointspace train --resume``)."""
+    """The ``last.pt`` of a run directory (``jointspace train --resume``), unpickled with ``weights_only=True``
+    and only numpy's random state allowed besides (:func:`_state_globals`): a file that holds any other object
+    is refused, never run."""
     path = Path(run_dir) / STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: nothing to resume (a run writes it after its first epoch)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        with torch.serialization.safe_globals(_state_globals()):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path} holds objects a training state does not (only tensors, plain values and numpy's "
+                         f"random state are read): {str(err).splitlines()[0]}") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path} is not a jointspace training state (expected format {STATE_FORMAT})")
     return state

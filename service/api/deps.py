@@ -15,12 +15,13 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from index.metadata import ImageRow
-from index.video import VideoError, frame_at
+from index.video import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
 from ..images import ImageError, upload_to_pixels
 from ..middleware import ARRIVAL
 from ..state import ServiceState
+from .files import decoded
 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key set as JOINTSPACE_API_KEY")
 _bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_API_KEY")
@@ -129,6 +130,11 @@ def gallery_entry(image_id: int, state: ServiceState) -> tuple[ImageRow, pathlib
     return row, path, info
 
 
+def moment_seconds(row: ImageRow) -> float:
+    """The time of a video moment's thumbnail frame."""
+    return float(row.t_frame if row.t_frame is not None else row.t_start or 0.0)
+
+
 async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -> torch.Tensor:
     """A gallery image's file, decoded and preprocessed like an upload; 404 when unknown or gone."""
     path = gallery_file(image_id, state)
@@ -136,11 +142,12 @@ async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -
     loop = asyncio.get_running_loop()
     row = state.loaded.gallery.meta.image(image_id)
     if row is not None and row.video_id is not None:          # a video moment: its thumbnail frame
-        seconds = float(row.t_frame if row.t_frame is not None else row.t_start or 0.0)
+        video = state.loaded.gallery.meta.video(row.video_id)
+        size = (video.width, video.height) if video and video.width and video.height else (MAX_SIDE, MAX_SIDE)
         try:
-            image = await loop.run_in_executor(state.decode_pool, frame_at, path, seconds)
+            image = await decoded(state, frame_cost(size, FRAME_SIDE), frame_at, path, moment_seconds(row))
         except VideoError as err:
-            raise HTTPException(404, f"gallery image {image_id}: {err}") from None
+            raise HTTPException(404, f"gallery image {image_id} cannot be decoded: {err}") from None
         return state.loaded.model.preprocess.pixels(image)
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,

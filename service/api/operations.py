@@ -27,7 +27,7 @@ async def healthz():
 async def readyz(request: Request):
     state = _state(request)
     if not state.ready:
-        status = f"error: {state.error}" if state.error else state.phase
+        status = f"error: {state.public_error}" if state.error else state.phase
         return JSONResponse({"status": status, "detail": f"not ready ({status})"}, status_code=503)
     loaded = state.loaded
     return Ready(status="ready", model_fingerprint=loaded.model.fingerprint,

@@ -1,113 +1,101 @@
 """Videos: ``GET /v1/videos/{id}`` (the file, streamed with HTTP range requests so a browser can seek) and
 ``GET /v1/videos/{id}/frame?t=`` (the frame at ``t`` seconds as a JPEG). A video moment found by a search is an
-image id whose ``/v1/images/{id}`` is its thumbnail frame (:func:`moment_image`)."""
+image id whose ``/v1/images/{id}`` is its thumbnail frame (``deps.moment_seconds``).
+
+Both carry strong validators and answer conditional and range requests and ``HEAD`` as service/api/files.py says;
+the file's media type is sniffed from its content. A frame is decoded under the media admission
+(service/decoding.py), scaled while it is decoded to what is asked: ``?size=`` (its longer side), else at most
+``JOINTSPACE_MAX_FRAME_PIXELS``."""
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import pathlib
-import re
+import stat
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from PIL import Image
 
-from index.metadata import ImageRow
-from index.video import VideoError, frame_at
+from index.metadata import VideoRow
+from index.video import MAX_SIDE, VideoError, frame_at, frame_cost
+from training.data.media import file_head, sniff_video
 
-from ..contract import MAX_ID, Error, error_responses
+from ..contract import Error, error_responses
 from ..state import ServiceState
 from .deps import private_headers, service
+from .files import get_and_head, VideoId, decoded, file_response, not_modified, validators
 
 router = APIRouter(prefix="/v1")
 
-VIDEO_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".mov": "video/quicktime", ".webm": "video/webm",
-               ".mkv": "video/x-matroska", ".avi": "video/x-msvideo"}
-CHUNK = 256 * 1024
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+VIDEO_TYPES = ("video/mp4", "video/quicktime", "video/webm", "video/x-matroska", "video/x-msvideo")
+_VALIDATOR_HEADERS = {
+    "ETag": {"description": "the file's version (content hash, size and mtime, index generation): send it as "
+                            "If-None-Match for a 304, or as If-Range with a Range", "schema": {"type": "string"}},
+    "Last-Modified": {"description": "the file's modification time", "schema": {"type": "string"}},
+    "Cache-Control": {"description": "private: no-cache, or no-store when an API key is required",
+                      "schema": {"type": "string"}}}
+_NOT_MODIFIED = {"description": "Not Modified: If-None-Match names the current ETag (or is *), or "
+                                "If-Modified-Since is no older than the file", "headers": _VALIDATOR_HEADERS}
 
 
-def video_file(video_id: int, state: ServiceState) -> tuple[pathlib.Path, float | None]:
-    """A gallery video's file and duration; 404 when the id is unknown or the file is gone."""
+def video_entry(video_id: int, state: ServiceState) -> tuple[VideoRow, pathlib.Path, os.stat_result]:
+    """A gallery video's row, file and the file's ``stat``; 404 when the id is unknown or the file is gone."""
     row = state.loaded.gallery.meta.video(video_id)
     if row is None:
         raise HTTPException(404, f"no gallery video with id {video_id}")
     path = pathlib.Path(row.path)
-    if not path.is_file():
+    try:
+        info = path.stat()
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISREG(info.st_mode):
         raise HTTPException(404, f"gallery video {video_id} is no longer on disk")
     if os.path.realpath(path) != os.path.abspath(path):       # a link made after indexing: not followed
         raise HTTPException(404, f"gallery video {video_id} is not served: its path now leads through a symbolic "
                                  f"link (run jointspace index sync)")
-    return path, row.duration
+    return row, path, info
 
 
-def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """One ``Range: bytes=`` range → ``(first, last)`` inclusive, clipped to the file; None to send the whole file
-    (no header, another unit, several ranges, or a malformed one: RFC 9110 lets a server ignore them).
-    ValueError when the range starts past the end (416)."""
-    if header is None:
-        return None
-    m = _RANGE.fullmatch(header.strip())
-    if m is None or (not m.group(1) and not m.group(2)):
-        return None
-    first, last = m.group(1), m.group(2)
-    if not first:                                   # the last N bytes
-        n = int(last)
-        if n == 0:
-            raise ValueError("an empty suffix range")
-        return max(0, size - n), size - 1
-    start = int(first)
-    end = size - 1 if not last else min(int(last), size - 1)
-    if start >= size or (last and int(last) < start):
-        raise ValueError(f"bytes {start}- of a {size}-byte file")
-    return start, end
+def media_headers(content: str, info: os.stat_result, state: ServiceState, variant: object) -> dict[str, str]:
+    """The caching and validator headers of a gallery file, or of what is made of it (``variant``)."""
+    gallery = state.loaded.gallery
+    return {**private_headers(state), **validators(content, info, gallery.manifest.get("index_id", ""),
+                                                   gallery.generation, variant)}
 
 
-def _chunks(path: pathlib.Path, first: int, last: int):
-    with open(path, "rb") as fh:
-        fh.seek(first)
-        left = last - first + 1
-        while left > 0:
-            block = fh.read(min(CHUNK, left))
-            if not block:
-                return
-            left -= len(block)
-            yield block
+@get_and_head(router, "/videos/{video_id}", responses={**error_responses(404, 422, 503),
+                  200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
+                        "description": "the whole video file (its media type sniffed from its content)",
+                        "headers": {**_VALIDATOR_HEADERS, "Accept-Ranges": {"schema": {"type": "string"}}}},
+                  206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
+                        "description": "the bytes asked for with a `Range: bytes=first-last` header (and an "
+                                       "If-Range naming the current ETag or Last-Modified, if any)",
+                        "headers": {**_VALIDATOR_HEADERS, "Content-Range": {"schema": {"type": "string"}},
+                                    "Accept-Ranges": {"schema": {"type": "string"}}}},
+                  304: _NOT_MODIFIED,
+                  416: {"model": Error, "description": "the Range header starts at or past the end of the file",
+                        "headers": {"Content-Range": {"schema": {"type": "string"}}}}},
+                  response_class=Response,
+                  summary="A gallery video file; a `Range` header gets those bytes (206)")
+async def get_video(request: Request, video_id: VideoId, state: ServiceState = Depends(service)):
+    row, path, info = video_entry(video_id, state)
+    media = sniff_video(file_head(path)) or "application/octet-stream"
+    return file_response(request, path, info.st_size, media, media_headers(row.sha256 or row.path, info, state, "file"))
 
 
-@router.get("/videos/{video_id}", responses={**error_responses(404, 422, 503),
-            200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in set(VIDEO_TYPES.values())},
-                  "description": "the whole video file", "headers": {"Accept-Ranges": {"schema": {"type": "string"}}}},
-            206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in set(VIDEO_TYPES.values())},
-                  "description": "the bytes asked for with a `Range: bytes=first-last` header",
-                  "headers": {"Content-Range": {"schema": {"type": "string"}},
-                              "Accept-Ranges": {"schema": {"type": "string"}}}},
-            416: {"model": Error, "description": "the Range header starts past the end of the file",
-                  "headers": {"Content-Range": {"schema": {"type": "string"}}}}},
-            response_class=Response, summary="A gallery video file; a `Range` header gets those bytes (206)")
-async def get_video(request: Request, video_id: int = Path(..., ge=0, le=MAX_ID),
-                    state: ServiceState = Depends(service)):
-    path, _ = video_file(video_id, state)
-    size = os.stat(path).st_size
-    media = VIDEO_TYPES.get(path.suffix.lower(), "application/octet-stream")
-    headers = {"Accept-Ranges": "bytes", **private_headers(state)}
-    try:
-        wanted = byte_range(request.headers.get("range"), size)
-    except ValueError as err:
-        return JSONResponse({"detail": f"range not satisfiable: {err}"}, status_code=416,
-                            headers={"Content-Range": f"bytes */{size}"})
-    first, last = wanted if wanted is not None else (0, size - 1)
-    headers["Content-Length"] = str(last - first + 1)
-    if wanted is None:
-        return StreamingResponse(_chunks(path, 0, size - 1), media_type=media, headers=headers)
-    headers["Content-Range"] = f"bytes {first}-{last}/{size}"
-    return StreamingResponse(_chunks(path, first, last), status_code=206, media_type=media, headers=headers)
+def check_size(size: int | None, state: ServiceState) -> None:
+    """``?size=`` within ``max_thumbnail`` (a setting, so not in the Query: the OpenAPI document states it,
+    service/app.py)."""
+    if size is not None and size > state.settings.max_thumbnail:
+        raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
+                                       "msg": f"size must be at most {state.settings.max_thumbnail}"}])
 
 
-def _jpeg(path: pathlib.Path, seconds: float, size: int | None) -> bytes:
-    image = frame_at(path, seconds, side=None if size is None else max(size, 16))
+def _jpeg(path: pathlib.Path, seconds: float, size: int | None, max_pixels: int) -> bytes:
+    image = frame_at(path, seconds, side=None if size is None else max(size, 16),
+                     max_pixels=max_pixels if size is None else None)
     if size is not None:
         image.thumbnail((size, size), Image.Resampling.LANCZOS)
     out = io.BytesIO()
@@ -115,35 +103,47 @@ def _jpeg(path: pathlib.Path, seconds: float, size: int | None) -> bytes:
     return out.getvalue()
 
 
-async def frame_response(path: pathlib.Path, seconds: float, size: int | None, state: ServiceState,
-                         what: str, headers: dict[str, str] | None = None) -> Response:
-    """The frame of ``path`` at ``seconds`` as a JPEG (longest side at most ``size``), decoded off the event loop;
-    404 when the file no longer decodes."""
-    if size is not None and size > state.settings.max_thumbnail:
-        raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
-                                       "msg": f"size must be at most {state.settings.max_thumbnail}"}])
-    loop = asyncio.get_running_loop()
+def headers_only(headers: dict[str, str], media: str) -> Response:
+    """A HEAD's answer for something made on request (a thumbnail, a frame): its headers, not made, so no length."""
+    response = Response(status_code=200, headers=headers, media_type=media)
+    del response.headers["content-length"]
+    return response
+
+
+async def frame_response(request: Request, path: pathlib.Path, seconds: float, size: int | None,
+                         frame_size: tuple[int, int] | None, state: ServiceState, what: str,
+                         headers: dict[str, str]) -> Response:
+    """The frame of ``path`` at ``seconds`` as a JPEG (longest side at most ``size``) decoded under the media
+    admission, its cost estimated from ``frame_size`` (the video's as indexed; unknown: the largest a video may
+    have); 304 or headers alone when the request asks for no more; 404 when the file no longer decodes."""
+    if not_modified(request, headers):
+        return Response(status_code=304, headers=headers)
+    if request.method == "HEAD":
+        return headers_only(headers, "image/jpeg")
+    max_pixels = state.settings.max_frame_pixels
+    cost = frame_cost(frame_size or (MAX_SIDE, MAX_SIDE), None if size is None else max(size, 16),
+                      max_pixels if size is None else None)
     try:
-        data = await loop.run_in_executor(state.thumbnail_pool, _jpeg, path, seconds, size)
+        data = await decoded(state, cost, _jpeg, path, seconds, size, max_pixels)
     except VideoError as err:
-        raise HTTPException(404, f"{what}: {err}") from None
-    return Response(data, media_type="image/jpeg", headers=headers or private_headers(state))
+        raise HTTPException(404, f"{what} cannot be decoded: {err}") from None
+    return Response(data, media_type="image/jpeg", headers=headers)
 
 
-@router.get("/videos/{video_id}/frame", responses={**error_responses(404, 422, 503), 200: {
-                "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
-                "description": "the frame at `t` seconds (the first at or after it; past the end, the last "
-                               "frame), as a JPEG"}},
-            response_class=Response, summary="A frame of a gallery video as a JPEG (a thumbnail with ?size=)")
-async def get_frame(video_id: int = Path(..., ge=0, le=MAX_ID), state: ServiceState = Depends(service),
+@get_and_head(router, "/videos/{video_id}/frame", responses={
+                      **error_responses(404, 422, 503),
+                      200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
+                            "description": "the frame at `t` seconds (the first at or after it; past the end, the "
+                                           "last frame), as a JPEG", "headers": _VALIDATOR_HEADERS},
+                      304: _NOT_MODIFIED},
+                  response_class=Response, summary="A frame of a gallery video as a JPEG (a thumbnail with ?size=)")
+async def get_frame(request: Request, video_id: VideoId, state: ServiceState = Depends(service),
                     t: float = Query(0.0, ge=0, le=7 * 24 * 3600, description="seconds from the start"),
                     size: int | None = Query(None, ge=16, description="longest side of the JPEG")):
-    path, duration = video_file(video_id, state)
-    if duration is not None:
-        t = min(t, duration)                         # past the end: the last frame
-    return await frame_response(path, t, size, state, f"gallery video {video_id}")
-
-
-def moment_seconds(row: ImageRow) -> float:
-    """The time of a moment's thumbnail frame."""
-    return float(row.t_frame if row.t_frame is not None else row.t_start or 0.0)
+    check_size(size, state)
+    row, path, info = video_entry(video_id, state)
+    if row.duration is not None:
+        t = min(t, row.duration)                     # past the end: the last frame
+    headers = media_headers(row.sha256 or row.path, info, state, f"frame {t!r} {size}")
+    frame_size = (row.width, row.height) if row.width and row.height else None
+    return await frame_response(request, path, t, size, frame_size, state, f"gallery video {video_id}", headers)

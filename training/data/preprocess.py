@@ -15,6 +15,12 @@ ranking is measured by benchmarks/decode_ranking.py (docs/benchmarks.md#decoding
 orientation is applied afterwards, so a rotated photo is shrunk by its shorter side like any other. Each member
 then resizes that one decoded image.
 Without ``min_side`` an image is decoded at full size.
+
+Geometry (:func:`check_geometry`): an image's size, read from its header, is checked before any pixel work —
+decoding, the resize: its aspect ratio at most :data:`MAX_ASPECT`, and the image its shorter side is resized to
+for the model at most :data:`MAX_RESIZED_PIXELS`. The resize scales the *shorter* side, so without these a
+205-byte 20000 × 2 PNG would become 2.6 M × 260 pixels (2 GB); every resize of :class:`Preprocess` checks the
+same again, so none can grow an image past them (nor overflow).
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class Preprocess:
         return self._views(_rgb(image))
 
     def _views(self, image: Image.Image) -> torch.Tensor:
+        check_geometry(image.size, self.min_side)         # before the resize: it cannot grow past the limits
         if self.crops == 1:
             side = self.resize if self.resize != self.image_size else self.image_size
             image = TF.resize(image, side, antialias=True)
@@ -229,6 +236,52 @@ class MirroredViews:
         return self.normalize(self.pixels(image))
 
 
+# --- geometry: what an image's size may cost, checked before any pixel work -------------------------------------
+MAX_ASPECT = 50                 # longer side : shorter side (a long screenshot, a 360° panorama stay below it)
+MAX_RESIZED_PIXELS = 16_000_000  # pixels once the shorter side is resized for the model (50:1 at a 565-px side)
+
+
+class ImageGeometryError(ValueError):
+    """An image ruled out by its size alone (read from its header): ``limit`` names the limit it breaks —
+    ``pixels`` (width × height), ``aspect`` (:data:`MAX_ASPECT`) or ``resized`` (:data:`MAX_RESIZED_PIXELS`)."""
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit
+
+
+def resized_size(size: tuple[int, int], side: int) -> tuple[int, int]:
+    """``size`` with its shorter side scaled to ``side`` (torchvision's ``resize`` with one int: the longer side
+    truncated)."""
+    width, height = size
+    if width <= height:
+        return side, int(side * height / width)
+    return int(side * width / height), side
+
+
+def check_geometry(size: tuple[int, int], side: int | None = None, max_pixels: int | None = None) -> None:
+    """Refuses, from ``size`` alone, an image that would cost more than the limits: no area, more than
+    ``max_pixels`` pixels, an aspect ratio above :data:`MAX_ASPECT`, or — resized so its shorter side is ``side``
+    (the preprocessing's :attr:`Preprocess.min_side`) — more than :data:`MAX_RESIZED_PIXELS` pixels.
+    :class:`ImageGeometryError` naming the limit."""
+    width, height = size
+    if width < 1 or height < 1:
+        raise ImageGeometryError(f"image is {width}×{height} pixels: it has no area", "pixels")
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageGeometryError(f"image is {width}×{height} = {width * height:,} pixels; the limit is "
+                                 f"{max_pixels:,}", "pixels")
+    long, short = max(width, height), min(width, height)
+    if long > MAX_ASPECT * short:
+        raise ImageGeometryError(f"image is {width}×{height} pixels: its aspect ratio {long / short:,.0f}:1 is above "
+                                 f"the limit of {MAX_ASPECT}:1", "aspect")
+    if side is not None:
+        w, h = resized_size(size, side)
+        if w * h > MAX_RESIZED_PIXELS:
+            raise ImageGeometryError(f"image is {width}×{height} pixels: resized to a shorter side of {side} for the "
+                                     f"model it would be {w}×{h} = {w * h:,} pixels; the limit is "
+                                     f"{MAX_RESIZED_PIXELS:,}", "resized")
+
+
 # --- decoding: every format the gallery indexes -----------------------------------------------------------------
 # Pillow reads JPEG, PNG, GIF, BMP, TIFF, WebP and (Pillow ≥ 11.3) AVIF itself; HEIC/HEIF come from pillow-heif (a
 # dependency), camera RAW files from rawpy (the optional extra ``jointspace[raw]``).
@@ -256,12 +309,14 @@ class UnsupportedImageError(ValueError):
     """A file of a format this installation cannot decode (e.g. camera RAW without rawpy)."""
 
 
-def _open_raw(source) -> Image.Image:
+def _open_raw(source, side: int | None = None, max_pixels: int | None = None) -> Image.Image:
+    """A camera RAW file demosaiced, its size checked (:func:`check_geometry`) before it is."""
     try:
         import rawpy
     except ImportError:
         raise UnsupportedImageError("camera RAW files need rawpy: pip install 'jointspace[raw]'") from None
     with rawpy.imread(source) as raw:          # a path or a file object
+        check_geometry((raw.sizes.width, raw.sizes.height), side, max_pixels)
         rgb = raw.postprocess(use_camera_wb=True, output_bps=8)   # demosaiced, rotated as the camera recorded
     return Image.fromarray(rgb)
 
@@ -315,14 +370,17 @@ class Decoded:
     size: tuple[int, int]              # upright (width, height) of the image in the file
 
 
-def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side: int | None = None) -> Decoded:
+def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side: int | None = None,
+                 max_pixels: int | None = None) -> Decoded:
     """Decodes a file (a path, or its bytes with the file's ``suffix``) fully — so a truncated file fails here,
     not later — and returns the RGB image turned upright (the EXIF orientation tag applied: a photo taken with the
     phone on its side comes out as it was seen), the file's EXIF and the upright size in the file.
 
     ``min_side``: the shorter side the caller needs (``preprocess.min_side``): the image may come back smaller,
     never with a shorter side below ``REDUCING_GAP`` times that (nor larger than the file's): a JPEG is decoded at a
-    DCT scale (:func:`draft`), then an image still at least twice that is reduced (:func:`reduce_to`)."""
+    DCT scale (:func:`draft`), then an image still at least twice that is reduced (:func:`reduce_to`).
+    The size in the header is checked first (:func:`check_geometry` with ``min_side`` and ``max_pixels``):
+    :class:`ImageGeometryError` before any pixel is decoded."""
     import io
 
     if isinstance(source, (bytes, bytearray)):
@@ -330,11 +388,12 @@ def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side
     else:
         suffix, stream = Path(source).suffix.lower(), source
     if suffix in RAW_SUFFIXES:
-        raw = _open_raw(stream if not isinstance(stream, (str, Path)) else str(stream))
+        raw = _open_raw(stream if not isinstance(stream, (str, Path)) else str(stream), min_side, max_pixels)
         return Decoded(raw if min_side is None else reduce_to(raw, min_side), None, raw.size)
     register_heif()
     with Image.open(stream) as im:
         width, height = im.size
+        check_geometry((width, height), min_side, max_pixels)
         if min_side is not None:
             draft(im, min_side)
         im.load()

@@ -6,6 +6,10 @@ import errno
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -56,15 +60,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
-
     from index.cli import model_file, read_index
-    from index.gallery import Gallery
-    from training.models.checkpoint import load_model
-    from training.inference.device import resolve_device
 
-    from .app import create_app
-    from .protocol import http_protocol
     from .settings import Settings
 
     given = {k: v for k, v in vars(args).items()
@@ -75,8 +72,22 @@ def cmd_serve(args) -> int:
                          "--model, JOINTSPACE_MODEL, or the shipped model by default)")
     settings.model = str(model_file(settings.model))
     read_index(settings.index)
-    listening = bind(settings.host, settings.port)          # a busy port is said now, not after the model loads
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with bind(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
+        return _serve(settings, listening, args.log_level)
+
+
+def _serve(settings: Settings, listening: socket.socket, log_level: str) -> int:
+    """Loads the model and the index, then serves them on the bound socket ``listening`` until stopped."""
+    import uvicorn
+
+    from index.gallery import Gallery
+    from training.models.checkpoint import load_model
+    from training.inference.device import resolve_device
+
+    from .app import create_app
+    from .protocol import http_protocol
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
     gallery = Gallery.load(settings.index, model=model, device=device,     # refuses another model's index
@@ -86,7 +97,7 @@ def cmd_serve(args) -> int:
     print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
           f"{gallery.captions.ntotal} captions; API docs: /docs)", flush=True)
     config = uvicorn.Config(create_app(settings, model=model, gallery=gallery), host=settings.host,
-                            port=settings.port, log_level=args.log_level, access_log=False,
+                            port=settings.port, log_level=log_level, access_log=False,
                             http=http_protocol(settings.header_timeout_s))
     server = uvicorn.Server(config)
     try:

@@ -213,6 +213,7 @@ def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth
     assert [i for i, _ in hits] == [x["id"] for x in expected]
     assert [s for _, s in hits] == pytest.approx([x["score"] for x in expected], abs=1e-3)
     assert page.inner_text("#results h2") == f"Top 10 photos for “{QUERY}”"
+    assert page.eval_on_selector("#results", "e => [...e.childNodes].map(n => n.nodeName)") == ["H2", "UL", "NAV"]
     # each card names its file, as the API does and as the index holds it
     gallery = Gallery.load(tiny_index_dir)
     files = [Path(gallery.meta.image(x["id"]).path).name for x in expected]

@@ -569,7 +569,7 @@ function renderImages(results, signal) {
   const pageNumber = `page ${Math.floor(query.offset / query.k) + 1}`;
   const pager = hits.length || query.offset
     ? h("nav", { class: "pager", "aria-label": "Result pages" }, previous, h("span", { text: pageNumber }), next) : null;
-  el.results.replaceChildren(h("h2", { text: heading(results) }), breakdown(hits), grid, pager);
+  el.results.replaceChildren(...[h("h2", { text: heading(results) }), breakdown(hits), grid, pager].filter(Boolean));
 }
 
 // --- a result, larger: nearest captions, open original, more like this, ←/→ --------------------------------------------

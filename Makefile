@@ -8,12 +8,14 @@ PORT   ?= 8000
 # the browser tests (tests/test_web.py) drive Debian's Chromium with Playwright's Python package
 CHROMIUM_PACKAGES := chromium chromium-driver fonts-dejavu-core
 
-.PHONY: install test lint demo demo-train clean chromium
+.PHONY: install test lint demo demo-train clean chromium screenshots
 
+# PYTHONWARNINGS: setuptools prints a note on every editable install ("Editable installation ... folders with the
+# same name as your package"), advice on editable installs in general, not a warning about this project
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[cpu,dev,ray]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -c constraints.txt -e '.[cpu,dev,ray]'
 	@touch $@
 
 install: $(BIN)/jointspace  ## create .venv and install the pinned project
@@ -43,7 +45,9 @@ chromium:  ## Chromium for the browser tests: installed with apt-get when missin
 		echo "!!!!! or set JOINTSPACE_CHROMIUM to a Chromium binary."; \
 	fi
 
-demo: $(DEMO)/photos-index/CURRENT  ## real photos searched with the shipped model, served on :8000
+# `make demo PORT=8001` serves on another port, `HOST=0.0.0.0` on every interface; a port in use is refused at
+# once (jointspace serve binds it before loading the model)
+demo: $(DEMO)/photos-index/CURRENT  ## real photos searched with the shipped model, served on HOST:PORT (127.0.0.1:8000)
 	@echo ""
 	@echo "jointspace demo: open http://$(HOST):$(PORT)/ and search $(DEMO)/samples/photos (photos and two short"
 	@echo "  videos made from them) with a sentence"
@@ -65,6 +69,9 @@ $(DEMO)/samples/captions.txt: | $(BIN)/jointspace
 $(DEMO)/photos-index/CURRENT: $(DEMO)/samples/captions.txt
 	$(BIN)/jointspace index build --images $(DEMO)/samples/photos --captions $(DEMO)/samples/captions.txt \
 		--out $(DEMO)/photos-index --workers 0
+
+screenshots: $(DEMO)/photos-index/CURRENT chromium  ## the search page, desktop and phone, light and dark: docs/screenshots/
+	$(BIN)/python tests/screenshots.py --index $(DEMO)/photos-index --out docs/screenshots
 
 demo-train: $(DEMO)/index/CURRENT $(DEMO)/eval.json  ## synthetic data → train configs/demo.yaml → index → serve on :8000
 	@echo ""

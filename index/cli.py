@@ -2,14 +2,22 @@
 service/cli.py)."""
 from __future__ import annotations
 
-from training.models.protocol import EmbeddingModel, can_compose
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-TTA = ("none", "flip", "flip-crop")   # index.embed.TTA (not imported here: the parser is built without torch)
+if TYPE_CHECKING:
+    from training.models.protocol import EmbeddingModel
+
+# The parser is built without torch (`jointspace --help` imports none of the model code), so these copy the
+# values of the modules that use them; tests/test_cli.py keeps them equal.
+TTA = ("none", "flip", "flip-crop")   # index.embed.TTA
 DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by --tta: docs/results.md
+VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
+VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -72,9 +80,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _embedding_options(y, cmd_sync)
     _video_options(y)
 
-    r = isub.add_parser("remove", help="remove images and/or captions by id")
+    r = isub.add_parser("remove", help="remove photos and videos by path or id, and captions by id",
+                        description="Removes what is given from the index (a new generation); exits 1, naming "
+                                    "them, when some of the paths or ids are not in it (nothing given is in it: "
+                                    "the index is left as it is).")
     r.add_argument("--index", required=True, help="index directory")
-    r.add_argument("--ids", type=int, nargs="*", default=[], help="image ids")
+    r.add_argument("paths", nargs="*", help="indexed photo or video files, or folders (everything indexed under "
+                                            "them); the files need not exist any more")
+    r.add_argument("--ids", type=int, nargs="*", default=[], help="image ids (from index search --json)")
     r.add_argument("--caption-ids", type=int, nargs="*", default=[], help="caption ids")
     r.set_defaults(func=cmd_remove)
 
@@ -82,7 +95,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--index", required=True, help="index directory")
     c.set_defaults(func=cmd_compact)
 
-    s = isub.add_parser("search", help="search the gallery with a sentence or an example photo; print JSON")
+    s = isub.add_parser("search", help="search the gallery with a sentence or an example photo; print a table "
+                                       "(or JSON)")
     s.add_argument("--index", required=True, help="index directory")
     s.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     q = s.add_mutually_exclusive_group(required=True)
@@ -101,6 +115,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--media", choices=["photo", "video"],
                    help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--json", action="store_true",
+                   help="print the results as JSON (ids, scores, absolute paths, capture times, folders, moments) "
+                        "instead of a table")
     s.set_defaults(func=cmd_search)
 
     i = isub.add_parser("info", help="print an index's manifest and counts as JSON")
@@ -132,17 +149,15 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
 
 def _video_options(p: argparse.ArgumentParser) -> None:
     """How the commands that find media read videos (docs/video.md)."""
-    from .video import DEFAULT_MAX_FRAMES, DEFAULT_RATE, DEFAULT_WINDOW, VIDEO_SUFFIXES
-
-    g = p.add_argument_group("videos", f"video files ({', '.join(sorted(VIDEO_SUFFIXES))}) found beside the "
+    g = p.add_argument_group("videos", f"video files ({', '.join(VIDEO_SUFFIXES)}) found beside the "
                                        "photos are indexed as moments: sampled frames, grouped into windows")
     g.add_argument("--no-videos", action="store_true", help="index photos only; leave video files out")
-    g.add_argument("--video-rate", type=float, default=DEFAULT_RATE,
-                   help=f"frames sampled a second (default {DEFAULT_RATE:g})")
-    g.add_argument("--video-max-frames", type=int, default=DEFAULT_MAX_FRAMES,
-                   help=f"at most this many frames a video (default {DEFAULT_MAX_FRAMES})")
-    g.add_argument("--video-window", type=float, default=DEFAULT_WINDOW,
-                   help=f"seconds a moment spans (default {DEFAULT_WINDOW:g})")
+    g.add_argument("--video-rate", type=float, default=VIDEO_RATE,
+                   help=f"frames sampled a second (default {VIDEO_RATE:g})")
+    g.add_argument("--video-max-frames", type=int, default=VIDEO_MAX_FRAMES,
+                   help=f"at most this many frames a video (default {VIDEO_MAX_FRAMES})")
+    g.add_argument("--video-window", type=float, default=VIDEO_WINDOW,
+                   help=f"seconds a moment spans (default {VIDEO_WINDOW:g})")
     g.add_argument("--video-cut", type=float,
                    help="also start a moment where adjacent frames' embeddings differ by more than this cosine "
                         "distance (0 to 2; default: fixed windows only)")
@@ -191,12 +206,16 @@ def _report_skipped(skipped) -> None:
     from .video import is_video
 
     for path, reason in skipped:
+        reason = _OBJECT_REPR.sub("", reason)       # "cannot identify image file <_io.BytesIO object at 0x…>"
         print(f"skipped unreadable {'video' if is_video(path) else 'image'} {path}: {reason}", file=sys.stderr)
     videos = sum(1 for path, _ in skipped if is_video(path))
     if len(skipped) > videos:
         print(f"{len(skipped) - videos} unreadable image(s) skipped", file=sys.stderr)
     if videos:
         print(f"{videos} unreadable video(s) skipped", file=sys.stderr)
+
+
+_OBJECT_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 def _report_outside(outside) -> None:
@@ -207,13 +226,34 @@ def _report_outside(outside) -> None:
         print(f"{len(outside)} symbolic link(s) leaving the folder skipped", file=sys.stderr)
 
 
+def model_file(given: str | None) -> Path:
+    """The model.pt a command loads: ``given``, else the shipped model. FileNotFoundError saying so when there is
+    no such file."""
+    from training.inference.pretrained import resolve
+
+    path = resolve(given)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file at {path}" + (" (--model: a model.pt written by `jointspace "
+                                                               "train`, or leave it out for the shipped model)"
+                                                               if given else ""))
+    return path
+
+
+def read_index(root: str | Path) -> dict:
+    """The manifest of the index at ``root``: checked before a command loads its model, so a wrong --index is
+    said at once."""
+    from .generations import read_manifest
+
+    return read_manifest(root)
+
+
 def _load(args):
     from training.models.checkpoint import load_model
     from training.inference.device import resolve_device
-    from training.inference.pretrained import resolve
 
+    path = model_file(args.model)
     device = resolve_device(args.device)
-    return load_model(resolve(args.model), device), device
+    return load_model(path, device), device
 
 
 def cmd_build(args) -> int:
@@ -374,19 +414,27 @@ def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_
 
 
 def cmd_add(args) -> int:
+    from .embed import IMAGE_SUFFIXES
     from .gallery import add
     from .video import scan_media
 
-    paths, outside = [], []
+    paths, outside, missing, not_media = [], [], [], []
     for p in args.paths:
         if Path(p).is_dir():
             scan = scan_media(p, args.exclude, not args.no_default_excludes, photos=True, videos=True)
             paths += scan.found
             outside += scan.outside
         elif not Path(p).exists():
-            raise FileNotFoundError(f"no such file or folder: {p}")
+            missing.append(p)
+        elif Path(p).suffix.lower() not in IMAGE_SUFFIXES | set(VIDEO_SUFFIXES):
+            not_media.append(p)
         else:
             paths.append(Path(p))
+    if missing:
+        raise FileNotFoundError(f"nothing added: no such file or folder: {', '.join(missing)}")
+    if not_media:
+        raise ValueError(f"nothing added: not a photo or video file (by its name's suffix): {', '.join(not_media)}. "
+                         f"Photos: {', '.join(sorted(IMAGE_SUFFIXES))}; videos: {', '.join(VIDEO_SUFFIXES)}")
     captions = _read_lines(args.captions) if args.captions else []
     _report_outside(outside)
     unique: dict[Path, Path] = {}           # a file given alone and inside a given folder: added once
@@ -396,10 +444,15 @@ def cmd_add(args) -> int:
     sampling = _sampling(args)
     if not paths and not video_paths and not captions:
         raise ValueError("nothing to add: give image or video paths and/or --captions")
+    read_index(args.index)
     model, _ = _load(args)
     report = add(args.index, model, paths, captions, batch_size=args.batch_size,
                  workers=args.workers, progress=not args.quiet, video_paths=video_paths, sampling=sampling)
     _report_skipped(report.skipped)
+    if not report.image_ids and not report.caption_ids:
+        print(f"jointspace index add: nothing added (no file could be read); {args.index} is unchanged",
+              file=sys.stderr)
+        return 1
     print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
                       "video_ids": report.video_ids, "moments": report.moments, "generation": report.generation}))
     return 0
@@ -409,6 +462,9 @@ def cmd_sync(args) -> int:
     from .gallery import sync
 
     sampling = _sampling(args)
+    if not Path(args.images).is_dir():                # said before the model loads, as a missing index is
+        raise FileNotFoundError(f"no image directory at {args.images}")
+    read_index(args.index)
     model, _ = _load(args)
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes,
                   batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
@@ -429,11 +485,13 @@ def cmd_search(args) -> int:
 
     from .gallery import Gallery
     from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
+
     if args.k < 1:
         raise ValueError("--k must be at least 1")
     if not 0 <= args.offset <= MAX_OFFSET:
         raise ValueError(f"--offset must be from 0 to {MAX_OFFSET}")
     flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before, args.media)
+    read_index(args.index)
     model, device = _load(args)
     gallery = Gallery.load(args.index, model=model, device=device)
     try:
@@ -455,16 +513,39 @@ def cmd_search(args) -> int:
                 if row.video_id is not None:
                     hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
                 results.append(hit)
-        print(json.dumps({"results": results}, indent=1))
+        print(json.dumps({"results": results}, indent=1) if args.json else _table(results, gallery.photos.root))
     finally:
         gallery.close()
     return 0
+
+
+def _table(results: list[dict], root: str) -> str:
+    """Search results as a table: score, media, the file's path relative to the gallery's root folder (absolute
+    when outside it) and a video moment's span."""
+    from .query import inside
+
+    if not results:
+        return "no results"
+    rows = [(f"{r['score']:.3f}", r["media"], inside(r["path"], root),
+             f"{_clock(r['start'])}–{_clock(r['end'])}" if r["media"] == "video" else "") for r in results]
+    header = ("score", "media", "path", "moment")
+    widths = [max(len(row[c]) for row in (header, *rows)) for c in range(len(header))]
+    return "\n".join("  ".join([row[0].rjust(widths[0]), *(v.ljust(w) for v, w in zip(row[1:], widths[1:]))]).rstrip()
+                     for row in (header, *rows))
+
+
+def _clock(seconds: float) -> str:
+    """Seconds as m:ss (h:mm:ss from an hour on), as the search page writes a moment."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _example_query(model: EmbeddingModel, image: str, subtract):
     from training.inference.compose import compose_query
     from training.data.preprocess import UnsupportedImageError, embed_side, open_image
     from training.inference.embed import embed_pixels, pixel_features
+    from training.models.protocol import can_compose
 
     from .embed import IMAGE_SUFFIXES
 
@@ -492,14 +573,19 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
 def cmd_remove(args) -> int:
     from .gallery import remove
 
-    if not args.ids and not args.caption_ids:
-        raise ValueError("nothing to remove: give --ids and/or --caption-ids")
-    report = remove(args.index, args.ids, args.caption_ids)
-    if report.missing:
-        print(f"not in the index (ignored): {report.missing}", file=sys.stderr)
-    print(json.dumps({"removed_images": report.removed_images, "removed_captions": report.removed_captions,
-                      "generation": report.generation}))
-    return 0
+    if not args.paths and not args.ids and not args.caption_ids:
+        raise ValueError("nothing to remove: give paths, --ids and/or --caption-ids")
+    report = remove(args.index, args.ids, args.caption_ids, args.paths)
+    for what, given in (("id", report.missing), ("path", report.missing_paths)):
+        if given:
+            print(f"jointspace index remove: not in the index: {what} {', '.join(map(str, given))}", file=sys.stderr)
+    removed = report.removed_images + report.removed_captions
+    if removed:
+        print(json.dumps({"removed_images": report.removed_images, "removed_videos": report.removed_videos,
+                          "removed_captions": report.removed_captions, "generation": report.generation}))
+    else:
+        print(f"jointspace index remove: nothing removed; {args.index} is unchanged", file=sys.stderr)
+    return 0 if removed and not report.missing and not report.missing_paths else 1
 
 
 def cmd_compact(args) -> int:

@@ -50,7 +50,8 @@ class UpdateReport:
     outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
     video_ids: list[int] = field(default_factory=list)          # ids given to the videos added
     moments: int = 0                                            # their moments (image ids among image_ids)
-    removed_videos: int = 0                                     # sync: videos gone
+    removed_videos: int = 0                                     # sync, remove: videos gone
+    missing_paths: list[str] = field(default_factory=list)     # remove: paths under which nothing is indexed
     videos_seen: int = 0                                        # sync: videos under the folder, on disk or indexed
 
 
@@ -62,6 +63,7 @@ class Gallery:
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
         self._photos: PhotoTable | None = None
+        self._counts: dict[str, int] | None = None
 
     @classmethod
     def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu", readonly: bool = True,
@@ -89,6 +91,14 @@ class Gallery:
     @property
     def fingerprint(self) -> str:
         return self.manifest["model_fingerprint"]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many images (photos and video moments), moments, videos and captions the metadata holds (read on
+        first use)."""
+        if self._counts is None:
+            self._counts = self.meta.counts()
+        return self._counts
 
     @property
     def photos(self) -> PhotoTable:
@@ -315,7 +325,7 @@ def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | 
     """Adds embeddings (of the model with ``fingerprint``): images with their rows ``(path, info or None)``,
     captions with their texts. The new vectors become one new segment; no stored vector is read or written
     unless the compaction thresholds are crossed (``compact``: ``auto``, ``none`` or ``all``). ``videos``: embedded
-    videos and their paths, whose moments are added after the images."""
+    videos and their paths, whose moments are added after the images. Nothing to add: no new generation."""
     root = Path(root)
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
         check_fingerprint(manifest, fingerprint, root)
@@ -342,6 +352,9 @@ def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | 
             manifest["next_caption_id"] += len(captions)
             rows_cap = [(int(i), t, None) for i, t in zip(ids, captions)]
             report.caption_ids = ids.tolist()
+        if not rows_img and not rows_cap and not rows_vid:          # nothing to add: no new generation
+            report.generation = gen_dir.name
+            return report
         with new_generation(root, lock=False) as new_dir:
             meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
             copy = meta.copy_to(new_dir / "metadata.sqlite")
@@ -372,25 +385,56 @@ def compact(root: str | Path) -> dict:
     return {"before": before, "after": after, "generation": current_generation(root)}
 
 
-def remove(root: str | Path, image_ids: Sequence[int] = (), caption_ids: Sequence[int] = ()) -> UpdateReport:
-    """Removes images and/or captions by id (ids that are not there are reported in ``missing``)."""
+def remove(root: str | Path, image_ids: Sequence[int] = (), caption_ids: Sequence[int] = (),
+           paths: Sequence[str | Path] = ()) -> UpdateReport:
+    """Removes images and/or captions by id, and files by path: a photo, a video (with its moments) or a folder
+    (every photo and video indexed under it). Ids and paths not in the index are reported in ``missing`` and
+    ``missing_paths``; when nothing is left to remove, no new generation is written."""
     root = Path(root)
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
         known_img, known_cap = set(meta.images(image_ids)), set(meta.captions(caption_ids))
         report = UpdateReport(missing=sorted({int(i) for i in image_ids} - known_img)
                               + sorted({int(i) for i in caption_ids} - known_cap))
-        report.removed_images = images.remove(sorted(known_img)) if known_img else 0
+        photos, videos, report.missing_paths = _indexed_at(meta, paths)
+        moments = {r.id for r in meta.all_images() if r.video_id in videos} if videos else set()
+        gone = known_img | photos | moments
+        if not gone and not known_cap:
+            meta.close()
+            report.generation = gen_dir.name
+            return report
+        report.removed_images = images.remove(sorted(gone)) if gone else 0
         report.removed_captions = caps.remove(sorted(known_cap)) if known_cap else 0
+        report.removed_videos = len(videos)
         with new_generation(root, lock=False) as new_dir:
             copy = meta.copy_to(new_dir / "metadata.sqlite")
             meta.close()
-            copy.remove_images(sorted(known_img))
+            copy.remove_images(sorted(known_img | photos))
+            copy.remove_videos(sorted(videos))
             copy.remove_captions(sorted(known_cap))
             copy.close()
             _write(new_dir, manifest, images, caps)
     report.generation = current_generation(root)
     return report
+
+
+def _indexed_at(meta: Metadata, paths: Sequence[str | Path]) -> tuple[set[int], set[int], list[str]]:
+    """The photos (image ids) and videos (video ids) indexed at ``paths`` — each a file, or a folder and everything
+    under it — and the paths under which nothing is indexed."""
+    if not paths:
+        return set(), set(), []
+    wanted = [(str(p), Path(p).resolve()) for p in paths]
+    photos: set[int] = set()
+    videos: set[int] = set()
+    found: set[str] = set()
+    for rows, ids in (([r for r in meta.all_images() if r.video_id is None], photos), (meta.all_videos(), videos)):
+        for row in rows:
+            path = Path(row.path)
+            for given, target in wanted:
+                if path == target or target in path.parents:
+                    ids.add(row.id)
+                    found.add(given)
+    return photos, videos, [given for given, _ in wanted if given not in found]
 
 
 @contextmanager

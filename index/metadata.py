@@ -262,7 +262,9 @@ class Metadata:
             n_img = self._conn.execute("SELECT COUNT(*) FROM images").fetchone()[0]
             n_cap = self._conn.execute("SELECT COUNT(*) FROM captions").fetchone()[0]
             n_vid = self._conn.execute("SELECT COUNT(*) FROM videos").fetchone()[0] if self._has_videos else 0
-        return {"images": n_img, "captions": n_cap, "videos": n_vid}
+            n_mom = self._conn.execute("SELECT COUNT(*) FROM images WHERE video_id IS NOT NULL").fetchone()[0] \
+                if self._has_videos else 0
+        return {"images": n_img, "captions": n_cap, "videos": n_vid, "moments": n_mom}
 
     def _many(self, sql: str, ids: Sequence[int], row_type) -> dict:
         out = {}

@@ -116,6 +116,15 @@ class ImageFilter:
                 or self.media is not None)
 
 
+def inside(path: str, root: str) -> str:
+    """``path`` relative to the folder ``root`` ('.' for the root itself), or as it is (absolute) when it lies
+    outside the root: never a climb of ``../..``."""
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    if os.path.isabs(path) and path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
+        return path
+    return os.path.relpath(path, root)
+
+
 class PhotoTable:
     """The gallery's images as arrays (id, capture time, folder, whether a video's moment) for filtering: read
     once per generation."""
@@ -130,8 +139,7 @@ class PhotoTable:
         self.root = os.path.normpath(root) if root else (os.path.commonpath(self.folders) if self.folders else "/")
 
     def relative(self, folder: str) -> str:
-        rel = os.path.relpath(folder, self.root)
-        return "." if rel == "." else rel
+        return inside(folder, self.root)
 
     def folder_counts(self) -> list[tuple[str, int]]:
         """Every folder with images (relative to the root) and how many images it holds directly."""

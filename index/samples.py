@@ -5,15 +5,22 @@ photos of scikit-learn, each with its source and licence, plus a corpus of capti
 Two short video clips are made from those photos (:data:`CLIPS`: each photo a 5-second scene, slowly zoomed in),
 so the demo gallery has video moments too.
 
+Each sample carries a fixed capture date, written into the copy's EXIF DateTimeOriginal (a clip's: its file's
+modification time), so the page's date filters have dates to filter rather than the day of the copy. Two files
+record when they were made (XMP CreateDate of ``cat.jpg`` and ``galaxies.jpg``): those dates are kept; the others
+record none, and theirs are dates chosen for the demo, spread over several years, not the day they were taken.
+
 ``jointspace index samples --out DIR`` copies them to ``DIR/photos`` (JPEG), writes the clips to
 ``DIR/photos/videos`` (H.264 MP4, by PyAV) and ``DIR/captions.txt`` and ``DIR/ATTRIBUTION.md``.
 """
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -27,32 +34,51 @@ class Sample:
     relative: str         # its path inside the package
     name: str             # the file name in the gallery
     credit: str           # author / source and licence, as the package states them
+    taken: str            # capture date written into the copy (EXIF form, read as UTC): see the module's docstring
 
 
 SAMPLES = [
     Sample("skimage", "data/astronaut.png", "astronaut.jpg",
-           "Eileen Collins, NASA; no known copyright restrictions, public domain (scikit-image data)"),
-    Sample("skimage", "data/chelsea.png", "cat.jpg", "Stefan van der Walt; CC0 (scikit-image data)"),
-    Sample("skimage", "data/coffee.png", "coffee.jpg", "Rachel Michetti; CC0 (scikit-image data)"),
-    Sample("skimage", "data/rocket.jpg", "rocket.jpg", "SpaceX; public domain (scikit-image data)"),
-    Sample("skimage", "data/camera.png", "cameraman.jpg", "Lav Varshney; CC0 (scikit-image data)"),
-    Sample("skimage", "data/hubble_deep_field.jpg", "galaxies.jpg", "NASA; public domain (scikit-image data)"),
-    Sample("skimage", "data/coins.png", "coins.jpg", "no known copyright restrictions (scikit-image data)"),
-    Sample("skimage", "data/grass.png", "grass.jpg", "CC0 Textures; CC0 (scikit-image data)"),
-    Sample("skimage", "data/gravel.png", "gravel.jpg", "CC0 Textures; CC0 (scikit-image data)"),
-    Sample("skimage", "data/brick.png", "brick_wall.jpg", "CC0 Textures; CC0 (scikit-image data)"),
+           "Eileen Collins, NASA; no known copyright restrictions, public domain (scikit-image data)",
+           "2015:03:14 10:00:00"),
+    Sample("skimage", "data/chelsea.png", "cat.jpg", "Stefan van der Walt; CC0 (scikit-image data)",
+           "2009:02:09 11:11:30"),                                                   # the file's XMP CreateDate
+    Sample("skimage", "data/coffee.png", "coffee.jpg", "Rachel Michetti; CC0 (scikit-image data)",
+           "2019:11:02 08:30:00"),
+    Sample("skimage", "data/rocket.jpg", "rocket.jpg", "SpaceX; public domain (scikit-image data)",
+           "2018:02:06 20:45:00"),
+    Sample("skimage", "data/camera.png", "cameraman.jpg", "Lav Varshney; CC0 (scikit-image data)",
+           "2011:05:21 14:00:00"),
+    Sample("skimage", "data/hubble_deep_field.jpg", "galaxies.jpg", "NASA; public domain (scikit-image data)",
+           "2012:06:29 13:29:00"),                                     # the file's XMP CreateDate, 09:29 -04:00
+    Sample("skimage", "data/coins.png", "coins.jpg", "no known copyright restrictions (scikit-image data)",
+           "2013:09:07 16:20:00"),
+    Sample("skimage", "data/grass.png", "grass.jpg", "CC0 Textures; CC0 (scikit-image data)",
+           "2021:06:12 12:00:00"),
+    Sample("skimage", "data/gravel.png", "gravel.jpg", "CC0 Textures; CC0 (scikit-image data)",
+           "2021:06:12 12:05:00"),
+    Sample("skimage", "data/brick.png", "brick_wall.jpg", "CC0 Textures; CC0 (scikit-image data)",
+           "2021:06:13 09:40:00"),
     Sample("skimage", "data/clock_motion.png", "clock.jpg",
-           "Stefan van der Walt; public domain (scikit-image data)"),
-    Sample("skimage", "data/text.png", "text.jpg", "no known copyright restrictions, public domain (scikit-image data)"),
+           "Stefan van der Walt; public domain (scikit-image data)", "2016:10:30 02:00:00"),
+    Sample("skimage", "data/text.png", "text.jpg", "no known copyright restrictions, public domain (scikit-image data)",
+           "2010:01:18 15:00:00"),
     Sample("sklearn", "datasets/images/china.jpg", "temple.jpg",
-           "danielbuechele on Flickr; CC BY 2.0 (scikit-learn sample images)"),
+           "danielbuechele on Flickr; CC BY 2.0 (scikit-learn sample images)", "2017:04:22 11:15:00"),
     Sample("sklearn", "datasets/images/flower.jpg", "flower.jpg",
-           "vultilion on Flickr; CC BY 2.0 (scikit-learn sample images)"),
+           "vultilion on Flickr; CC BY 2.0 (scikit-learn sample images)", "2020:05:03 17:30:00"),
 ]
 
-# clips made from the sample photos: (file name, the photos of its scenes in order)
-CLIPS = [("space.mp4", ("astronaut.jpg", "rocket.jpg", "galaxies.jpg")),
-         ("at_home.mp4", ("cat.jpg", "coffee.jpg", "flower.jpg"))]
+class Clip(NamedTuple):
+    """A clip made from the sample photos."""
+    name: str                 # the file name in the gallery's videos/ folder
+    scenes: tuple[str, ...]   # the photos of its scenes, in order
+    taken: str                # capture date (EXIF form, read as UTC), set as the file's modification time
+
+
+CLIPS = [Clip("space.mp4", ("astronaut.jpg", "rocket.jpg", "galaxies.jpg"), "2022:07:20 10:00:00"),
+         Clip("at_home.mp4", ("cat.jpg", "coffee.jpg", "flower.jpg"), "2023:12:24 18:00:00")]
+_EXIF_IFD, _DATETIME_ORIGINAL = 0x8769, 0x9003
 SCENE_SECONDS = 5          # one moment of the index's default window (index.video.DEFAULT_WINDOW) per scene
 CLIP_FPS = 8
 CLIP_SIZE = (640, 480)
@@ -93,6 +119,11 @@ people walk along a busy city street
 """
 
 
+def _unix(taken: str) -> float:
+    """An EXIF date-time (``YYYY:MM:DD HH:MM:SS``) read as UTC, as Unix seconds."""
+    return dt.datetime.strptime(taken, "%Y:%m:%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+
+
 def _package_root(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
@@ -121,7 +152,7 @@ def write_clips(photos: Path) -> list[Path]:
     folder = photos / "videos"
     folder.mkdir(exist_ok=True)
     out = []
-    for name, scenes in CLIPS:
+    for name, scenes, taken in CLIPS:
         def frames(scenes=scenes):
             for scene in scenes:
                 with Image.open(photos / scene) as im:
@@ -129,6 +160,8 @@ def write_clips(photos: Path) -> list[Path]:
         target = folder / name
         tmp = target.with_name(f".{name}.tmp.mp4")       # a hidden name: never indexed half-written
         write_video(tmp, frames(), fps=CLIP_FPS, faststart=True)
+        when = _unix(taken)
+        os.utime(tmp, (when, when))                     # the clip's capture time (it has no creation_time)
         tmp.replace(target)
         out.append(target)
     return out
@@ -146,13 +179,15 @@ def write_samples(out: str | Path) -> Path:
         source = _package_root(sample.package) / sample.relative
         with Image.open(source) as im:
             rgb = im.convert("RGB")
+        exif = Image.Exif()
+        exif.get_ifd(_EXIF_IFD)[_DATETIME_ORIGINAL] = sample.taken
         target = photos / sample.name
         tmp = target.with_suffix(".tmp.jpg")
-        rgb.save(tmp, format="JPEG", quality=92)
+        rgb.save(tmp, format="JPEG", quality=92, exif=exif)
         tmp.replace(target)
         lines.append(f"| `{sample.name}` | {sample.credit} |")
     write_clips(photos)
-    for name, scenes in CLIPS:
+    for name, scenes, _ in CLIPS:
         lines.append(f"| `videos/{name}` | made for this project from {', '.join(f'`{s}`' for s in scenes)} "
                      f"({SCENE_SECONDS} s each, zooming in): their sources and licences as above |")
     write_text(out / "ATTRIBUTION.md", "\n".join(lines) + "\n")

@@ -8,6 +8,7 @@ application: its commands module, ``training/cli.py``, whose commands import the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from index import cli as index_cli
@@ -27,11 +28,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command = " ".join(["jointspace", args.command, *([args.index_command] if args.command == "index" else [])])
     try:
-        return args.func(args) or 0
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        print(f"jointspace {args.command}: error: {err}", file=sys.stderr)
+        code = args.func(args) or 0
+        sys.stdout.flush()                  # a closed pipe is found here, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`jointspace index info | head`): stop quietly, and keep the interpreter from
+        # failing again when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError, KeyError, RuntimeError) as err:
+        print(f"{command}: error: {_said(err)}", file=sys.stderr)
         return 2
+
+
+def _said(err: BaseException) -> str:
+    """An error as a sentence: an OS error as its path and reason (not "[Errno 2] No such file or directory: 'x'"),
+    a KeyError without its quotes."""
+    if isinstance(err, OSError) and err.strerror:            # raised by the system, not by a message of ours
+        return f"{err.filename}: {err.strerror}" if err.filename is not None else err.strerror
+    if isinstance(err, KeyError) and len(err.args) == 1:
+        return str(err.args[0])
+    return str(err)
 
 
 if __name__ == "__main__":

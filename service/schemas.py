@@ -158,7 +158,9 @@ class ImageHit(BaseModel):
     uri: str = Field(..., description="/v1/images/{id}: the image file")
     taken: str | None = Field(None, description="capture time, UTC (EXIF DateTimeOriginal, else the file's "
                                                 "modification time); null for images indexed without it")
-    folder: str | None = Field(None, description="the image's folder, relative to the gallery's root folder")
+    name: str | None = Field(None, description="the file's name (a moment: its video's file name)")
+    folder: str | None = Field(None, description="the image's folder, relative to the gallery's root folder "
+                                                 "(absolute when it lies outside it)")
     width: int | None = Field(None, description="upright width in pixels")
     height: int | None = Field(None, description="upright height in pixels")
     media: str = Field("photo", description="'photo', or 'video' for a moment of a video (the fields below)")
@@ -214,13 +216,17 @@ class Ready(BaseModel):
     status: str
     model_fingerprint: str | None = None
     index_generation: str | None = None
-    images: int | None = None
+    images: int | None = Field(None, description="searchable images: photos and moments of videos")
+    photos: int | None = Field(None, description="photos among the images")
+    videos: int | None = Field(None, description="videos, whose moments are the other images")
+    moments: int | None = Field(None, description="moments of videos among the images")
     captions: int | None = None
     device: str | None = None
     decoder: bool | None = Field(None, description="the model has a caption/paraphrase decoder, which /v1/captions "
                                                    "and /v1/paraphrases need (they answer 409 without one)")
     api_key_required: bool | None = Field(None, description="/v1/* needs the API key (X-API-Key or Bearer)")
     max_k: int | None = Field(None, description="the largest k a search may ask for")
+    max_text_chars: int | None = Field(None, description="the longest query text a search takes, in characters")
     similarity: str | None = Field(None, description="the model's similarity (cosine: scores from -1 to 1; order: "
                                                      "at most 0), which bounds min_score")
     search_backend: str | None = Field(None, description="what searches the index: faiss-cpu, faiss-gpu, or exact "

@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -54,15 +60,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
+    from index.cli import model_file, read_index
 
-    from index.gallery import Gallery
-    from training.models.checkpoint import load_model
-    from training.inference.device import resolve_device
-    from training.inference.pretrained import resolve
-
-    from .app import create_app
-    from .protocol import http_protocol
     from .settings import Settings
 
     given = {k: v for k, v in vars(args).items()
@@ -71,8 +70,24 @@ def cmd_serve(args) -> int:
     if not settings.index:
         raise ValueError("serve needs an index: --index or JOINTSPACE_INDEX (and the model it was built with: "
                          "--model, JOINTSPACE_MODEL, or the shipped model by default)")
-    settings.model = str(resolve(settings.model))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.model = str(model_file(settings.model))
+    read_index(settings.index)
+    with bind(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
+        return _serve(settings, listening, args.log_level)
+
+
+def _serve(settings: Settings, listening: socket.socket, log_level: str) -> int:
+    """Loads the model and the index, then serves them on the bound socket ``listening`` until stopped."""
+    import uvicorn
+
+    from index.gallery import Gallery
+    from training.models.checkpoint import load_model
+    from training.inference.device import resolve_device
+
+    from .app import create_app
+    from .protocol import http_protocol
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
     gallery = Gallery.load(settings.index, model=model, device=device,     # refuses another model's index
@@ -81,6 +96,33 @@ def cmd_serve(args) -> int:
     host = f"[{host}]" if ":" in host else host
     print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
           f"{gallery.captions.ntotal} captions; API docs: /docs)", flush=True)
-    uvicorn.run(create_app(settings, model=model, gallery=gallery), host=settings.host, port=settings.port,
-                log_level=args.log_level, access_log=False, http=http_protocol(settings.header_timeout_s))
-    return 0
+    config = uvicorn.Config(create_app(settings, model=model, gallery=gallery), host=settings.host,
+                            port=settings.port, log_level=log_level, access_log=False,
+                            http=http_protocol(settings.header_timeout_s))
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[listening])
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 1
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (as uvicorn binds one: SO_REUSEADDR, so a port in TIME_WAIT is
+    taken); OSError saying what to do when the port is taken or the address is not this machine's."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise OSError(f"cannot listen on {host}: {err.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        hint = (" (another server is listening there: stop it, or choose another port with --port, or PORT=… "
+                "for make demo)" if err.errno == errno.EADDRINUSE else "")
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror}{hint}") from None
+    sock.set_inheritable(True)
+    return sock

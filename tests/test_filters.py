@@ -266,7 +266,7 @@ def test_bad_search_input_is_a_clear_4xx(client, gallery_dir, kwargs, status, me
 # --- CLI --------------------------------------------------------------------------------------------------------
 
 def _cli_search(tiny_model_path, gallery_dir, capsys, *args):
-    rc = cli_main(["index", "search", "--index", str(gallery_dir), "--model", str(tiny_model_path), "--device", "cpu",
+    rc = cli_main(["index", "search", "--index", str(gallery_dir), "--model", str(tiny_model_path), "--device", "cpu", "--json",
                    *args])
     out = capsys.readouterr()
     return rc, (json.loads(out.out)["results"] if rc == 0 else None), out.err

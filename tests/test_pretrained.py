@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from index.gallery import Gallery
+from index.query import format_time
 from index.samples import CLIPS, SAMPLES, write_samples
 from service.cli import main as cli_main
 from training.inference import pretrained
@@ -40,16 +41,21 @@ def test_the_shipped_file_is_small_slim_and_the_reported_model(shipped):
 def test_index_build_and_search_use_the_shipped_model_by_default(shipped, tmp_path, capsys):
     out = write_samples(tmp_path / "samples")
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(s.name for s in SAMPLES)
-    assert sorted(p.name for p in (out / "videos").iterdir()) == sorted(name for name, _ in CLIPS)
+    assert sorted(p.name for p in (out / "videos").iterdir()) == sorted(clip.name for clip in CLIPS)
     assert (tmp_path / "samples" / "ATTRIBUTION.md").read_text().count("CC") >= 3
     index = tmp_path / "index"
     assert cli_main(["index", "build", "--images", str(out), "--captions", str(tmp_path / "samples" / "captions.txt"),
                      "--out", str(index), "--quiet", "--workers", "0"]) == 0
     gallery = Gallery.load(index, model=shipped)                      # built with exactly the shipped model
-    scenes = sum(len(photos) for _, photos in CLIPS)                  # one 5-second moment per scene
+    scenes = sum(len(clip.scenes) for clip in CLIPS)                  # one 5-second moment per scene
     assert gallery.images.ntotal == len(SAMPLES) + scenes and gallery.meta.counts()["videos"] == len(CLIPS)
+    # each sample is dated as recorded with it (EXIF of a photo, the file's time of a clip), not by the copy
+    taken = {Path(r.path).name: format_time(r.taken) for r in gallery.meta.all_images() if r.video_id is None}
+    taken |= {Path(v.path).name: format_time(v.taken) for v in gallery.meta.all_videos()}
+    recorded = {s.name: s.taken for s in SAMPLES} | {c.name: c.taken for c in CLIPS}
+    assert taken == {name: f"{t[:10].replace(':', '-')}T{t[11:]}Z" for name, t in recorded.items()}
     capsys.readouterr()
-    assert cli_main(["index", "search", "--index", str(index), "--text", "a man with a camera", "--k", "3"]) == 0
+    assert cli_main(["index", "search", "--index", str(index), "--text", "a man with a camera", "--k", "3", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)["results"]
     assert Path(hits[0]["path"]).name == "cameraman.jpg" and len(hits) == 3
     # a real model, not random weights: each query's photo is in its top 3 far more often than chance (3 of 14).
@@ -72,7 +78,7 @@ def test_index_build_and_search_use_the_shipped_model_by_default(shipped, tmp_pa
                "stars in the night sky": ("space.mp4", 10.0)}
     for text, (clip, start) in moments.items():
         capsys.readouterr()
-        assert cli_main(["index", "search", "--index", str(index), "--text", text, "--k", "1", "--media", "video"]) == 0
+        assert cli_main(["index", "search", "--index", str(index), "--text", text, "--k", "1", "--media", "video", "--json"]) == 0
         best = json.loads(capsys.readouterr().out)["results"][0]
         assert (Path(best["path"]).name, best["start"], best["end"]) == (clip, start, start + 5.0), text
     gallery.close()

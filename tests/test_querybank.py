@@ -138,7 +138,7 @@ def test_cli_build_with_a_querybank_then_without(tiny_model_path, synth_small, t
     gallery.close()
     capsys.readouterr()
     assert cli_main(["index", "search", "--index", str(out), "--model", str(tiny_model_path),
-                     "--text", "a red circle", "--k", "3"]) == 0
+                     "--text", "a red circle", "--k", "3", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["results"]) == 3
     # a data set as the bank: both sides; then a rebuild without one drops the bank file
     assert cli_main(args + ["--querybank", str(synth_small)]) == 0

@@ -174,7 +174,7 @@ def test_build_and_search_return_photos_and_moments_in_one_ranking(tmp_path, tin
         gallery.close()
     for media, expect in ((None, {"photo", "video"}), ("video", {"video"}), ("photo", {"photo"})):
         args = ["index", "search", "--index", str(out), "--model", str(tiny_model_path), "--text", "a red square",
-                "--k", "6"] + (["--media", media] if media else [])
+                "--k", "6", "--json"] + (["--media", media] if media else [])
         assert cli_main(args) == 0
         results = json.loads(capsys.readouterr().out)["results"]
         assert {r["media"] for r in results} == expect                # as the service names them

@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import numpy as np
@@ -19,42 +20,16 @@ import pytest
 import uvicorn
 from PIL import Image
 
+from browser import CHROMIUM_FLAGS, chromium, missing_browser
 from index.gallery import Gallery
 from server_process import free_port
 from service.app import create_app
 from service.settings import Settings
 from training.data.datasets import load_dataset
 
-REPO = Path(__file__).resolve().parents[1]
-SCREENSHOTS = REPO / "docs" / "screenshots"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
 QUERY = "a red circle above a blue square"
 TIMEOUT_MS = 20_000
-
-
-def _chromium() -> str | None:
-    given = os.environ.get("JOINTSPACE_CHROMIUM")
-    if given:
-        return given
-    if Path("/usr/bin/chromium").is_file():
-        return "/usr/bin/chromium"
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _missing_browser() -> str | None:
-    """Why the browser tests cannot run here, or None."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the Python package 'playwright' is not installed (it is in the dev extra: pip install -e '.[dev]')"
-    chromium = _chromium()
-    if chromium is not None and not Path(chromium).is_file():
-        return f"JOINTSPACE_CHROMIUM={chromium} is not a file"
-    if chromium is None:
-        return ("Chromium is not installed (Debian: apt-get install chromium chromium-driver, which `make test` "
-                "runs as root; or set JOINTSPACE_CHROMIUM to a Chromium binary)")
-    return None
+DESKTOP, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
 
 
 # --- the real app on a localhost port ---------------------------------------------------------------------------
@@ -83,8 +58,8 @@ class LiveServer:
 
 
 def _settings(tiny_model_path, tiny_index_dir, **extra):
-    return Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_k=50,
-                    max_upload_bytes=200_000, **extra)
+    return Settings(**{"model": str(tiny_model_path), "index": str(tiny_index_dir), "reload_interval_s": 0,
+                       "max_k": 50, "max_upload_bytes": 200_000, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +72,7 @@ def server(tiny_model_path, tiny_index_dir):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    reason = _missing_browser()
+    reason = missing_browser()
     if reason is not None:
         message = f"BROWSER TESTS NOT RUN: {reason}"
         if os.environ.get("CI"):
@@ -108,7 +83,7 @@ def browser(tmp_path_factory):
     profile = tmp_path_factory.mktemp("chromium-profile")           # a fresh user-data-dir
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=_chromium(), headless=True, args=CHROMIUM_FLAGS,
+            str(profile), executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS,
             viewport={"width": 1100, "height": 820}, device_scale_factor=1, reduced_motion="reduce")
         context.set_default_timeout(TIMEOUT_MS)
         yield context
@@ -124,8 +99,8 @@ class Tab:
         self.page.on("pageerror", lambda err: self.script_errors.append(str(err)))
         self.page.on("request", lambda req: self.requests.append(req.url))
 
-    def open(self, url):
-        self.page.goto(url + "/")
+    def open(self, url, path="/"):
+        self.page.goto(url + path)
         return self.page
 
 
@@ -145,6 +120,11 @@ def _wait_error(page, start):
     page.wait_for_function("start => document.getElementById('error').textContent.startsWith(start)", arg=start)
 
 
+def _wait_heading(page, start):
+    page.wait_for_function("start => document.querySelector('#results[aria-busy=false] h2')?.textContent"
+                           ".startsWith(start)", arg=start)
+
+
 def _images_loaded(page, selector):
     page.wait_for_function("""selector => {
         const imgs = [...document.querySelectorAll(selector)];
@@ -152,8 +132,16 @@ def _images_loaded(page, selector):
     }""", arg=selector)
 
 
+def _open_panel(page, panel):
+    """Unfolds one of the panels under the search box (filters, similar, describe, paraphrase-form)."""
+    if page.is_hidden(f"#{panel}"):
+        page.click(f".tools [aria-controls='{panel}']")
+    page.wait_for_selector(f"#{panel}", state="visible")
+
+
 def _search(page, text, k=None):
     if k is not None:
+        _open_panel(page, "filters")
         page.select_option("#k", str(k))
     page.fill("#query", text)
     page.press("#query", "Enter")
@@ -165,9 +153,18 @@ def _hits(page):
                                               "Number(e.querySelector('.score').textContent)])")
 
 
+def _names(page):
+    return page.eval_on_selector_all(".hit .name", "els => els.map(e => e.textContent)")
+
+
 def _captions(page, selector):
     return page.eval_on_selector_all(f"{selector} li", "els => els.map(e => [e.querySelector('.caption').textContent, "
                                                        "Number(e.querySelector('.score').textContent)])")
+
+
+def _query_of(page) -> dict:
+    """The page's URL query string, parsed."""
+    return {k: v[0] for k, v in parse_qs(urlsplit(page.url).query).items()}
 
 
 def _api(server, path, **kwargs):
@@ -176,26 +173,10 @@ def _api(server, path, **kwargs):
     return r.json()["results"]
 
 
-def _same_picture(a: Path, b: Path) -> bool:
-    """Same size and no pixel off by more than a few levels (Chromium's anti-aliasing varies a little run to run)."""
-    with Image.open(a) as x, Image.open(b) as y:
-        if x.size != y.size:
-            return False
-        diff = np.abs(np.asarray(x.convert("RGB"), np.int16) - np.asarray(y.convert("RGB"), np.int16))
-        return int(diff.max()) <= 8
-
-
-def _screenshot(page, tmp_path, name, publish=False):
-    """A PNG of the page under the test's tmp dir; ``publish`` and JOINTSPACE_UPDATE_SCREENSHOTS=1: also the copy
-    in docs/screenshots/ (README), rewritten only when the page looks different. Without the variable a test run
-    never touches the committed file (a model's scores move in the last digit across machines)."""
+def _screenshot(page, tmp_path, name):
+    """A PNG of the page under the test's tmp dir (the published ones: tests/screenshots.py)."""
     path = tmp_path / name
     page.screenshot(path=str(path))
-    if publish and os.environ.get("JOINTSPACE_UPDATE_SCREENSHOTS") == "1":
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        target = SCREENSHOTS / name
-        if not target.exists() or not _same_picture(path, target):
-            shutil.copyfile(path, target)
     return path
 
 
@@ -215,12 +196,13 @@ def test_page_and_its_assets_are_served_by_the_app(server):
     assert httpx.get(server.url + "/static/nothing.js").status_code == 404
     ready = httpx.get(server.url + "/readyz").json()
     assert ready["decoder"] is False and ready["api_key_required"] is False and ready["max_k"] == 50
+    assert ready["max_text_chars"] == 1000 and ready["photos"] == ready["images"] and ready["videos"] == 0
     assert "/" not in httpx.get(server.url + "/openapi.json").json()["paths"]
 
 
 # --- in the browser --------------------------------------------------------------------------------------------------
 
-def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth_small):
+def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth_small, tiny_index_dir):
     page = tab.open(server.url)
     _wait_ready(page)
     assert page.evaluate("document.activeElement.id") == "query"             # type at once, press Enter
@@ -230,16 +212,24 @@ def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth
     expected = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})           # the default k
     assert [i for i, _ in hits] == [x["id"] for x in expected]
     assert [s for _, s in hits] == pytest.approx([x["score"] for x in expected], abs=1e-3)
-    assert page.inner_text("#results h2") == f"Top 10 images for “{QUERY}”"
+    assert page.inner_text("#results h2") == f"Top 10 photos for “{QUERY}”"
+    assert page.eval_on_selector("#results", "e => [...e.childNodes].map(n => n.nodeName)") == ["H2", "UL", "NAV"]
+    # each card names its file, as the API does and as the index holds it
+    gallery = Gallery.load(tiny_index_dir)
+    files = [Path(gallery.meta.image(x["id"]).path).name for x in expected]
+    gallery.close()
+    assert _names(page) == [x["name"] for x in expected] == files
     _images_loaded(page, ".hit img")
     assert all(src.endswith("?size=256") for src in page.eval_on_selector_all(".hit img", "els => els.map(e => e.src)"))
-    assert page.is_hidden("#error") and page.is_hidden("#paraphrase-form")  # no decoder in this model
+    assert page.is_hidden("#error") and page.is_hidden("#paraphrase-toggle")  # no decoder in this model
+    ready = httpx.get(server.url + "/readyz").json()                       # words a user reads: no jargon
+    assert page.inner_text("#status") == f"Ready: {ready['photos']} photos, {ready['captions']} captions"
 
     _search(page, QUERY, k=5)
     page.wait_for_function("() => document.querySelectorAll('.hit').length === 5")
     assert [i for i, _ in _hits(page)] == [x["id"] for x in expected[:5]]
     _images_loaded(page, ".hit img")
-    shot = _screenshot(page, tmp_path, "search.png", publish=True)
+    shot = _screenshot(page, tmp_path, "search.png")
     assert Image.open(shot).size == (1100, 820)
 
     # keyboard: Enter on a result opens it larger with its nearest captions; Escape closes and returns focus
@@ -248,7 +238,8 @@ def test_a_sentence_shows_the_ranked_gallery_images(server, tab, tmp_path, synth
     page.keyboard.press("Enter")
     page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li .caption")
     image_id = expected[0]["id"]
-    assert page.inner_text("#detail-title") == f"Gallery image {image_id}"
+    assert page.inner_text("#detail-title") == files[0]
+    assert page.inner_text("#detail-position") == "1 of 5"
     shown = _captions(page, "#detail-captions")
     nearest = _api(server, "/v1/search/captions", json={"image_id": image_id, "k": 5})
     assert [c for c, _ in shown] == [x["caption"] for x in nearest]
@@ -284,6 +275,7 @@ def test_an_image_shows_its_ranked_captions(server, tab, tiny_index_dir, tmp_pat
     # dropping a file on the drop zone does the same
     other = Path(Gallery.load(tiny_index_dir).meta.image(5).path)
     want = _api(server, "/v1/search/captions", files={"image": (other.name, other.read_bytes())}, data={"k": "5"})
+    _open_panel(page, "filters")
     page.select_option("#k", "5")
     page.evaluate("""([bytes, name]) => {
         const transfer = new DataTransfer();
@@ -299,19 +291,23 @@ def test_an_image_shows_its_ranked_captions(server, tab, tiny_index_dir, tmp_pat
 def test_errors_from_the_api_are_shown(server, tab, tmp_path):
     page = tab.open(server.url)
     _wait_ready(page)
-    _search(page, "   ")                                                   # only whitespace: the API says 422
-    page.wait_for_selector("#error:not([hidden])")
-    error = page.inner_text("#error")
-    assert error.startswith("Error 422:") and "whitespace" in error, error
-    assert page.get_attribute("#error", "role") == "alert"
-    assert page.eval_on_selector("#results", "e => e.children.length") == 0
-    assert page.get_attribute("#results", "aria-busy") == "false"
+    _search(page, QUERY)
+    before = _hits(page)
+    searches = len([u for u in tab.requests if u.endswith("/v1/search/images")])
+    _search(page, "   ")                               # only spaces: said under the box, nothing sent, results kept
+    page.wait_for_selector("#query-note:not([hidden])")
+    assert page.inner_text("#query-note").startswith("Type a few words describing what to find, for example “")
+    assert len([u for u in tab.requests if u.endswith("/v1/search/images")]) == searches
+    assert _hits(page) == before and page.is_hidden("#error")
 
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("these are words, not pixels")
     page.set_input_files("#image-file", str(not_an_image))
     _wait_error(page, "Error 415")
     assert "not an image" in page.inner_text("#error")
+    assert page.get_attribute("#error", "role") == "alert"
+    assert page.eval_on_selector("#results", "e => e.children.length") == 0
+    assert page.get_attribute("#results", "aria-busy") == "false"
 
     big = io.BytesIO()
     Image.effect_noise((400, 400), 100).convert("RGB").save(big, "PNG")     # over max_upload_bytes: 413
@@ -350,6 +346,16 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_
         page.locator(".hit").first.click()
         page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li .caption")
         _images_loaded(page, "#detail-image")
+        # "Open original": a new tab cannot send the key, so the page fetches the file and opens it as a blob
+        image_id = int(page.locator(".hit").first.get_attribute("data-id"))
+        with page.expect_popup() as opened:
+            page.click("#detail-original")
+        original = opened.value
+        original.wait_for_url(lambda url: url.startswith("blob:"), wait_until="commit")
+        _images_loaded(original, "img")                                     # the browser shows the picture
+        size = original.evaluate("() => [document.images[0].naturalWidth, document.images[0].naturalHeight]")
+        assert tuple(size) == Image.open(Gallery.load(tiny_index_dir).meta.image(image_id).path).size
+        original.close()
 
 
 @pytest.fixture(scope="module")
@@ -366,7 +372,8 @@ def test_a_decoder_model_shows_generated_captions_and_paraphrases(stt_server, ti
     page = tab.open(stt_server.url)
     _wait_ready(page)
     assert "caption generator on" in page.inner_text("#status")
-    assert page.is_visible("#paraphrase-form")
+    assert page.is_hidden("#paraphrase-form")                                # folded under its toggle
+    _open_panel(page, "paraphrase-form")
 
     path = Path(Gallery.load(tiny_stt_index_dir).meta.image(0).path)
     generated = httpx.post(stt_server.url + "/v1/captions", files={"image": (path.name, path.read_bytes())}).json()
@@ -403,6 +410,7 @@ def test_the_page_survives_a_501_from_the_decoder_routes(stt_server, tiny_stt_in
     assert len(_captions(page, "#results .captions")) == 10             # the ranked captions still come
     assert page.is_hidden("#error")
 
+    _open_panel(page, "paraphrase-form")
     page.fill("#paraphrase-text", "a red circle")
     page.press("#paraphrase-text", "Enter")
     page.wait_for_selector("#paraphrase-note:not([hidden])")
@@ -463,6 +471,7 @@ def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
     server = photo_server
     page = tab.open(server.url)
     _wait_ready(page)
+    _open_panel(page, "filters")
     page.wait_for_function("() => document.querySelectorAll('#folder option').length > 1")
     folders = page.eval_on_selector_all("#folder option", "els => els.map(e => e.value)")
     assert folders == ["", "home", "trip", "trip/day2"]
@@ -474,11 +483,11 @@ def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
     assert [i for i, _ in first] == _ids(_api(server, "/v1/search/images", json={"text": QUERY, "k": 5}))
     assert page.is_disabled("#previous") and page.is_enabled("#next")
     page.click("#next")
-    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Images 6–10')")
+    _wait_heading(page, "Photos 6–10 for")
     second = _hits(page)
     assert [i for i, _ in second] == _ids(_api(server, "/v1/search/images", json={"text": QUERY, "k": 5, "offset": 5}))
     page.click("#previous")
-    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Top 5')")
+    _wait_heading(page, "Top 5 photos for")
     assert _hits(page) == first
 
     # a threshold hides the weak matches
@@ -491,6 +500,7 @@ def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
     assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images",
                                                      json={"text": QUERY, "k": 50, "min_score": cut}))
     assert page.is_disabled("#next")                                     # fewer than k: no next page
+    assert page.inner_text("#filters-count") == "1"                      # the folded panel says a filter is on
 
     # folder and capture dates, and words to leave out
     page.fill("#min-score", "")
@@ -498,28 +508,29 @@ def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
     page.fill("#taken-after", "2021-05-03")
     page.fill("#taken-before", "2021-05-12")
     page.fill("#subtract", "blue, square")
-    _search(page, QUERY, k=10)
-    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.includes('images for')")
     want = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10, "folder": "trip",
                                                    "taken_after": "2021-05-03", "taken_before": "2021-05-12",
                                                    "subtract": ["blue", "square"]})
     assert want and len(want) < 10
+    _search(page, QUERY, k=10)
+    _wait_heading(page, f"{len(want)} photos for")                       # all there are: not "Top"
+    assert page.inner_text("#filters-count") == "4"
     assert [i for i, _ in _hits(page)] == _ids(want)
     dates = page.eval_on_selector_all(".hit .taken", "els => els.map(e => e.textContent)")
     assert dates == [f"taken {x['taken'][:10]}" for x in want]
     assert all("2021-05-03" <= d[6:] < "2021-05-12" for d in dates)
     _screenshot(page, tmp_path, "filtered.png")
 
-    # bad refinements: the API's 422 is shown, nothing else happens
+    # bad refinements: the API's 422 is shown in the page's words (the field by its label, no "Value error")
     page.fill("#taken-after", "2021-05-13")
     _search(page, QUERY)
-    _wait_error(page, "Error 422")
+    _wait_error(page, "taken_after (2021-05-13) must be earlier than taken_before")
     assert "date range is empty" in page.inner_text("#error")
     page.fill("#taken-after", "")
     page.fill("#min-score", "5")
     _search(page, QUERY)
-    _wait_error(page, "Error 422")
-    assert "min_score" in page.inner_text("#error")
+    _wait_error(page, "Min score: ")
+    assert "Value error" not in page.inner_text("#error") and "Error 422" not in page.inner_text("#error")
 
 
 def _drop(page, selector, data: bytes, name: str, media: str):
@@ -542,11 +553,11 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     want = _api(server, "/v1/search/images", files=files, data={"k": "10"})
     _drop(page, "#similar-drop", data, photo.name, "image/jpeg")
     page.wait_for_function("name => document.querySelector('#results h2')?.textContent === "
-                           "`Top 10 images like ${name}`", arg=photo.name)
+                           "`Top 10 photos like ${name}`", arg=photo.name)
     hits = _hits(page)
     assert [i for i, _ in hits] == _ids(want) and hits[0][1] == pytest.approx(1.0, abs=2e-3)   # itself first
     page.click("#next")
-    page.wait_for_function("() => document.querySelector('#results h2')?.textContent.startsWith('Images 11–')")
+    _wait_heading(page, "Photos 11–20 like")
     assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images", files=files,
                                                      data={"k": "10", "offset": "10"}))
     # a HEIC photo from a phone, with the folder filter, chosen with the file picker
@@ -555,6 +566,7 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     Image.open(photo).save(heic, "HEIF")
     want = _api(server, "/v1/search/images", files={"image": ("p.heic", heic.getvalue(), "image/heic")},
                 data={"k": "10", "folder": "home"})
+    _open_panel(page, "filters")
     page.select_option("#folder", "home")
     page.set_input_files("#similar-file", files=[{"name": "phone.heic", "mimeType": "image/heic",
                                                    "buffer": heic.getvalue()}])
@@ -595,11 +607,18 @@ def video_server(tiny_model_path, synth_small, tmp_path_factory):
 def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_start(video_server, tab):
     page = tab.open(video_server.url)
     _wait_ready(page)
+    ready = httpx.get(video_server.url + "/readyz").json()            # photos, videos and moments, counted apart
+    assert (ready["photos"], ready["videos"], ready["moments"]) == (4, 2, 6) and ready["images"] == 10
+    assert page.inner_text("#status") == f"Ready: 4 photos, 2 videos (6 moments), {ready['captions']} captions"
     want = _api(video_server, "/v1/search/images", json={"text": "a red square", "k": 10})
     moments = [x for x in want if x["media"] == "video"]
     later = next(x for x in moments if x["start"] > 0)
     _search(page, "a red square")
     assert [i for i, _ in _hits(page)] == [x["id"] for x in want]
+    # a page of both says so: results, and how many of each
+    assert page.inner_text("#results h2") == "10 results for “a red square”"
+    assert page.inner_text("#results .breakdown") == "4 photos, 6 video moments"
+    assert _names(page) == [x["name"] for x in want] and {x["name"] for x in moments} == {"clip0.webm", "clip1.webm"}
     _images_loaded(page, ".hit img")                                  # the moments' frames, as JPEG thumbnails
     spans = page.eval_on_selector_all(".hit.video .moment", "els => els.map(e => e.textContent)")
     assert spans == [f"▶ 0:{int(m['start']):02d}–0:{int(m['end']):02d}" for m in moments]
@@ -607,7 +626,9 @@ def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_s
     page.wait_for_selector("#detail[open] #detail-video:not([hidden])")
     assert page.is_hidden("#detail-image")
     start = later["start"]
-    assert page.inner_text("#detail-title") == f"Video {later['video_id']}, 0:{int(start):02d}–0:{int(later['end']):02d}"
+    assert page.inner_text("#detail-title") == f"{later['name']}, 0:{int(start):02d}–0:{int(later['end']):02d}"
+    # "Open original" is the video itself, from the moment's start
+    assert page.get_attribute("#detail-original", "href") == f"v1/videos/{later['video_id']}#t={start:g}"
     src = page.get_attribute("#detail-video", "src")
     assert src == f"v1/videos/{later['video_id']}#t={start:g}"
     # the browser fetched the file (range requests) and stands at the moment's start
@@ -617,9 +638,246 @@ def test_a_video_moment_shows_as_a_frame_with_its_time_span_and_plays_from_its_s
     page.wait_for_selector("#detail", state="hidden")
     # the dialog's "close" event (which stops the video) is a task queued after the dialog hides: wait for it
     page.wait_for_function("() => document.getElementById('detail-video').paused")
-    for media in ("video", "photo"):                                  # "Show": one media type only
+    _open_panel(page, "filters")
+    for media, noun in (("video", "video moments"), ("photo", "photos")):   # "Show": one media type only
         only = _api(video_server, "/v1/search/images", json={"text": "a red square", "k": 10, "media": media})
         assert only and {x["media"] for x in only} == {media}
         page.select_option("#media", media)
         _search(page, "a red square")
         assert [i for i, _ in _hits(page)] == [x["id"] for x in only]
+        assert page.inner_text("#results h2") == f"{len(only)} {noun} for “a red square”"
+        assert page.is_hidden("#results .breakdown")
+
+
+# --- the URL holds the search: a shared link, reload, Back -------------------------------------------------------------
+
+def test_a_shared_link_opens_with_its_search_and_back_and_reload_keep_it(photo_server, tab):
+    server = photo_server
+    page = tab.open(server.url, "/?q=a%20red%20circle")
+    want = _api(server, "/v1/search/images", json={"text": "a red circle", "k": 10})
+    assert [i for i, _ in _hits(page)] == _ids(want)
+    assert page.input_value("#query") == "a red circle"
+    assert page.inner_text("#results h2") == "Top 10 photos for “a red circle”"
+
+    # a search from the box goes into the URL, with its filters and its page
+    _open_panel(page, "filters")
+    page.select_option("#folder", "trip")
+    page.fill("#taken-after", "2021-05-02")
+    _search(page, QUERY, k=5)
+    _wait_heading(page, "Top 5 photos for")
+    page.click("#next")
+    _wait_heading(page, "Photos 6–10 for")
+    assert _query_of(page) == {"q": QUERY, "folder": "trip", "after": "2021-05-02", "k": "5", "page": "2"}
+    assert "q=a%20red%20circle%20above" in page.url                             # spaces as %20, as typed in a link
+    second = _ids(_api(server, "/v1/search/images", json={"text": QUERY, "k": 5, "offset": 5, "folder": "trip",
+                                                           "taken_after": "2021-05-02"}))
+    assert [i for i, _ in _hits(page)] == second
+
+    # reload: the same page of the same search, the filters set as they were
+    page.reload()
+    _wait_heading(page, "Photos 6–10 for")
+    assert [i for i, _ in _hits(page)] == second and page.input_value("#query") == QUERY
+    assert (page.input_value("#folder"), page.input_value("#taken-after"), page.input_value("#k")) == \
+        ("trip", "2021-05-02", "5")
+    assert page.inner_text("#filters-count") == "2"
+
+    # Back: its first page, then the shared link's search (its filters with it); Forward: the search again
+    page.go_back()
+    _wait_heading(page, "Top 5 photos for")
+    page.go_back()
+    _wait_heading(page, "Top 10 photos for “a red circle”")
+    assert [i for i, _ in _hits(page)] == _ids(want) and page.input_value("#query") == "a red circle"
+    assert page.inner_text("#filters-count") == ""
+    page.go_forward()
+    _wait_heading(page, "Top 5 photos for")
+    assert _query_of(page)["folder"] == "trip"
+
+    # a page past the end says so and leads back
+    page.goto(server.url + f"/?q={QUERY}&page=30")
+    _wait_heading(page, "No more photos for")
+    assert page.is_enabled("#previous") and page.is_disabled("#next")
+
+
+def test_the_open_result_is_in_the_url(photo_server, tab):
+    server = photo_server
+    page = tab.open(server.url, f"/?q={QUERY}")
+    hits = _hits(page)
+    want = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})
+    page.locator(".hit").nth(2).click()
+    page.wait_for_selector("#detail[open]")
+    assert _query_of(page) == {"q": QUERY, "open": str(hits[2][0])}
+    page.go_back()                                                      # Back closes it, the results stay
+    page.wait_for_selector("#detail", state="hidden")
+    assert _query_of(page) == {"q": QUERY} and _hits(page) == hits
+    page.go_forward()                                                   # Forward opens it again
+    page.wait_for_selector("#detail[open]")
+    assert page.inner_text("#detail-title") == want[2]["name"]
+    page.reload()                                                       # and so does a reload
+    page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li")
+    assert page.inner_text("#detail-title") == want[2]["name"]
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#detail", state="hidden")
+    page.wait_for_function("() => !location.search.includes('open=')")
+    assert _query_of(page) == {"q": QUERY}
+
+
+def test_results_are_a_few_tabs_away_and_arrow_keys_step_through_them(photo_server, tab):
+    server = photo_server
+    page = tab.open(server.url)
+    _wait_ready(page)
+    page.keyboard.type(QUERY)
+    page.keyboard.press("Enter")
+    hits = _hits(page)
+    names = [x["name"] for x in _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})]
+    tabs = 0
+    while not page.evaluate("document.activeElement.classList.contains('hit')"):
+        page.keyboard.press("Tab")
+        tabs += 1
+        assert tabs <= 5, page.evaluate("document.activeElement.outerHTML")
+    assert page.evaluate("document.activeElement.dataset.id") == str(hits[0][0])
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#detail[open]")
+    assert page.inner_text("#detail-title") == names[0] and page.is_disabled("#detail-previous")
+
+    def at(i):
+        page.wait_for_function("name => document.getElementById('detail-title').textContent === name", arg=names[i])
+        assert _query_of(page)["open"] == str(hits[i][0]) and page.inner_text("#detail-position") == f"{i + 1} of 10"
+
+    page.keyboard.press("ArrowRight")
+    at(1)
+    page.keyboard.press("ArrowRight")
+    at(2)
+    page.keyboard.press("ArrowLeft")
+    at(1)
+    page.click("#detail-next")
+    at(2)
+    for _ in range(9):
+        page.keyboard.press("ArrowRight")
+    at(9)                                                               # the last result of the page: it stays
+    assert page.is_disabled("#detail-next")
+    page.keyboard.press("Escape")                                       # focus goes back to the card shown last
+    # (the dialog's "close" event, which moves the focus and the URL, is a task queued after the dialog hides)
+    page.wait_for_function("id => document.activeElement.dataset.id === id", arg=str(hits[9][0]))
+    page.wait_for_function("() => !location.search.includes('open=')")
+    assert _query_of(page) == {"q": QUERY}
+    page.go_back()                                                      # the detail view was one history entry
+    page.wait_for_function("() => !location.search")
+
+
+def test_the_detail_view_opens_the_original_and_finds_more_like_it(photo_server, tab):
+    server = photo_server
+    page = tab.open(server.url, f"/?q={QUERY}")
+    _hits(page)
+    item = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})[1]
+    page.locator(".hit").nth(1).click()
+    page.wait_for_selector("#detail[open]")
+    assert page.inner_text("#detail-title") == item["name"]
+    facts = page.inner_text("#detail-facts")
+    assert f"in {item['folder']}" in facts and f"taken {item['taken'][:10]}" in facts
+
+    # open original: the file itself, in a new tab
+    assert page.get_attribute("#detail-original", "href") == f"v1/images/{item['id']}"
+    with page.expect_popup() as opened:
+        page.click("#detail-original")
+    original = opened.value
+    original.wait_for_load_state()
+    assert original.url == f"{server.url}/v1/images/{item['id']}"
+    assert httpx.get(original.url).content == (server.photos / item["folder"] / item["name"]).read_bytes()
+    original.close()
+
+    # more like this: the gallery item is the query (itself first)
+    like = _api(server, "/v1/search/images", json={"image_id": item["id"], "k": 10})
+    page.click("#detail-like")
+    _wait_heading(page, f"Top 10 photos like {item['name']}")
+    assert page.is_hidden("#detail") and page.input_value("#query") == ""
+    assert [i for i, _ in _hits(page)] == _ids(like) and like[0]["id"] == item["id"]
+    assert _query_of(page) == {"like": str(item["id"])}
+    page.reload()                                                       # the URL holds it: it names the item
+    _wait_heading(page, f"Top 10 photos like {item['name']}")
+    page.go_back()                                                      # Back: the sentence's results
+    _wait_heading(page, f"Top 10 photos for “{QUERY}”")
+    assert _query_of(page) == {"q": QUERY}
+
+
+def test_next_knows_the_last_page(tiny_model_path, tiny_index_dir, tab):
+    """A page as long as what is left is the last one: Next is off without an empty page to show it, asked as k + 1
+    results or, when k is the service's largest, with one probe past the page."""
+    gallery = Gallery.load(tiny_index_dir)
+    n = gallery.images.ntotal
+    gallery.close()
+    half = n // 2
+    assert n == 2 * half
+    for max_k in (50, half):
+        with LiveServer(create_app(_settings(tiny_model_path, tiny_index_dir, max_k=max_k))) as live:
+            page = tab.open(live.url, f"/?q={QUERY}&k={half}")
+            assert len(_hits(page)) == half and page.is_enabled("#next")
+            page.click("#next")
+            _wait_heading(page, f"Photos {half + 1}–{n} for")
+            assert len(_hits(page)) == half and page.is_disabled("#next")
+
+
+# --- phone and desktop, light and dark; the search box's limits -------------------------------------------------------
+
+def _first_result_in_view(page):
+    page.wait_for_function("""() => {
+        const box = document.querySelector('#results[aria-busy=false] .hit')?.getBoundingClientRect();
+        return box && box.top >= 0 && box.left >= 0 && box.bottom <= innerHeight && box.right <= innerWidth;
+    }""")
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_the_first_result_is_in_view_right_after_a_search(server, tab, viewport):
+    tab.page.set_viewport_size(viewport)
+    page = tab.open(server.url)
+    _wait_ready(page)
+    _search(page, QUERY)
+    _first_result_in_view(page)
+    assert page.evaluate("scrollY") == 0                     # no move needed: the results sit under the box
+    assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]   # nothing wider than it
+    # with the filters open (taller than a phone's screen) the page moves down to the results
+    _open_panel(page, "filters")
+    _search(page, "a blue square")
+    _first_result_in_view(page)
+
+
+def _luminance(css: str) -> float:
+    r, g, b = (int(v) / 255 for v in css[css.index("(") + 1:css.index(")")].split(",")[:3])
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_dark_mode_follows_the_system(server, tab):
+    page = tab.open(server.url)
+    _wait_ready(page)
+    _search(page, QUERY)
+    _hits(page)
+    colours = {}
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        colours[scheme] = page.evaluate("""() => [document.documentElement, document.querySelector('.hit'),
+                                                   document.getElementById('query')]
+                                                  .map(e => [getComputedStyle(e).color, getComputedStyle(e).backgroundColor])""")
+    assert _luminance(colours["dark"][0][1]) < 0.05 < 0.8 < _luminance(colours["light"][0][1])
+    for scheme, pairs in colours.items():                    # text readable on its background (WCAG AA: 4.5)
+        for fg, bg in pairs:
+            hi, lo = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+            assert (hi + 0.05) / (lo + 0.05) >= 4.5, (scheme, fg, bg)
+
+
+def test_the_search_box_takes_what_the_api_takes(server, tab):
+    page = tab.open(server.url)
+    _wait_ready(page)
+    limit = httpx.get(server.url + "/readyz").json()["max_text_chars"]
+    assert page.get_attribute("#query", "maxlength") == str(limit)
+    long = (QUERY + " ") * 100                                         # 3,300 characters, pasted
+    page.focus("#query")
+    page.keyboard.insert_text(long)
+    assert page.input_value("#query") == long[:limit]
+    assert page.inner_text("#query-note") == f"The search box takes up to {limit:,} characters."
+    page.keyboard.press("Enter")
+    assert len(_hits(page)) == 10 and page.is_hidden("#error")
+    # a link with a longer query: searched as far as the box goes, and said
+    page.goto(server.url + "/?q=" + long.replace(" ", "%20"))
+    assert len(_hits(page)) == 10 and page.is_hidden("#error")
+    assert page.input_value("#query") == long[:limit]
+    assert "the rest was left out" in page.inner_text("#query-note")

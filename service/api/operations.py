@@ -30,10 +30,13 @@ async def readyz(request: Request):
         status = f"error: {state.public_error}" if state.error else state.phase
         return JSONResponse({"status": status, "detail": f"not ready ({status})"}, status_code=503)
     loaded = state.loaded
+    images, counts = loaded.gallery.images.ntotal, loaded.gallery.counts
     return Ready(status="ready", model_fingerprint=loaded.model.fingerprint,
-                 index_generation=loaded.gallery.generation, images=loaded.gallery.images.ntotal,
+                 index_generation=loaded.gallery.generation, images=images, photos=images - counts["moments"],
+                 videos=counts["videos"], moments=counts["moments"],
                  captions=loaded.gallery.captions.ntotal, device=str(state.device), decoder=state.has_decoder,
                  api_key_required=state.settings.api_key is not None, max_k=state.settings.max_k,
+                 max_text_chars=state.settings.max_text_chars,
                  similarity=state.similarity, search_backend=loaded.gallery.images.backend,
                  batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
                  warmup_seconds=state.warmup_seconds, hubness_correction=correction(loaded.gallery.manifest))

@@ -5,6 +5,7 @@ folder and date filters applied inside the index search."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
@@ -69,6 +70,7 @@ def _image_hits(hits: Hits, state: ServiceState, root: str) -> list[ImageHit]:
             "media": "video", "video_id": row.video_id, "start": row.t_start, "end": row.t_end, "frame": row.t_frame}
         out.append(ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}",
                             taken=format_time(row.taken) if row else None,
+                            name=os.path.basename(row.path) if row else None,
                             folder=gallery.photos.relative(row.folder) if row and row.folder else None,
                             width=row.width if row else None, height=row.height if row else None, **moment))
     return out

@@ -4,11 +4,12 @@
 const KEY_STORAGE = "jointspace.apiKey";
 
 export class ApiError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, errors = []) {
     super(detail);
     this.name = "ApiError";
     this.status = status;      // 0: the service could not be reached
     this.detail = detail;
+    this.errors = errors;      // a 422's fields: [{loc, msg, type}]
   }
 
   get summary() {
@@ -32,14 +33,17 @@ function headers() {
   return auth.key ? { "X-API-Key": auth.key } : {};
 }
 
-async function detailOf(response) {
+// The API's error: its `detail` (and a 422's `errors`), or the status text when the body is not the API's JSON.
+async function errorOf(response) {
   try {
     const body = await response.json();
-    if (typeof body.detail === "string" && body.detail) return body.detail;
+    if (typeof body.detail === "string" && body.detail) {
+      return new ApiError(response.status, body.detail, Array.isArray(body.errors) ? body.errors : []);
+    }
   } catch {
     // not JSON: fall through to the status text
   }
-  return response.statusText || "the service answered with an error";
+  return new ApiError(response.status, response.statusText || "the service answered with an error");
 }
 
 // POST/GET `path`; `json` (an object) or `form` (FormData) as the body. Resolves to the Response when it is 2xx,
@@ -60,9 +64,9 @@ export async function request(path, { json, form, signal } = {}) {
     throw new ApiError(0, `Cannot reach the service (${err.message}).`);
   }
   if (!response.ok) {
-    const detail = await detailOf(response);
-    if (response.status === 401) auth.onUnauthorized(detail);
-    throw new ApiError(response.status, detail);
+    const err = await errorOf(response);
+    if (response.status === 401) auth.onUnauthorized(err.detail);
+    throw err;
   }
   return response;
 }
@@ -83,23 +87,25 @@ export async function readiness() {
   return { ok: response.ok, status: response.status, body };
 }
 
-// A URL a <video> can play for a gallery video, from `start` seconds (a media fragment). Without a key the API URL
-// itself (the browser seeks with range requests); with one, the file is fetched here and played from a blob: URL.
-export async function videoURL(videoId, start, signal) {
-  const url = `v1/videos/${encodeURIComponent(videoId)}`;
-  if (!auth.key) return { url: `${url}#t=${start}`, revoke: () => {} };
-  const blob = await (await request(url, { signal })).blob();
-  const objectURL = URL.createObjectURL(blob);
-  return { url: `${objectURL}#t=${start}`, revoke: () => URL.revokeObjectURL(objectURL) };
-}
-
-// A URL an <img> can show for a gallery image. Without a key it is the API URL itself (the browser fetches and
-// caches it); with one, <img> cannot send the header, so the image is fetched here and shown from a blob: URL,
-// which the caller revokes when the image goes away.
-export async function imageURL(id, size, signal) {
-  const url = `v1/images/${encodeURIComponent(id)}?size=${size}`;
-  if (!auth.key) return { url, revoke: () => {} };
-  const blob = await (await request(url, { signal })).blob();
+// A URL the page can show or open for a gallery file at `path` (an image, a thumbnail, a video). Without a key it
+// is the API URL itself (the browser fetches and caches it, and seeks a video with range requests); with one,
+// <img>, <video> and a new tab cannot send the header, so the file is fetched here and shown from a blob: URL,
+// which `revoke` releases when it goes away.
+export async function fileURL(path, signal) {
+  if (!auth.key) return { url: path, revoke: () => {} };
+  const blob = await (await request(path, { signal })).blob();
   const objectURL = URL.createObjectURL(blob);
   return { url: objectURL, revoke: () => URL.revokeObjectURL(objectURL) };
+}
+
+// A gallery image, or its JPEG thumbnail whose longer side is `size` (null: the file itself).
+export function imageURL(id, size, signal) {
+  const path = `v1/images/${encodeURIComponent(id)}`;
+  return fileURL(size ? `${path}?size=${size}` : path, signal);
+}
+
+// A gallery video, to play from `start` seconds (a media fragment).
+export async function videoURL(videoId, start, signal) {
+  const { url, revoke } = await fileURL(`v1/videos/${encodeURIComponent(videoId)}`, signal);
+  return { url: `${url}#t=${start}`, revoke };
 }

@@ -1,35 +1,51 @@
-// The search page: sentence → gallery images, a photo → similar gallery images (both with words to leave out, a
-// score threshold, folder and date filters, and pages), image → ranked (and, with a decoder, generated) captions,
-// sentence → paraphrases. Everything it shows comes from the /v1 API through api.js.
-import { ApiError, auth, imageURL, readiness, request, requestJSON, videoURL } from "./api.js";
+// The search page: words or a photo → gallery photos and video moments (filtered, paged, each opening larger with
+// its nearest captions, "open original" and "more like this"), an image → ranked (and, with a decoder, generated)
+// captions, a sentence → paraphrases. Everything it shows comes from the /v1 API through api.js. A search by words
+// or by a gallery item lives in the URL (?q=…&folder=…&page=2&open=ID): Back, reload and a shared link restore it.
+import { ApiError, auth, fileURL, imageURL, readiness, requestJSON, videoURL } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 const el = {
   status: $("status"), error: $("error"), results: $("results"),
   keyForm: $("key-form"), keyInput: $("api-key"), keyHint: $("key-hint"),
-  textForm: $("text-form"), query: $("query"), k: $("k"), searchButton: $("search-button"),
-  drop: $("drop"), file: $("image-file"),
-  similarDrop: $("similar-drop"), similarFile: $("similar-file"),
-  subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
+  textForm: $("text-form"), query: $("query"), queryNote: $("query-note"), searchButton: $("search-button"),
+  toggles: [...document.querySelectorAll(".tools .toggle")], filtersCount: $("filters-count"),
+  paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
+  k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
   takenBefore: $("taken-before"), media: $("media"),
+  drop: $("drop"), file: $("image-file"), similarDrop: $("similar-drop"), similarFile: $("similar-file"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
-  dialog: $("detail"), dialogTitle: $("detail-title"), dialogImage: $("detail-image"), dialogVideo: $("detail-video"),
-  dialogCaptions: $("detail-captions"), dialogError: $("detail-error"), dialogClose: $("detail-close"),
+  dialog: $("detail"), dialogTitle: $("detail-title"), dialogPosition: $("detail-position"),
+  dialogImage: $("detail-image"), dialogVideo: $("detail-video"), dialogFacts: $("detail-facts"),
+  dialogOriginal: $("detail-original"), dialogLike: $("detail-like"), dialogCaptions: $("detail-captions"),
+  dialogError: $("detail-error"), dialogClose: $("detail-close"), dialogPrevious: $("detail-previous"),
+  dialogNext: $("detail-next"),
 };
 
 const K_CHOICES = [5, 10, 20, 50, 100];
+const DEFAULT_K = 10;
 const THUMBNAIL = 256;
 const LARGE = 640;
 const DETAIL_CAPTIONS = 5;
 
 const FORMATS = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC or AVIF";
 const SCORE_RANGE = { cosine: [-1, 1], order: [null, 0] };
+// the URL's parameter for each search option, in the URL's order
+const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_after"], ["before", "taken_before"],
+                     ["minus", "subtract"], ["min", "min_score"]];
+// what the page calls the API's fields, in its messages
+const FIELD_NAMES = { text: "Search text", k: "Per page", offset: "Page", min_score: "Min score", folder: "Folder",
+                      taken_after: "Taken after", taken_before: "Taken before", media: "Show", subtract: "Leave out",
+                      image_id: "Gallery item", image: "Image" };
 
-const config = { ready: false, decoder: false, keyRequired: false, maxK: 100 };
+const config = { ready: false, decoder: false, keyRequired: false, maxK: 100, maxText: 1000, images: null,
+                 videos: null };
 let action = null;            // AbortController of the search whose results the page is waiting for
 let releases = [];            // revoke() of every blob: URL the results show
+let shown = null;             // the results on screen: {query, hits, more}
 let detailAction = null;
-let detailOpener = null;
+let detailIndex = -1;         // the result the detail view shows: its index in shown.hits
+let quietClose = false;       // the detail view closes for a new search, or because the URL says so
 
 // --- small helpers ---------------------------------------------------------------------------------------------
 
@@ -47,11 +63,24 @@ function h(tag, props = {}, ...children) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const score = (value) => value.toFixed(3);
-const k = () => Number(el.k.value) || 10;
+const k = () => Number(el.k.value) || DEFAULT_K;
 const isAbort = (err) => err && err.name === "AbortError";
+const isMoment = (hit) => hit.media === "video";
+const capital = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+const number = (n) => n.toLocaleString("en");
+// "1 photo", "2 photos", "1 video moment"
+const count = (n, one, many = `${one}s`) => `${number(n)} ${n === 1 ? one : many}`;
 
 function message(err) {
-  return err instanceof ApiError ? err.summary : `Unexpected error: ${err.message || err}`;
+  if (!(err instanceof ApiError)) return `Unexpected error: ${err.message || err}`;
+  if (err.status === 422 && err.errors.length) {          // a field the API refused: named as the page names it
+    return err.errors.map((e) => {
+      const field = FIELD_NAMES[(e.loc || []).at(-1)];
+      const text = String(e.msg || "invalid").replace(/^Value error, /, "");
+      return field ? `${field}: ${text}` : text;
+    }).join(" ");
+  }
+  return err.summary;
 }
 
 function showError(err) {
@@ -75,6 +104,7 @@ function begin(label) {
   action = new AbortController();
   clearError();
   releaseImages();
+  shown = null;
   el.results.setAttribute("aria-busy", "true");
   el.results.replaceChildren(h("p", { class: "loading", text: label }));
   return action.signal;
@@ -99,6 +129,16 @@ async function showImage(img, id, size, signal) {
   }
 }
 
+// After a search the first result is in view: on a phone, or with a panel open, the page moves down to it.
+function revealResults() {
+  const first = el.results.querySelector(".hit") || el.results.firstElementChild;
+  if (!first) return;
+  const box = first.getBoundingClientRect();
+  if (box.top >= 0 && box.bottom <= window.innerHeight) return;
+  const smooth = !matchMedia("(prefers-reduced-motion: reduce)").matches;
+  el.results.scrollIntoView({ block: "start", behavior: smooth ? "smooth" : "auto" });
+}
+
 // --- readiness and the API key ---------------------------------------------------------------------------------
 
 function setControls(enabled) {
@@ -115,6 +155,12 @@ function setScoreRange(similarity) {
   if (high !== null) el.minScore.max = String(high);
 }
 
+// a <select>'s value, adding the option first when it is not there (a folder named in a URL, before the list loads)
+function choose(select, value, text = value) {
+  if (value && ![...select.options].some((o) => o.value === value)) select.append(h("option", { value, text }));
+  select.value = value;
+}
+
 async function loadFolders() {
   try {
     const { folders } = await requestJSON("v1/folders");
@@ -122,7 +168,7 @@ async function loadFolders() {
     el.folder.replaceChildren(h("option", { value: "", text: "All folders" }),
       ...folders.map((f) => h("option", {
         value: f.folder, text: `${f.folder === "." ? "(top folder)" : f.folder} (${f.images})` })));
-    el.folder.value = chosen;
+    choose(el.folder, chosen);
   } catch (err) {
     // the folder filter stays at "All folders"; a missing key is asked for by api.js
   }
@@ -131,8 +177,16 @@ async function loadFolders() {
 function fillK(maxK) {
   const choices = K_CHOICES.filter((v) => v <= maxK);
   if (!choices.includes(maxK) && maxK < K_CHOICES.at(-1)) choices.push(maxK);
-  const selected = choices.includes(10) ? 10 : choices.at(-1);
+  const selected = choices.includes(DEFAULT_K) ? DEFAULT_K : choices.at(-1);
   el.k.replaceChildren(...choices.map((v) => h("option", { value: String(v), text: String(v), selected: v === selected })));
+}
+
+function readyText(ready) {
+  const photos = ready.photos ?? ready.images;
+  const media = [count(photos, "photo")];
+  if (ready.videos) media.push(`${count(ready.videos, "video")} (${count(ready.moments, "moment")})`);
+  return `Ready: ${media.join(", ")}, ${count(ready.captions, "caption")}` +
+    (config.decoder ? ", caption generator on" : "");
 }
 
 function configure(ready) {
@@ -140,16 +194,23 @@ function configure(ready) {
   config.decoder = Boolean(ready.decoder);
   config.keyRequired = Boolean(ready.api_key_required);
   config.maxK = ready.max_k || 100;
+  config.maxText = ready.max_text_chars || config.maxText;
+  config.images = ready.images;
+  config.videos = ready.videos;
+  el.query.maxLength = config.maxText;
+  el.paraphraseText.maxLength = config.maxText;
   fillK(config.maxK);
-  const hub = ready.hubness_correction || {};
-  el.status.textContent = `Ready: ${ready.images} images, ${ready.captions} captions` +
-    (hub.text_to_image || hub.image_to_text ? ", hubness-corrected ranking" : ", ranking without hubness correction") +
-    (config.decoder ? ", caption generator on" : "");
-  el.paraphraseForm.hidden = !config.decoder;
+  el.status.textContent = readyText(ready);
+  el.paraphraseToggle.hidden = !config.decoder;
   setScoreRange(ready.similarity);
   setControls(true);
-  if (config.keyRequired && !auth.key) askForKey("This service needs an API key for searches.");
-  else loadFolders();
+  if (config.keyRequired && !auth.key) {
+    askForKey("This service needs an API key for searches.");
+    restore({ run: false });
+  } else {
+    loadFolders();
+    restore();
+  }
 }
 
 async function connect() {
@@ -197,58 +258,263 @@ el.keyForm.addEventListener("submit", (event) => {
   clearError();
   el.query.focus();
   loadFolders();
+  if (!shown && location.search) restore();        // the search the URL holds, now with the key
 });
 
-// --- sentence or photo → images, refined and paged -----------------------------------------------------------------
+// --- the folding panels: filters, search with a photo, captions for an image, paraphrases --------------------------
 
-// The refinements as the API takes them; sent as typed (the API says what is wrong with a value).
+for (const toggle of el.toggles) {
+  toggle.addEventListener("click", () => {
+    const open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", String(open));
+    $(toggle.getAttribute("aria-controls")).hidden = !open;
+  });
+}
+
+// --- the search: its options, the URL that holds it ----------------------------------------------------------------
+
+// The options the filter panel sets, as the API takes them; sent as typed (the API says what is wrong with a value).
 function refinements() {
   const options = {};
-  const subtract = el.subtract.value.split(",").map((w) => w.trim()).filter(Boolean);
-  if (subtract.length) options.subtract = subtract;
-  if (el.minScore.value.trim() !== "") options.min_score = Number(el.minScore.value);
+  if (el.media.value) options.media = el.media.value;
   if (el.folder.value) options.folder = el.folder.value;
   if (el.takenAfter.value) options.taken_after = el.takenAfter.value;
   if (el.takenBefore.value) options.taken_before = el.takenBefore.value;
-  if (el.media.value) options.media = el.media.value;
+  const subtract = el.subtract.value.split(",").map((w) => w.trim()).filter(Boolean);
+  if (subtract.length) options.subtract = subtract;
+  if (el.minScore.value.trim() !== "") options.min_score = Number(el.minScore.value);
   return options;
 }
 
-function similarForm(query) {
+function showOptions(options, perPage) {
+  el.media.value = options.media || "";
+  choose(el.folder, options.folder || "");
+  el.takenAfter.value = options.taken_after || "";
+  el.takenBefore.value = options.taken_before || "";
+  el.subtract.value = (options.subtract || []).join(", ");
+  el.minScore.value = options.min_score ?? "";
+  choose(el.k, String(perPage));
+  countFilters();
+}
+
+function countFilters() {
+  const n = Object.keys(refinements()).length;
+  el.filtersCount.textContent = n ? String(n) : "";
+  el.filtersCount.setAttribute("aria-label", n ? `${count(n, "filter")} on` : "");
+}
+
+for (const control of [el.media, el.folder, el.takenAfter, el.takenBefore, el.subtract, el.minScore]) {
+  control.addEventListener("input", countFilters);
+  control.addEventListener("change", countFilters);
+}
+
+el.clearFilters.addEventListener("click", () => showOptions({}, k()));
+
+// The URL of a search (none for an uploaded photo's), with the result the detail view shows.
+function urlOf(query, open = null) {
+  const params = new URLSearchParams();
+  if (query?.kind === "text") params.set("q", query.text);
+  else if (query?.kind === "like") params.set("like", String(query.id));
+  else return location.pathname;
+  for (const [param, name] of URL_OPTIONS) {
+    const value = query.options[name];
+    if (value !== undefined) params.set(param, Array.isArray(value) ? value.join(", ") : String(value));
+  }
+  if (query.k !== DEFAULT_K) params.set("k", String(query.k));
+  const page = Math.floor(query.offset / query.k) + 1;
+  if (page > 1) params.set("page", String(page));
+  if (open !== null) params.set("open", String(open));
+  return `?${params.toString().replace(/\+/g, "%20")}`;          // spaces as %20: "?q=a%20cat"
+}
+
+// The search the URL holds (null when none), the options it sets and the result to open.
+function fromURL() {
+  const params = new URLSearchParams(location.search);
+  const options = {};
+  for (const [param, name] of URL_OPTIONS) {
+    const value = params.get(param);
+    if (value === null || value.trim() === "") continue;
+    if (name === "subtract") options[name] = value.split(",").map((w) => w.trim()).filter(Boolean);
+    else if (name === "min_score") options[name] = Number(value);
+    else options[name] = value;
+  }
+  const perPage = Math.min(Math.max(Math.floor(Number(params.get("k"))) || DEFAULT_K, 1), config.maxK);
+  const page = Math.max(Math.floor(Number(params.get("page"))) || 1, 1);
+  const base = { k: perPage, offset: (page - 1) * perPage, options };
+  const text = params.get("q");
+  const like = params.get("like");
+  let query = null;
+  if (text !== null && text.trim()) query = { kind: "text", text: text.slice(0, config.maxText), ...base };
+  else if (like !== null && /^\d+$/.test(like)) query = { kind: "like", id: Number(like), ...base };
+  const open = /^\d+$/.test(params.get("open") || "") ? Number(params.get("open")) : null;
+  return { query, open, options, perPage, cut: text !== null && text.length > config.maxText };
+}
+
+// Sets the URL: `push` makes a new history entry (Back returns to the one before), `replace` changes this one.
+function setURL(url, mode, state = null) {
+  if (mode === "none") return;
+  const same = url === (location.search || location.pathname);
+  if (mode === "push" && !same) history.pushState(state, "", url);
+  else history.replaceState(state, "", url);
+}
+
+// Shows what the URL says: its search (run unless it is already on screen) and its open result.
+function restore({ run = true } = {}) {
+  const { query, open, options, perPage, cut } = fromURL();
+  if (query) {                              // a URL without a search (an upload's) leaves the controls as they are
+    showOptions(options, perPage);
+    el.query.value = query.kind === "text" ? query.text : "";
+  }
+  if (cut) noteQuery(`The search box takes up to ${number(config.maxText)} characters; the rest was left out.`);
+  if (!query) {
+    closeDetail(true);
+    if (shown) {
+      action?.abort();
+      shown = null;
+      releaseImages();
+      el.results.replaceChildren();
+    }
+    return;
+  }
+  if (shown && shown.query.kind !== "upload" && urlOf(shown.query) === urlOf(query)) {
+    showDetailOf(open);
+  } else if (run) {
+    closeDetail(true);
+    search(query, { history: "none", reveal: false, open });
+  }
+}
+
+window.addEventListener("popstate", () => {
+  if (config.ready) restore();
+});
+
+// --- words, a gallery item or a photo → gallery photos and moments, filtered and paged ---------------------------------
+
+function noteQuery(text) {
+  el.queryNote.textContent = text;
+  el.queryNote.hidden = !text;
+}
+
+el.query.addEventListener("input", () => {
+  const full = el.query.value.length >= config.maxText;
+  noteQuery(full ? `The search box takes up to ${number(config.maxText)} characters.` : "");
+});
+
+el.textForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = el.query.value;
+  if (!text.trim()) {                       // nothing but spaces: said here, nothing is sent
+    noteQuery(`Type a few words describing what to find, for example “${el.query.placeholder}”.`);
+    el.query.focus();
+    return;
+  }
+  noteQuery("");
+  search({ kind: "text", text, k: k(), offset: 0, options: refinements() });
+});
+
+function searchSimilar(file) {
+  search({ kind: "upload", file, k: k(), offset: 0, options: refinements() });
+}
+
+function similarForm(query, perPage, offset) {
   const form = new FormData();
   form.append("image", query.file, query.file.name || "photo");
-  form.append("k", String(query.k));
-  form.append("offset", String(query.offset));
+  form.append("k", String(perPage));
+  form.append("offset", String(offset));
   for (const [name, value] of Object.entries(query.options)) {
     form.append(name, Array.isArray(value) ? value.join(", ") : String(value));
   }
   return form;
 }
 
-async function searchImages(query) {
-  const label = query.kind === "text" ? "Searching…" : `Finding photos like ${query.file.name || "yours"}…`;
-  const signal = begin(label);
-  const request = query.kind === "text"
-    ? { json: { text: query.text, k: query.k, offset: query.offset, ...query.options }, signal }
-    : { form: similarForm(query), signal };
+// `perPage` results of `query` from `offset` on
+async function fetchHits(query, perPage, offset, signal) {
+  const page = { k: perPage, offset, ...query.options };
+  const body = query.kind === "text" ? { json: { text: query.text, ...page }, signal }
+    : query.kind === "like" ? { json: { image_id: query.id, ...page }, signal }
+    : { form: similarForm(query, perPage, offset), signal };
+  return (await requestJSON("v1/search/images", body)).results;
+}
+
+// Whether results follow this page's: one more than the page is asked for (or, at the largest k, the next one).
+async function page(query, signal) {
+  const ask = Math.min(query.k + 1, config.maxK);
+  const results = await fetchHits(query, ask, query.offset, signal);
+  let more = results.length > query.k;
+  if (ask === query.k && results.length === query.k) {
+    more = (await fetchHits(query, 1, query.offset + query.k, signal)).length > 0;
+  }
+  return { hits: results.slice(0, query.k), more };
+}
+
+function searching(query) {
+  if (query.kind === "text") return "Searching…";
+  return `Finding photos and moments like ${query.kind === "like" ? query.name || "it" : query.file.name || "yours"}…`;
+}
+
+// Runs `query` and shows its results. `history`: push (a new entry), replace or none (the URL is already right);
+// `reveal`: move the page to the results; `open`: the result to open once shown.
+async function search(query, { history = "push", reveal = true, open = null } = {}) {
+  setURL(urlOf(query), history);
+  const signal = begin(searching(query));
   try {
-    const { results } = await requestJSON("v1/search/images", request);
+    const { hits, more } = await page(query, signal);
     if (signal.aborted) return;
-    renderImages(query, results, signal);
+    shown = { query, hits, more };
+    renderImages(shown, signal);
     end(signal);
+    if (reveal) {
+      if (matchMedia("(pointer: coarse)").matches) el.query.blur();      // a phone's keyboard goes away
+      revealResults();
+    }
+    showDetailOf(open);
   } catch (err) {
     if (!isAbort(err)) end(signal, err);
   }
 }
 
-function heading(query, count) {
-  const what = query.kind === "text" ? `for “${query.text}”` : `like ${query.file.name || "your photo"}`;
-  if (!count) {
-    if (query.offset) return `No more images ${what}.`;
-    const refined = Object.keys(query.options).some((name) => name !== "subtract");
-    return refined ? `No images ${what} pass the filters.` : "The gallery is empty.";
+function nouns(query, hits) {
+  const moments = hits.filter(isMoment).length;
+  const photosOnly = query.options.media === "photo" || (hits.length ? !moments : config.videos === 0);
+  if (photosOnly) return ["photo", "photos"];
+  if (query.options.media === "video" || (hits.length && moments === hits.length)) {
+    return ["video moment", "video moments"];
   }
-  return query.offset ? `Images ${query.offset + 1}–${query.offset + count} ${what}` : `Top ${count} images ${what}`;
+  return hits.length ? ["result", "results"] : ["photo or video moment", "photos or video moments"];
+}
+
+function displayName(hit) {
+  return hit.name || (isMoment(hit) ? `video ${hit.video_id}` : `image ${hit.id}`);
+}
+
+function subject(query, hits) {
+  if (query.kind === "text") return `for “${query.text}”`;
+  if (query.kind === "upload") return `like ${query.file.name || "your photo"}`;
+  const itself = hits.find((hit) => hit.id === query.id);
+  return `like ${query.name || (itself ? displayName(itself) : `gallery item ${query.id}`)}`;
+}
+
+function heading({ query, hits, more }) {
+  const [one, many] = nouns(query, hits);
+  const what = subject(query, hits);
+  const n = hits.length;
+  if (!n) {
+    if (query.offset) return `No more ${many} ${what}.`;
+    const filtered = Object.keys(query.options).some((name) => name !== "subtract");
+    if (filtered) return `No ${many} ${what} pass the filters.`;
+    return config.images === 0 ? "The gallery is empty." : `Nothing found ${what}.`;
+  }
+  if (query.offset) return `${capital(many)} ${number(query.offset + 1)}–${number(query.offset + n)} ${what}`;
+  if (n === 1) return `1 ${one} ${what}`;
+  return `${more ? "Top " : ""}${n} ${many} ${what}`;
+}
+
+// a page that mixes photos and moments says how many of each
+function breakdown(hits) {
+  const moments = hits.filter(isMoment).length;
+  if (!moments || moments === hits.length) return null;
+  return h("p", { class: "breakdown", text: `${count(hits.length - moments, "photo")}, ` +
+                                            `${count(moments, "video moment")}` });
 }
 
 // seconds → "m:ss" (or "h:mm:ss")
@@ -263,47 +529,60 @@ function momentText(hit) {
   return `${clock(hit.start)}–${clock(hit.end)}`;
 }
 
-function renderImages(query, results, signal) {
+// what a result is called: its file name, and a moment's span in its video
+function title(hit) {
+  return isMoment(hit) ? `${displayName(hit)}, ${momentText(hit)}` : displayName(hit);
+}
+
+// The lines a result card shows under its picture, one element each: a new per-result field is one more entry.
+function cardFacts(hit) {
+  return [
+    isMoment(hit) ? h("span", { class: "moment", text: `▶ ${momentText(hit)}` }) : null,
+    h("span", { class: "score", text: score(hit.score) }),
+    hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null,
+  ];
+}
+
+function card(hit, index) {
+  const img = h("img", { alt: title(hit), width: 160, height: 160 });
+  const where = hit.folder && hit.folder !== "." ? `${hit.folder}/` : "";
+  const button = h("button", {
+    type: "button", class: isMoment(hit) ? "hit video" : "hit", "data-id": String(hit.id), title: where + title(hit),
+    "aria-label": `${title(hit)}, score ${score(hit.score)}: ${isMoment(hit) ? "play it" : "show it larger"}`,
+  }, img, h("span", { class: "name", text: displayName(hit) }), h("span", { class: "facts" }, ...cardFacts(hit)));
+  button.addEventListener("click", () => openDetail(index));
+  return button;
+}
+
+function renderImages(results, signal) {
+  const { query, hits, more } = results;
   const grid = h("ul", { class: "grid" });
-  for (const hit of results) {
-    const video = hit.media === "video";
-    const what = video ? `Moment ${momentText(hit)} of video ${hit.video_id}` : `Gallery image ${hit.id}`;
-    const img = h("img", { alt: what, width: 160, height: 160 });
-    const taken = hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null;
-    const moment = video ? h("span", { class: "moment", text: `▶ ${momentText(hit)}` }) : null;
-    const button = h("button", { type: "button", class: video ? "hit video" : "hit", "data-id": String(hit.id),
-                                 "aria-label": `${what}, score ${score(hit.score)}: ${video ? "play it" : "show it larger"}` },
-                     img, moment, h("span", { class: "score", text: score(hit.score) }), taken);
-    button.addEventListener("click", () => openDetail(hit.id, button, video ? hit : null));
+  hits.forEach((hit, index) => {
+    const button = card(hit, index);
     grid.append(h("li", {}, button));
-    showImage(img, hit.id, THUMBNAIL, signal);
-  }
+    showImage(button.querySelector("img"), hit.id, THUMBNAIL, signal);
+  });
   const previous = h("button", { type: "button", id: "previous", text: "Previous", disabled: query.offset === 0 });
-  const next = h("button", { type: "button", id: "next", text: "Next", disabled: results.length < query.k });
-  previous.addEventListener("click", () => searchImages({ ...query, offset: Math.max(0, query.offset - query.k) }));
-  next.addEventListener("click", () => searchImages({ ...query, offset: query.offset + query.k }));
-  const page = `page ${Math.floor(query.offset / query.k) + 1}`;
-  const pager = results.length || query.offset
-    ? h("nav", { class: "pager", "aria-label": "Result pages" }, previous, h("span", { text: page }), next) : null;
-  el.results.replaceChildren(...[h("h2", { text: heading(query, results.length) }), grid, pager].filter(Boolean));
+  const next = h("button", { type: "button", id: "next", text: "Next", disabled: !more });
+  previous.addEventListener("click", () => search({ ...query, offset: Math.max(0, query.offset - query.k) }));
+  next.addEventListener("click", () => search({ ...query, offset: query.offset + query.k }));
+  const pageNumber = `page ${Math.floor(query.offset / query.k) + 1}`;
+  const pager = hits.length || query.offset
+    ? h("nav", { class: "pager", "aria-label": "Result pages" }, previous, h("span", { text: pageNumber }), next) : null;
+  el.results.replaceChildren(...[h("h2", { text: heading(results) }), breakdown(hits), grid, pager].filter(Boolean));
 }
 
-el.textForm.addEventListener("submit", (event) => {
-  event.preventDefault();
-  // sent as typed: the API says what is wrong with it
-  searchImages({ kind: "text", text: el.query.value, k: k(), offset: 0, options: refinements() });
-});
-
-function searchSimilar(file) {
-  searchImages({ kind: "similar", file, k: k(), offset: 0, options: refinements() });
-}
-
-// --- a gallery image, larger, with its nearest captions -----------------------------------------------------------
+// --- a result, larger: nearest captions, open original, more like this, ←/→ --------------------------------------------
 
 function renderCaptionList(list, results) {
   list.replaceChildren(...results.map((hit) => h("li", {}, h("div", { class: "ranked" },
     h("span", { class: "caption", text: hit.caption }), h("span", { class: "score", text: score(hit.score) })))));
   if (!results.length) list.append(h("li", { text: "No captions in the corpus." }));
+}
+
+function detailError(err) {
+  el.dialogError.textContent = message(err);
+  el.dialogError.hidden = false;
 }
 
 // a video moment in the detail view: the video, playing from the moment's start
@@ -316,10 +595,7 @@ async function showMoment(moment, signal) {
     player.src = url;
     player.play().catch(() => {});               // autoplay may be refused: the controls are there
   } catch (err) {
-    if (!isAbort(err)) {
-      el.dialogError.textContent = message(err);
-      el.dialogError.hidden = false;
-    }
+    if (!isAbort(err)) detailError(err);
   }
 }
 
@@ -329,46 +605,133 @@ function stopVideo() {
   el.dialogVideo.load();
 }
 
-async function openDetail(id, opener, moment = null) {
+// the API path of a result's own file: the photo, or a moment's video from its start
+function originalPath(hit) {
+  return isMoment(hit) ? `v1/videos/${encodeURIComponent(hit.video_id)}` : `v1/images/${encodeURIComponent(hit.id)}`;
+}
+
+function facts(hit) {
+  const parts = [hit.folder && hit.folder !== "." ? `in ${hit.folder}` : null,
+                 hit.taken ? `taken ${hit.taken.slice(0, 10)}` : null,
+                 hit.width && hit.height ? `${hit.width} × ${hit.height}` : null,
+                 `score ${score(hit.score)}`];
+  return parts.filter(Boolean).join(" · ");
+}
+
+// Opens result `index` of the page in the detail view (or moves the open view to it). `history`: push (Back closes
+// it), replace or none.
+async function openDetail(index, { history = "push" } = {}) {
+  const { query, hits } = shown;
+  const hit = hits[index];
   detailAction?.abort();
   detailAction = new AbortController();
   const signal = detailAction.signal;
-  detailOpener = opener;
+  const moving = el.dialog.open;
+  detailIndex = index;
   stopVideo();
-  el.dialogImage.hidden = Boolean(moment);
-  el.dialogVideo.hidden = !moment;
-  el.dialogTitle.textContent = moment ? `Video ${moment.video_id}, ${momentText(moment)}` : `Gallery image ${id}`;
+  el.dialogImage.hidden = isMoment(hit);
+  el.dialogVideo.hidden = !isMoment(hit);
+  el.dialogTitle.textContent = title(hit);
+  el.dialogPosition.textContent = `${index + 1} of ${hits.length}`;
+  el.dialogFacts.textContent = facts(hit);
+  el.dialogOriginal.href = originalPath(hit) + (isMoment(hit) ? `#t=${hit.start}` : "");
+  el.dialogLike.hidden = query.kind === "like" && query.id === hit.id;
+  el.dialogPrevious.disabled = index === 0;
+  el.dialogNext.disabled = index === hits.length - 1;
   el.dialogImage.removeAttribute("src");
-  el.dialogImage.alt = `Gallery image ${id}`;
+  el.dialogImage.alt = title(hit);
   el.dialogError.hidden = true;
   el.dialogCaptions.replaceChildren(h("li", { class: "loading", text: "Finding captions…" }));
   el.dialogCaptions.setAttribute("aria-busy", "true");
-  if (!el.dialog.open) el.dialog.showModal();
-  el.dialogClose.focus();
-  if (moment) showMoment(moment, signal);
-  else showImage(el.dialogImage, id, LARGE, signal);
+  if (query.kind !== "upload") {
+    const mode = moving && history === "push" ? "replace" : history;      // moving within the view: one entry
+    setURL(urlOf(query, hit.id), mode, mode === "push" || window.history.state?.detail ? { detail: true } : null);
+  }
+  if (!moving) {
+    el.dialog.showModal();
+    el.dialogClose.focus();
+  }
+  if (isMoment(hit)) showMoment(hit, signal);
+  else showImage(el.dialogImage, hit.id, LARGE, signal);
   try {
     const { results } = await requestJSON("v1/search/captions",
-                                          { json: { image_id: id, k: Math.min(DETAIL_CAPTIONS, config.maxK) }, signal });
+                                          { json: { image_id: hit.id, k: Math.min(DETAIL_CAPTIONS, config.maxK) }, signal });
     renderCaptionList(el.dialogCaptions, results);
   } catch (err) {
     if (isAbort(err)) return;
     el.dialogCaptions.replaceChildren();
-    el.dialogError.textContent = message(err);
-    el.dialogError.hidden = false;
+    detailError(err);
   } finally {
     if (!signal.aborted) el.dialogCaptions.setAttribute("aria-busy", "false");
   }
 }
 
+// the detail view as the URL's `open` says: the result with that id, or closed
+function showDetailOf(id) {
+  const index = id === null || !shown ? -1 : shown.hits.findIndex((hit) => hit.id === id);
+  if (index >= 0) openDetail(index, { history: "none" });
+  else closeDetail(true);
+}
+
+function closeDetail(quiet) {
+  if (!el.dialog.open) return;
+  quietClose = quiet;
+  el.dialog.close();
+}
+
+function step(by) {
+  const index = detailIndex + by;
+  if (shown && index >= 0 && index < shown.hits.length) openDetail(index, { history: "replace" });
+}
+
 el.dialogClose.addEventListener("click", () => el.dialog.close());
+el.dialogPrevious.addEventListener("click", () => step(-1));
+el.dialogNext.addEventListener("click", () => step(1));
 el.dialog.addEventListener("click", (event) => {
   if (event.target === el.dialog) el.dialog.close();          // a click on the backdrop
+});
+el.dialog.addEventListener("keydown", (event) => {
+  if (event.altKey || event.ctrlKey || event.metaKey || event.target === el.dialogVideo) return;   // the player seeks
+  if (event.key === "ArrowLeft" || event.key === "ArrowRight") {
+    event.preventDefault();
+    step(event.key === "ArrowLeft" ? -1 : 1);
+  }
 });
 el.dialog.addEventListener("close", () => {
   detailAction?.abort();
   stopVideo();
-  detailOpener?.focus();
+  const quiet = quietClose;
+  quietClose = false;
+  if (quiet || !shown) return;
+  // closed by the user: the URL loses `open` (Back, when opening it made the history entry)
+  if (window.history.state?.detail) window.history.back();
+  else if (shown.query.kind !== "upload") setURL(urlOf(shown.query), "replace");
+  el.results.querySelectorAll(".hit")[detailIndex]?.focus();
+});
+
+// "Open original": the file in a new tab; with an API key it is fetched here first (a tab cannot send the key)
+el.dialogOriginal.addEventListener("click", async (event) => {
+  if (!auth.key) return;
+  event.preventDefault();
+  const hit = shown.hits[detailIndex];
+  const tab = window.open("", "_blank");
+  try {
+    const { url, revoke } = await fileURL(originalPath(hit));
+    if (tab) tab.location.href = url + (isMoment(hit) ? `#t=${hit.start}` : "");
+    setTimeout(revoke, 60_000);                  // the tab has read it by then
+  } catch (err) {
+    tab?.close();
+    detailError(err);
+  }
+});
+
+el.dialogLike.addEventListener("click", () => {
+  const hit = shown.hits[detailIndex];
+  const query = { kind: "like", id: hit.id, name: displayName(hit), k: k(), offset: 0, options: refinements() };
+  const opened = window.history.state?.detail;             // this detail view has its own history entry: reuse it
+  closeDetail(true);
+  el.query.value = "";
+  search(query, { history: opened ? "replace" : "push" });
 });
 
 // --- image → captions ----------------------------------------------------------------------------------------------
@@ -381,6 +744,7 @@ function imageForm(file, withK) {
 }
 
 async function searchImage(file) {
+  setURL(location.pathname, "push");
   const signal = begin(`Finding captions for ${file.name || "the image"}…`);
   const ranked = requestJSON("v1/search/captions", { form: imageForm(file, true), signal });
   const generated = config.decoder ? requestJSON("v1/captions", { form: imageForm(file, false), signal }) : null;
@@ -397,8 +761,9 @@ async function searchImage(file) {
       h("h2", { text: `Captions for ${file.name || "your image"}` }),
       h("div", { class: "upload" },
         h("img", { src: preview, alt: `Your image ${file.name || ""}`.trim(), class: "preview" }),
-        h("div", {}, slot, h("h3", { text: `Nearest ${results.length} captions in the corpus` }), list)));
+        h("div", {}, slot, h("h3", { text: `Nearest ${count(results.length, "caption")} in the corpus` }), list)));
     end(signal);
+    revealResults();
     if (generated) await showGenerated(generated, slot, signal);
   } catch (err) {
     if (!isAbort(err)) end(signal, err);
@@ -456,6 +821,7 @@ acceptImages(el.similarFile, el.similarDrop, searchSimilar, `Drop a photo (${FOR
 el.paraphraseForm.addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = el.paraphraseText.value;
+  setURL(location.pathname, "push");
   const signal = begin("Paraphrasing…");
   try {
     const { paraphrases } = await requestJSON("v1/paraphrases", { json: { text, n: 5 }, signal });

@@ -262,9 +262,10 @@ def test_docs_are_served_from_the_apps_own_files_with_a_csp(client):
 def test_docs_render_in_a_browser_within_their_csp(tiny_model_path, tiny_index_dir):
     """Swagger UI shows every operation of the document, with no script error and no CSP violation (Chromium logs
     each as a console error), loading nothing from another origin."""
-    from test_web import CHROMIUM_FLAGS, LiveServer, _chromium, _missing_browser
+    from browser import CHROMIUM_FLAGS, chromium, missing_browser
+    from test_web import LiveServer
 
-    reason = _missing_browser()
+    reason = missing_browser()
     if reason is not None:
         import os
 
@@ -275,7 +276,7 @@ def test_docs_render_in_a_browser_within_their_csp(tiny_model_path, tiny_index_d
 
     app = create_app(_settings(tiny_model_path, tiny_index_dir))
     with LiveServer(app) as live, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), headless=True, args=CHROMIUM_FLAGS)
+        browser = p.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page()
             problems, requests = [], []

@@ -34,3 +34,16 @@ def missing_browser() -> str | None:
         return ("Chromium is not installed (Debian: apt-get install chromium chromium-driver, which `make test` "
                 "runs as root; or set JOINTSPACE_CHROMIUM to a Chromium binary)")
     return None
+
+
+def require_browser() -> None:
+    """Skips the calling browser test, loudly, when the browser cannot run here; fails it under CI (``CI`` set),
+    which must run the browser tests."""
+    import pytest
+
+    reason = missing_browser()
+    if reason is not None:
+        message = f"BROWSER TESTS NOT RUN: {reason}"
+        if os.environ.get("CI"):
+            pytest.fail(message + " — CI must run them", pytrace=False)
+        pytest.skip(message)

@@ -262,16 +262,10 @@ def test_docs_are_served_from_the_apps_own_files_with_a_csp(client):
 def test_docs_render_in_a_browser_within_their_csp(tiny_model_path, tiny_index_dir):
     """Swagger UI shows every operation of the document, with no script error and no CSP violation (Chromium logs
     each as a console error), loading nothing from another origin."""
-    from browser import CHROMIUM_FLAGS, chromium, missing_browser
+    from browser import CHROMIUM_FLAGS, chromium, require_browser
     from test_web import LiveServer
 
-    reason = missing_browser()
-    if reason is not None:
-        import os
-
-        if os.environ.get("CI"):
-            pytest.fail(f"BROWSER TEST NOT RUN: {reason} — CI must run it", pytrace=False)
-        pytest.skip(f"BROWSER TEST NOT RUN: {reason}")
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     app = create_app(_settings(tiny_model_path, tiny_index_dir))

@@ -7,7 +7,6 @@ browser tests skip, with the reason in the summary; under CI (``CI`` set) they f
 them.
 """
 import io
-import os
 import shutil
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 import uvicorn
 from PIL import Image
 
-from browser import CHROMIUM_FLAGS, chromium, missing_browser
+from browser import CHROMIUM_FLAGS, chromium, require_browser
 from index.gallery import Gallery
 from server_process import free_port
 from service.app import create_app
@@ -72,12 +71,7 @@ def server(tiny_model_path, tiny_index_dir):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    reason = missing_browser()
-    if reason is not None:
-        message = f"BROWSER TESTS NOT RUN: {reason}"
-        if os.environ.get("CI"):
-            pytest.fail(message + " — CI must run them", pytrace=False)
-        pytest.skip(message)
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     profile = tmp_path_factory.mktemp("chromium-profile")           # a fresh user-data-dir

@@ -104,6 +104,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the slim model.pt")
     p.add_argument("--half", action="store_true", help="store the kept tensors as float16 (about half the size)")
     p.set_defaults(func=cmd_slim)
+    p = sub.add_parser("concepts", help="fit a model's concept head (what its image backbones know, ConSE) on a data "
+                                        "set's train split, giving it one when it has none; redraws its query bank")
+    p.add_argument("--model", required=True, help="a trained model.pt (frozen EfficientNet-Lite backbones, cosine)")
+    p.add_argument("--data", required=True, help="the data set whose train split it was trained on")
+    p.add_argument("--out", help="the model.pt written (default: --model, in place)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a concepts.* key, e.g. --set concepts.weight=0.5 (repeatable)")
+    p.add_argument("--half", action="store_true", help="a slim model's kept tensors as float16")
+    p.set_defaults(func=cmd_concepts)
     add_zoo_commands(sub)
 
 
@@ -410,6 +419,31 @@ def cmd_querybank(args) -> int:
         return 2
     attach(args.model, bank)
     print(f"querybank: {describe(bank)} attached to {args.model}")
+    return 0
+
+
+def cmd_concepts(args) -> int:
+    import yaml
+
+    from training.concepts import fit_file
+
+    if not Path(args.model).is_file():
+        print(f"error: no model file {args.model}", file=sys.stderr)
+        return 2
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("concepts.") or key.count(".") != 1:
+            print(f"error: --set takes concepts.KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[key.split(".", 1)[1]] = yaml.safe_load(value)
+    try:
+        fit_file(args.model, _train_split(args.data), out=args.out, overrides=overrides,
+                 half=True if args.half else None, progress=True)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"concepts fitted: {args.out or args.model}")
     return 0
 
 

@@ -35,15 +35,22 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
     texts, records = sample(dataset, captions, images, seed)
+    head = getattr(model, "concepts", None)
+    if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/concepts.py)
+        from training.concepts import class_names, class_sentences
+
+        texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)
     vectors = torch.zeros(0, model.cfg.model.embed_dim)
     if records:
         src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
         vectors = embed_image_source(model, src, workers=workers).cpu()
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)
+    classes = len(texts) - min(captions, n_caps)
     return {"captions": texts, "images": rows, "image_scales": scales, "beta": float(beta),
-            "source": source or f"{dataset.name}: {len(texts)} of {n_caps} captions, {len(records)} of "
-                                f"{len(dataset.images)} images (seed {seed})"}
+            "source": source or f"{dataset.name}: {len(texts) - classes} of {n_caps} captions"
+                                + (f" and {classes} class sentences" if classes else "")
+                                + f", {len(records)} of {len(dataset.images)} images (seed {seed})"}
 
 
 def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cpu", progress: bool = False,

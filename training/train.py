@@ -22,6 +22,12 @@ def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resum
     trainer = (STTTrainer if stt else Trainer)(cfg, data, out_dir, progress=progress, log=log)
     try:
         summary = trainer.run(resume=resume)
+        kept = trainer.out_dir / "model.pt"
+        if trainer.is_main and cfg.concepts.enabled and kept.is_file():   # the concept head, fitted after training
+            from .concepts import fit_file
+
+            summary["concepts"] = fit_file(kept, trainer.train_set, device=trainer.device, workers=cfg.train.workers,
+                                           progress=progress, log=log)
         if trainer.is_main:         # the query bank the kept checkpoint carries (config section querybank)
             from .querybank import attach_from_training
 

@@ -20,7 +20,7 @@ these builders in factory.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, cast
 
@@ -42,6 +42,10 @@ class Backbone:
     dim: int
     preprocess: ImagePreprocess
     pretrained: bool   # True: frozen ImageNet features (cacheable); False: trained with the model
+    # the network's own ImageNet classifier over these features (the concept head's, models/concepts.py); several
+    # for a concatenation, one per part, ``part_dims`` their widths; empty where the builder keeps none
+    classifiers: list[nn.Linear] = field(default_factory=list)
+    part_dims: list[int] = field(default_factory=list)
 
 
 def concatenated(parts: list[Backbone]) -> Backbone:
@@ -51,8 +55,10 @@ def concatenated(parts: list[Backbone]) -> Backbone:
             raise ValueError(f"image.extra_backbones combine frozen pretrained backbones; {part.name} is trained "
                              "from scratch")
     stacked = StackedPreprocess(tuple(cast(Preprocess, p.preprocess) for p in parts))
+    classifiers = [c for p in parts for c in p.classifiers] if all(len(p.classifiers) == 1 for p in parts) else []
     return Backbone("+".join(p.name for p in parts), ConcatBackbone([p.module for p in parts], stacked),
-                    sum(p.dim for p in parts), stacked, pretrained=True)
+                    sum(p.dim for p in parts), stacked, pretrained=True, classifiers=classifiers,
+                    part_dims=[p.dim for p in parts] if classifiers else [])
 
 
 class ConcatBackbone(nn.Module):
@@ -133,10 +139,12 @@ def efficientnet_lite(variant: str):
         if load_weights:
             path = Path(cfg_image.weights) if cfg_image.weights else efficientnet_lite_weights_file(variant)
             load_lite_state_dict(net, torch.load(path, map_location="cpu", weights_only=True), variant)
+        classifier = cast(nn.Linear, net.get_classifier())   # its ImageNet head, kept beside the features
         net.reset_classifier(0)  # pooled 1280-d features
         # tf_efficientnet_lite* were trained with inputs scaled to [-1, 1]: mean = std = 0.5
         return Backbone(variant, net, net.num_features,
-                        _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True)
+                        _preprocess(cfg_image, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), pretrained=True,
+                        classifiers=[classifier], part_dims=[net.num_features])
     return build
 
 

@@ -190,6 +190,24 @@ class QueryBankSection(RunSection):
     beta: float = Key(20.0, "inverse temperature of the inverted softmax (QB-Norm eq. 3)", gt=0.0)
 
 
+class ConceptsSection(RunSection):
+    enabled: bool = Key(False, "the image backbones' ImageNet classifiers as concept knowledge in the common space "
+                               "(ConSE, training/models/concepts.py), fitted after training (`jointspace concepts`); "
+                               "needs frozen EfficientNet-Lite backbones, cosine similarity, no decoder or attention")
+    top_k: int = Key(5, "ConSE eq. 1: the T most probable classes whose sentence embeddings are averaged", ge=1)
+    templates: list[str] = Key(["a photo of a {}."], "sentences per class ({} = its first ImageNet name), embedded "
+                                                    "by the model's own text encoder and averaged", min_length=1)
+    weight: float = Key(0.75, "w: the gate's largest weight of the concept vector", ge=0.0)
+    prototypes: int = Key(256, "k-means prototypes of the training photos' backbone features", ge=1)
+    neighbours: int = Key(5, "r(x): mean cosine to this many nearest prototypes", ge=1)
+    quantile: float = Key(0.1, "r0: this quantile of r over held-out training photos", gt=0.0, lt=1.0)
+    temperature: float = Key(0.5, "tau, as a fraction of r's spread (its 50 % minus its 10 % quantile) over "
+                                  "held-out training photos", gt=0.0)
+    bank_template: Optional[str] = Key("a {}", "a sentence per ImageNet class added to the query bank's captions "
+                                               "(hubness correction for galleries unlike the training photos); "
+                                               "None: none")
+
+
 class RunConfig(RunSection):
     """The whole run config, complete (:func:`complete`): what the model, the trainer and the tools read."""
     name: str = Key("unnamed", "the run's name")
@@ -203,6 +221,7 @@ class RunConfig(RunSection):
     attention: AttentionSection = Key(AttentionSection())
     scst: SCSTSection = Key(SCSTSection())
     querybank: QueryBankSection = Key(QueryBankSection())
+    concepts: ConceptsSection = Key(ConceptsSection())
 
     @model_validator(mode="after")
     def _sections_agree(self):
@@ -224,6 +243,11 @@ class RunConfig(RunSection):
             raise ValueError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
         if self.scst.steps and not decoder:
             raise ValueError("scst.steps > 0 needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
+        if self.concepts.enabled and (self.model.similarity != "cosine" or attention or d.enabled
+                                      or im.train_blocks or im.pooling != "mean" or self.train.finetune_epochs):
+            raise ValueError("concepts.enabled needs model.similarity: cosine, frozen pooled backbones (no "
+                             "image.train_blocks, image.pooling: gpo or train.finetune_epochs), no decoder and no "
+                             "attention")
         if attention and (self.model.similarity != "cosine" or self.text.encoder != "gru"):
             raise ValueError("attention (STT-ATT) needs model.similarity: cosine and text.encoder: gru")
         return self

@@ -16,6 +16,7 @@ from training.data.preprocess import ImagePreprocess
 from training.data.vocab import Vocabulary
 from .attention import RegionWordAttention
 from .backbones import Backbone, SplitCNN
+from .concepts import ConceptHead
 from .config_schema import RunConfig
 from .decoder import build_decoder
 from .ensemble import CommonSpace
@@ -65,6 +66,9 @@ class JointEmbedding(CommonSpace):
         self.similarity = build_similarity(cfg.model.similarity)
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
         self.decoder = build_decoder(cfg, len(vocab)) if cfg.decoder.enabled else None
+        # what the backbones know (ConSE, concepts.py): fitted after training, the identity until then
+        self.concepts = ConceptHead(cfg.concepts, backbone.classifiers, backbone.part_dims, cfg.model.embed_dim) \
+            if cfg.concepts.enabled else None
         if image.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
 
@@ -106,6 +110,8 @@ class JointEmbedding(CommonSpace):
         """Backbone features → common space."""
         if self.attention is not None:   # STT-ATT §3.3: average pooling of the region embeddings
             return self.similarity.normalize(self.embed_regions(features).mean(1))
+        if self.concepts is not None:    # ConSE eq. 1, gated (concepts.py)
+            return self.similarity.normalize(self.concepts(features, self.project_features(features)))
         return self.similarity.normalize(self.project_features(features))
 
     def embed_regions(self, features: torch.Tensor) -> torch.Tensor:

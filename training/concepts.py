@@ -1,0 +1,167 @@
+"""Fitting a model's concept head (training/models/concepts.py) after training, on the training split's photos:
+
+1. s(y): the model's own text embedding of ``concepts.templates`` filled with each ImageNet class's first name
+   (timm's class names), averaged over the templates and normalised;
+2. the prototypes: spherical k-means of the backbone features of five sixths of the training photos;
+3. the gate: r₀ = the ``concepts.quantile`` quantile of r(x) over the held-out sixth, τ = ``concepts.temperature``
+   × (its 50 % minus its 10 % quantile).
+
+``jointspace train`` fits it when ``concepts.enabled``; ``jointspace concepts`` fits it for a trained model. A
+model whose carried query bank predates the fit gets its bank images embedded again (they are image embeddings),
+and ``concepts.bank_template`` adds a sentence per class to the bank's captions.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.inference.embed import embed_texts
+from training.models.concepts import ConceptHead
+from training.models.model import JointEmbedding
+
+HELD_OUT_EVERY = 6      # every sixth training photo is held out of the k-means, to place r₀
+
+
+def class_names() -> list[str]:
+    """ImageNet-1k's classes in the classifiers' order, each by its first name ("tabby", "space shuttle")."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    return [info.index_to_description(i).split(",")[0].strip() for i in range(1000)]
+
+
+def class_sentences(names: Sequence[str], template: str) -> list[str]:
+    return [template.format(name) for name in names]
+
+
+@torch.no_grad()
+def class_embeddings(model: JointEmbedding, names: Sequence[str], templates: Sequence[str]) -> torch.Tensor:
+    """s(y) ``(C, E)``: each class's sentences embedded by the model's text side, averaged, normalised."""
+    total = sum(embed_texts(model, class_sentences(names, t)).float().cpu() for t in templates)
+    return F.normalize(torch.as_tensor(total), dim=-1)
+
+
+@torch.no_grad()
+def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 0) -> torch.Tensor:
+    """``k`` unit centroids of the unit rows of ``x`` (cosine k-means; an empty cluster takes the row worst served)."""
+    x = F.normalize(x.float(), dim=-1)
+    k = min(k, len(x))
+    g = torch.Generator().manual_seed(seed)
+    centroids = x[torch.randperm(len(x), generator=g)[:k]].clone()
+    for _ in range(iterations):
+        sims = x @ centroids.t()
+        best, assign = sims.max(1)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=k)
+        for empty in (counts == 0).nonzero().flatten().tolist():
+            worst = int(best.argmin())
+            sums[empty], best[worst] = x[worst], 1.0
+        centroids = F.normalize(sums, dim=-1)
+    return centroids
+
+
+@torch.no_grad()
+def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callable[[str], None] = print,
+        names: Sequence[str] | None = None) -> dict:
+    """Fits ``model.concepts`` on the pooled backbone features ``(N, D)`` of the training photos; returns what
+    was fitted (r₀, τ, the held-out gate's mean)."""
+    head = model.concepts
+    if not isinstance(head, ConceptHead):
+        raise ValueError("this model has no concept head (concepts.enabled: false)")
+    cfg = head.cfg
+    feats = torch.from_numpy(np.array(features, dtype=np.float32))     # a copy: the cache is read-only
+    if feats.ndim != 2 or feats.shape[1] != head.prototypes.shape[1]:
+        raise ValueError(f"the concept head reads ({head.prototypes.shape[1]},) backbone features; got "
+                         f"{tuple(feats.shape)}")
+    held = torch.zeros(len(feats), dtype=torch.bool)
+    held[::HELD_OUT_EVERY] = True
+    if int(held.sum()) < 2 or int((~held).sum()) < cfg.prototypes:
+        raise ValueError(f"fitting {cfg.prototypes} concept prototypes needs more training photos than "
+                         f"{len(feats)} (at least {cfg.prototypes} besides every {HELD_OUT_EVERY}th, held out): "
+                         "set concepts.prototypes lower")
+    was = model.training
+    model.eval()
+    names = list(names) if names is not None else class_names()
+    if len(names) != head.n_classes:
+        raise ValueError(f"{len(names)} class names for {head.n_classes} classes")
+    head.class_embeddings.copy_(class_embeddings(model, names, cfg.templates))
+    head.prototypes.copy_(spherical_kmeans(feats[~held], cfg.prototypes, seed=model.cfg.train.seed))
+    r = head.typicality(feats[held])
+    q = torch.quantile(r, torch.tensor([cfg.quantile, 0.1, 0.5]))
+    tau = max(float(cfg.temperature * (q[2] - q[1])), 1e-4)
+    head.gate.copy_(torch.tensor([float(q[0]), tau]))
+    head.fitted.fill_(True)
+    gate = head.gate_weights(feats[held])
+    model.train(was)
+    report = {"r0": float(q[0]), "tau": tau, "held_out": int(held.sum()), "prototypes": int(head.prototypes.shape[0]),
+              "gate_mean_held_out": float(gate.mean()), "classes": head.n_classes, "templates": list(cfg.templates)}
+    log(f"concepts: r0 {report['r0']:.4f}, tau {tau:.4f}; mean gate over {report['held_out']} held-out training "
+        f"photos {report['gate_mean_held_out']:.3f} (of w = {cfg.weight})")
+    return report
+
+
+def with_concepts(model: JointEmbedding, overrides: dict | None = None) -> JointEmbedding:
+    """``model`` rebuilt with a concept head (``concepts.enabled`` and the keys in ``overrides``), unfitted, every
+    other tensor as it was; the backbones' classifiers come from their weight packages."""
+    from training.models.config_schema import complete
+    from training.models.model import build_model
+
+    config = model.cfg.model_dump()
+    config["concepts"] = {**config.get("concepts", {}), **(overrides or {}), "enabled": True}
+    rebuilt = build_model(complete(config), model.vocab, load_weights=True)
+    missing, unexpected = rebuilt.load_state_dict(model.state_dict(), strict=False)
+    stray = [k for k in missing if not k.startswith("concepts.")] + [k for k in unexpected
+                                                                     if not k.startswith("concepts.")]
+    if stray:
+        raise ValueError(f"the model's tensors do not fit its rebuilt self: {stray[:5]}")
+    if model.concepts is not None:      # a fitted head is refitted from scratch, keeping nothing of it
+        cast(ConceptHead, rebuilt.concepts).fitted.fill_(False)
+    rebuilt.extra = dict(getattr(model, "extra", {}) or {})
+    return rebuilt.eval()
+
+
+def fit_file(model_file, train_set, out=None, overrides: dict | None = None, half: bool | None = None,
+             device="cpu", workers: int = 2, progress: bool = False, log: Callable[[str], None] = print) -> dict:
+    """``jointspace concepts`` and ``jointspace train``: loads ``model_file``, gives it a concept head when it has
+    none (or ``overrides`` change it), fits it on ``train_set``'s photos (features from the feature cache), draws
+    the query bank again when the model carries one (its images are image embeddings; ``concepts.bank_template``
+    adds a sentence per class to its captions) and writes the model to ``out`` (default: in place), slim when it
+    was slim (``half``: float16, default as it was)."""
+    from pathlib import Path
+
+    from training.data.features import extract_features
+    from training.inference.querybank import attach, carried, describe
+    from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
+    from training.querybank import make_bank
+
+    model_file = Path(model_file)
+    out = Path(out) if out else model_file
+    loaded = load_model(model_file)
+    if not isinstance(loaded, JointEmbedding):
+        raise ValueError("an ensemble's members get their concept heads one by one (jointspace concepts on each "
+                         "member, then jointspace ensemble)")
+    model = loaded if loaded.concepts is not None and not overrides else with_concepts(loaded, overrides)
+    model.extra = dict(getattr(loaded, "extra", {}) or {})
+    model.to(device)
+    feats = extract_features(model, [r.path for r in train_set.images], device=device, workers=workers,
+                             progress=progress)
+    report = fit(model, feats, log=log)
+    model.cpu()
+    model.extra["concepts"] = report
+    slim = read_checkpoint(model_file).get("slim")
+    bank = carried(loaded)
+    model.extra.pop("querybank", None)
+    if slim:
+        save_slim(model, out, half=bool(slim.get("half")) if half is None else half)
+    else:
+        save_model(model, out, extra=model.extra)
+    if bank is not None:
+        section = model.cfg.querybank
+        drawn = make_bank(load_model(out), train_set, section.captions, section.images, float(bank["beta"]),
+                          seed=model.cfg.train.seed, workers=workers, progress=progress)
+        attach(out, drawn)
+        log(f"querybank: {describe(drawn)} attached to {out}")
+    return report

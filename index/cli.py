@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 TTA = ("none", "flip", "flip-crop")   # index.embed.TTA
 DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by --tta: docs/results.md
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
+NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
 
 
@@ -116,8 +117,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     s.add_argument("--json", action="store_true",
-                   help="print the results as JSON (ids, scores, absolute paths, capture times, folders, moments) "
-                        "instead of a table")
+                   help="print the results as JSON (ids, scores, relevance, absolute paths, capture times, "
+                        "folders, moments; whether one is a strong match) instead of a table")
     s.set_defaults(func=cmd_search)
 
     i = isub.add_parser("info", help="print an index's manifest and counts as JSON")
@@ -502,36 +503,46 @@ def cmd_search(args) -> int:
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
         else:
             query = _example_query(model, args.image, args.subtract)
-        hits = gallery.search_images(query, args.k, flt, args.offset, min_score)[0]
-        rows = gallery.meta.images([i for i, _ in hits])
-        results = []
-        for i, s in hits:
+        ranking = gallery.ranked("images", query, gallery.search_images(query, args.k, flt, args.offset, min_score))[0]
+        rows = gallery.meta.images([i for i, _ in ranking.hits])
+        results: list[dict] = []
+        relevance: list[float | None] = [*ranking.relevance] if ranking.relevance is not None else \
+            [None] * len(ranking.hits)
+        for (i, s), r in zip(ranking.hits, relevance):
             if i in rows:
                 row = rows[i]
-                hit = {"id": i, "score": round(s, 6), "media": "photo", "path": row.path,
+                hit = {"id": i, "score": round(s, 6), "relevance": r, "media": "photo", "path": row.path,
                        "taken": format_time(row.taken), "folder": row.folder}
                 if row.video_id is not None:
                     hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
                 results.append(hit)
-        print(json.dumps({"results": results}, indent=1) if args.json else _table(results, gallery.photos.root))
+        print(json.dumps({"results": results, "strong_match": ranking.strong_match}, indent=1) if args.json
+              else _table(results, gallery.photos.root, ranking.strong_match))
     finally:
         gallery.close()
     return 0
 
 
-def _table(results: list[dict], root: str) -> str:
-    """Search results as a table: score, media, the file's path relative to the gallery's root folder (absolute
-    when outside it) and a video moment's span."""
+def _table(results: list[dict], root: str, strong: bool | None = None) -> str:
+    """Search results as a table: score, relevance (when the index has a reference set), media, the file's path
+    relative to the gallery's root folder (absolute when outside it) and a video moment's span; under it, when no
+    result is a strong match (``strong`` False), a line that says so."""
     from .query import inside
 
     if not results:
         return "no results"
-    rows = [(f"{r['score']:.3f}", r["media"], inside(r["path"], root),
+    ranked = strong is not None
+    rows = [(f"{r['score']:.3f}", *([f"{r['relevance']:.3f}"] if ranked else []), r["media"], inside(r["path"], root),
              f"{_clock(r['start'])}–{_clock(r['end'])}" if r["media"] == "video" else "") for r in results]
-    header = ("score", "media", "path", "moment")
+    header = ("score", *(["relevance"] if ranked else []), "media", "path", "moment")
+    numbers = 2 if ranked else 1                      # right-aligned columns
     widths = [max(len(row[c]) for row in (header, *rows)) for c in range(len(header))]
-    return "\n".join("  ".join([row[0].rjust(widths[0]), *(v.ljust(w) for v, w in zip(row[1:], widths[1:]))]).rstrip()
-                     for row in (header, *rows))
+    lines = ["  ".join([*(v.rjust(w) for v, w in zip(row[:numbers], widths)),
+                        *(v.ljust(w) for v, w in zip(row[numbers:], widths[numbers:]))]).rstrip()
+             for row in (header, *rows)]
+    if strong is False:
+        lines.append(NO_STRONG_MATCH)
+    return "\n".join(lines)
 
 
 def _clock(seconds: float) -> str:

@@ -26,7 +26,8 @@ from .generations import (FORMAT, current_generation, locked, new_generation, pr
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .query import ImageFilter, PhotoTable, page
-from .querybank import QueryBank, bank_for, correction, queries_for, unfold
+from .querybank import QueryBank, bank_for, correction, queries_for, references_for, unfold
+from .relevance import Ranking, Reference
 from .segments import SegmentedIndex, SideUpdate, write_new
 from .video import DEFAULT_SAMPLING, Sampling, VideoEmbeddings, embed_videos, take_video_ids
 
@@ -59,9 +60,10 @@ class Gallery:
     """A loaded generation of an index directory (read it; change it with :func:`build`/:func:`add`/:func:`remove`)."""
 
     def __init__(self, root: Path, generation: str, manifest: dict, images: SegmentedIndex,
-                 captions: SegmentedIndex, meta: Metadata):
+                 captions: SegmentedIndex, meta: Metadata, references: dict[str, Reference] | None = None):
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
+        self.references = references or {}          # per side (images | captions): index/relevance.py
         self._photos: PhotoTable | None = None
         self._counts: dict[str, int] | None = None
 
@@ -83,7 +85,10 @@ class Gallery:
                                                 previous=getattr(previous, role, None), backend=backend)
                             for role in ("images", "captions"))
         meta = Metadata(gen_dir / "metadata.sqlite", readonly=readonly)
-        return cls(root, generation, manifest, images, captions, meta)
+        bank = (manifest.get("querybank") or {}).get("file")
+        same_bank = previous is not None and bank == (previous.manifest.get("querybank") or {}).get("file")
+        references = previous.references if same_bank and previous is not None else references_for(root, manifest)
+        return cls(root, generation, manifest, images, captions, meta, references)
 
     def close(self) -> None:
         self.meta.close()
@@ -127,6 +132,15 @@ class Gallery:
     def search_captions(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Image embeddings → best-first ``(caption id, score)`` per query."""
         return _pairs(*self.captions.search(queries_for(self.manifest, "captions", queries), k))
+
+    def ranked(self, role: str, queries: np.ndarray, hits: Sequence[Sequence[tuple[int, float]]]) -> list[Ranking]:
+        """The hits of ``queries`` on the side ``role`` (as :meth:`search_images` / :meth:`search_captions` gave
+        them, one list per query) with each hit's relevance (index/relevance.py); None without a reference set."""
+        reference = self.references.get(role)
+        if reference is None:
+            return [Ranking(list(h)) for h in hits]
+        relevance = reference.relevance(queries_for(self.manifest, role, queries), [[s for _, s in h] for h in hits])
+        return [Ranking(list(h), r) for h, r in zip(hits, relevance)]
 
     def image_vector(self, image_id: int) -> np.ndarray:
         """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""

@@ -15,6 +15,10 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
   ``index build`` uses it unless told otherwise (:func:`model_bank`). Its captions are embedded once per model and
   the vectors cached under ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so
   building a second index with the same model does not embed them again.
+- The bank file also holds each side's *reference set* (index/relevance.py): up to 1,000 of the bank's own
+  vectors of that side (the image index's: the bank's images; the caption index's: its captions), evenly spaced,
+  with their offsets against the other half, so that they score exactly as that side's items do. A hit's
+  relevance is the share of them it outscores. Banks written before reference sets have none (relevance null).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from training.data.fileio import atomic_path
 from training.inference.querybank import carried, image_vectors
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 from training.models.protocol import EmbeddingModel
+
+from .relevance import Reference, reference_rows
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
 
@@ -64,20 +70,40 @@ class QueryBank:
 
     def fold(self, role: str, vectors: np.ndarray) -> np.ndarray:
         """Item vectors of ``role`` → ``[v, −o]`` (or unchanged when that side has no bank)."""
-        bank = getattr(self, BANK_ROLE[role])
-        if bank is None:
+        if not self.folds(role):
             return vectors
         vectors = np.asarray(vectors, dtype=np.float32)
         if len(vectors) == 0:
             return np.zeros((0, vectors.shape[1] + 1), np.float32)
-        offsets = item_offsets(torch.from_numpy(bank), torch.from_numpy(vectors), self.beta).numpy()
-        return fold_items(vectors, offsets)
+        return fold_items(vectors, self._offsets(role, vectors))
+
+    def _offsets(self, role: str, vectors: np.ndarray) -> np.ndarray:
+        bank = getattr(self, BANK_ROLE[role])
+        return item_offsets(torch.from_numpy(bank), torch.from_numpy(vectors), self.beta).numpy()
+
+    def reference(self, role: str) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The reference set of the index of ``role`` (index/relevance.py): up to ``REFERENCE_SIZE`` of the bank's
+        own vectors of that role, evenly spaced (float16, as the bank holds them), and their offsets against the
+        other half (float32; None when that side is not folded). None when the bank has no vectors of ``role``."""
+        own = getattr(self, role)
+        if own is None:
+            return None
+        rows = own[reference_rows(len(own))]
+        offsets = self._offsets(role, rows.astype(np.float32)).astype(np.float32) if self.folds(role) else None
+        return rows, offsets
 
     # --- storage ------------------------------------------------------------------------------------------
     def save(self, root: Path) -> dict:
         """Writes the bank beside the generations (once per content) and returns its manifest entry."""
         buf = io.BytesIO()
         arrays = {k: v for k, v in (("captions", self.captions), ("images", self.images)) if v is not None}
+        references = {}
+        for role in ("images", "captions"):
+            if (ref := self.reference(role)) is not None:
+                arrays[f"reference_{role}"], offsets = ref
+                if offsets is not None:
+                    arrays[f"reference_{role}_offsets"] = offsets
+                references[role] = len(ref[0])
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
         data = buf.getvalue()
         name = f"querybank-{hashlib.blake2b(data, digest_size=10).hexdigest()}.npz"
@@ -88,7 +114,8 @@ class QueryBank:
                 tmp.write_bytes(data)
         return {"file": name, "beta": self.beta,
                 "captions": 0 if self.captions is None else len(self.captions),
-                "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given"}
+                "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given",
+                "references": references}
 
     @classmethod
     def load(cls, root: Path, entry: dict) -> "QueryBank":
@@ -111,6 +138,25 @@ def folded(manifest: dict, role: str) -> bool:
 def bank_for(root: Path, manifest: dict) -> QueryBank | None:
     entry = manifest.get("querybank")
     return QueryBank.load(root, entry) if entry else None
+
+
+def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
+    """The reference set of each side of the index (index/relevance.py), as that side stores its items; empty for
+    an index without a bank, or with a bank written before reference sets."""
+    entry = manifest.get("querybank") or {}
+    if not entry.get("references"):
+        return {}
+    path = Path(root) / entry["file"]
+    if not path.is_file():
+        raise FileNotFoundError(f"the index {root} names the query bank {entry['file']}, which is missing; "
+                                f"rebuild the index (jointspace index build --querybank ...)")
+    out = {}
+    with np.load(path) as z:
+        for role in entry["references"]:
+            rows = z[f"reference_{role}"].astype(np.float32)
+            key = f"reference_{role}_offsets"
+            out[role] = Reference(fold_items(rows, z[key]) if key in z else rows)
+    return out
 
 
 def queries_for(manifest: dict, role: str, queries: np.ndarray) -> np.ndarray:
@@ -180,4 +226,4 @@ def correction(manifest: dict) -> dict:
     return {"text_to_image": folded(manifest, "images"), "image_to_text": folded(manifest, "captions"),
             "bank": entry.get("origin", "given") if entry else None,
             "bank_captions": entry.get("captions", 0), "bank_images": entry.get("images", 0),
-            "beta": entry.get("beta")}
+            "beta": entry.get("beta"), "references": dict(entry.get("references") or {})}

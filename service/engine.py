@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from index.query import page
+from index.relevance import Ranking
 from training.inference.compose import compose_query
 from training.inference.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
 from training.inference.generate import caption_embeddings, decode_settings, identical_to
@@ -104,37 +105,38 @@ class Engine:
         """uint8 ``(crops, 3, S, S)`` tensors (``model.preprocess.pixels``) → image embeddings."""
         return self._pixel_vectors(pixels).cpu().numpy()
 
-    def search_texts(self, items: Sequence[tuple[str, int | Options]]) -> list[list[tuple[int, float]]]:
-        """``(text, k or Options)`` queries → best-first ``(image id, score)`` lists."""
+    def search_texts(self, items: Sequence[tuple[str, int | Options]]) -> list[Ranking]:
+        """``(text, k or Options)`` queries → best-first ``(image id, score)`` lists, with their relevance."""
         gallery = self.gallery
         opts = [options(o) for _, o in items]
         queries = self._text_vectors([t for t, _ in items], [o.subtract for o in opts]).cpu().numpy()
-        return _paged(gallery, "images", queries, opts)
+        return gallery.ranked("images", queries, _paged(gallery, "images", queries, opts))
 
-    def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[list[tuple[int, float]]]:
-        """``(pixels, k or Options)`` queries → best-first ``(caption id, score)`` lists."""
+    def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[Ranking]:
+        """``(pixels, k or Options)`` queries → best-first ``(caption id, score)`` lists, with their relevance."""
         gallery = self.gallery
         opts = [options(o) for _, o in items]
-        return _paged(gallery, "captions", self.embed_pixels([p for p, _ in items]), opts)
+        queries = self.embed_pixels([p for p, _ in items])
+        return gallery.ranked("captions", queries, _paged(gallery, "captions", queries, opts))
 
-    def search_image_id(self, image_id: int, k: int | Options) -> list[tuple[int, float]]:
+    def search_image_id(self, image_id: int, k: int | Options) -> Ranking:
         """Captions for a gallery image, from its stored embedding (no forward pass); KeyError if unknown."""
         gallery = self.gallery
-        vector = gallery.image_vector(image_id)
-        return _paged(gallery, "captions", vector[None, :], [options(k)])[0]
+        query = gallery.image_vector(image_id)[None, :]
+        return gallery.ranked("captions", query, _paged(gallery, "captions", query, [options(k)]))[0]
 
     # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------
     @torch.inference_mode()
     def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int | Options]]
-                       ) -> list[list[tuple[int, float]]]:
-        """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists: the backbone features
-        of every image in one forward pass, each composed with its words (``training.inference.compose.compose_query``),
-        then one index search."""
+                       ) -> list[Ranking]:
+        """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists with their relevance:
+        the backbone features of every image in one forward pass, each composed with its words
+        (``training.inference.compose.compose_query``), then one index search."""
         gallery = self.gallery
         features = pixel_features(self.model, torch.stack([p for p, *_ in items]), shapes=self.shapes)
         queries = torch.stack([compose_query(self.model, f, add, subtract)
-                               for f, (_, add, subtract, _) in zip(features, items)])
-        return _paged(gallery, "images", queries.float().cpu().numpy(), [options(o) for *_, o in items])
+                               for f, (_, add, subtract, _) in zip(features, items)]).float().cpu().numpy()
+        return gallery.ranked("images", queries, _paged(gallery, "images", queries, [options(o) for *_, o in items]))
 
     # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------
     def _decode(self, vectors: torch.Tensor, settings: Sequence[tuple[int, int | None]],

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from index.query import MAX_OFFSET, parse_time
+from index.relevance import REFERENCE_SIZE, STRONG
 
 from .contract import (MAX_ID, Bound, Form, Limits, OneOf, Time, bind, json_int, json_number, json_int_field,
                        terms_field, text_field)
@@ -152,9 +153,23 @@ def request_models(settings: Settings, similarity: str = "cosine") -> RequestMod
         captions=Form(bind(Captions, limits), "the image to caption"))
 
 
+_RELEVANCE = ("the share (0 to 1) of the index's reference set — up to {size:,} typical {what} of the model's training "
+              "data — that score lower than this hit for the same query: unlike `score`, it means the same in every "
+              "gallery and does not change when other items are added. At least {strong:g} is a strong match. Null "
+              "when the index has no reference set (built without a query bank, or before reference sets)")
+_STRONG_MATCH = (f"whether a result of this list has a relevance of at least {STRONG:g} (a strong match); false: the "
+                 f"query has no strong match here, these are only the closest. A page of results says this of its own "
+                 f"results. Null when the index has no reference set")
+
+
+def _relevance_field(what: str):
+    return Field(None, ge=0, le=1, description=_RELEVANCE.format(size=REFERENCE_SIZE, what=what, strong=STRONG))
+
+
 class ImageHit(BaseModel):
     id: int
     score: float
+    relevance: float | None = _relevance_field("photos")
     uri: str = Field(..., description="/v1/images/{id}: the image file")
     taken: str | None = Field(None, description="capture time, UTC (EXIF DateTimeOriginal, else the file's "
                                                 "modification time); null for images indexed without it")
@@ -173,6 +188,7 @@ class ImageHit(BaseModel):
 
 class ImageResults(BaseModel):
     results: list[ImageHit]
+    strong_match: bool | None = Field(None, description=_STRONG_MATCH)
 
 
 class Folder(BaseModel):
@@ -188,10 +204,12 @@ class CaptionHit(BaseModel):
     caption: str
     score: float
     id: int = Field(..., description="caption id in the index")
+    relevance: float | None = _relevance_field("captions")
 
 
 class CaptionResults(BaseModel):
     results: list[CaptionHit]
+    strong_match: bool | None = Field(None, description=_STRONG_MATCH)
 
 
 class GeneratedText(BaseModel):
@@ -234,6 +252,9 @@ class Ready(BaseModel):
     batch_sizes: list[int] | None = Field(None, description="the batch sizes the encoders run at (none: any)")
     warmup_seconds: float | None = Field(None, description="how long running each warmed batch size took before "
                                                            "ready")
+    strong_relevance: float | None = Field(
+        None, description="the relevance at which a search hit is a strong match (`strong_match` of the search "
+                          "answers); null when the index has no reference set, and its hits no relevance")
     hubness_correction: dict | None = Field(
         None, description="whether the index's scores are hubness-corrected (QB-Norm, docs/index.md): "
                           "text_to_image and image_to_text (booleans), the bank's origin ('model': the one the "

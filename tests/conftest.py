@@ -99,6 +99,46 @@ def tiny_stt_index_dir(synth_small, tiny_stt_model_path, tmp_path_factory):
     return build_index(tiny_stt_model_path, synth_small, tmp_path_factory.mktemp("tiny_stt_index") / "index")
 
 
+STRONG_TEXT, WEAK_TEXT = "a red circle", "a blue square below a green triangle"
+
+
+@pytest.fixture(scope="session")
+def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
+    """An index of 12 of ``synth_small``'s photos whose vectors are made so that ``STRONG_TEXT`` has a strong match
+    (index/relevance.py) and ``WEAK_TEXT`` none, with ``tiny_model_path``'s own query embeddings ``a`` and ``b``:
+    photo 0 is ``a`` itself, the other photos, the bank's captions and 95 of its 100 images are random unit vectors
+    orthogonal to ``a`` and ``b``, and its other 5 images are ``b``. For ``a`` photo 0 outscores every reference
+    photo; for ``b`` the 5% of them that are ``b`` outscore every photo. Read-only."""
+    import numpy as np
+
+    from index.embed import embed_image_files, embed_texts
+    from index.gallery import build_from_vectors
+    from index.querybank import QueryBank
+    from training.data.datasets import load_dataset
+    from training.models.checkpoint import load_model
+
+    model = load_model(tiny_model_path)
+    a, b = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    a, b = a / np.linalg.norm(a), b / np.linalg.norm(b)
+    assert a @ b < 0.999, "the two queries must differ"
+    rng = np.random.default_rng(0)
+    basis, _ = np.linalg.qr(np.column_stack([a, b, rng.standard_normal((len(a), len(a) - 2))]))
+
+    def unrelated(n):                                   # unit vectors orthogonal to a and b
+        x = rng.standard_normal((n, len(a) - 2)) @ basis[:, 2:].T
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    paths = sorted((synth_small / "images").glob("*.jpg"))[:12]
+    emb = embed_image_files(model, paths, progress=False, workers=0)
+    images = np.vstack([a[None], unrelated(len(paths) - 1)]).astype(np.float32)
+    bank = QueryBank(captions=unrelated(50), images=np.vstack([unrelated(95), np.repeat(b[None], 5, axis=0)]))
+    out = tmp_path_factory.mktemp("relevance_index") / "index"
+    build_from_vectors(out, model.fingerprint, "cosine", images, np.arange(len(paths)),
+                       [(str(p), info) for p, info in zip(paths, emb.info)], unrelated(6),
+                       [(f"caption {i}", i) for i in range(6)], querybank=bank, image_root=synth_small / "images")
+    return out
+
+
 @pytest.fixture
 def index_copy(tiny_index_dir, tmp_path):
     import shutil

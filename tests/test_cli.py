@@ -80,16 +80,20 @@ def test_search_prints_a_table_and_today_s_json_with_json(media, tiny_model_path
     args = ["index", "search", "--index", str(index), "--model", str(tiny_model_path), "--text", "a red square",
             "--k", "7", "--device", "cpu"]
     assert cli_main([*args, "--json"]) == 0
-    results = json.loads(capsys.readouterr().out)["results"]
+    answer = json.loads(capsys.readouterr().out)
+    results = answer["results"]
     assert len(results) == 7 and {r["media"] for r in results} == {"photo", "video"}
     assert all(Path(r["path"]).is_absolute() for r in results)
+    # built with the bank the model carries: each hit has its relevance (index/relevance.py)
+    assert all(0 <= r["relevance"] <= 1 for r in results) and isinstance(answer["strong_match"], bool)
     assert cli_main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["score", "media", "path", "moment"]
+    assert lines[0].split() == ["score", "relevance", "media", "path", "moment"]
     clock = lambda s: f"{int(s) // 60}:{int(s) % 60:02d}"      # noqa: E731
-    want = [[f"{r['score']:.3f}", r["media"], os.path.relpath(r["path"], photos),
+    want = [[f"{r['score']:.3f}", f"{r['relevance']:.3f}", r["media"], os.path.relpath(r["path"], photos),
              *([f"{clock(r['start'])}–{clock(r['end'])}"] if r["media"] == "video" else [])] for r in results]
-    assert [line.split() for line in lines[1:]] == want
+    assert [line.split() for line in lines[1:8]] == want
+    assert lines[8:] == ([] if answer["strong_match"] else ["no strong match: these are the closest"])
     assert "trip/" in "".join(lines) and "clip.webm" in "".join(lines) and str(photos) not in "".join(lines)
     assert cli_main([*args, "--folder", "nowhere"]) == 2                     # an unknown folder: an error
     assert cli_main([*args, "--min-score", "0.999"]) == 0
@@ -163,7 +167,7 @@ def test_a_file_from_outside_the_gallery_keeps_its_own_folder_name(index, tiny_m
     gallery.close()
     assert cli_main(["index", "search", "--index", str(index), "--model", str(tiny_model_path), "--text", "a square",
                      "--k", "20", "--folder", str(elsewhere)]) == 0
-    assert capsys.readouterr().out.splitlines()[1].split()[2] == str(photo)
+    assert capsys.readouterr().out.splitlines()[1].split()[3] == str(photo)          # score, relevance, media, path
 
 
 def test_a_missing_model_or_index_is_said_plainly(index, tmp_path, capsys):

@@ -149,7 +149,9 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     gallery = Gallery.load(out, model=model)
     info = gallery.info()["hubness_correction"]
     assert info == {"text_to_image": True, "image_to_text": True, "bank": "model",
-                    "bank_captions": len(bank["captions"]), "bank_images": len(bank["images"]), "beta": 20.0}
+                    "bank_captions": len(bank["captions"]), "bank_images": len(bank["images"]), "beta": 20.0,
+                    "references": {"images": min(len(bank["images"]), 1000),          # index/relevance.py
+                                   "captions": min(len(bank["captions"]), 1000)}}
     for q, row in zip(queries, gallery.search_images(queries, len(records))):
         ids = [i for i, _ in row]
         assert np.allclose([s for _, s in row], (q @ img.T - offsets)[ids], atol=2e-3)

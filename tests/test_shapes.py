@@ -82,8 +82,9 @@ def _pixels(model, n, seed=0):
 
 
 def _same(a, b):
-    assert [[i for i, _ in r] for r in a] == [[i for i, _ in r] for r in b]
-    assert np.allclose([[s for _, s in r] for r in a], [[s for _, s in r] for r in b], atol=1e-5)
+    """Engine rankings (index/relevance.py) with the same hits and, within float error, the same scores."""
+    assert [[i for i, _ in r.hits] for r in a] == [[i for i, _ in r.hits] for r in b]
+    assert np.allclose([[s for _, s in r.hits] for r in a], [[s for _, s in r.hits] for r in b], atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["pad", "split"])

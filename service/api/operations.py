@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from index.querybank import correction
+from index.relevance import STRONG
 
 from ..schemas import Health, Ready
 from ..state import ServiceState
@@ -39,7 +40,9 @@ async def readyz(request: Request):
                  max_text_chars=state.settings.max_text_chars,
                  similarity=state.similarity, search_backend=loaded.gallery.images.backend,
                  batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
-                 warmup_seconds=state.warmup_seconds, hubness_correction=correction(loaded.gallery.manifest))
+                 warmup_seconds=state.warmup_seconds,
+                 strong_relevance=STRONG if loaded.gallery.references else None,
+                 hubness_correction=correction(loaded.gallery.manifest))
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -1,7 +1,8 @@
 """Search: ``POST /v1/search/images`` (a sentence, or an image ± words → gallery images) and
 ``POST /v1/search/captions`` (an image → captions of the corpus). Both take JSON, or multipart/form-data with an
 uploaded image, read alike (service/api/bodies.py); best first, paged, with a score threshold, and for images the
-folder and date filters applied inside the index search."""
+folder and date filters applied inside the index search. Each hit has its relevance and each list says whether it
+holds a strong match (index/relevance.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from index.query import ImageFilter, UnknownFolderError, format_time
+from index.relevance import Ranking
 from training.models.protocol import can_compose
 
 from ..contract import error_responses
@@ -23,8 +25,6 @@ from .bodies import body_kind, read_form, read_json
 from .deps import POST_ERRORS, check_deadline, gallery_pixels, service, submit, upload_pixels
 
 router = APIRouter(prefix="/v1")
-
-Hits = list[tuple[int, float]]
 
 
 def _no_composition(state: ServiceState) -> None:
@@ -60,20 +60,24 @@ def _json(body: BaseModel) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def _image_hits(hits: Hits, state: ServiceState, root: str) -> list[ImageHit]:
+def _relevance(ranking: Ranking) -> list[float | None]:
+    return list(ranking.relevance) if ranking.relevance is not None else [None] * len(ranking.hits)
+
+
+def _image_results(ranking: Ranking, state: ServiceState, root: str) -> ImageResults:
     gallery = state.loaded.gallery
-    rows = gallery.meta.images([i for i, _ in hits])
+    rows = gallery.meta.images([i for i, _ in ranking.hits])
     out = []
-    for i, s in hits:
+    for (i, s), relevance in zip(ranking.hits, _relevance(ranking)):
         row = rows.get(i)
         moment = {} if row is None or row.video_id is None else {
             "media": "video", "video_id": row.video_id, "start": row.t_start, "end": row.t_end, "frame": row.t_frame}
-        out.append(ImageHit(id=i, score=s, uri=f"{root}/v1/images/{i}",
+        out.append(ImageHit(id=i, score=s, relevance=relevance, uri=f"{root}/v1/images/{i}",
                             taken=format_time(row.taken) if row else None,
                             name=os.path.basename(row.path) if row else None,
                             folder=gallery.photos.relative(row.folder) if row and row.folder else None,
                             width=row.width if row else None, height=row.height if row else None, **moment))
-    return out
+    return ImageResults(results=out, strong_match=ranking.strong_match)
 
 
 @router.post("/search/images", response_model=ImageResults, responses=error_responses(*POST_ERRORS, 404, 409),
@@ -99,19 +103,19 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
         _no_composition(state)
         opts = await _options(state, upload)
         pixels = await upload_pixels(data, state, request, "compose")
-        hits = await submit(state.compose_batcher, (pixels, tuple(upload.add), tuple(upload.subtract), opts),
-                            state, request)
+        ranking = await submit(state.compose_batcher, (pixels, tuple(upload.add), tuple(upload.subtract), opts),
+                               state, request)
     else:
         body = await read_json(request, state.bodies.search_images)
         if isinstance(body, ImageIdCompose):
             _no_composition(state)
             opts = await _options(state, body)
             pixels = await gallery_pixels(body.image_id, state, request)
-            hits = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
-                                state, request)
+            ranking = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
+                                   state, request)
         else:
-            hits = await submit(state.text_batcher, (body.text, await _options(state, body)), state, request)
-    return _json(ImageResults(results=_image_hits(hits, state, request.scope.get("root_path", ""))))
+            ranking = await submit(state.text_batcher, (body.text, await _options(state, body)), state, request)
+    return _json(_image_results(ranking, state, request.scope.get("root_path", "")))
 
 
 @router.post("/search/captions", response_model=CaptionResults, responses=error_responses(*POST_ERRORS, 404),
@@ -120,20 +124,21 @@ async def search_images(request: Request, state: ServiceState = Depends(service)
 async def search_captions(request: Request, state: ServiceState = Depends(service)):
     kind = body_kind(request, ("form", "json"), "send multipart/form-data with an 'image' file (and optional 'k'), "
                                                 "or JSON {\"image_id\": ..., \"k\": ...}")
-    hits: Hits
+    ranking: Ranking
     if kind == "form":
         data, upload = await read_form(request, state, state.bodies.caption_search)
         pixels = await upload_pixels(data, state, request, "image")
-        hits = await submit(state.image_batcher, (pixels, _page(upload)), state, request)
+        ranking = await submit(state.image_batcher, (pixels, _page(upload)), state, request)
     else:
         body = await read_json(request, state.bodies.image_id_search)
         check_deadline(request, state, "direct")
         loop = asyncio.get_running_loop()
         try:
-            hits = await loop.run_in_executor(state.compute_pool, state.loaded.engine.search_image_id, body.image_id,
-                                              _page(body))
+            ranking = await loop.run_in_executor(state.compute_pool, state.loaded.engine.search_image_id,
+                                                 body.image_id, _page(body))
         except KeyError:
             raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
-    rows = state.loaded.gallery.meta.captions([i for i, _ in hits])
-    return _json(CaptionResults(results=[CaptionHit(caption=rows[i].text, score=s, id=i) for i, s in hits
-                                         if i in rows]))
+    rows = state.loaded.gallery.meta.captions([i for i, _ in ranking.hits])
+    results = [CaptionHit(caption=rows[i].text, score=s, id=i, relevance=r)
+               for (i, s), r in zip(ranking.hits, _relevance(ranking)) if i in rows]
+    return _json(CaptionResults(results=results, strong_match=ranking.strong_match))

@@ -1,0 +1,240 @@
+"""A hit's relevance (index/relevance.py): the share of an index's reference set that scores lower for the same
+query — equal to that share computed by brute force, unchanged by other photos in the gallery, null without a
+reference set; and as the service (fields, OpenAPI, paging, thresholds) and the CLI (table, JSON) give it."""
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from conftest import STRONG_TEXT, WEAK_TEXT
+from index.embed import embed_image_files, embed_texts
+from index.gallery import Gallery, add_vectors, build
+from index.generations import current_generation
+from index.querybank import model_bank
+from index.relevance import REFERENCE_SIZE, STRONG, reference_rows, strong_match
+from service.app import create_app
+from service.cli import main as cli_main
+from service.settings import Settings
+from training.data.datasets import load_dataset
+from training.models.checkpoint import load_model
+from training.models.hubness import item_offsets
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_path):
+    return load_model(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def parts(model, synth_small):
+    """The gallery (val + test) of the synthetic set embedded, and the query bank the tiny model carries."""
+    data = load_dataset(synth_small)
+    records = data.split("val").images + data.split("test").images
+    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    cap = embed_texts(model, [c for c, _ in captions], progress=False)
+    bank = model_bank(model, progress=False)
+    assert bank is not None and bank.captions is not None and bank.images is not None
+    return records, captions, img, cap, bank
+
+
+@pytest.fixture(scope="module")
+def bank_index(model, parts, tmp_path_factory):
+    records, captions, *_, bank = parts
+    root = tmp_path_factory.mktemp("relevance") / "index"
+    build(root, model, [r.path for r in records], captions, progress=False, workers=0, querybank=bank)
+    return root
+
+
+def _brute_force(queries, scores, reference, bank_other, beta):
+    """The share of ``reference`` (bank vectors folded against ``bank_other``) scoring below each score."""
+    ref = reference.astype(np.float32)
+    offsets = item_offsets(torch.from_numpy(bank_other.astype(np.float32)), torch.from_numpy(ref), beta).numpy()
+    ref_scores = queries @ ref.T - offsets[None, :]                            # (Q, m): q·r − o_r
+    return [[float(np.mean(row < s)) for s in srow] for row, srow in zip(ref_scores, scores)]
+
+
+def test_the_reference_rows_are_evenly_spaced_and_at_most_the_set_size():
+    assert reference_rows(30).tolist() == list(range(30))
+    rows = reference_rows(5000)
+    assert len(rows) == REFERENCE_SIZE and rows[0] == 0 and set(np.diff(rows)) == {5}
+    rows = reference_rows(1499)
+    assert len(set(rows.tolist())) == REFERENCE_SIZE and rows.max() < 1499 and np.all(np.diff(rows) >= 1)
+    assert strong_match([0.5, STRONG]) is True and strong_match([0.98]) is False and strong_match([]) is False
+    assert strong_match(None) is None
+
+
+def test_relevance_is_the_share_of_reference_items_scoring_lower(model, parts, bank_index):
+    records, captions, img, cap, bank = parts
+    gallery = Gallery.load(bank_index, model=model)
+    assert set(gallery.references) == {"images", "captions"}
+    assert len(gallery.references["images"]) == min(len(bank.images), REFERENCE_SIZE)
+    # text → image: the reference set is the bank's images, folded against its captions as gallery photos are
+    hits = gallery.search_images(cap[:12], 8)
+    ranked = gallery.ranked("images", cap[:12], hits)
+    want = _brute_force(cap[:12], [[s for _, s in h] for h in hits], bank.images[reference_rows(len(bank.images))],
+                        bank.captions, bank.beta)
+    m = len(gallery.references["images"])
+    for r, h, w in zip(ranked, hits, want):
+        assert r.hits == h and len(r.relevance) == len(h)
+        assert np.allclose(r.relevance, w, atol=1.01 / m)                    # at most one tie read otherwise
+        assert all(0.0 <= x <= 1.0 for x in r.relevance) and r.relevance == sorted(r.relevance, reverse=True)
+        assert r.strong_match is (max(r.relevance) >= STRONG)
+    assert np.mean([np.allclose(r.relevance, w) for r, w in zip(ranked, want)]) > 0.9
+    # image → text: the bank's captions, folded against its images
+    hits = gallery.search_captions(img[:6], 10)
+    ranked = gallery.ranked("captions", img[:6], hits)
+    want = _brute_force(img[:6], [[s for _, s in h] for h in hits], bank.captions[reference_rows(len(bank.captions))],
+                        bank.images, bank.beta)
+    m = len(gallery.references["captions"])
+    for r, w in zip(ranked, want):
+        assert np.allclose(r.relevance, w, atol=1.01 / m)
+    gallery.close()
+
+
+def test_relevance_does_not_change_when_unrelated_photos_are_added(model, parts, bank_index, tmp_path):
+    _, _, img, cap, _ = parts
+    root = shutil.copytree(bank_index, tmp_path / "index")
+    before = Gallery.load(root, model=model)
+    every = before.images.ntotal
+    old = before.ranked("images", cap[:10], before.search_images(cap[:10], every))
+    before.close()
+    noise = np.random.default_rng(3).standard_normal((40, img.shape[1])).astype(np.float32)
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    report = add_vectors(root, model.fingerprint, noise, [(str(tmp_path / f"noise{i}.jpg"), None) for i in range(40)])
+    assert len(report.image_ids) == 40
+    after = Gallery.load(root, model=model)
+    new = after.ranked("images", cap[:10], after.search_images(cap[:10], every + 40))
+    after.close()
+    for o, n in zip(old, new):
+        was = dict(zip([i for i, _ in o.hits], o.relevance))
+        now = dict(zip([i for i, _ in n.hits], n.relevance))
+        assert len(now) == len(was) + 40
+        assert all(now[i] == r for i, r in was.items())                      # the same number, not close to it
+
+
+def test_an_index_without_a_reference_set_has_no_relevance(model, parts, bank_index, tiny_index_dir, tmp_path):
+    _, _, _, cap, _ = parts
+    plain = Gallery.load(tiny_index_dir, model=model)                          # built without a bank
+    assert plain.references == {}
+    ranked = plain.ranked("images", cap[:2], plain.search_images(cap[:2], 3))
+    assert [r.relevance for r in ranked] == [None, None] and ranked[0].strong_match is None
+    plain.close()
+    # a bank written before reference sets: its file holds the bank only, its manifest entry names no references
+    root = shutil.copytree(bank_index, tmp_path / "index")
+    gen = root / current_generation(root)
+    manifest = json.loads((gen / "manifest.json").read_text())
+    entry = manifest["querybank"]
+    del entry["references"]
+    (gen / "manifest.json").write_text(json.dumps(manifest))
+    with np.load(root / entry["file"]) as z:
+        arrays = {k: z[k] for k in ("captions", "images")}
+    with open(root / entry["file"], "wb") as fh:
+        np.savez(fh, **arrays)
+    old = Gallery.load(root, model=model)
+    hits = old.search_images(cap[:2], 3)
+    assert len(hits[0]) == 3 and old.ranked("images", cap[:2], hits)[0].relevance is None
+    assert old.info()["hubness_correction"]["references"] == {}
+    old.close()
+
+
+def test_the_crafted_index_has_a_strong_match_for_one_query_and_none_for_the_other(model, relevance_index_dir):
+    gallery = Gallery.load(relevance_index_dir, model=model)
+    queries = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    strong, weak = gallery.ranked("images", queries, gallery.search_images(queries, 5))
+    assert strong.hits[0][0] == 0 and strong.relevance[0] == 1.0 and strong.strong_match is True
+    assert weak.strong_match is False and max(weak.relevance) <= 0.95
+    gallery.close()
+
+
+# --- the service -------------------------------------------------------------------------------------------------
+
+def _client(model_path, index):
+    return TestClient(create_app(Settings(model=str(model_path), index=str(index), max_k=50, reload_interval_s=0)))
+
+
+def _ready(c):
+    for _ in range(1200):
+        r = c.get("/readyz")
+        if r.status_code == 200:
+            return r.json()
+        time.sleep(0.05)
+    raise AssertionError(r.json())
+
+
+def test_the_service_gives_each_hit_its_relevance_and_each_list_its_strong_match(model, tiny_model_path,
+                                                                                relevance_index_dir):
+    gallery = Gallery.load(relevance_index_dir, model=model)
+    queries = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    want = gallery.ranked("images", queries, gallery.search_images(queries, 12))
+    with _client(tiny_model_path, relevance_index_dir) as c:
+        assert _ready(c)["strong_relevance"] == STRONG
+        for text, ranking, strong in ((STRONG_TEXT, want[0], True), (WEAK_TEXT, want[1], False)):
+            body = c.post("/v1/search/images", json={"text": text, "k": 12}).json()
+            assert body["strong_match"] is strong
+            assert [h["id"] for h in body["results"]] == [i for i, _ in ranking.hits]
+            assert [h["relevance"] for h in body["results"]] == pytest.approx(ranking.relevance, abs=1e-9)
+            # a page: the same hits with the same relevance; its strong_match is its own hits'
+            page = c.post("/v1/search/images", json={"text": text, "k": 3, "offset": 2}).json()
+            assert [(h["id"], h["relevance"]) for h in page["results"]] == [
+                (h["id"], h["relevance"]) for h in body["results"][2:5]]
+            assert page["strong_match"] is False                              # only photo 0 is a strong match
+            # a threshold hides hits, not their relevance
+            cut = body["results"][3]["score"]
+            kept = c.post("/v1/search/images", json={"text": text, "k": 12, "min_score": cut}).json()
+            assert kept["results"] == body["results"][:len(kept["results"])] and len(kept["results"]) >= 4
+            # a filter searches fewer photos: the relevance of those it returns stays
+            photos = c.post("/v1/search/images", json={"text": text, "k": 12, "media": "photo"}).json()
+            assert photos["results"] == body["results"]
+        nothing = c.post("/v1/search/images", json={"text": WEAK_TEXT, "k": 5, "offset": 40}).json()
+        assert nothing == {"results": [], "strong_match": False}
+        # image → captions: the caption side's reference set
+        caps = c.post("/v1/search/captions", json={"image_id": 0, "k": 4}).json()
+        assert len(caps["results"]) == 4 and isinstance(caps["strong_match"], bool)
+        assert all(0 <= h["relevance"] <= 1 for h in caps["results"])
+        doc = c.get("/openapi.json").json()["components"]["schemas"]
+    gallery.close()
+    for hit in ("ImageHit", "CaptionHit"):
+        field = doc[hit]["properties"]["relevance"]
+        assert {"type": "number", "minimum": 0.0, "maximum": 1.0} in field["anyOf"] and "reference set" in \
+            field["description"]
+    for results in ("ImageResults", "CaptionResults"):
+        field = doc[results]["properties"]["strong_match"]
+        assert {"type": "boolean"} in field["anyOf"] and f"{STRONG:g}" in field["description"]
+    assert "strong match" in doc["Ready"]["properties"]["strong_relevance"]["description"]
+
+
+def test_without_a_reference_set_the_service_says_null(tiny_model_path, tiny_index_dir):
+    with _client(tiny_model_path, tiny_index_dir) as c:
+        assert _ready(c)["strong_relevance"] is None
+        body = c.post("/v1/search/images", json={"text": STRONG_TEXT, "k": 3}).json()
+        assert body["strong_match"] is None and [h["relevance"] for h in body["results"]] == [None] * 3
+        caps = c.post("/v1/search/captions", json={"image_id": 0, "k": 2}).json()
+        assert caps["strong_match"] is None and [h["relevance"] for h in caps["results"]] == [None] * 2
+
+
+# --- the CLI -------------------------------------------------------------------------------------------------------
+
+def test_the_cli_shows_relevance_and_says_when_nothing_is_a_strong_match(tiny_model_path, relevance_index_dir,
+                                                                         capsys):
+    args = ["index", "search", "--index", str(relevance_index_dir), "--model", str(tiny_model_path), "--k", "4",
+            "--device", "cpu"]
+    assert cli_main([*args, "--text", WEAK_TEXT, "--json"]) == 0
+    weak = json.loads(capsys.readouterr().out)
+    assert weak["strong_match"] is False and all(0 <= r["relevance"] < STRONG for r in weak["results"])
+    assert cli_main([*args, "--text", WEAK_TEXT]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["score", "relevance", "media", "path", "moment"]
+    assert [line.split()[:2] for line in lines[1:5]] == [[f"{r['score']:.3f}", f"{r['relevance']:.3f}"]
+                                                          for r in weak["results"]]
+    assert lines[5:] == ["no strong match: these are the closest"]
+    assert cli_main([*args, "--text", STRONG_TEXT, "--json"]) == 0
+    strong = json.loads(capsys.readouterr().out)
+    assert strong["strong_match"] is True and strong["results"][0]["relevance"] == 1.0
+    assert cli_main([*args, "--text", STRONG_TEXT]) == 0
+    out = capsys.readouterr().out
+    assert "no strong match" not in out and len(out.splitlines()) == 5

@@ -20,6 +20,7 @@ import uvicorn
 from PIL import Image
 
 from browser import CHROMIUM_FLAGS, chromium, require_browser
+from conftest import STRONG_TEXT, WEAK_TEXT
 from index.gallery import Gallery
 from server_process import free_port
 from service.app import create_app
@@ -808,6 +809,30 @@ def test_next_knows_the_last_page(tiny_model_path, tiny_index_dir, tab):
             page.click("#next")
             _wait_heading(page, f"Photos {half + 1}–{n} for")
             assert len(_hits(page)) == half and page.is_disabled("#next")
+
+
+def test_a_search_without_a_strong_match_says_so_on_its_first_page(tiny_model_path, relevance_index_dir, tab):
+    """Relevance on the page (index/relevance.py), over the index of conftest.py made for it: the first page of a
+    search without a strong match says so above its results, its next page does not, and a search with one marks
+    that card instead."""
+    with LiveServer(create_app(_settings(tiny_model_path, relevance_index_dir))) as live:
+        page = tab.open(live.url)
+        _wait_ready(page)
+        _search(page, WEAK_TEXT, k=5)
+        _wait_heading(page, "Top 5 photos for")
+        assert page.inner_text("#results .no-strong") == f"No strong match for “{WEAK_TEXT}”. These are the closest."
+        assert page.eval_on_selector("#results", "e => [...e.childNodes].map(n => n.nodeName)") == ["H2", "P", "UL",
+                                                                                                     "NAV"]
+        assert page.locator(".hit.strong").count() == 0
+        page.click("#next")
+        _wait_heading(page, "Photos 6–10 for")
+        assert page.locator("#results .no-strong").count() == 0
+        _search(page, STRONG_TEXT)
+        _wait_heading(page, f"Top 5 photos for “{STRONG_TEXT}”")
+        assert page.locator("#results .no-strong").count() == 0
+        assert page.eval_on_selector_all(".hit.strong", "els => els.map(e => e.dataset.id)") == ["0"]
+        assert page.inner_text(".hit.strong .strong") == "strong match"
+        assert page.get_attribute(".hit.strong", "aria-label").endswith(", strong match: show it larger")
 
 
 # --- phone and desktop, light and dark; the search box's limits -------------------------------------------------------

@@ -38,11 +38,12 @@ const FIELD_NAMES = { text: "Search text", k: "Per page", offset: "Page", min_sc
                       taken_after: "Taken after", taken_before: "Taken before", media: "Show", subtract: "Leave out",
                       image_id: "Gallery item", image: "Image" };
 
+// strong: the relevance at which a hit is a strong match (/readyz's strong_relevance; null: hits have no relevance)
 const config = { ready: false, decoder: false, keyRequired: false, maxK: 100, maxText: 1000, images: null,
-                 videos: null };
+                 videos: null, strong: null };
 let action = null;            // AbortController of the search whose results the page is waiting for
 let releases = [];            // revoke() of every blob: URL the results show
-let shown = null;             // the results on screen: {query, hits, more}
+let shown = null;             // the results on screen: {query, hits, more, strongMatch}
 let detailAction = null;
 let detailIndex = -1;         // the result the detail view shows: its index in shown.hits
 let quietClose = false;       // the detail view closes for a new search, or because the URL says so
@@ -197,6 +198,7 @@ function configure(ready) {
   config.maxText = ready.max_text_chars || config.maxText;
   config.images = ready.images;
   config.videos = ready.videos;
+  config.strong = ready.strong_relevance ?? null;
   el.query.maxLength = config.maxText;
   el.paraphraseText.maxLength = config.maxText;
   fillK(config.maxK);
@@ -427,24 +429,26 @@ function similarForm(query, perPage, offset) {
   return form;
 }
 
-// `perPage` results of `query` from `offset` on
+// `perPage` results of `query` from `offset` on: the API's answer, {results, strong_match}
 async function fetchHits(query, perPage, offset, signal) {
   const page = { k: perPage, offset, ...query.options };
   const body = query.kind === "text" ? { json: { text: query.text, ...page }, signal }
     : query.kind === "like" ? { json: { image_id: query.id, ...page }, signal }
     : { form: similarForm(query, perPage, offset), signal };
-  return (await requestJSON("v1/search/images", body)).results;
+  return requestJSON("v1/search/images", body);
 }
 
 // Whether results follow this page's: one more than the page is asked for (or, at the largest k, the next one).
+// strongMatch: whether one of them is a strong match (the one past the page never is unless one shown is: hits
+// come best first); null when the index gives no relevance.
 async function page(query, signal) {
   const ask = Math.min(query.k + 1, config.maxK);
-  const results = await fetchHits(query, ask, query.offset, signal);
+  const { results, strong_match: strongMatch = null } = await fetchHits(query, ask, query.offset, signal);
   let more = results.length > query.k;
   if (ask === query.k && results.length === query.k) {
-    more = (await fetchHits(query, 1, query.offset + query.k, signal)).length > 0;
+    more = (await fetchHits(query, 1, query.offset + query.k, signal)).results.length > 0;
   }
-  return { hits: results.slice(0, query.k), more };
+  return { hits: results.slice(0, query.k), more, strongMatch };
 }
 
 function searching(query) {
@@ -458,9 +462,9 @@ async function search(query, { history = "push", reveal = true, open = null } = 
   setURL(urlOf(query), history);
   const signal = begin(searching(query));
   try {
-    const { hits, more } = await page(query, signal);
+    const { hits, more, strongMatch } = await page(query, signal);
     if (signal.aborted) return;
-    shown = { query, hits, more };
+    shown = { query, hits, more, strongMatch };
     renderImages(shown, signal);
     end(signal);
     if (reveal) {
@@ -509,6 +513,14 @@ function heading({ query, hits, more }) {
   return `${more ? "Top " : ""}${n} ${many} ${what}`;
 }
 
+// The first page of results without a strong match says so: they are only the closest items.
+function noStrongMatch({ query, hits, strongMatch }) {
+  if (strongMatch !== false || query.offset || !hits.length) return null;
+  return h("p", { class: "note no-strong", text: `No strong match ${subject(query, hits)}. These are the closest.` });
+}
+
+const isStrong = (hit) => config.strong !== null && typeof hit.relevance === "number" && hit.relevance >= config.strong;
+
 // a page that mixes photos and moments says how many of each
 function breakdown(hits) {
   const moments = hits.filter(isMoment).length;
@@ -539,6 +551,9 @@ function cardFacts(hit) {
   return [
     isMoment(hit) ? h("span", { class: "moment", text: `▶ ${momentText(hit)}` }) : null,
     h("span", { class: "score", text: score(hit.score) }),
+    isStrong(hit) ? h("span", { class: "strong", text: "strong match",
+                                title: `scores above ${(hit.relevance * 100).toFixed(1)}% of typical photos` })
+      : null,
     hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null,
   ];
 }
@@ -546,9 +561,11 @@ function cardFacts(hit) {
 function card(hit, index) {
   const img = h("img", { alt: title(hit), width: 160, height: 160 });
   const where = hit.folder && hit.folder !== "." ? `${hit.folder}/` : "";
+  const strong = isStrong(hit) ? ", strong match" : "";
   const button = h("button", {
-    type: "button", class: isMoment(hit) ? "hit video" : "hit", "data-id": String(hit.id), title: where + title(hit),
-    "aria-label": `${title(hit)}, score ${score(hit.score)}: ${isMoment(hit) ? "play it" : "show it larger"}`,
+    type: "button", class: ["hit", isMoment(hit) ? "video" : null, strong ? "strong" : null].filter(Boolean).join(" "),
+    "data-id": String(hit.id), title: where + title(hit),
+    "aria-label": `${title(hit)}, score ${score(hit.score)}${strong}: ${isMoment(hit) ? "play it" : "show it larger"}`,
   }, img, h("span", { class: "name", text: displayName(hit) }), h("span", { class: "facts" }, ...cardFacts(hit)));
   button.addEventListener("click", () => openDetail(index));
   return button;
@@ -569,7 +586,8 @@ function renderImages(results, signal) {
   const pageNumber = `page ${Math.floor(query.offset / query.k) + 1}`;
   const pager = hits.length || query.offset
     ? h("nav", { class: "pager", "aria-label": "Result pages" }, previous, h("span", { text: pageNumber }), next) : null;
-  el.results.replaceChildren(...[h("h2", { text: heading(results) }), breakdown(hits), grid, pager].filter(Boolean));
+  el.results.replaceChildren(...[h("h2", { text: heading(results) }), breakdown(hits), noStrongMatch(results), grid,
+                                 pager].filter(Boolean));
 }
 
 // --- a result, larger: nearest captions, open original, more like this, ←/→ --------------------------------------------
@@ -614,7 +632,8 @@ function facts(hit) {
   const parts = [hit.folder && hit.folder !== "." ? `in ${hit.folder}` : null,
                  hit.taken ? `taken ${hit.taken.slice(0, 10)}` : null,
                  hit.width && hit.height ? `${hit.width} × ${hit.height}` : null,
-                 `score ${score(hit.score)}`];
+                 `score ${score(hit.score)}`,
+                 typeof hit.relevance === "number" ? `relevance ${score(hit.relevance)}` : null];
   return parts.filter(Boolean).join(" · ");
 }
 

@@ -19,22 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from training.inference.embed import embed_texts
-from training.models.concepts import ConceptHead
+from training.models.concepts import ConceptHead, class_names, class_sentences
 from training.models.model import JointEmbedding
 
 HELD_OUT_EVERY = 6      # every sixth training photo is held out of the k-means, to place r₀
-
-
-def class_names() -> list[str]:
-    """ImageNet-1k's classes in the classifiers' order, each by its first name ("tabby", "space shuttle")."""
-    from timm.data import ImageNetInfo
-
-    info = ImageNetInfo()
-    return [info.index_to_description(i).split(",")[0].strip() for i in range(1000)]
-
-
-def class_sentences(names: Sequence[str], template: str) -> list[str]:
-    return [template.format(name) for name in names]
 
 
 @torch.no_grad()

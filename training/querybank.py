@@ -37,7 +37,7 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
     texts, records = sample(dataset, captions, images, seed)
     head = getattr(model, "concepts", None)
     if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/concepts.py)
-        from training.concepts import class_names, class_sentences
+        from training.models.concepts import class_names, class_sentences
 
         texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)
     vectors = torch.zeros(0, model.cfg.model.embed_dim)

@@ -21,13 +21,25 @@ An unfitted head is the identity.
 """
 from __future__ import annotations
 
-from typing import cast
+from typing import Sequence, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config_schema import ConceptsSection
+
+
+def class_names() -> list[str]:
+    """ImageNet-1k's classes in the classifiers' order, each by its first name ("tabby", "space shuttle")."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    return [info.index_to_description(i).split(",")[0].strip() for i in range(1000)]
+
+
+def class_sentences(names: Sequence[str], template: str) -> list[str]:
+    return [template.format(name) for name in names]
 
 
 class ConceptHead(nn.Module):

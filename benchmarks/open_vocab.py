@@ -1,0 +1,367 @@
+"""Open-vocabulary search, measured: rows of ``benchmarks/results/open_vocab.json`` (rendered into
+docs/benchmarks.md by benchmarks/tables.py).
+
+    python benchmarks/open_vocab.py served --model shipped=training/pretrained/flickr8k.pt \
+        --imagenet ../shared/datasets/imagenet-samples --work /tmp/ov
+    python benchmarks/open_vocab.py levers --model training/pretrained/flickr8k.pt \
+        --imagenet ../shared/datasets/imagenet-samples --flickr8k ../shared/datasets/flickr8k --work /tmp/ov
+
+* ``served`` — as a user gets it: ``jointspace index build`` with its defaults (the bank the model carries,
+  ``--tta flip-crop``), timed, then searched through the index (index/gallery.py, what the HTTP routes call):
+  the ImageNet sample photos (one per class) against the 1,000 class sentences "a photo of a {first name}." as
+  the caption corpus — image → sentence top-1/top-5 (each photo's stored vector searched in the captions; a
+  sentence that reads the same as the right one counts, as two classes share a first name) and sentence → image
+  R@1/R@5 — and the gallery of ``make demo``: how many of its 20 photo captions find their photo first among its
+  photos, and two queries a new user types. Flickr8k dev as served is benchmarks/flickr8k_levers.py
+  ``--through-index`` (its own results file).
+* ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/concepts.py) and
+  ranked with QB-Norm exactly as a built index ranks (tests/test_querybank.py holds the index to these numbers),
+  on backbone features computed once under ``--work`` (the views of ``--tta flip-crop``, averaged, for the
+  galleries, Flickr8k dev's too unless ``--dev-one-view``; one view for the training photos): ImageNet, the demo's
+  20 captions and Flickr8k dev, with what each
+  setting costs (the head's time per photo, the model file's size).
+
+A row with the same name is replaced. Select on dev only: the test split is never read here.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "benchmarks" / "results" / "open_vocab.json"
+JOINTSPACE = [sys.executable, "-m", "service.cli"]
+TEMPLATE = "a photo of a {}."            # the headline row's class sentence (issue 45)
+USER_QUERIES = {"a cup of coffee": "coffee.jpg", "a rocket": "rocket.jpg"}
+
+
+def hardware() -> str:
+    from benchmarks.flickr8k_levers import hardware as hw
+
+    return hw()
+
+
+def commit() -> str:
+    from benchmarks.flickr8k_levers import commit as c
+
+    return c()
+
+
+def save_rows(kind: str, rows: list[dict]) -> None:
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    kept = [r for r in data.get(kind, []) if r["name"] not in {row["name"] for row in rows}]
+    data[kind] = kept + rows
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def demo_truth() -> list[tuple[str, str]]:
+    """The demo corpus's 20 photo captions, each with its photo's file name (index/samples.py writes the captions
+    of each photo in the order of SAMPLES: two for each of the first six photos, then one)."""
+    from index.samples import CAPTIONS, SAMPLES
+
+    lines = CAPTIONS.splitlines()[:20]
+    owners = [s.name for s in SAMPLES[:6] for _ in range(2)] + [s.name for s in SAMPLES[6:]]
+    if len(owners) != len(lines):
+        raise ValueError("the demo's captions and photos no longer pair up as demo_truth reads them")
+    return list(zip(lines, owners))
+
+
+def imagenet_classes(root: Path) -> list[tuple[str, str]]:
+    """(file, first class name) per photo, in classes.tsv's order."""
+    rows = (root / "classes.tsv").read_text().splitlines()[1:]
+    return [(line.split("\t")[0], line.split("\t")[3].split(",")[0].strip()) for line in rows]
+
+
+def build(model: Path, out: Path, images: Path, captions: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([*JOINTSPACE, "index", "build", "--model", str(model), "--images", str(images), "--captions",
+                    str(captions), "--out", str(out)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def name_ids(gallery) -> dict[str, int]:
+    return {Path(row.path).name: row.id for row in gallery.meta.all_images()}
+
+
+def served(args) -> int:
+    from index.embed import embed_texts
+    from index.gallery import Gallery
+    from index.query import ImageFilter
+    from training.models.checkpoint import load_model
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    samples = work / "samples"
+    if not (samples / "captions.txt").exists():
+        subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples)], check=True, cwd=REPO,
+                       stdout=subprocess.DEVNULL)
+    root = Path(args.imagenet)
+    classes = imagenet_classes(root)
+    sentences = [TEMPLATE.format(name) for _, name in classes]
+    corpus = work / "imagenet_sentences.txt"
+    corpus.write_text("\n".join(sentences) + "\n")
+    rows = []
+    for spec in args.model:
+        name, _, path = spec.rpartition("=")
+        name, path = name or Path(path).stem, Path(path)
+        model = load_model(path)
+        row: dict = {"name": name, "model": str(path), "model_mb": round(path.stat().st_size / 1e6, 1)}
+        # the demo gallery
+        demo_index = work / f"demo-{name}"
+        build(model=path, out=demo_index, images=samples / "photos", captions=samples / "captions.txt")
+        gallery = Gallery.load(demo_index, model=model)
+        try:
+            ids, photos = name_ids(gallery), ImageFilter(media="photo")
+            truth = demo_truth()
+            queries = embed_texts(model, [t for t, _ in truth] + list(USER_QUERIES), progress=False)
+            hits = gallery.search_images(queries, 1, flt=photos)
+            found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
+            row["demo_first"] = int(sum(found))
+            row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
+            row["user_queries"] = {q: bool(h) and h[0][0] == ids[photo]
+                                   for h, (q, photo) in zip(hits[len(truth):], USER_QUERIES.items())}
+        finally:
+            gallery.close()
+        # ImageNet samples
+        inet_index = work / f"imagenet-{name}"
+        seconds = build(model=path, out=inet_index, images=root / "images", captions=corpus)
+        row["index_s_per_photo"] = round(seconds / len(classes), 3)
+        gallery = Gallery.load(inet_index, model=model)
+        try:
+            ids = name_ids(gallery)
+            truth_ids = np.array([ids[f] for f, _ in classes])
+            texts = {c.id: c.text for c in gallery.meta.captions(gallery.meta.caption_ids()).values()}
+            vectors = np.stack([gallery.image_vector(int(i)) for i in truth_ids])
+            i2t = []
+            for hits, sentence in zip(gallery.search_captions(vectors, 5), sentences):
+                ranked = [texts[c] for c, _ in hits]
+                i2t.append(ranked.index(sentence) + 1 if sentence in ranked else 99)
+            t2i = []
+            queries = embed_texts(model, sentences, progress=False)
+            for hits, want in zip(gallery.search_images(queries, 5), truth_ids):
+                ranked = [i for i, _ in hits]
+                t2i.append(ranked.index(int(want)) + 1 if int(want) in ranked else 99)
+        finally:
+            gallery.close()
+        i2t_a, t2i_a = np.array(i2t), np.array(t2i)
+        row.update({"imagenet_i2t_top1": round(100 * float(np.mean(i2t_a <= 1)), 1),
+                    "imagenet_i2t_top5": round(100 * float(np.mean(i2t_a <= 5)), 1),
+                    "imagenet_t2i_r1": round(100 * float(np.mean(t2i_a <= 1)), 1),
+                    "imagenet_t2i_r5": round(100 * float(np.mean(t2i_a <= 5)), 1),
+                    "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()})
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    save_rows("served", rows)
+    return 0
+
+
+# --- levers, on arrays ---------------------------------------------------------------------------------------
+
+def features(model, name: str, paths: list, work: Path, tta: bool) -> np.ndarray:
+    """Pooled backbone features of ``paths`` (the flip-crop views averaged when ``tta``), cached under ``work``."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from training.data.features import ImageFiles
+    from training.data.preprocess import ZOOM, MirroredViews
+
+    out = work / f"features-{name}.npy"
+    if out.exists():
+        return np.load(out)
+    pre = MirroredViews(model.preprocess, zoom=ZOOM) if tta else model.preprocess
+    rows = []
+    with torch.no_grad():
+        for _, pixels in DataLoader(ImageFiles(paths, pre), batch_size=16, num_workers=1):
+            rows.append(model.image_features(pre.normalize(pixels)).float().numpy())
+    feats = np.concatenate(rows)
+    np.save(out, feats)
+    return feats
+
+
+def ranks(scores, truth):
+    """0-based rank of each query's true item (ties counted in the query's favour)."""
+    return (scores > scores.gather(1, truth[:, None])).sum(1)
+
+
+class Arrays:
+    """Everything a lever's rows need that no lever changes: features, caption embeddings, truths."""
+
+    def __init__(self, base, args):
+        import torch
+
+        from training.models.concepts import class_names, class_sentences
+        from training.data.datasets import load_dataset
+        from training.data.features import extract_features
+        from training.inference.embed import embed_texts
+        from training.querybank import sample, sample_indices
+
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        data = load_dataset(args.flickr8k)
+        dev, train = data.split("val"), data.split("train")
+        classes = imagenet_classes(Path(args.imagenet))
+        samples = work / "samples"
+        if not (samples / "captions.txt").exists():
+            subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples)], check=True, cwd=REPO,
+                           stdout=subprocess.DEVNULL)
+        photos = sorted((samples / "photos").glob("*.jpg"))
+        truth = demo_truth()
+        section = base.cfg.querybank
+        bank_captions, _ = sample(train, section.captions, 0, seed=base.cfg.train.seed)
+        self.bank_images = sample_indices(len(train.images), section.images, base.cfg.train.seed + 1)
+
+        def texts(key: str, lines: list[str]):
+            path = work / f"text-{key}.npy"
+            if not path.exists():
+                np.save(path, embed_texts(base, lines).float().cpu().numpy())
+            return torch.from_numpy(np.load(path))
+
+        names = class_names()
+        self.text = {"dev": texts("dev", [c for r in dev.images for c in r.captions]),
+                     "bank": texts("bank", bank_captions),
+                     "classes": texts("classes", [TEMPLATE.format(n) for _, n in classes]),
+                     "bank_classes": texts("bank_classes", class_sentences(names, "a {}")),
+                     "demo": texts("demo", [t for t, _ in truth])}
+        self.features = {
+            "train": torch.from_numpy(np.array(extract_features(base, [r.path for r in train.images], workers=1))),
+            "dev": torch.from_numpy(features(base, "dev" if args.dev_tta else "dev-one-view",
+                                             [r.path for r in dev.images], work, tta=args.dev_tta)),
+            "imagenet": torch.from_numpy(features(base, "imagenet", [Path(args.imagenet) / "images" / f
+                                                                      for f, _ in classes], work, tta=True)),
+            "demo": torch.from_numpy(features(base, "demo", photos, work, tta=True))}
+        self.dev_owner = torch.tensor([i for i, r in enumerate(dev.images) for _ in r.captions])
+        self.demo_owner = torch.tensor([[p.name for p in photos].index(photo) for _, photo in truth])
+
+
+def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
+    """``bank``: ``none`` (raw cosine), ``captions`` (the bank's training captions and images), ``classes`` (and a
+    sentence per ImageNet class among its captions)."""
+    import torch
+
+    from training.models.hubness import item_offsets
+
+    with torch.no_grad():
+        emb = {k: model.embed_features(v.float()).float() for k, v in arrays.features.items() if k != "train"}
+        bank_img = model.embed_features(arrays.features["train"][arrays.bank_images].float()).float()
+        start = time.perf_counter()
+        model.embed_features(arrays.features["imagenet"].float())
+        head_ms = 1000 * (time.perf_counter() - start) / len(arrays.features["imagenet"])
+    bank_cap = torch.cat([arrays.text["bank"], arrays.text["bank_classes"]]) if bank == "classes" else \
+        arrays.text["bank"]
+    beta = 20.0
+
+    def offsets(bank_vectors, items):
+        return torch.zeros(len(items)) if bank == "none" else item_offsets(bank_vectors, items, beta)
+
+    def t2i(captions, images, owner):
+        return ranks(captions @ images.t() - offsets(bank_cap, images)[None], owner)
+
+    out: dict = {"head_ms_per_photo": round(head_ms, 3)}
+    dev_t2i = t2i(arrays.text["dev"], emb["dev"], arrays.dev_owner)
+    s = emb["dev"] @ arrays.text["dev"].t() - offsets(bank_img, arrays.text["dev"])[None]
+    own = torch.where(arrays.dev_owner[None] == torch.arange(len(s))[:, None], s, torch.tensor(float("-inf")))
+    dev_i2t = (s > own.max(1).values[:, None]).sum(1)
+    recall = [round(100 * float((r < k).float().mean()), 1) for r in (dev_i2t, dev_t2i) for k in (1, 5, 10)]
+    out["dev_i2t"], out["dev_t2i"], out["dev_rsum"] = recall[:3], recall[3:], round(sum(recall), 1)
+    n = len(emb["imagenet"])
+    classes = arrays.text["classes"]
+    s = emb["imagenet"] @ classes.t() - offsets(bank_img, classes)[None]
+    r = ranks(s, torch.arange(n))
+    out["imagenet_i2t_top1"], out["imagenet_i2t_top5"] = (round(100 * float((r < k).float().mean()), 1)
+                                                          for k in (1, 5))
+    r = t2i(classes, emb["imagenet"], torch.arange(n))
+    out["imagenet_t2i_r1"], out["imagenet_t2i_r5"] = (round(100 * float((r < k).float().mean()), 1) for k in (1, 5))
+    out["demo_first"] = int((t2i(arrays.text["demo"], emb["demo"], arrays.demo_owner) == 0).sum())
+    return out
+
+
+FIXED = {"quantile": 0.999999, "temperature": 1e6}      # r₀ above every photo, τ huge: σ(·) = 0.5 for all
+LEVERS: list[tuple[str, str, dict | None, str]] = [
+    # name, what it is, concepts overrides (None: no concept head), the query bank (lever_metrics)
+    ("no concepts, no correction", "the model without a concept head, raw cosine scores", None, "none"),
+    ("no concepts", "the model without a concept head, its bank as trained", None, "captions"),
+    ("no concepts, class sentences in the bank", "the bank's captions plus 'a {name}' per class", None, "classes"),
+    ("gated, w 0.75 (default)", "ConSE top 5, gate w 0.75, r0 at the 10 % quantile, tau 0.5 x spread", {},
+     "classes"),
+    ("gated, bank without class sentences", "the default head, the bank's captions only", {}, "captions"),
+    ("gated, no correction", "the default head, raw cosine scores", {}, "none"),
+    ("fixed 0.25", "no gate: every photo gets 0.25 c(x)", {**FIXED, "weight": 0.5}, "classes"),
+    ("fixed 0.5", "no gate: every photo gets 0.5 c(x)", {**FIXED, "weight": 1.0}, "classes"),
+    ("gated, w 0.5", "", {"weight": 0.5}, "classes"),
+    ("gated, w 1.0", "", {"weight": 1.0}, "classes"),
+    ("gated, r0 at 5 %", "", {"quantile": 0.05}, "classes"),
+    ("gated, r0 at 20 %", "", {"quantile": 0.2}, "classes"),
+    ("gated, tau 0.25 x spread", "", {"temperature": 0.25}, "classes"),
+    ("gated, tau 1.0 x spread", "", {"temperature": 1.0}, "classes"),
+    ("gated, top 10", "", {"top_k": 10}, "classes"),
+    ("gated, top 1", "", {"top_k": 1}, "classes"),
+    ("gated, 3 templates", "'a photo of a {}.', 'a {}', 'a close-up photo of a {}.' averaged",
+     {"templates": ["a photo of a {}.", "a {}", "a close-up photo of a {}."]}, "classes"),
+]
+
+
+def levers(args) -> int:
+    from training.concepts import fit, with_concepts
+    from training.models.checkpoint import load_model
+
+    base = load_model(args.model)
+    if base.concepts is not None:
+        raise SystemExit("levers starts from a model without a concept head (it fits one per lever)")
+    arrays = Arrays(base, args)
+    rows = []
+    for name, what, overrides, bank in LEVERS:
+        if args.only and name not in args.only:
+            continue
+        model = base
+        if overrides is not None:
+            model = with_concepts(base, overrides)
+            fit(model, arrays.features["train"].numpy(), log=lambda *_: None)
+        size = None
+        with tempfile.TemporaryDirectory() as tmp:
+            if overrides is not None:
+                from training.models.checkpoint import save_slim
+
+                save_slim(model, Path(tmp) / "m.pt", half=True)
+                size = round((Path(tmp) / "m.pt").stat().st_size / 1e6, 1)
+        row = {"name": name, "lever": what or json.dumps(overrides), **lever_metrics(model, arrays, bank),
+               "dev_views": "flip-crop" if args.dev_tta else "one",
+               "model_mb_half": size, "hardware": hardware(), "date": dt.date.today().isoformat(),
+               "commit": commit()}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    save_rows("levers", rows)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    s = sub.add_parser("served", help="index build with its defaults, then searches through the index")
+    s.add_argument("--model", action="append", required=True, metavar="[NAME=]PATH", help="a model.pt (repeatable)")
+    s.add_argument("--imagenet", required=True, help="the ImageNet sample photos' folder (classes.tsv, images/)")
+    s.add_argument("--work", required=True, help="a scratch folder (indexes, the sample photos)")
+    s.set_defaults(func=served)
+    lv = sub.add_parser("levers", help="the concept head's settings on arrays")
+    lv.add_argument("--model", required=True, help="a model.pt without a concept head")
+    lv.add_argument("--imagenet", required=True)
+    lv.add_argument("--flickr8k", required=True)
+    lv.add_argument("--work", required=True, help="a scratch folder (features, caption embeddings)")
+    lv.add_argument("--only", action="append", help="only the lever of this name (repeatable)")
+    lv.add_argument("--dev-one-view", dest="dev_tta", action="store_false",
+                    help="Flickr8k dev's photos in one view (a quarter of the feature time), not flip-crop's four")
+    lv.set_defaults(func=levers)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

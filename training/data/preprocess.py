@@ -64,17 +64,29 @@ class Preprocess:
         return self._views(_rgb(image))
 
     def _views(self, image: Image.Image) -> torch.Tensor:
+        return self._cut(self._resized(image))
+
+    def _resized(self, image: Image.Image) -> Image.Image:
+        """The image with its shorter side resized to what the crops are cut from."""
         check_geometry(image.size, self.min_side)         # before the resize: it cannot grow past the limits
+        return TF.resize(image, self.resize, antialias=True)
+
+    def _cut(self, resized: Image.Image) -> torch.Tensor:
+        """The crops of a :meth:`_resized` image, uint8 ``(crops, 3, S, S)``."""
         if self.crops == 1:
-            side = self.resize if self.resize != self.image_size else self.image_size
-            image = TF.resize(image, side, antialias=True)
-            views = [TF.center_crop(image, self.image_size)]
+            views = [TF.center_crop(resized, self.image_size)]
         else:
-            image = TF.resize(image, self.resize, antialias=True)
-            views = list(TF.five_crop(image, self.image_size))
+            views = list(TF.five_crop(resized, self.image_size))
             if self.crops == 10:
                 views += [TF.hflip(v) for v in views]
         return torch.stack([TF.pil_to_tensor(v) for v in views])
+
+    def mirrored_views(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`pixels` of the image and of its mirror image, resized once: the resize and the mirror commute
+        (Pillow's filters are symmetric; tests/test_mirrored_views.py checks it bit for bit), so the mirror image's
+        crops are cut from the resized image mirrored."""
+        resized = self._resized(_rgb(image))
+        return self._cut(resized), self._cut(ImageOps.mirror(resized))
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 ``(..., 3, S, S)`` → float, normalised with the backbone's mean/std."""
@@ -144,6 +156,17 @@ class StackedPreprocess:
         for i, m in enumerate(self.members):
             out[:, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = m._views(image)
         return out
+
+    def mirrored_views(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`pixels` of the image and of its mirror image, each member resizing once
+        (:meth:`Preprocess.mirrored_views`)."""
+        side = self.image_size
+        image = _rgb(image)
+        out = torch.zeros(2, self.crops, self.channels, side, side, dtype=torch.uint8)
+        for i, m in enumerate(self.members):
+            for j, views in enumerate(m.mirrored_views(image)):
+                out[j, :, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = views
+        return out[0], out[1]
 
     def split(self, stacked: torch.Tensor, groups: Sequence[int] | None = None) -> list[torch.Tensor]:
         """``(..., 3k, S, S)`` → each member's ``(..., 3, S_i, S_i)`` (uint8 pixels or normalised images).
@@ -224,10 +247,11 @@ class MirroredViews:
         return max(b.min_side for b in self._bases)
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
-        # mirror the image, not the tensor: a stacked preprocess keeps each member's view in the top-left corner
+        # each base resizes the image once for its views and their mirror images (mirrored_views); the mirror is
+        # taken of the resized image, not of the tensor: a stacked preprocess keeps each member's view in the
+        # top-left corner, and a centre crop is not always centred to the pixel
         image = _rgb(image)
-        mirror = ImageOps.mirror(image)
-        return torch.cat([b.pixels(im) for b in self._bases for im in (image, mirror)])
+        return torch.cat([v for b in self._bases for v in b.mirrored_views(image)])
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.base.normalize(pixels)

@@ -19,6 +19,10 @@ DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
+BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
+BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
+                "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
+                "(env JOINTSPACE_BACKEND; docs/index.md)")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +120,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--media", choices=["photo", "video"],
                    help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     s.add_argument("--json", action="store_true",
                    help="print the results as JSON (ids, scores, relevance, absolute paths, capture times, "
                         "folders, moments; whether one is a strong match) instead of a table")
@@ -140,6 +145,7 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
     p.add_argument("--no-default-excludes", action="store_true",
                    help="also index .thumbnails, @eaDir and hidden files and folders")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     p.add_argument("--batch-size", type=int, default=64,
                    help="image views per forward pass (default 64: 16 photos under --tta flip-crop, 32 under flip)")
     p.add_argument("--workers", type=int, default=None,
@@ -249,12 +255,17 @@ def read_index(root: str | Path) -> dict:
 
 
 def _load(args):
+    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py)."""
     from training.models.checkpoint import load_model
+    from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
 
     path = model_file(args.model)
     device = resolve_device(args.device)
-    return load_model(path, device), device
+    backend = backend_choice(getattr(args, "backend", None))      # an unknown JOINTSPACE_BACKEND: before the load
+    model = load_model(path, device)
+    use_backend(model, backend)
+    return model, device
 
 
 def cmd_build(args) -> int:

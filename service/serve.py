@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from index.cli import BACKENDS                  # the parser is built without torch (index/cli.py's copy)
+
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "
                                    "(see service/settings.py and docs/service.md).")
@@ -21,6 +23,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="bind address (env JOINTSPACE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env JOINTSPACE_PORT, default 8000)")
     p.add_argument("--device", help="auto | cpu | cuda (env JOINTSPACE_DEVICE)")
+    p.add_argument("--backend", choices=BACKENDS, help="what runs the image backbones: auto (OpenVINO, else ONNX "
+                                                       "Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
+                                                       "openvino-bf16 or onnxruntime (env JOINTSPACE_BACKEND)")
     p.add_argument("--no-batching", dest="batching", action="store_const", const=False,
                    help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
     p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")

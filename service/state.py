@@ -24,6 +24,7 @@ from training.data.preprocess import register_heif
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
+from training.inference.backend import use_backend
 from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
 from training.inference.shapes import Shapes
@@ -76,6 +77,7 @@ class ServiceState:
         self.error: str | None = None
         self.phase = "loading"              # loading → warming up → ready (or the error)
         self.warmup_seconds: float | None = None
+        self.backend = "eager"              # what runs the image backbones, once loaded (training/inference/backend.py)
         self.device = resolve_device(settings.device)
         max_batch = settings.max_batch if settings.batching else 1
         self.shapes: Shapes | None = resolve_shapes(settings.batch_sizes if settings.batching else "1", max_batch,
@@ -210,6 +212,9 @@ class ServiceState:
             else:
                 self.model = self.model.to(self.device).eval()
             model = self.model
+            # the image tower's backend (OpenVINO / ONNX Runtime on a CPU): converted, or read from its cache, before
+            # the warm-up, so that the warm-up and every request run on it
+            self.backend = await loop.run_in_executor(self.compute_pool, use_backend, model, self.settings.backend)
             gallery = self.gallery
             if gallery is None:
                 if not self.settings.index:
@@ -230,9 +235,9 @@ class ServiceState:
             sizes = self.warmup_sizes()
             self.phase = "warming up"
             self.warmup_seconds = await loop.run_in_executor(self.compute_pool, engine.warm_up, sizes)
-            log.info("warm-up: batch sizes %s of the text and image searches in %.1f s (device %s, search backend "
-                     "%s)", ",".join(map(str, sizes)) or "none", self.warmup_seconds, self.device,
-                     gallery.images.backend)
+            log.info("warm-up: batch sizes %s of the text and image searches in %.1f s (device %s, image backend "
+                     "%s, search backend %s)", ",".join(map(str, sizes)) or "none", self.warmup_seconds, self.device,
+                     self.backend, gallery.images.backend)
             self.engine = engine
             self.phase = "ready"
             self._count_vectors(gallery)

@@ -13,6 +13,11 @@
   training/data/sources.py: cached backbone features, pixels or files) and its captions → embeddings;
   :func:`fine_embed_split` their regions and words (region attention).
 
+The backbone features of :func:`embed_pixels` and :func:`pixel_features` (and so of every image the index, the
+service, query by example and video frames embed) come from the image tower's inference backend
+(:func:`backend.tower_features`: OpenVINO or ONNX Runtime on a CPU once ``backend.use_backend`` attached one, else
+the model's own forward pass); the rest of the model runs in PyTorch over exactly those features.
+
 Autocast policy for inference (:func:`inference_autocast`): on CUDA, bf16 autocast unless the model's config
 says ``train.amp: off`` (a model trained in float32 is run in float32; an ensemble runs in bf16 only when every
 member allows it); on CPU, float32. The projection's BatchNorm normalises in float32 either way
@@ -38,6 +43,7 @@ from training.models.attention import embed_words
 from training.models.config_schema import RunConfig
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
+from .backend import tower_features
 from .shapes import Shapes, plan
 
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
@@ -96,13 +102,15 @@ def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, 
 @torch.no_grad()
 def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` (``model.preprocess.pixels``, stacked) → image embeddings ``(B, E)``,
-    float32 on the model's device, every forward pass at a bucket size of ``shapes`` when given. The caller puts
-    the model in eval mode."""
+    float32 on the model's device, every forward pass at a bucket size of ``shapes`` when given: the backbone
+    features from the model's inference backend (:func:`backend.tower_features`), the rest in PyTorch. The caller
+    puts the model in eval mode."""
     device = device_of(model)
 
     def run(batch: torch.Tensor) -> torch.Tensor:
         with inference_autocast(model, device):
-            return model.embed_images(model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
+            images = model.preprocess.normalize(batch.to(device, non_blocking=True))
+            return model.embed_features(tower_features(model, images)).float()
     return _bucketed(run, pixels, shapes)
 
 
@@ -230,12 +238,13 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
 @torch.no_grad()
 def pixel_features(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` → backbone features ``(B, D)``, float32 on the model's device (what
-    query composition starts from); at the bucket sizes of ``shapes`` when given."""
+    query composition starts from), from the model's inference backend (:func:`backend.tower_features`); at the
+    bucket sizes of ``shapes`` when given."""
     device = device_of(model)
 
     def run(batch: torch.Tensor) -> torch.Tensor:
         with inference_autocast(model, device):
-            return model.image_features(model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
+            return tower_features(model, model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
     return _bucketed(run, pixels, shapes)
 
 

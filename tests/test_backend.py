@@ -1,0 +1,372 @@
+"""The image tower's inference backend (training/inference/backend.py): features equal to eager PyTorch's (float32
+closely, bf16 loosely) and everything above the backbones fed exactly the backend's features; the fallback to
+eager on any failure, in one log line; the cache keyed by the tower's fingerprint; the flag and the environment
+variable; and the indexer, query by example, video frames and the service's image routes running on it."""
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from index.gallery import Gallery
+from index.video import write_video
+from service.cli import build_parser
+from service.cli import main as cli_main
+from training.config import build_config
+from training.data.preprocess import ZOOM, MirroredViews
+from training.data.vocab import Vocabulary
+from training.inference import backend as backend_mod
+from training.inference.backend import (BACKENDS, Backend, attached, backend_choice, backend_of, eager_reason,
+                                        use_backend)
+from training.inference.embed import embed_pixels, pixel_features
+from training.models.checkpoint import load_model, save_model
+from training.models.ensemble import EnsembleEmbedding
+from training.models.model import build_model
+
+from conftest import tiny_config
+
+FLOAT32 = ("openvino", "onnxruntime")
+
+
+def lite0_model(seed: int = 0):
+    """EfficientNet-Lite0 (its shipped ImageNet weights) at 64 px under a small text tower: a frozen pretrained
+    backbone, what a backend runs, converted in seconds."""
+    torch.manual_seed(seed)
+    cfg = build_config({"image": {"backbone": "efficientnet_lite0", "image_size": 64, "resize": 72},
+                        "text": {"encoder": "gru", "word_dim": 16, "hidden": 32}, "model": {"embed_dim": 32}})
+    return build_model(cfg, Vocabulary.build(["a red circle", "a blue square"])).eval()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("backends")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return lite0_model()
+
+
+@pytest.fixture(scope="module")
+def pixels():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 256, (5, 1, 3, 64, 64), dtype=torch.uint8, generator=g)
+
+
+def _bf16_cpu() -> bool:
+    try:
+        import openvino as ov
+    except ImportError:
+        return False
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+# --- the features ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FLOAT32)
+def test_float32_backends_give_eager_features(model, pixels, cache, name):
+    use_backend(model, "eager")
+    features, embeddings = pixel_features(model, pixels), embed_pixels(model, pixels)
+    try:
+        assert use_backend(model, name, cache) == name and attached(model) == name
+        torch.testing.assert_close(pixel_features(model, pixels), features, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(embed_pixels(model, pixels), embeddings, atol=1e-4, rtol=1e-4)
+    finally:
+        use_backend(model, "eager")
+
+
+@pytest.mark.skipif(not _bf16_cpu(), reason="this CPU has no native bf16 (OpenVINO's BF16 capability)")
+def test_bf16_backend_gives_close_features(model, pixels, cache):
+    use_backend(model, "eager")
+    features, embeddings = pixel_features(model, pixels), embed_pixels(model, pixels)
+    try:
+        assert use_backend(model, "openvino-bf16", cache) == "openvino-bf16"
+        got = pixel_features(model, pixels)
+        assert not torch.equal(got, features)                       # bf16 really: not the float32 numbers
+        assert _cosines(got, features).min() > 0.99
+        assert _cosines(embed_pixels(model, pixels), embeddings).min() > 0.99
+    finally:
+        use_backend(model, "eager")
+
+
+def test_everything_above_the_backbones_reads_exactly_the_backends_features(model, pixels, cache):
+    """The projection (and a concept head, and the normalisation) run in PyTorch over the very numbers the backend
+    computed; the views of a photo are averaged as the model averages them."""
+    assert use_backend(model, "openvino", cache) == "openvino"
+    try:
+        backend = backend_of(model)
+        assert backend is not None
+        features = backend.features(model.preprocess.normalize(pixels))
+        assert torch.equal(pixel_features(model, pixels), features)
+        assert torch.equal(embed_pixels(model, pixels), model.embed_features(features).float())
+        views = torch.stack([MirroredViews(model.preprocess, zoom=ZOOM).pixels(Image.fromarray(
+            np.random.default_rng(i).integers(0, 256, (90, 120, 3), dtype=np.uint8))) for i in range(3)])
+        assert views.shape[1] == 4
+        per_view = backend.features(model.preprocess.normalize(views.flatten(0, 1)))
+        assert torch.allclose(pixel_features(model, views), per_view.view(3, 4, -1).mean(1))
+        use_backend(model, "eager")
+        torch.testing.assert_close(pixel_features(model, views), per_view.view(3, 4, -1).mean(1), atol=1e-3,
+                                   rtol=1e-3)
+    finally:
+        use_backend(model, "eager")
+
+
+def test_an_ensemble_runs_its_members_backbones_as_one_tower(model, pixels, cache):
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.image_proj.apply(lambda m: m.weight.mul_(-1) if isinstance(m, torch.nn.Linear) else None)
+    ensemble = EnsembleEmbedding([model, twin], [1.0, 0.5], ["a", "b"]).eval()
+    expected = embed_pixels(ensemble, pixels)
+    assert use_backend(ensemble, "openvino", cache) == "openvino"
+    torch.testing.assert_close(embed_pixels(ensemble, pixels), expected, atol=1e-4, rtol=1e-4)
+
+
+# --- choosing, falling back -----------------------------------------------------------------------------------
+
+def _backend_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "jointspace.backend" and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("name", ["auto", "openvino", "onnxruntime"])
+def test_a_failed_conversion_falls_back_to_eager_in_one_log_line(model, pixels, tmp_path, monkeypatch, caplog,
+                                                                 name):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the converter broke")
+
+    monkeypatch.setattr(backend_mod, "_convert", broken)
+    expected = embed_pixels(model, pixels)
+    with caplog.at_level(logging.INFO, logger="jointspace.backend"):
+        assert use_backend(model, name, tmp_path) == "eager"
+    lines = _backend_lines(caplog)
+    assert len(lines) == 1 and "the converter broke" in lines[0] and "eager PyTorch" in lines[0], lines
+    assert attached(model) == "eager" and torch.equal(embed_pixels(model, pixels), expected)
+    assert not list(tmp_path.iterdir())                              # nothing half-written is left behind
+
+
+def test_auto_takes_the_next_backend_when_one_does_not_load(model, pixels, tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(__import__("sys").modules, "openvino", None)        # `import openvino` fails
+    with caplog.at_level(logging.INFO, logger="jointspace.backend"):
+        assert use_backend(model, "auto", tmp_path) == "onnxruntime"
+    try:
+        assert not _backend_lines(caplog)
+        assert any("openvino" in r.getMessage() and "onnxruntime" in r.getMessage() for r in caplog.records)
+    finally:
+        use_backend(model, "eager")
+
+
+def test_a_conversion_that_disagrees_with_eager_is_not_kept(model, tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(backend_mod.AGREEMENT, "onnxruntime", 1.5)          # no conversion can agree this well
+    with caplog.at_level(logging.INFO, logger="jointspace.backend"):
+        assert use_backend(model, "onnxruntime", tmp_path) == "eager"
+    assert "disagrees with eager PyTorch" in _backend_lines(caplog)[0] and not list(tmp_path.iterdir())
+
+
+def test_models_a_backend_does_not_run_stay_eager(model, tmp_path, caplog):
+    trained_backbone = build_model(tiny_config(), Vocabulary.build(["a red circle"])).eval()     # smallcnn
+    assert "trains" in eager_reason(trained_backbone)
+    with caplog.at_level(logging.INFO, logger="jointspace.backend"):
+        assert use_backend(trained_backbone, "auto", tmp_path) == "eager"
+        assert not _backend_lines(caplog)                            # auto: eager is the choice, not a failure
+        assert use_backend(trained_backbone, "openvino", tmp_path) == "eager"
+    assert len(_backend_lines(caplog)) == 1 and "trains" in _backend_lines(caplog)[0]
+    assert "runs on meta" in eager_reason(copy.deepcopy(model).to("meta"))      # CUDA alike: not a CPU
+    attention = copy.deepcopy(model)
+    attention.attention = torch.nn.Identity()
+    assert "attention" in eager_reason(attention)
+    assert eager_reason(model) is None and not list(tmp_path.iterdir())
+
+
+# --- the cache ------------------------------------------------------------------------------------------------
+
+def test_the_cache_is_keyed_by_the_towers_fingerprint(model, tmp_path):
+    assert use_backend(model, "openvino", tmp_path) == "openvino"
+    first = backend_of(model)
+    assert first is not None and first.converted and first.path.parent == tmp_path
+    assert use_backend(model, "openvino-bf16" if _bf16_cpu() else "openvino", tmp_path) != "eager"
+    again = backend_of(model)
+    assert again is not None and not again.converted and again.path == first.path     # one IR, either precision
+
+    retrained = copy.deepcopy(model)                                 # the layers above the backbone changed
+    with torch.no_grad():
+        retrained.image_proj.apply(lambda m: m.weight.add_(1) if isinstance(m, torch.nn.Linear) else None)
+    assert use_backend(retrained, "openvino", tmp_path) == "openvino"
+    assert not backend_of(retrained).converted and backend_of(retrained).path == first.path
+
+    changed = copy.deepcopy(model)                                   # another backbone: converted again
+    with torch.no_grad():
+        next(changed.backbone.parameters()).mul_(0.5)
+    assert use_backend(changed, "openvino", tmp_path) == "openvino"
+    assert backend_of(changed).converted and backend_of(changed).path != first.path
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == ["openvino", "openvino"]
+    for m in (model, retrained, changed):
+        use_backend(m, "eager")
+
+
+def test_the_cache_lives_under_jointspace_cache(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path))
+    assert backend_mod.cache_root() == tmp_path / "backends"
+    try:
+        assert use_backend(model, "onnxruntime") == "onnxruntime"
+        assert backend_of(model).path.parent == tmp_path / "backends"
+        assert (backend_of(model).path / "tower.onnx").is_file()
+    finally:
+        use_backend(model, "eager")
+
+
+# --- the flag and the environment variable -------------------------------------------------------------------
+
+def test_the_name_comes_from_the_flag_else_the_environment(monkeypatch):
+    monkeypatch.delenv("JOINTSPACE_BACKEND", raising=False)
+    assert backend_choice(None) == "auto"
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "onnxruntime")
+    assert backend_choice(None) == "onnxruntime" and backend_choice("eager") == "eager"
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "tensorrt")
+    with pytest.raises(ValueError, match=r"unknown inference backend 'tensorrt' \(JOINTSPACE_BACKEND\); known: "
+                                         r"auto, eager, openvino, openvino-bf16, onnxruntime"):
+        backend_choice(None)
+
+
+def test_the_commands_take_backend(monkeypatch, capsys):
+    from index import cli as index_cli
+    from service.settings import Settings
+
+    assert index_cli.BACKENDS == BACKENDS                            # the parser's copy (built without torch)
+    parser = build_parser()
+    for argv in (["index", "build", "--images", "x", "--out", "y"], ["index", "add", "--index", "x"],
+                 ["index", "sync", "--images", "x", "--index", "y"], ["index", "search", "--index", "x", "--text", "a"],
+                 ["serve", "--index", "x"]):
+        assert parser.parse_args([*argv, "--backend", "openvino-bf16"]).backend == "openvino-bf16"
+        assert parser.parse_args(argv).backend is None
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([*argv, "--backend", "tensorrt"])
+        assert exit_info.value.code == 2 and "invalid choice: 'tensorrt'" in capsys.readouterr().err
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "onnxruntime")
+    assert Settings().backend == "onnxruntime"
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "tensorrt")
+    with pytest.raises(ValueError, match="backend"):
+        Settings()
+
+
+def test_an_unknown_backend_in_the_environment_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import training.models.checkpoint as checkpoint
+
+    (tmp_path / "model.pt").write_bytes(b"never read")
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "tensorrt")
+    monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli_main(["index", "build", "--model", str(tmp_path / "model.pt"), "--images", str(tmp_path),
+                     "--out", str(tmp_path / "index")]) == 2
+    err = capsys.readouterr().err
+    assert "jointspace index build: error: unknown inference backend 'tensorrt' (JOINTSPACE_BACKEND)" in err
+
+
+# --- the indexer, query by example, video frames and the service run on it --------------------------------------
+
+@pytest.fixture(scope="module")
+def lite0_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lite0") / "model.pt"
+    save_model(lite0_model(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gallery_folder(synth_small, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("backend_gallery") / "media"
+    folder.mkdir()
+    for p in sorted((synth_small / "images").glob("*.jpg"))[:6]:
+        shutil.copy(p, folder / p.name)
+    rng = np.random.default_rng(0)
+    write_video(folder / "clip.mp4", [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(8)], fps=4)
+    return folder
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many batches of images went through a backend (any), by backend name."""
+    calls: dict[str, int] = {}
+    features = Backend.features
+
+    def spy(self, images):
+        calls[self.name] = calls.get(self.name, 0) + 1
+        return features(self, images)
+    monkeypatch.setattr(Backend, "features", spy)
+    return calls
+
+
+def _vectors(index: Path) -> np.ndarray:
+    gallery = Gallery.load(index)
+    try:
+        return np.stack([gallery.image_vector(r.id) for r in gallery.meta.all_images()])
+    finally:
+        gallery.close()
+
+
+def test_the_indexer_and_query_by_example_run_on_the_backend(lite0_path, gallery_folder, tmp_path, counted, capsys):
+    common = ["--model", str(lite0_path), "--images", str(gallery_folder), "--quiet", "--workers", "0",
+              "--no-querybank"]
+    assert cli_main(["index", "build", *common, "--out", str(tmp_path / "eager"), "--backend", "eager"]) == 0
+    assert not counted
+    assert cli_main(["index", "build", *common, "--out", str(tmp_path / "openvino"), "--backend", "openvino"]) == 0
+    assert counted.get("openvino", 0) >= 2                           # the photos' batches and the video's frames
+    assert "6 images, 1 videos" in capsys.readouterr().out
+    eager, converted = _vectors(tmp_path / "eager"), _vectors(tmp_path / "openvino")
+    assert eager.shape == converted.shape and np.abs(eager - converted).max() < 1e-4
+
+    before = counted["openvino"]
+    photo = next(gallery_folder.glob("*.jpg"))
+    assert cli_main(["index", "search", "--index", str(tmp_path / "openvino"), "--model", str(lite0_path),
+                     "--image", str(photo), "--backend", "openvino", "--json"]) == 0
+    assert counted["openvino"] == before + 1
+    assert cli_main(["index", "add", "--index", str(tmp_path / "openvino"), "--model", str(lite0_path),
+                     str(gallery_folder / "clip.mp4"), "--quiet", "--workers", "0", "--backend", "onnxruntime"]) == 0
+    assert counted.get("onnxruntime", 0) >= 1
+
+
+def test_the_services_image_routes_run_on_the_backend(lite0_path, gallery_folder, tmp_path, counted, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    index = tmp_path / "index"
+    assert cli_main(["index", "build", "--model", str(lite0_path), "--images", str(gallery_folder), "--out",
+                     str(index), "--quiet", "--workers", "0", "--no-querybank", "--backend", "eager"]) == 0
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "openvino")
+    settings = Settings(model=str(lite0_path), index=str(index), reload_interval_s=0)
+    with TestClient(create_app(settings)) as client:
+        for _ in range(1200):
+            if client.get("/readyz").status_code == 200:
+                break
+            time.sleep(0.05)
+        assert client.get("/readyz").status_code == 200
+        warmed = counted.get("openvino", 0)
+        assert warmed >= 1                                           # the warm-up ran on it too
+        photo = next(gallery_folder.glob("*.jpg"))
+        upload = {"image": (photo.name, photo.read_bytes(), "image/jpeg")}
+        assert client.post("/v1/search/captions", files=upload).status_code == 200          # the image route
+        assert counted["openvino"] == warmed + 1
+        assert client.post("/v1/search/images", files=upload, data={"add": "red"}).status_code == 200   # by example
+        assert counted["openvino"] == warmed + 2
+
+
+def test_a_cache_that_cannot_be_written_converts_for_the_process_alone(model, pixels, tmp_path, monkeypatch):
+    monkeypatch.setattr(backend_mod, "_writable", lambda root: False)
+    expected = pixel_features(model, pixels)
+    try:
+        assert use_backend(model, "onnxruntime", tmp_path / "read-only") == "onnxruntime"
+        assert backend_of(model).converted and not backend_of(model).path.exists()     # nothing kept anywhere
+        torch.testing.assert_close(pixel_features(model, pixels), expected, atol=1e-3, rtol=1e-3)
+    finally:
+        use_backend(model, "eager")
+    assert not (tmp_path / "read-only").exists()

@@ -2,8 +2,15 @@
 the raw limit (encoder forward + index search on the same batch sizes, in process, no HTTP).
 
     python benchmarks/service_load.py --model demo/run/model.pt --index demo/index
-    python benchmarks/service_load.py            # no model given: the demo architecture, untrained, on a
+    python benchmarks/service_load.py --index demo/photos-index --backend eager    # make demo's index (the
+                                                 # shipped model), the backbones in eager PyTorch
+    python benchmarks/service_load.py            # no model or index given: the demo architecture, untrained, on a
                                                  # generated gallery (speed does not depend on the weights)
+
+Any index serves: photos and videos (a video's moments are never read as an image: the image queries are the
+gallery's photos, or a frame of each moment when it holds videos only), with or without captions (without, a few
+fixed sentences are the text queries). ``--backend`` picks what runs the image backbones, in the servers and the
+raw limit alike (default: the service's own choice, training/inference/backend.py).
 
 It starts two ``jointspace serve`` subprocesses, batching on and off, and drives them with C concurrent keep-alive
 clients (C = 1, 8, 32, 128), for text search (``POST /v1/search/images``) and image search (``POST
@@ -46,6 +53,7 @@ from service.images import upload_to_pixels  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
 from tests.server_process import spawn  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
+from training.inference.backend import BACKENDS, attached, use_backend  # noqa: E402
 from training.models.model import build_model  # noqa: E402
 from training.models.checkpoint import load_model, save_model  # noqa: E402
 
@@ -87,15 +95,46 @@ def text_requests(texts: list[str], k: int) -> list[bytes]:
             for t in texts]
 
 
-def image_requests(files: list[Path], k: int) -> list[bytes]:
+def image_requests(images: list[tuple[str, bytes]], k: int) -> list[bytes]:
+    """Image search requests, one per ``(file name, bytes)`` of :func:`query_images`."""
     out = []
-    for f in files:
+    for name, data in images:
         boundary = "jointspacebench"
         body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"k\"\r\n\r\n{k}\r\n"
-                f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"{f.name}\"\r\n"
-                f"Content-Type: application/octet-stream\r\n\r\n").encode() + f.read_bytes() + \
+                f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"{name}\"\r\n"
+                f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + \
             f"\r\n--{boundary}--\r\n".encode()
         out.append(http_request("POST", "/v1/search/captions", body, f"multipart/form-data; boundary={boundary}"))
+    return out
+
+
+FALLBACK_TEXTS = ["a dog runs on the grass", "a man rides a bicycle", "two children play on a beach", "a cat"]
+
+
+def query_texts(gallery: Gallery, limit: int = 2000) -> list[str]:
+    """The text queries: the index's own captions (up to ``limit``), else (an index without captions) a few
+    everyday sentences."""
+    texts = [row.text for row in gallery.meta.captions(gallery.meta.caption_ids()[:limit]).values()]
+    return texts or list(FALLBACK_TEXTS)
+
+
+def query_images(gallery: Gallery, limit: int = 256) -> list[tuple[str, bytes]]:
+    """The image queries, ``(file name, bytes)``: the gallery's photos (up to ``limit``); a gallery of videos only
+    gives a JPEG of each moment's first frame instead. A video's rows (its moments) are never read as an image."""
+    import io
+
+    from index.video import frame_at
+
+    rows = gallery.meta.all_images()
+    photos = [Path(r.path) for r in rows if r.video_id is None][:limit]
+    if photos:
+        return [(p.name, p.read_bytes()) for p in photos]
+    out = []
+    for r in rows[:limit]:
+        frame = io.BytesIO()
+        at = r.t_frame if r.t_frame is not None else r.t_start or 0.0
+        frame_at(r.path, at).save(frame, "JPEG", quality=90)
+        out.append((f"{Path(r.path).stem}-{at:.1f}s.jpg", frame.getvalue()))
     return out
 
 
@@ -232,9 +271,11 @@ def ratio(a: float, b: float, fmt: str) -> str:
     return format(a / b, fmt) if b else "—"
 
 
-def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_wait_ms: float) -> tuple:
+def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_wait_ms: float,
+                 backend: str | None = None) -> tuple:
     args = ["--model", str(model), "--index", str(index), "--max-batch", str(max_batch), "--max-wait-ms",
-            str(max_wait_ms), "--log-level", "warning"] + ([] if batching else ["--no-batching"])
+            str(max_wait_ms), "--log-level", "warning"] + ([] if batching else ["--no-batching"]) + \
+        (["--backend", backend] if backend else [])
     return spawn(args)
 
 
@@ -295,7 +336,7 @@ def default_model_and_index(work: Path, images: int) -> tuple[Path, Path, Path]:
     return work / "model.pt", work / "index", data
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--index", type=Path)
@@ -317,26 +358,34 @@ def main() -> int:
                     choices=["retry-after", "backoff"], help="how the overload cell's clients retry after a 503: "
                     "wait exactly Retry-After, or exponential backoff with jitter from Retry-After (one cell each)")
     ap.add_argument("--out", type=Path, help="write all numbers as JSON here")
-    args = ap.parse_args()
+    ap.add_argument("--backend", choices=BACKENDS,
+                    help="what runs the image backbones, in the servers and the raw limit (default: the service's, "
+                         "auto or JOINTSPACE_BACKEND; training/inference/backend.py)")
+    args = ap.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory(prefix="jointspace-bench-")
-    if args.model is None:
+    if args.model is None and args.index is None:
         args.model, args.index, _ = default_model_and_index(Path(tmp.name), 600)
+    elif args.model is None:                            # an index alone: built with the shipped model (make demo's)
+        from training.inference.pretrained import resolve
+
+        args.model = resolve(None)
     model = load_model(args.model)
     gallery = Gallery.load(args.index, model=model)
-    texts = [row.text for row in gallery.meta.captions(gallery.meta.caption_ids()[:2000]).values()]
-    files = [Path(r.path) for r in gallery.meta.images(gallery.meta.image_ids()[:256]).values()]
+    texts = query_texts(gallery)
+    images = query_images(gallery)          # photos, or frames of a gallery of videos: never a video read as an image
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(cpu_threads(0))           # the server's own default: the same compute budget
     print(f"model {args.model} ({model.cfg.name}), index {args.index}: {gallery.images.ntotal} images "
-          f"({gallery.images.factory}), {gallery.captions.ntotal} captions; device {device}; "
+          f"({gallery.images.factory}), {gallery.captions.ntotal} captions, {len(images)} query images; device {device}; "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}",
           flush=True)
 
     # raw limit first, while no server competes for the CPU
-    engine = Engine(model.to(device), Gallery.load(args.index, model=model, device=device))
-    pixels = [upload_to_pixels(f.read_bytes(), 50_000_000, model.preprocess) for f in files]
+    use_backend(model.to(device), args.backend)         # as the servers do
+    engine = Engine(model, Gallery.load(args.index, model=model, device=device))
+    pixels = [upload_to_pixels(data, 50_000_000, model.preprocess) for _, data in images]
     raw = {"text": {}, "image": {}}
     for c in args.concurrency:
         if "text" in args.routes:
@@ -347,13 +396,15 @@ def main() -> int:
             raw["image"][c] = float(np.median([raw_limit(engine, items, c, args.raw_seconds, engine.search_pixels)
                                                for _ in range(args.repeats)]))
         print(f"raw limit at batch {c}: " + ", ".join(f"{r} {raw[r][c]:.0f}/s" for r in args.routes), flush=True)
+    print(f"image backend (raw limit; the servers choose alike): {attached(model)}", flush=True)
     del engine
 
-    payloads = {"text": text_requests(texts, args.k), "image": image_requests(files, args.k)}
+    payloads = {"text": text_requests(texts, args.k), "image": image_requests(images, args.k)}
     # Both servers run side by side and the cells alternate on/off, each repeated ``--repeats`` times: on a shared
     # machine the background load drifts, and this way both modes see the same drift. Throughput is the median
     # over the repeats; latency percentiles pool every request of the cell.
-    servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms) for on in (True, False)}
+    servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms, args.backend)
+               for on in (True, False)}
     rows = []
     ceiling = {}
     overload = None
@@ -427,6 +478,7 @@ def main() -> int:
         print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
+                                        "backend": attached(model),
                                         "cpus": os.cpu_count(), "overload": overload}, indent=2))
     tmp.cleanup()
     return 0

@@ -146,8 +146,9 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
                    help="also index .thumbnails, @eaDir and hidden files and folders")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="image views per forward pass (default 64: 16 photos under --tta flip-crop, 32 under flip)")
+    p.add_argument("--batch-size", type=int,
+                   help="image views per forward pass (default: 64 on CUDA, 16 photos under --tta flip-crop; on a "
+                        "CPU 8 a core, at most 64: 16 on 2 cores, 4 photos under flip-crop)")
     p.add_argument("--workers", type=int, default=None,
                    help="image decoding processes (default: by the usable cores; on CUDA all but one)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -255,16 +256,20 @@ def read_index(root: str | Path) -> dict:
 
 
 def _load(args):
-    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py)."""
+    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py);
+    an unset ``--batch-size`` sized for the device (``embed.default_batch_size``)."""
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
+    from training.inference.embed import default_batch_size
 
     path = model_file(args.model)
     device = resolve_device(args.device)
     backend = backend_choice(getattr(args, "backend", None))      # an unknown JOINTSPACE_BACKEND: before the load
     model = load_model(path, device)
     use_backend(model, backend)
+    if getattr(args, "batch_size", 0) is None:                      # the commands that embed: sized for the device
+        args.batch_size = default_batch_size(device)
     return model, device
 
 

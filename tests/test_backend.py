@@ -370,3 +370,15 @@ def test_a_cache_that_cannot_be_written_converts_for_the_process_alone(model, pi
     finally:
         use_backend(model, "eager")
     assert not (tmp_path / "read-only").exists()
+
+
+def test_bulk_batches_are_sized_for_the_cores(monkeypatch):
+    from training.inference import embed
+
+    assert embed.default_batch_size("cuda") == 64
+    for cores, views in ((1, 8), (2, 16), (4, 32), (16, 64)):
+        monkeypatch.setattr(embed, "usable_cores", lambda cores=cores: cores)
+        assert embed.default_batch_size("cpu") == views
+    parser = build_parser()
+    assert parser.parse_args(["index", "build", "--images", "x", "--out", "y"]).batch_size is None     # by device
+    assert parser.parse_args(["index", "add", "--index", "x", "--batch-size", "8"]).batch_size == 8

@@ -523,6 +523,40 @@ def t_embed_throughput() -> str:
                     f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
 
 
+def t_backend_throughput() -> str:
+    """benchmarks/backend_throughput.py: index build photos/s per inference backend and --tta mode (medians over
+    the rounds) with peak memory; no rows until it has been run."""
+    path = RESULTS / "backend_throughput.json"
+    data = json.loads(path.read_text()).get("throughput", {}) if path.exists() else {}
+    rows = data.get("summary", [])
+    baseline = data.get("baseline") or "baseline"
+    cells = [[r["tta"], r["backend"] if r["code"] == "this" else f"eager ({baseline})",
+              f(r["photos_per_s"], 2), f(r["embed_photos_per_s"], 2), f"×{f(r['vs_eager'], 2)}" if r["vs_eager"] else "—",
+              f"×{f(r['vs_baseline'], 2)}" if r.get("vs_baseline") else "—", f(r["peak_rss_mb"], 0)] for r in rows]
+    headers = ["--tta", "backend", "photos/s (index build)", "photos/s (embedding alone)", "× eager",
+               f"× {baseline}", "peak RSS (MB)"]
+    table = with_provenance(headers, cells, rows, data, right={2, 3, 4, 5, 6})
+    if not rows:
+        return table
+    first = "; ".join(f"{c['backend']} {f(c['backend_s'])} s" for c in data.get("conversion", [])
+                      if c["code"] == "this" and c["converted"])
+    return (table + f" {data['photos']} photos of {f(data['megapixels'], 0)} MP, median of {data['rounds']} rounds; "
+            "index build's own time (the model's and the backend's loading, the embedding, the index), its Python "
+            "and torch imports left out" + (f"; converting the backbones on first use: {first}" if first else "")
+            + ".")
+
+
+def t_backend_ranking() -> str:
+    """benchmarks/backend_throughput.py ranking: Flickr8k dev as served, per inference backend."""
+    path = RESULTS / "backend_throughput.json"
+    data = json.loads(path.read_text()).get("ranking", {}) if path.exists() else {}
+    rows = data.get("rows", [])
+    cells = [[r["backend"], r["tta"], str(r["images"]), join(r["i2t"]), join(r["t2i"]), f(r["rsum"]),
+              f(r.get("rsum_vs_eager"))] for r in rows]
+    return with_provenance(["backend", "--tta", "dev images", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum",
+                            "R-sum − eager"], cells, rows, data, right={2, 5, 6})
+
+
 def t_video_retrieval() -> str:
     """benchmarks/video_retrieval.py: text → moment and text → video on generated clips, per moment setting."""
     data = load("video_cpu.json")
@@ -668,6 +702,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale_index_search": t_scale_index_search,
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
     "embed_throughput": t_embed_throughput,
+    "backend_throughput": t_backend_throughput,
+    "backend_ranking": t_backend_ranking,
     "video_retrieval": t_video_retrieval,
     "video_speed": t_video_speed,
     "video_memory": t_video_memory,

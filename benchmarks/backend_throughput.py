@@ -136,8 +136,10 @@ def build_once(images: Path, out: Path, tta: str, backend: str | None, code: Pat
 
 
 def bf16_cpu() -> bool:
+    from training.inference.backend import openvino
+
     try:
-        import openvino as ov
+        ov = openvino()
     except ImportError:
         return False
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")

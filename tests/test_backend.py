@@ -63,7 +63,7 @@ def pixels():
 
 def _bf16_cpu() -> bool:
     try:
-        import openvino as ov
+        ov = backend_mod.openvino()
     except ImportError:
         return False
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
@@ -382,3 +382,21 @@ def test_bulk_batches_are_sized_for_the_cores(monkeypatch):
     parser = build_parser()
     assert parser.parse_args(["index", "build", "--images", "x", "--out", "y"]).batch_size is None     # by device
     assert parser.parse_args(["index", "add", "--index", "x", "--batch-size", "8"]).batch_size == 8
+
+
+def test_openvino_is_used_without_its_usage_telemetry(tmp_path):
+    """OpenVINO's converter would report its import and each conversion to Intel (and write under ~/intel): the
+    backend imports it with its no-op telemetry stub instead."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, torch\n"
+              "from training.inference.backend import openvino\n"
+              "ov = openvino()\n"
+              "ov.convert_model(torch.jit.trace(torch.nn.Linear(3, 2).eval(), torch.zeros(1, 3)),"
+              " example_input=torch.zeros(1, 3))\n"
+              "assert sys.modules.get('openvino_telemetry') is None\n")
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+    assert not (tmp_path / "intel").exists()

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import warnings
@@ -125,9 +126,7 @@ def tower_fingerprint(model: EmbeddingModel, kind: str) -> str:
 
 def _converter_version(kind: str) -> str:
     if kind == "openvino":
-        import openvino
-
-        return openvino.__version__
+        return openvino().__version__
     import onnxruntime
 
     return f"onnxruntime {onnxruntime.__version__} opset {OPSET}"
@@ -259,8 +258,7 @@ def _convert(model: EmbeddingModel, kind: str, name: str, folder: Path) -> None:
                                   input_names=["images"], output_names=["features"], opset_version=OPSET,
                                   dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}})
         if kind == "openvino":
-            import openvino as ov
-
+            ov = openvino()
             channels, side = _input_shape(model)
             graph = ov.convert_model(traced, example_input=probe[:1])
             graph.reshape({graph.inputs[0]: ov.PartialShape([-1, channels, side, side])})
@@ -285,11 +283,22 @@ def _convert(model: EmbeddingModel, kind: str, name: str, folder: Path) -> None:
 _CORE: Any = None
 
 
+def openvino() -> Any:
+    """The ``openvino`` module, imported without its usage telemetry: OpenVINO's converter reports its import and
+    every conversion to Intel unless the user opted out (the ``openvino-telemetry`` package, on by default), and
+    an indexer of someone's photos sends nothing anywhere. With that package unimportable in this process OpenVINO
+    uses its own no-op stub (nothing is written under ``~/intel`` either)."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", cast(Any, None))
+    import openvino as ov
+
+    return ov
+
+
 def _open_openvino(graph: Path, bf16: bool) -> Callable[[np.ndarray], np.ndarray]:
     """The IR at ``graph`` compiled for the CPU: float32 inference precision, or bf16 (refused on a CPU without
     native bf16), on torch's intra-op thread count."""
-    import openvino as ov
-
+    ov = openvino()
     global _CORE
     if _CORE is None:
         _CORE = ov.Core()

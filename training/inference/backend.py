@@ -169,7 +169,7 @@ def tower_features(model: EmbeddingModel, images: torch.Tensor) -> torch.Tensor:
     """Normalised images (as ``model.image_features`` takes them) → pooled backbone features ``(B, D)``: through
     the backend attached to ``model`` (:func:`use_backend`), else the model's own forward pass."""
     backend = _ATTACHED.get(model)
-    return model.image_features(images) if backend is None else backend.features(images)
+    return model.image_features(images) if backend is None else backend.features(images).to(images.device)
 
 
 def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Path | None = None) -> str:

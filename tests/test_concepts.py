@@ -22,7 +22,7 @@ NAMES = [f"thing{i}" for i in range(1000)]
 def lite0_config(**concepts):
     return build_config({"image": {"backbone": "efficientnet_lite0", "image_size": 64, "resize": 64},
                          "text": {"encoder": "gru", "word_dim": 16, "hidden": 32}, "model": {"embed_dim": 32},
-                         "concepts": {"enabled": True, "prototypes": 8, **concepts}})
+                         "concepts": {"enabled": True, "prototypes": 8, "bank_template": "a {}", **concepts}})
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_fused_embedding_is_conse_eq1_added_by_the_gate(model):
     head = model.concepts
     x = feats[:4] * 3
     with torch.no_grad():
-        probs = F.softmax(head.classifiers[0](x), dim=-1)            # one backbone: its own softmax
+        probs = F.softmax(head.classifiers[0](x) / head.cfg.class_temperature, dim=-1)   # one backbone: its own
         top = probs.topk(head.cfg.top_k)
         c = (top.values[..., None] * head.class_embeddings[top.indices]).sum(1) / top.values.sum(-1, keepdim=True)
         r = (F.normalize(x, dim=-1) @ head.prototypes.t()).topk(head.cfg.neighbours).values.mean(-1)
@@ -127,7 +127,7 @@ def test_train_fits_the_head_and_the_bank_names_the_classes(synth_small, tmp_pat
     cfg = build_config({"image": {"backbone": "efficientnet_lite0", "image_size": 64, "resize": 64},
                         "text": {"encoder": "gru", "word_dim": 16, "hidden": 32}, "model": {"embed_dim": 32},
                         "loss": {"name": "sum"}, "train": {"epochs": 1, "batch_size": 16, "workers": 0},
-                        "concepts": {"enabled": True, "prototypes": 4},
+                        "concepts": {"enabled": True, "prototypes": 4, "bank_template": "a {}"},
                         "querybank": {"captions": 20, "images": 10}})
     summary = train(cfg, synth_small, tmp_path, progress=False, log=lambda *_: None)
     model = load_model(tmp_path / "model.pt")

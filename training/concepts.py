@@ -149,7 +149,7 @@ def fit_file(model_file, train_set, out=None, overrides: dict | None = None, hal
     if bank is not None:
         section = model.cfg.querybank
         drawn = make_bank(load_model(out), train_set, section.captions, section.images, float(bank["beta"]),
-                          seed=model.cfg.train.seed, workers=workers, progress=progress)
+                          seed=model.cfg.train.seed, workers=workers, progress=progress, features=feats)
         attach(out, drawn)
         log(f"querybank: {describe(drawn)} attached to {out}")
     return report

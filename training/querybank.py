@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from training.data.sources import image_source
+import numpy as np
+
+from training.data.sources import ImageSource, image_source
 from training.inference.embed import embed_image_source
 from training.inference.querybank import attach, describe, quantize_images
 from training.models.config_schema import RunConfig
@@ -28,9 +30,10 @@ def sample(dataset, captions: int, images: int, seed: int = 0) -> tuple[list[str
 
 
 def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int = 0, device="cpu",
-              workers: int = 2, progress: bool = False, source: str = "") -> dict:
+              workers: int = 2, progress: bool = False, source: str = "", features=None) -> dict:
     """A bank from ``dataset`` (a split): ``captions`` sampled captions as text, ``images`` sampled images
-    embedded with ``model`` (a frozen backbone's features come from the feature cache)."""
+    embedded with ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
+    backbone features of every image of the split, in its order)."""
     if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
@@ -41,7 +44,11 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
 
         texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)
     vectors = torch.zeros(0, model.cfg.model.embed_dim)
-    if records:
+    if records and features is not None:
+        drawn = sample_indices(len(dataset.images), images, seed + 1)       # the rows ``sample`` drew
+        src = ImageSource("features", torch.from_numpy(np.array(features, dtype=np.float32)[drawn]))
+        vectors = embed_image_source(model, src, workers=workers).cpu()
+    elif records:
         src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
         vectors = embed_image_source(model, src, workers=workers).cpu()
     rows, scales = quantize_images(vectors)

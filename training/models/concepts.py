@@ -7,7 +7,8 @@ most probable ImageNet classes,
 
     c(x) = 1/Z · Σ_{t=1..T} p(y_t | x) · s(y_t),    Z = Σ_{t=1..T} p(y_t | x),
 
-where p is the mean of the backbones' own softmax classifiers (the heads the weight packages ship) and s(y) is the
+where p is the mean of the backbones' own softmax classifiers (the heads the weight packages ship; their logits
+divided by a temperature T, which spreads c over more classes when T > 1) and s(y) is the
 model's own text embedding of sentences naming class y ("a photo of a tabby cat."), fitted once after training
 (training/concepts.py). The gate (ours) weighs it by how unlike the training photos x is:
 
@@ -75,9 +76,10 @@ class ConceptHead(nn.Module):
 
     def probabilities(self, features: torch.Tensor) -> torch.Tensor:
         """Pooled backbone features ``(B, ΣD)`` → class probabilities ``(B, C)``: the mean of the backbones'
-        softmax classifiers."""
+        softmax classifiers at ``class_temperature``."""
         parts = features.float().split(self.part_dims, dim=-1)
-        return torch.stack([F.softmax(F.linear(part, head.weight.float(), head.bias.float()), dim=-1)
+        t = self.cfg.class_temperature
+        return torch.stack([F.softmax(F.linear(part, head.weight.float(), head.bias.float()) / t, dim=-1)
                             for head, part in zip(self.heads, parts)]).mean(0)
 
     @property

@@ -195,17 +195,18 @@ class ConceptsSection(RunSection):
                                "(ConSE, training/models/concepts.py), fitted after training (`jointspace concepts`); "
                                "needs frozen EfficientNet-Lite backbones, cosine similarity, no decoder or attention")
     top_k: int = Key(5, "ConSE eq. 1: the T most probable classes whose sentence embeddings are averaged", ge=1)
+    class_temperature: float = Key(2.0, "the classifiers' logits divided by this before their softmax: above 1 "
+                                        "spreads the concept vector over more classes", gt=0.0)
     templates: list[str] = Key(["a photo of a {}."], "sentences per class ({} = its first ImageNet name), embedded "
                                                     "by the model's own text encoder and averaged", min_length=1)
     weight: float = Key(0.75, "w: the gate's largest weight of the concept vector", ge=0.0)
     prototypes: int = Key(256, "k-means prototypes of the training photos' backbone features", ge=1)
     neighbours: int = Key(5, "r(x): mean cosine to this many nearest prototypes", ge=1)
     quantile: float = Key(0.1, "r0: this quantile of r over held-out training photos", gt=0.0, lt=1.0)
-    temperature: float = Key(0.5, "tau, as a fraction of r's spread (its 50 % minus its 10 % quantile) over "
+    temperature: float = Key(1.0, "tau, as a fraction of r's spread (its 50 % minus its 10 % quantile) over "
                                   "held-out training photos", gt=0.0)
-    bank_template: Optional[str] = Key("a {}", "a sentence per ImageNet class added to the query bank's captions "
-                                               "(hubness correction for galleries unlike the training photos); "
-                                               "None: none")
+    bank_template: Optional[str] = Key(None, "a sentence per ImageNet class added to the query bank's captions, e.g. "
+                                             "'a {}' (measured: docs/benchmarks.md#open-vocabulary); None: none")
 
 
 class RunConfig(RunSection):

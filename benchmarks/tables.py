@@ -550,7 +550,8 @@ def t_backend_ranking() -> str:
     """benchmarks/backend_throughput.py ranking: Flickr8k dev as served, per inference backend."""
     path = RESULTS / "backend_throughput.json"
     data = json.loads(path.read_text()).get("ranking", {}) if path.exists() else {}
-    rows = data.get("rows", [])
+    order = ["eager", "openvino", "openvino-bf16", "onnxruntime"]
+    rows = sorted(data.get("rows", []), key=lambda r: (r["tta"], r["images"], order.index(r["backend"])))
     cells = [[r["backend"], r["tta"], str(r["images"]), join(r["i2t"]), join(r["t2i"]), f(r["rsum"]),
               f(r.get("rsum_vs_eager"))] for r in rows]
     return with_provenance(["backend", "--tta", "dev images", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum",

@@ -12,7 +12,8 @@ docs/benchmarks.md by benchmarks/tables.py).
   the caption corpus — image → sentence top-1/top-5 (each photo's stored vector searched in the captions; a
   sentence that reads the same as the right one counts, as two classes share a first name) and sentence → image
   R@1/R@5 — and the gallery of ``make demo``: how many of its 20 photo captions find their photo first among its
-  photos, and two queries a new user types. Flickr8k dev as served is benchmarks/flickr8k_levers.py
+  photos, and two queries a new user types; and how many of those 20 and of its 10 captions of things no photo
+  shows (a dog, a beach, a skier) get ``strong_match`` on their first page (index/relevance.py). Flickr8k dev as served is benchmarks/flickr8k_levers.py
   ``--through-index`` (its own results file).
 * ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/concepts.py) and
   ranked with QB-Norm exactly as a built index ranks (tests/test_querybank.py holds the index to these numbers),
@@ -75,6 +76,13 @@ def demo_truth() -> list[tuple[str, str]]:
     return list(zip(lines, owners))
 
 
+def demo_absent() -> list[str]:
+    """The demo corpus's 10 other captions: things none of its photos shows (a dog, a beach, a skier, ...)."""
+    from index.samples import CAPTIONS
+
+    return CAPTIONS.splitlines()[20:]
+
+
 def imagenet_classes(root: Path) -> list[tuple[str, str]]:
     """(file, first class name) per photo, in classes.tsv's order."""
     rows = (root / "classes.tsv").read_text().splitlines()[1:]
@@ -123,7 +131,13 @@ def served(args) -> int:
             ids, photos = name_ids(gallery), ImageFilter(media="photo")
             truth = demo_truth()
             queries = embed_texts(model, [t for t, _ in truth] + list(USER_QUERIES), progress=False)
-            hits = gallery.search_images(queries, 1, flt=photos)
+            hits = gallery.search_images(queries, 10, flt=photos)
+            strong = [r.strong_match for r in gallery.ranked("images", queries, hits)]
+            absent = embed_texts(model, demo_absent(), progress=False)
+            absent_strong = [r.strong_match for r in gallery.ranked(
+                "images", absent, gallery.search_images(absent, 10, flt=photos))]
+            row["strong_present"] = None if None in strong else int(sum(bool(x) for x in strong[:len(truth)]))
+            row["strong_absent"] = None if None in absent_strong else int(sum(bool(x) for x in absent_strong))
             found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
@@ -290,22 +304,26 @@ LEVERS: list[tuple[str, str, dict | None, str]] = [
     ("no concepts, no correction", "the model without a concept head, raw cosine scores", None, "none"),
     ("no concepts", "the model without a concept head, its bank as trained", None, "captions"),
     ("no concepts, class sentences in the bank", "the bank's captions plus 'a {name}' per class", None, "classes"),
-    ("gated, w 0.75 (default)", "ConSE top 5, gate w 0.75, r0 at the 10 % quantile, tau 0.5 x spread", {},
-     "classes"),
-    ("gated, bank without class sentences", "the default head, the bank's captions only", {}, "captions"),
-    ("gated, no correction", "the default head, raw cosine scores", {}, "none"),
-    ("fixed 0.25", "no gate: every photo gets 0.25 c(x)", {**FIXED, "weight": 0.5}, "classes"),
-    ("fixed 0.5", "no gate: every photo gets 0.5 c(x)", {**FIXED, "weight": 1.0}, "classes"),
-    ("gated, w 0.5", "", {"weight": 0.5}, "classes"),
-    ("gated, w 1.0", "", {"weight": 1.0}, "classes"),
-    ("gated, r0 at 5 %", "", {"quantile": 0.05}, "classes"),
-    ("gated, r0 at 20 %", "", {"quantile": 0.2}, "classes"),
-    ("gated, tau 0.25 x spread", "", {"temperature": 0.25}, "classes"),
-    ("gated, tau 1.0 x spread", "", {"temperature": 1.0}, "classes"),
-    ("gated, top 10", "", {"top_k": 10}, "classes"),
-    ("gated, top 1", "", {"top_k": 1}, "classes"),
-    ("gated, 3 templates", "'a photo of a {}.', 'a {}', 'a close-up photo of a {}.' averaged",
-     {"templates": ["a photo of a {}.", "a {}", "a close-up photo of a {}."]}, "classes"),
+    ("default", "ConSE top 5 at class temperature 2, gate w 0.75, r0 at the 10 % quantile, tau 1.0 x spread",
+     {}, "captions"),
+    ("default, class sentences in the bank", "the bank's captions plus 'a {name}' per class",
+     {"bank_template": "a {}"}, "classes"),
+    ("default, no correction", "raw cosine scores", {}, "none"),
+    ("plain ConSE probabilities", "class temperature 1", {"class_temperature": 1.0}, "captions"),
+    ("class temperature 1.5", "", {"class_temperature": 1.5}, "captions"),
+    ("class temperature 3", "", {"class_temperature": 3.0}, "captions"),
+    ("fixed 0.25", "no gate: every photo gets 0.25 c(x)", {**FIXED, "weight": 0.5}, "captions"),
+    ("fixed 0.5", "no gate: every photo gets 0.5 c(x)", {**FIXED, "weight": 1.0}, "captions"),
+    ("w 0.5", "", {"weight": 0.5}, "captions"),
+    ("w 1.0", "", {"weight": 1.0}, "captions"),
+    ("r0 at 5 %", "", {"quantile": 0.05}, "captions"),
+    ("r0 at 20 %", "", {"quantile": 0.2}, "captions"),
+    ("tau 0.5 x spread", "", {"temperature": 0.5}, "captions"),
+    ("tau 2.0 x spread", "", {"temperature": 2.0}, "captions"),
+    ("top 10", "", {"top_k": 10}, "captions"),
+    ("top 1", "", {"top_k": 1}, "captions"),
+    ("3 templates", "'a photo of a {}.', 'a {}', 'a close-up photo of a {}.' averaged",
+     {"templates": ["a photo of a {}.", "a {}", "a close-up photo of a {}."]}, "captions"),
 ]
 
 

@@ -213,6 +213,34 @@ def t_querybank_timing() -> str:
     return with_provenance(headers, cells, rows, data, right={1, 2, 3})
 
 
+def t_open_vocab_served() -> str:
+    """Open-vocabulary search as served by default (benchmarks/open_vocab.py served)."""
+    data = load("open_vocab.json")
+    rows = data.get("served", [])
+    headers = ["model", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
+               "demo captions finding their photo first", "\"a cup of coffee\", \"a rocket\"",
+               "strong match: demo captions / absent things", "index s / photo", "model.pt MB"]
+    cells = [[r["name"], f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
+              f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}", f"{r['demo_first']} of 20",
+              ", ".join("✓" if ok else "✗" for ok in r["user_queries"].values()),
+              f"{f(r.get('strong_present'), 0)} of 20 / {f(r.get('strong_absent'), 0)} of 10",
+              f(r["index_s_per_photo"], 3), f(r["model_mb"])] for r in rows]
+    return with_provenance(headers, cells, rows, data, right={3, 6, 7})
+
+
+def t_open_vocab_levers() -> str:
+    """The concept head's settings on arrays (benchmarks/open_vocab.py levers)."""
+    data = load("open_vocab.json")
+    rows = data.get("levers", [])
+    headers = ["lever", "what", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
+               "demo (of 20)", "Flickr8k dev R-sum", "head ms / photo", "model.pt MB (float16 slim)"]
+    cells = [[r["name"], r["lever"], f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
+              f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}", str(r["demo_first"]),
+              f(r["dev_rsum"]) + ("" if r.get("dev_views") == "flip-crop" else " (one view)"),
+              f(r["head_ms_per_photo"], 3), f(r["model_mb_half"])] for r in rows]
+    return with_provenance(headers, cells, rows, data, right={4, 5, 6, 7})
+
+
 def t_ensemble_cost() -> str:
     """What an ensemble of seeds costs where it is served (benchmarks/ensemble_cost.py)."""
     data = load("ensemble_cost.json")
@@ -677,6 +705,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "querybank_unseen": t_querybank_unseen,
     "querybank_timing": t_querybank_timing,
     "ensemble_cost": t_ensemble_cost,
+    "open_vocab_served": t_open_vocab_served,
+    "open_vocab_levers": t_open_vocab_levers,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,
     "flickr8k_text_branch": t_flickr8k_text_branch,

@@ -422,13 +422,20 @@ def cmd_querybank(args) -> int:
     return 0
 
 
+def _no_model_file(path: str) -> bool:
+    """True, having said so, when ``path`` is no file."""
+    if Path(path).is_file():
+        return False
+    print(f"error: no model file {path}", file=sys.stderr)
+    return True
+
+
 def cmd_concepts(args) -> int:
     import yaml
 
     from training.concepts import fit_file
 
-    if not Path(args.model).is_file():
-        print(f"error: no model file {args.model}", file=sys.stderr)
+    if _no_model_file(args.model):
         return 2
     overrides = {}
     for item in args.overrides:
@@ -450,8 +457,7 @@ def cmd_concepts(args) -> int:
 def cmd_slim(args) -> int:
     from training.models.checkpoint import load_model, save_slim
 
-    if not Path(args.model).is_file():
-        print(f"error: no model file {args.model}", file=sys.stderr)
+    if _no_model_file(args.model):
         return 2
     try:
         report = save_slim(load_model(args.model), args.out, half=args.half)

@@ -56,7 +56,8 @@ class _Recorder:
     def __init__(self, model):
         self.images: list[int] = []
         self.texts: list[int] = []
-        embed_images, project_texts = model.embed_images, model.project_texts
+        # the image side's forward pass: the backbone (or its inference backend), then embed_features on its rows
+        embed_images, project_texts = model.embed_features, model.project_texts
 
         def images(x, *a, **kw):
             self.images.append(x.shape[0])
@@ -65,7 +66,7 @@ class _Recorder:
         def texts(ids, lengths, *a, **kw):
             self.texts.append(ids.shape[0])
             return project_texts(ids, lengths, *a, **kw)
-        model.embed_images, model.project_texts = images, texts
+        model.embed_features, model.project_texts = images, texts
 
 
 @pytest.fixture(scope="module")

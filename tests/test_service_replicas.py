@@ -95,6 +95,7 @@ def _all_modes(root: Path) -> dict[str, int]:
 REPLICA = r"""
 import asyncio, json, os, sys
 import httpx, faiss, torch, sqlite3, uvicorn
+import fastapi_offline, av, pillow_heif   # found again after the user changes: /docs's Swagger UI folder, PyAV
 import service.app, service.state, index.gallery, training.models.checkpoint
 from service.app import create_app
 from service.settings import Settings

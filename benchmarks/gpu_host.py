@@ -174,7 +174,8 @@ def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], 
         out = {"start_to_ready_s": ready_s, "warmup_s": ready.get("warmup_seconds"),
                "batch_sizes": ready.get("batch_sizes"), "search_backend": ready.get("search_backend"),
                "image": {}, "text": {}}
-        images, sentences = image_requests(files, 10), text_requests(texts, 10)
+        images = image_requests([(f.name, f.read_bytes()) for f in files], 10)
+        sentences = text_requests(texts, 10)
         for c in concurrency:
             out["image"][str(c)] = asyncio.run(_first_answers(port, images, c))
             out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c))
@@ -257,6 +258,12 @@ def main() -> int:
     result: dict = {"hardware": hardware, "date": dt.date.today().isoformat(), "commit": commit, "device": device,
                     "torch": torch.__version__, "cores": cores}
     started = time.perf_counter()
+
+    def save() -> None:   # after each part: a run stopped at a time limit keeps the rows it has
+        result["seconds"] = time.perf_counter() - started
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="jointspace-gpu-host-") as tmp:
         work = Path(tmp)
         model, what = bench_model(work, args.random_weights, args.tokenizer)
@@ -271,19 +278,23 @@ def main() -> int:
             make_photos(work / "big", args.big_photos, 4000, 3000, cores)
             result["index_build"].append({"photo": "12 MP (4000×3000)",
                                           **index_build(model, work / "big", work / "index-big", args.workers, corpus)})
+            save()
             for row in result["index_build"]:
                 log(f"index build {row['photo']}: {row['images']} in {row['seconds']:.1f} s = "
                     f"{row['img_per_s']:.1f} img/s ({row['workers']} workers)")
         texts = [f"{s} {p}" for s in SUBJECTS for p in PLACES]
         if "first_answer" not in args.skip:
             result["first_answer"] = first_answer(model, work / "index", texts, photos[:64], args.concurrency)
+            save()
         if "decode" not in args.skip and (REPO / "benchmarks" / "decode_throughput.py").exists():
             out = work / "decode.json"
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_throughput.py"), "--out", str(out)],
                            cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             result["decode"] = json.loads(out.read_text())
+            save()
         if "search" not in args.skip:
             result["search"] = search(args.search_vectors, 1024, device, args.search_seconds)
+            save()
         if "service" not in args.skip:
             out = work / "service.json"
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "service_load.py"), "--model", str(model),
@@ -291,9 +302,7 @@ def main() -> int:
                             "--seconds", str(args.seconds), "--repeats", "1", "--overload", "0", "--out", str(out)],
                            cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             result["service"] = json.loads(out.read_text())
-    result["seconds"] = time.perf_counter() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save()
     log(f"wrote {args.out} in {result['seconds']:.0f} s")
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What benchmarks/gpu_host.py needs on a lent GPU machine with no network, carried in parts that fit beside the
 # working tree: each call to the machine carries the checkout (about 53 MiB, the shipped model included) and at most
-# 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack) and MiniLM's tokenizer travel
+# 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack, fastapi-offline for /docs) and MiniLM's tokenizer travel
 # as parts of at most 9 MiB, one part a call, appended to /root/gpu on the machine while it stays warm.
 #
 #   here:   benchmarks/gpu_host_carry.sh pack          wheels + tokenizer.json → .gpu/1, .gpu/2, … (git-ignored)
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS="faiss-cpu fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv python-multipart
-httptools annotated-types typing-inspection"
+httptools annotated-types typing-inspection fastapi-offline"
 
 pin() {   # pin NAME: NAME==VERSION from constraints.txt (any spelling of - and _)
     local want

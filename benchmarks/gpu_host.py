@@ -54,6 +54,11 @@ from training.models.model import build_model  # noqa: E402
 from training.models.checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 
 
+def _pythonpath() -> str:
+    """The repository first, then whatever PYTHONPATH already holds (carried wheels on a lent machine)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
 def log(*parts) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
 
@@ -75,7 +80,7 @@ def bench_model(work: Path, random_weights: bool = False, tokenizer: Path | None
             raise ImportError("--random-weights")
         model = load_model(shipped)
         what = "the shipped model (training/pretrained/flickr8k.pt)"
-    except (ImportError, ValueError, OSError) as err:
+    except (ImportError, ValueError, OSError, RuntimeError) as err:   # RuntimeError: a weight package is missing
         payload = load_checkpoint(shipped)
         torch.manual_seed(0)
         model = build_model(payload["config"], Vocabulary.from_dict(payload["vocab"]), load_weights=False)
@@ -139,7 +144,7 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
     proc = subprocess.run([sys.executable, "-m", "service.cli", "index", "build", "--model", str(model), "--images",
                            str(photos), "--captions", str(corpus), "--out", str(out), "--workers", str(workers),
                            "--quiet"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": _pythonpath()})
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"index build failed: {proc.stderr[-2000:]}")
@@ -289,7 +294,7 @@ def main() -> int:
         if "decode" not in args.skip and (REPO / "benchmarks" / "decode_throughput.py").exists():
             out = work / "decode.json"
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_throughput.py"), "--out", str(out)],
-                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
             result["decode"] = json.loads(out.read_text())
             save()
         if "search" not in args.skip:
@@ -300,7 +305,7 @@ def main() -> int:
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "service_load.py"), "--model", str(model),
                             "--index", str(work / "index"), "--concurrency", *map(str, args.concurrency),
                             "--seconds", str(args.seconds), "--repeats", "1", "--overload", "0", "--out", str(out)],
-                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
             result["service"] = json.loads(out.read_text())
     save()
     log(f"wrote {args.out} in {result['seconds']:.0f} s")

@@ -6,6 +6,7 @@
 #
 #   here:   benchmarks/gpu_host_carry.sh pack          wheels + tokenizer.json → .gpu/1, .gpu/2, … (git-ignored)
 #   there:  benchmarks/gpu_host_carry.sh keep N        (a call carrying .gpu/N) append part N to /root/gpu
+#   there:  benchmarks/gpu_host_carry.sh keep-all      (a call carrying .gpu) all parts at once, when they fit
 #   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into /tmp/site, run
 #                                                      gpu_host.py (ARGS passed on) and write $OUT/gpu_host_cuda.json
 #
@@ -15,7 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS="faiss-cpu fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv python-multipart
-httptools annotated-types typing-inspection fastapi-offline"
+httptools annotated-types typing-inspection fastapi-offline
+opentelemetry-api"
 
 pin() {   # pin NAME: NAME==VERSION from constraints.txt (any spelling of - and _)
     local want
@@ -44,6 +46,11 @@ pack)
     du -sh .gpu/*
     echo "$n parts: one call each, carrying .gpu/N: benchmarks/gpu_host_carry.sh keep N; then ... run"
     ;;
+keep-all)   # one call carrying all of .gpu/, where the checkout and the parts fit together in 64 MiB
+    mkdir -p /root/gpu && rm -f /root/gpu/carry.tar
+    for n in $(ls .gpu | sort -n); do cat ".gpu/$n"/part.* >> /root/gpu/carry.tar; done
+    ls -la /root/gpu/carry.tar
+    ;;
 keep)
     mkdir -p /root/gpu
     cat ".gpu/$2"/part.* >> /root/gpu/carry.tar
@@ -58,5 +65,5 @@ run)
     python3 benchmarks/gpu_host.py --tokenizer /root/gpu/carry/tokenizer.json --out "${OUT:-.}/gpu_host_cuda.json" "$@"
     ;;
 *)
-    sed -n '2,14p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -435,6 +435,8 @@ def gpu_host_table(file: str) -> str:
                      f"batching on {a['rps']:.0f} req/s (p99 {f(a['p99_ms'])} ms, mean batch {f(a['mean_batch'])}), "
                      f"off {b['rps']:.0f} req/s; raw limit {f(raw, 0)}/s"
                      + (f" (on/raw {100 * a['rps'] / raw:.0f}%)" if raw else "")])
+    if data.get("not_measured"):
+        rows.append(["not measured in this run", data["not_measured"]])
     return with_provenance(["measurement", "result"], rows, [{}] * len(rows), data, file=file)
 
 
@@ -723,6 +725,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
     "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
+    "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),
     "service_load_cpu_shipped": lambda: t_service_load_cpu("service_load_cpu_shipped.json"),
     "service_load_cpu_shipped_padded": lambda: t_service_load_cpu("service_load_cpu_shipped_padded.json"),
     "service_load_cuda_h100": t_service_load_cuda_h100,

@@ -124,9 +124,13 @@ def is_video(path: str | Path) -> bool:
 def decoder():
     """PyAV, imported on first use. Its first import is not safe from two threads at once (a half-initialised
     module seen by the second), so a process that decodes on several threads makes it first: the service does
-    before it is ready (service/state.py)."""
-    import av
-
+    before it is ready (service/state.py). Without PyAV (an install that lacks the ``av`` package) a video is
+    refused with a :class:`VideoError` that says so; photos are unaffected."""
+    try:
+        import av
+    except ImportError:
+        raise VideoError("videos cannot be read here: PyAV (the Python package 'av', a dependency of jointspace) "
+                         "is not installed") from None
     return av
 
 

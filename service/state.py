@@ -19,7 +19,7 @@ import torch
 
 from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
-from index.video import decoder
+from index.video import VideoError, decoder
 from training.data.preprocess import register_heif
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
@@ -57,7 +57,10 @@ def cpu_threads(setting: int) -> int:
 
 
 def _import_decoders() -> None:
-    decoder()
+    try:
+        decoder()
+    except VideoError as err:   # photos are still served; a video query or gallery video answers 415 saying why
+        log.warning("%s", err)
     register_heif()
 
 

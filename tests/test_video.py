@@ -398,3 +398,24 @@ def test_generated_clips_hold_their_scenes_for_their_spans(tmp_path):
         # the objects move together: their relative positions (the captions' relations) are kept
         deltas = {(round(m.x - o.x, 6), round(m.y - o.y, 6)) for m, o in zip(moved.objects, scene.objects)}
         assert len(deltas) == 1
+
+
+def test_without_pyav_a_video_is_refused_with_a_reason_and_photos_still_load(tmp_path, monkeypatch):
+    """An install without the ``av`` package: a video is a VideoError that names PyAV (a 415 on the service, not
+    a 5xx), and the service's start-up import of the decoders only warns, so photos are still served."""
+    import builtins
+
+    from service import state
+
+    path = write_video(tmp_path / "clip.mp4", list(_frames(4)))
+    real_import = builtins.__import__
+
+    def no_av(name, *args, **kwargs):
+        if name == "av" or name.startswith("av."):
+            raise ImportError("No module named 'av'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_av)
+    with pytest.raises(VideoError, match="PyAV"):
+        probe(path)
+    state._import_decoders()   # warns, does not raise

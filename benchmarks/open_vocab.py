@@ -258,10 +258,12 @@ class Arrays:
 
 def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
     """``bank``: ``none`` (raw cosine), ``captions`` (the bank's training captions and images), ``classes`` (and a
-    sentence per ImageNet class among its captions)."""
+    sentence per ImageNet class among its captions), ``dynamic-K`` (the bank's captions and images through the
+    dynamic inverted softmax, training/models/hubness.py: a gallery item is a hub when it is among the K nearest
+    of some bank query, and only a query whose nearest item is a hub is corrected)."""
     import torch
 
-    from training.models.hubness import item_offsets
+    from training.models.hubness import activation_set, dynamic_scores, item_offsets
 
     with torch.no_grad():
         emb = {k: model.embed_features(v.float()).float() for k, v in arrays.features.items() if k != "train"}
@@ -273,22 +275,29 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
         arrays.text["bank"]
     beta = 20.0
 
-    def offsets(bank_vectors, items):
-        return torch.zeros(len(items)) if bank == "none" else item_offsets(bank_vectors, items, beta)
+    def corrected(queries, items, bank_vectors):
+        """The (Q, N) scores of ``queries`` against ``items`` under the lever's correction."""
+        raw = queries @ items.t()
+        if bank == "none":
+            return raw
+        if bank.startswith("dynamic-"):
+            hubs = activation_set(bank_vectors, items, int(bank.split("-")[1]))
+            return dynamic_scores(raw, item_offsets(bank_vectors, items, beta), hubs)
+        return raw - item_offsets(bank_vectors, items, beta)[None]
 
     def t2i(captions, images, owner):
-        return ranks(captions @ images.t() - offsets(bank_cap, images)[None], owner)
+        return ranks(corrected(captions, images, bank_cap), owner)
 
     out: dict = {"head_ms_per_photo": round(head_ms, 3)}
     dev_t2i = t2i(arrays.text["dev"], emb["dev"], arrays.dev_owner)
-    s = emb["dev"] @ arrays.text["dev"].t() - offsets(bank_img, arrays.text["dev"])[None]
+    s = corrected(emb["dev"], arrays.text["dev"], bank_img)
     own = torch.where(arrays.dev_owner[None] == torch.arange(len(s))[:, None], s, torch.tensor(float("-inf")))
     dev_i2t = (s > own.max(1).values[:, None]).sum(1)
     recall = [round(100 * float((r < k).float().mean()), 1) for r in (dev_i2t, dev_t2i) for k in (1, 5, 10)]
     out["dev_i2t"], out["dev_t2i"], out["dev_rsum"] = recall[:3], recall[3:], round(sum(recall), 1)
     n = len(emb["imagenet"])
     classes = arrays.text["classes"]
-    s = emb["imagenet"] @ classes.t() - offsets(bank_img, classes)[None]
+    s = corrected(emb["imagenet"], classes, bank_img)
     r = ranks(s, torch.arange(n))
     out["imagenet_i2t_top1"], out["imagenet_i2t_top5"] = (round(100 * float((r < k).float().mean()), 1)
                                                           for k in (1, 5))
@@ -309,6 +318,10 @@ LEVERS: list[tuple[str, str, dict | None, str]] = [
     ("default, class sentences in the bank", "the bank's captions plus 'a {name}' per class",
      {"bank_template": "a {}"}, "classes"),
     ("default, no correction", "raw cosine scores", {}, "none"),
+    ("default, dynamic inverted softmax", "the bank through DIS (Balance Act): hubs = the nearest item of some "
+     "bank query", {}, "dynamic-1"),
+    ("default, dynamic inverted softmax, k 3", "hubs = among the 3 nearest items of some bank query", {},
+     "dynamic-3"),
     ("plain ConSE probabilities", "class temperature 1", {"class_temperature": 1.0}, "captions"),
     ("class temperature 1.5", "", {"class_temperature": 1.5}, "captions"),
     ("class temperature 3", "", {"class_temperature": 3.0}, "captions"),

@@ -52,3 +52,30 @@ def fold_queries(vectors: np.ndarray) -> np.ndarray:
     """Query vectors with a constant 1 appended: ``[q, 1] · [v, −o] = q · v − o``."""
     return np.ascontiguousarray(np.concatenate([vectors, np.ones((len(vectors), 1), vectors.dtype)], axis=1),
                                 dtype=np.float32)
+
+
+# --- the dynamic inverted softmax -------------------------------------------------------------------------------
+# Balance Act (Wang et al., 2023), §3: DIS applies the inverted softmax only to queries whose nearest gallery item
+# is a hub of the bank, so a gallery unlike the bank (few of its items are the bank's neighbours) keeps raw scores.
+
+@torch.no_grad()
+def activation_set(bank: torch.Tensor, items: torch.Tensor, k: int = 1, block: int = 4096) -> torch.Tensor:
+    """Balance Act's activation set: which gallery items are among the ``k`` nearest items of some bank query
+    (a bool mask ``(N,)``), in blocks of the bank."""
+    if bank.shape[0] == 0:
+        raise ValueError("the dynamic inverted softmax needs a non-empty query bank")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    items = items.float()
+    hubs = torch.zeros(items.shape[0], dtype=torch.bool)
+    for start in range(0, bank.shape[0], block):
+        top = (bank[start:start + block].float() @ items.t()).topk(min(k, items.shape[0]), dim=1).indices
+        hubs[top.flatten()] = True
+    return hubs
+
+
+def dynamic_scores(raw: torch.Tensor, offsets: torch.Tensor, hubs: torch.Tensor) -> torch.Tensor:
+    """Balance Act's DIS, §3: a query's scores ``(Q, N)`` are normalised (``s − o``, eq. 3 above) when its raw
+    nearest item is in the activation set ``hubs``, and stay raw otherwise."""
+    use = hubs[raw.argmax(1)]
+    return torch.where(use[:, None], raw - offsets[None], raw)

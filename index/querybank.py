@@ -12,9 +12,10 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
   from the same bank. Generations share it; it is removed with the index directory.
 - Cosine-similarity models only (the offset of an ``order`` model's score is no inner product).
 - A model may carry its own bank (training/inference/querybank.py: captions as text, images as vectors):
-  ``index build`` uses it unless told otherwise (:func:`model_bank`). Its captions are embedded once per model and
-  the vectors cached under ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so
-  building a second index with the same model does not embed them again.
+  ``index build`` uses it unless told otherwise (:func:`model_bank`). Its captions' vectors come with it when the
+  model's file carries them for itself; else they are embedded once per model and the vectors cached under
+  ``$JOINTSPACE_CACHE/querybank`` (default ``~/.cache/jointspace/querybank``), so building a second index with the
+  same model does not embed them again.
 - The bank file also holds each side's *reference set* (index/relevance.py): up to 1,000 of the bank's own
   vectors of that side (the image index's: the bank's images; the caption index's: its captions), evenly spaced,
   with their offsets against the other half, so that they score exactly as that side's items do. A hit's
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from training.data.fileio import atomic_path
-from training.inference.querybank import carried, image_vectors
+from training.inference.querybank import caption_vectors, carried, image_vectors
 from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
 from training.models.protocol import EmbeddingModel
 
@@ -213,7 +214,11 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
         return None
     captions = None
     if bank.get("captions"):
-        captions, _ = embed_bank_captions(model, list(bank["captions"]), progress=progress, cache=cache)
+        shipped = caption_vectors(bank, model)
+        if shipped is not None:
+            captions = shipped.astype(np.float16)
+        else:
+            captions, _ = embed_bank_captions(model, list(bank["captions"]), progress=progress, cache=cache)
     vectors = image_vectors(bank)
     images = None if vectors is None else vectors.astype(np.float16)
     return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model")

@@ -15,6 +15,7 @@ import index.gallery
 from index.embed import embed_image_files, embed_texts
 from index.gallery import Gallery, build
 from index.generations import read_manifest
+import index.querybank
 from index.querybank import cache_root, embed_bank_captions, model_bank
 from service.cli import main as cli_main
 from training.config import build_config
@@ -23,7 +24,7 @@ from training.data.preprocess import ZOOM, MirroredViews, Preprocess, StackedPre
 from training.inference.embed import embed_pixels
 from training.models.hubness import item_offsets
 from training.models.checkpoint import load_model
-from training.inference.querybank import attach, carried, image_vectors, quantize_images
+from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images
 from training.querybank import attach_from_training, make_bank
 
 
@@ -161,7 +162,43 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     assert json.loads(capsys.readouterr().out)["hubness_correction"]["text_to_image"] is True
 
 
-def test_the_embedded_bank_is_cached_per_model(model, synth_small, tiny_model_path, tmp_path, monkeypatch):
+def test_the_model_carries_its_bank_captions_vectors_and_a_build_embeds_none_of_them(model, model_copy,
+                                                                                    synth_small, tmp_path,
+                                                                                    monkeypatch):
+    """A trained model's bank carries its captions' vectors (one byte a dimension, within half a step of
+    embed_texts), used by index build only for the model whose fingerprint they name."""
+    bank = carried(model)
+    assert bank["vectors_of"] == model.fingerprint and bank["caption_vectors"].dtype == torch.int8
+    carried_vectors = caption_vectors(bank, model)
+    direct = embed_texts(model, list(bank["captions"]), progress=False)
+    assert carried_vectors.shape == direct.shape
+    assert (np.abs(carried_vectors - direct).max(1) <= bank["caption_scales"].numpy() / 2 + 1e-6).all()
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("the bank's captions were embedded although the model carries their vectors")
+
+    monkeypatch.setattr(index.querybank, "embed_bank_captions", no_embedding)
+    qb = model_bank(model, progress=False)
+    assert np.array_equal(qb.captions, carried_vectors.astype(np.float16))
+    assert _build(model_copy, synth_small, tmp_path / "carried") == 0
+    # vectors of another model are not this one's: its captions are embedded instead
+    monkeypatch.undo()
+    attach(model_copy, {**bank, "vectors_of": "0" * 64})
+    other = load_model(model_copy)
+    assert caption_vectors(carried(other), other) is None
+    assert np.allclose(model_bank(other, progress=False, cache=tmp_path / "cache").captions, direct, atol=2e-3)
+
+
+def _without_caption_vectors(model_path) -> None:
+    """The bank of the model at ``model_path`` without its captions' vectors (as older files hold it)."""
+    bank = {k: v for k, v in carried(load_model(model_path)).items()
+            if k not in ("caption_vectors", "caption_scales", "vectors_of")}
+    attach(model_path, bank)
+
+
+def test_the_embedded_bank_is_cached_per_model(model, synth_small, model_copy, tmp_path, monkeypatch):
+    tiny_model_path = model_copy
+    _without_caption_vectors(tiny_model_path)
     captions = list(carried(model)["captions"])
     cache = tmp_path / "cache"
     first, hit = embed_bank_captions(model, captions, progress=False, cache=cache)

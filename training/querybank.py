@@ -11,7 +11,7 @@ import torch
 import numpy as np
 
 from training.data.sources import ImageSource, image_source
-from training.inference.embed import embed_image_source
+from training.inference.embed import embed_image_source, embed_texts
 from training.inference.querybank import attach, describe, quantize_images
 from training.models.config_schema import RunConfig
 
@@ -31,8 +31,9 @@ def sample(dataset, captions: int, images: int, seed: int = 0) -> tuple[list[str
 
 def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int = 0, device="cpu",
               workers: int = 2, progress: bool = False, source: str = "", features=None) -> dict:
-    """A bank from ``dataset`` (a split): ``captions`` sampled captions as text, ``images`` sampled images
-    embedded with ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
+    """A bank from ``dataset`` (a split): ``captions`` sampled captions as text (and, for a model loaded from its
+    file, as that model's vectors: training/inference/querybank.py), ``images`` sampled images embedded with
+    ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
     backbone features of every image of the split, in its order)."""
     if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
@@ -54,7 +55,12 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)
     classes = len(texts) - min(captions, n_caps)
-    return {"captions": texts, "images": rows, "image_scales": scales, "beta": float(beta),
+    carried_vectors: dict = {}
+    if texts and getattr(model, "fingerprint", None):     # a loaded model: its file is what indexes will load
+        caption_rows, caption_scales = quantize_images(embed_texts(model, texts, progress=progress).float().cpu())
+        carried_vectors = {"caption_vectors": caption_rows, "caption_scales": caption_scales,
+                           "vectors_of": model.fingerprint}
+    return {"captions": texts, **carried_vectors, "images": rows, "image_scales": scales, "beta": float(beta),
             "source": source or f"{dataset.name}: {len(texts) - classes} of {n_caps} captions"
                                 + (f" and {classes} class sentences" if classes else "")
                                 + f", {len(records)} of {len(dataset.images)} images (seed {seed})"}

@@ -7,17 +7,24 @@ not either)::
 
     {"captions": [str, ...],          # a seeded sample of the training captions, as text: embedded when an index
                                       # is built (index/querybank.py caches the vectors per model)
+     "caption_vectors": int8 (m, D),  # those captions embedded by this model, quantised as the images are,
+     "caption_scales": float32 (m,),  # so that a first index build need not embed them (caption_vectors)
+     "vectors_of": "…",               # the fingerprint of the model that embedded them
      "images": int8 (n, D),           # a seeded sample of the training images, as this model's embeddings,
      "image_scales": float32 (n,),    # each row quantised by its largest magnitude / 127 (image_vectors)
      "beta": 20.0,                    # the inverted softmax's inverse temperature (QB-Norm eq. 3)
      "source": "…"}                   # where they came from, in words
 
-Text, because a caption is ~60 bytes and its vector 2 kB; the images as vectors, because the photos themselves
-do not ship, quantised to one byte a dimension (6,000 images of a 1,024-d model: 6 MB; on Flickr8k dev the
-corrected rankings equal those of float16 vectors, docs/results.md). Files written before the quantisation hold
-float16 ``images`` and no ``image_scales``; both read the same way (:func:`image_vectors`). ``jointspace train``
-attaches a bank from the training split after training (training/querybank.py; config section ``querybank``;
-``querybank.enabled: false`` leaves it out); ``jointspace querybank`` attaches one to a trained model.
+The captions as text, so that a bank stays readable and can be embedded again; their vectors beside them, quantised
+to one byte a dimension (10,000 captions of a 1,024-d model: 10 MB), because embedding them is most of a first
+``index build``'s time on a small gallery. The images as vectors only, because the photos themselves do not ship
+(6,000 images: 6 MB). Quantised rows rank as float16 ones do: on Flickr8k dev the corrected rankings are equal
+(docs/results.md). Caption vectors are used only by the model whose fingerprint they carry; a file without them
+(older files, or a bank attached to another model) has its captions embedded and cached when an index is built.
+Files written before the quantisation hold float16 ``images`` and no ``image_scales``; both read the same way
+(:func:`image_vectors`). ``jointspace train`` attaches a bank from the training split after training
+(training/querybank.py; config section ``querybank``; ``querybank.enabled: false`` leaves it out);
+``jointspace querybank`` attaches one to a trained model.
 """
 from __future__ import annotations
 
@@ -60,6 +67,17 @@ def image_vectors(bank: dict) -> np.ndarray | None:
     if scales is not None:
         rows = rows * torch.as_tensor(scales).float()[:, None]
     return rows.numpy()
+
+
+def caption_vectors(bank: dict, model: EmbeddingModel) -> np.ndarray | None:
+    """The bank's caption vectors as float32 ``(m, D)``, when it carries them for this very model (its
+    fingerprint), one per caption; else None (the captions are then embedded)."""
+    rows = bank.get("caption_vectors")
+    if rows is None or bank.get("vectors_of") != getattr(model, "fingerprint", None):
+        return None
+    if len(rows) != len(bank.get("captions") or []) or rows.shape[1] != model.cfg.model.embed_dim:
+        return None
+    return (torch.as_tensor(rows).float() * torch.as_tensor(bank["caption_scales"]).float()[:, None]).numpy()
 
 
 def describe(bank: dict) -> str:

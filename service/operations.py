@@ -6,17 +6,8 @@ form with an image (``Upload``) — with the handler that answers it, the engine
 admission class (the batcher it waits in; ``DIRECT``: none, alone on the compute thread) and whether it needs the
 model's sentence decoder. The app's routes and their OpenAPI request bodies, admission and in-flight counting
 (service/middleware.py), the batchers (service/state.py) and the engine calls are all read from here
-(service/api/routing.py says how), so adding an operation is an entry here, its handler and its engine method.
-
-| operation                    | route                    | body                     | engine method     | queue      |
-|------------------------------|--------------------------|--------------------------|-------------------|------------|
-| text_search                  | POST /v1/search/images   | JSON TextSearch          | search_texts      | text       |
-| compose_gallery_image        | POST /v1/search/images   | JSON ImageIdCompose      | compose_search    | compose    |
-| compose_upload               | POST /v1/search/images   | form ComposeUpload       | compose_search    | compose    |
-| caption_search_gallery_image | POST /v1/search/captions | JSON ImageIdSearch       | search_image_ids  | direct     |
-| caption_search_upload        | POST /v1/search/captions | form CaptionSearch       | search_pixels     | image      |
-| caption_generation           | POST /v1/captions        | form Captions (decoder)  | caption_pixels    | caption    |
-| paraphrase_generation        | POST /v1/paraphrases     | JSON Paraphrase (decoder)| paraphrase_texts  | paraphrase |
+(service/api/routing.py says how), so adding an operation is an entry here, its handler and its engine method;
+docs/architecture.md shows the table.
 """
 from __future__ import annotations
 

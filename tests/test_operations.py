@@ -6,6 +6,7 @@ import asyncio
 import re
 import threading
 import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
@@ -115,3 +116,11 @@ def test_a_new_operation_is_admitted_and_shed_at_capacity(tiny_model_path, tiny_
     assert toy.batches == [1]
     assert re.search(r'jointspace_shed_total{batcher="admission",reason="queue_full"} 1\.0', metrics), metrics
     assert re.search(r"^jointspace_in_flight 0\.0$", metrics, re.M)
+
+
+def test_the_architecture_doc_shows_the_table():
+    """docs/architecture.md's table of operations is the table the service serves."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| `POST (\S+)` \| [^|]+ \| `(\w+)`[^|]* \| `(\w+)` \|$", text, re.M)
+    table = [(op.name, route.path, op.run.__name__, op.queue) for route in OPERATIONS for op in route.operations]
+    assert sorted(rows) == sorted(table) and len(rows) == 7

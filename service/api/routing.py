@@ -75,10 +75,10 @@ class Route:
 
     def __post_init__(self) -> None:
         forms = [op for op in self.operations if op.body.kind == "form"]
-        defaults = [op for op in self.operations if isinstance(op.body, Json) and op.body.when is None]
-        if not self.operations or len(forms) > 1 or len(defaults) > 1:
-            raise ValueError(f"{self.path}: a route takes at least one body, at most one form and at most one JSON "
-                             f"body without a 'when' key")
+        keys = [op.body.when for op in self.operations if isinstance(op.body, Json)]
+        if not self.operations or len(forms) > 1 or len(keys) != len(set(keys)):
+            raise ValueError(f"{self.path}: a route takes at least one body, at most one form and JSON bodies with "
+                             f"distinct 'when' keys (at most one without)")
 
     @property
     def form(self) -> Operation | None:

@@ -1,17 +1,19 @@
 """The FastAPI application factory: ``create_app(settings)``, the one place that mounts the API's routers.
 
-Routes (service/api/, one module per resource): the ``/v1`` API — search (``/v1/search/images``,
-``/v1/search/captions``), the gallery (``/v1/folders``, ``/v1/images/{id}``), its videos (``/v1/videos/{id}``,
-``/v1/videos/{id}/frame``) and the decoder (``/v1/captions``, ``/v1/paraphrases``) — plus the operations routes ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when
-an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
-(``/docs``: Swagger UI from the app's own files, service/apidocs.py), written for this app's settings: its limits, its error responses, and API-key security only when a
-key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
+Routes (service/api/, one module per resource): the ``/v1`` API — the model routes of the table of operations
+(service/operations.py: search, ``/v1/search/images`` and ``/v1/search/captions``, and the decoder,
+``/v1/captions`` and ``/v1/paraphrases``), the gallery (``/v1/folders``, ``/v1/images/{id}``) and its videos
+(``/v1/videos/{id}``, ``/v1/videos/{id}/frame``) — plus ``/healthz``, ``/readyz`` and ``/metrics``, which stay
+open when an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
+(``/docs``: Swagger UI from the app's own files, service/apidocs.py), written for this app's settings: its limits,
+its error responses, and API-key security only when a key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
 configured for is answered 421, and no other origin may read it unless configured (service/trust.py).
 """
 from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from typing import Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,11 +29,11 @@ from .middleware import BodyMiddleware, InFlightMiddleware
 from .page import add_page
 from .apidocs import add_docs
 from .api import gallery as gallery_api
-from .api import generate as generate_api
-from .api import operations as operations_api
-from .api import search as search_api
+from .api import health as health_api
 from .api import videos as videos_api
 from .api.deps import require_api_key
+from .api.routing import Route, ServedTable, queues
+from .operations import OPERATIONS
 from .settings import Settings
 from .state import ServiceState
 from .trust import TrustedHostMiddleware, allowed_hosts, cors_origins
@@ -40,12 +42,15 @@ log = logging.getLogger("jointspace.service")
 BODY_SLACK = 1024 * 1024        # multipart framing and form fields on top of the image bytes
 
 
-def create_app(settings: Settings | None = None, model=None, gallery=None) -> FastAPI:
+def create_app(settings: Settings | None = None, model=None, gallery=None,
+               operations: Sequence[Route] = OPERATIONS) -> FastAPI:
     """The app. ``model``/``gallery`` already loaded are used as they are; otherwise ``settings.model`` and
-    ``settings.index`` are loaded in the background after start-up (``/readyz`` says when)."""
+    ``settings.index`` are loaded in the background after start-up (``/readyz`` says when). ``operations``: the
+    table of the model's routes (service/operations.py)."""
     settings = settings or Settings()
     metrics = Metrics()
-    state = ServiceState(settings, metrics, model=model, gallery=gallery)
+    state = ServiceState(settings, metrics, model=model, gallery=gallery, queues=queues(operations))
+    table = ServedTable(operations, settings, state.similarity)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,18 +65,18 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
                swagger_ui_oauth2_redirect_url=None,
                description="Image–text retrieval in a common vector space: search a photo gallery with a "
                            "sentence, rank captions for an image.")
-    app.state.service = state
+    app.state.service, app.state.operations = state, table
     # security is declared, and enforced, only when there is a key
     keyed = settings.api_key is not None
-    for api in (search_api, gallery_api, generate_api, videos_api):
-        app.include_router(api.router, dependencies=[Depends(require_api_key)] if keyed else None,
+    for router in (table.router(), gallery_api.router, videos_api.router):
+        app.include_router(router, dependencies=[Depends(require_api_key)] if keyed else None,
                            responses=error_responses(401) if keyed else None)
-    app.include_router(operations_api.router)
+    app.include_router(health_api.router)
     add_page(app)
     add_docs(app)
     _add_error_handlers(app)
     # outermost last: metrics see every request; a body is received whole before admission counts its request
-    app.add_middleware(InFlightMiddleware, counts=state.inflight, limit=settings.max_queue,
+    app.add_middleware(InFlightMiddleware, counts=state.inflight, admission=table.admission, limit=settings.max_queue,
                        retry_after_s=settings.retry_after_s, metrics=metrics)
     app.add_middleware(BodyMiddleware, limit=settings.max_upload_bytes + BODY_SLACK, timeout_s=settings.body_timeout_s,
                        min_rate=settings.body_min_rate, buffer_bytes=settings.upload_buffer_bytes,
@@ -88,36 +93,18 @@ def create_app(settings: Settings | None = None, model=None, gallery=None) -> Fa
 
 class _App(FastAPI):
     def openapi(self) -> dict:
-        return _openapi(self, self.state.service)
+        return _openapi(self, self.state.service, self.state.operations)
 
 
-def _openapi(app: FastAPI, state: ServiceState) -> dict:
-    """FastAPI's document, with the request bodies the routes read themselves (JSON models and multipart forms
-    with this app's limits) and the limits FastAPI cannot see (``?size=`` up to ``max_thumbnail``)."""
+def _openapi(app: FastAPI, state: ServiceState, table: ServedTable) -> dict:
+    """FastAPI's document, with the JSON bodies the model routes refer to (the table of operations states each
+    route's request body: service/api/routing.py) and the limit FastAPI cannot see (``?size=`` up to
+    ``max_thumbnail``)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    settings, bodies = state.settings, state.bodies
-    components = doc.setdefault("components", {}).setdefault("schemas", {})
-
-    def ref(model) -> dict:
-        components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        return {"$ref": f"#/components/schemas/{model.__name__}"}
-
-    def form(body) -> dict:
-        return body.openapi(settings.max_upload_bytes)
-
-    request_bodies = {
-        "/v1/search/images": {"application/json": {"schema": {"oneOf": [ref(bodies.text_search),
-                                                                        ref(bodies.image_id_compose)]}},
-                              "multipart/form-data": form(bodies.compose_upload)},
-        "/v1/search/captions": {"application/json": {"schema": ref(bodies.image_id_search)},
-                                "multipart/form-data": form(bodies.caption_search)},
-        "/v1/captions": {"multipart/form-data": form(bodies.captions)},
-        "/v1/paraphrases": {"application/json": {"schema": ref(bodies.paraphrase)}},
-    }
-    for path, content in request_bodies.items():
-        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
+    settings = state.settings
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(table.schemas)
     for param in (p for path in ("/v1/images/{image_id}", "/v1/videos/{video_id}/frame")
                   for op in doc["paths"][path].values() for p in op["parameters"]):
         if param["name"] == "size":

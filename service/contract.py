@@ -7,7 +7,8 @@ JSON body is validated by its model, whose JSON Schema the OpenAPI document at `
 multipart form's plain fields are validated by the same model (:class:`Form`: each value, a string, is converted
 by the type the model's schema gives its field), and the form's schema in the document is that model's schema as
 form fields, plus the ``image`` file part and its accepted types. So every bound, pattern and cross-field rule is
-written once, and what the document allows is what the server accepts.
+written once, and what the document allows is what the server accepts. An operation of the table of operations
+(service/operations.py) names its body as :class:`Json` or :class:`Upload` (a form), bound per app.
 
 Rules that JSON Schema spells differently from Python are written once, as a pattern both sides use:
 ``NOT_BLANK`` (text must contain a character that is not whitespace — whitespace as Python's ``str.isspace`` and
@@ -22,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 from types import GenericAlias
-from typing import Annotated, Any, Callable, Generic, TypeVar
+from typing import Annotated, Any, Callable, ClassVar, Generic, Literal, TypeVar
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo,
@@ -164,12 +165,11 @@ class Bound:
     make: Callable[[Limits], Any]
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        raise TypeError("a field bounded by the app's limits: validate with the bound model (service.schemas."
-                        "request_models)")
+        raise TypeError("a field bounded by the app's limits: validate with the bound model (service.contract.bind, "
+                        "or service.schemas.request_models)")
 
 
 M = TypeVar("M", bound=BaseModel)
-N = TypeVar("N", bound=BaseModel)
 
 
 def bind(model: type[M], limits: Limits) -> type[M]:
@@ -186,18 +186,6 @@ def bind(model: type[M], limits: Limits) -> type[M]:
     out.model_config = {**model.model_config, "defer_build": False}     # built now, not on its first request
     out.model_rebuild(force=True)
     return out
-
-
-@dataclass(frozen=True)
-class OneOf(Generic[M, N]):
-    """A JSON body that is one of two models, told apart by whether the object has ``key`` (the document states
-    it as ``oneOf`` the two: each model refuses the other's fields)."""
-    key: str
-    with_key: type[M]
-    without_key: type[N]
-
-    def model_for(self, obj: Any) -> type[M] | type[N]:
-        return self.with_key if isinstance(obj, dict) and self.key in obj else self.without_key
 
 
 # --- multipart forms ----------------------------------------------------------------------------------------------
@@ -316,6 +304,39 @@ class Form(Generic[M]):
                   else f" of at most {_bound_text(hi)}" if hi is not None else "")
         return {"type": "int_parsing" if field["type"] == "integer" else "float_parsing", "loc": ("body", name),
                 "msg": f"{name} must be {what}{bounds}", "input": value}
+
+
+# --- a body as an operation declares it ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Json(Generic[M]):
+    """A JSON body validated by ``model``. On a route that takes several JSON bodies, the object's keys choose
+    one: the body whose ``when`` key the object has, else the one without a ``when`` (the document states them as
+    ``oneOf``: each model refuses the other's fields)."""
+    model: type[M]
+    when: str | None = None
+    kind: ClassVar[Literal["json"]] = "json"
+
+    def bind(self, limits: Limits) -> type[M]:
+        return bind(self.model, limits)
+
+
+@dataclass(frozen=True)
+class Upload(Generic[M]):
+    """A multipart form (:class:`Form`): an ``image`` file part, described as ``image``, and ``model``'s fields."""
+    model: type[M]
+    image: str
+    kind: ClassVar[Literal["form"]] = "form"
+
+    def bind(self, limits: Limits) -> Form[M]:
+        return Form(bind(self.model, limits), self.image)
+
+
+@dataclass(frozen=True)
+class Uploaded(Generic[M]):
+    """A multipart form as read: the image's bytes and the other fields, validated."""
+    image: bytes
+    fields: M
 
 
 # --- responses ------------------------------------------------------------------------------------------------------

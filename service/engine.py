@@ -125,6 +125,11 @@ class Engine:
         query = gallery.image_vector(image_id)[None, :]
         return gallery.ranked("captions", query, _paged(gallery, "captions", query, [options(k)]))[0]
 
+    def search_image_ids(self, items: Sequence[tuple[int, int | Options]]) -> list[Ranking]:
+        """``(gallery image id, k or Options)`` queries → :meth:`search_image_id` of each; KeyError if one is
+        unknown."""
+        return [self.search_image_id(image_id, k) for image_id, k in items]
+
     # --- query composition (W2VV §IV-C) -------------------------------------------------------------------------
     @torch.inference_mode()
     def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int | Options]]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections import deque
+from typing import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -208,16 +209,18 @@ ARRIVAL = "jointspace_arrival"      # scope["state"] key: time.monotonic() when 
 
 
 class InFlightMiddleware:
-    """Admission control and in-flight counts for the model's routes, and for thumbnails.
+    """Admission control and in-flight counts for the model's routes.
 
-    Counts the requests inside the app that will reach the model (``counts[name]``: ``text`` searches, ``image``
-    uploads to caption search, ``compose``d queries uploaded with an image, ``caption`` generation,
-    ``paraphrase`` generation, and ``direct`` for the model routes that use no batcher — a caption search by
-    gallery image id, and requests that will be refused for their content type), from when their body is complete
-    (:class:`BodyMiddleware` is outside this one) until the response starts — parsing and decoding included — so
-    a batcher knows whether more requests are on their way (see ``DynamicBatcher.pending``). A JSON request to
-    ``/v1/search/images`` counts as a text search even when it composes a query from a gallery image (the body
-    is not parsed here): at worst a text batch waits ``max_wait_ms`` for it.
+    ``admission(method, path)`` is None for a route that is not a model operation; for one, a function of whether
+    the body is multipart that names the request's admission class — the batcher its operation waits in,
+    ``direct`` for one that uses none (and for a body of a content type the route does not take). It is the table
+    of operations' (service/operations.py, ``ServedTable.admission``), so every model route is admitted and
+    counted. Counts the requests inside the app
+    that will reach the model (``counts[class]``) from when their body is complete (:class:`BodyMiddleware` is
+    outside this one) until the response starts — parsing and decoding included — so a batcher knows whether more
+    requests are on their way (see ``DynamicBatcher.pending``). The body is not parsed here: a JSON request to a
+    route with several JSON operations counts under the first's class (``/v1/search/images``: a text search even
+    when it composes a query from a gallery image; at worst a text batch waits ``max_wait_ms`` for it).
 
     Load shedding: when ``limit`` requests are in already, one more is answered 503 + Retry-After at once, before
     any work is spent on it — the cheapest refusal there is. Every admitted request gets its admission time in
@@ -225,31 +228,25 @@ class InFlightMiddleware:
     is complete, not when its first byte arrived. Thumbnails and video frames are not model work and do not count
     towards ``limit`` (service/decoding.py admits them)."""
 
-    def __init__(self, app: ASGIApp, counts: dict[str, int], limit: int | None = None, retry_after_s: int = 1,
-                 metrics=None):
-        self.app, self.counts, self.limit, self.metrics = app, counts, limit, metrics
+    def __init__(self, app: ASGIApp, counts: dict[str, int],
+                 admission: Callable[[str, str], Callable[[bool], str] | None],
+                 limit: int | None = None, retry_after_s: int = 1, metrics=None):
+        self.app, self.counts, self.admission, self.limit, self.metrics = app, counts, admission, limit, metrics
         # the refusal is rendered once: under overload it is most of what the server sends, and it must cost as
         # little event-loop time as possible (every refusal is time not spent answering admitted requests)
         self._busy = _response(503, f"the service is at capacity: {limit} requests are in already; retry after "
                                     f"{retry_after_s} s", {"retry-after": str(retry_after_s)})
 
-    def _batcher(self, scope: Scope) -> str | None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+    def _class(self, scope: Scope) -> str | None:
+        if scope["type"] != "http":
             return None
-        path = scope["path"]
-        multipart = dict(scope.get("headers", ())).get(b"content-type", b"").lower().startswith(b"multipart/")
-        if path.endswith("/v1/search/images"):
-            return "compose" if multipart else "text"
-        if path.endswith("/v1/search/captions"):
-            return "image" if multipart else "direct"
-        if path.endswith("/v1/captions"):
-            return "caption" if multipart else "direct"
-        if path.endswith("/v1/paraphrases"):
-            return "paraphrase"
-        return None
+        admitted = self.admission(scope["method"], scope["path"])
+        if admitted is None:
+            return None
+        return admitted(dict(scope.get("headers", ())).get(b"content-type", b"").lower().startswith(b"multipart/"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = self._batcher(scope)
+        name = self._class(scope)
         if name is None:
             await self.app(scope, receive, send)
             return

@@ -1,9 +1,9 @@
 """The bodies of the HTTP API: one pydantic model per request, and the responses.
 
 A request model names its fields, their types, defaults and descriptions once; the limits that come from the
-app's settings are :class:`~service.contract.Bound` fields, and :func:`request_models` gives them their numbers
-once per app. The routes validate JSON bodies and multipart forms with those models and the OpenAPI document shows
-them (service/contract.py).
+app's settings are :class:`~service.contract.Bound` fields, given their numbers once per app
+(service/contract.py ``bind``). The model routes validate JSON bodies and multipart forms with those models and the
+OpenAPI document shows them (the table of operations, service/operations.py, names each operation's body).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from index.query import MAX_OFFSET, parse_time
 from index.relevance import REFERENCE_SIZE, STRONG
 
-from .contract import (MAX_ID, Bound, Form, Limits, OneOf, Time, bind, json_int, json_number, json_int_field,
+from .contract import (MAX_ID, Bound, Limits, Time, bind, json_int, json_number, json_int_field,
                        terms_field, text_field)
 from .settings import Settings
 
@@ -36,7 +36,7 @@ ImageId = Annotated[int, Field(ge=0, le=MAX_ID, description="id of a gallery ima
 
 class Request(BaseModel):
     """A request body: its fields only (an unknown one is 422). Its ``Bound`` fields get their limits per app
-    (:func:`request_models`): until then the model is not built."""
+    (service/contract.py ``bind``): until then the model is not built."""
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
@@ -124,33 +124,21 @@ class Paraphrase(Request):
 
 @dataclass(frozen=True)
 class RequestModels:
-    """An app's request bodies, with its limits: the JSON bodies and the multipart forms."""
+    """The JSON request models of the service's searches and paraphrases, bound to an app's limits: what a client or
+    a test validates a body with as the service does (the service binds each operation's body itself, from the
+    table of operations: service/api/routing.py)."""
     text_search: type[TextSearch]
     image_id_compose: type[ImageIdCompose]
     image_id_search: type[ImageIdSearch]
     paraphrase: type[Paraphrase]
-    compose_upload: Form[ComposeUpload]
-    caption_search: Form[CaptionSearch]
-    captions: Form[Captions]
-
-    @property
-    def search_images(self) -> OneOf[ImageIdCompose, TextSearch]:
-        """The JSON body of /v1/search/images: ``ImageIdCompose`` when the object has an ``image_id``, else
-        ``TextSearch``."""
-        return OneOf("image_id", with_key=self.image_id_compose, without_key=self.text_search)
 
 
 def request_models(settings: Settings, similarity: str = "cosine") -> RequestModels:
-    """The request bodies with ``settings``' limits; ``similarity``: the served model's, which bounds
+    """The JSON request models with ``settings``' limits; ``similarity``: the served model's, which bounds
     ``min_score``."""
     limits = Limits.of(settings, similarity)
-    return RequestModels(
-        text_search=bind(TextSearch, limits), image_id_compose=bind(ImageIdCompose, limits),
-        image_id_search=bind(ImageIdSearch, limits), paraphrase=bind(Paraphrase, limits),
-        compose_upload=Form(bind(ComposeUpload, limits), "the query image (query by example: similar gallery "
-                                                         "images)"),
-        caption_search=Form(bind(CaptionSearch, limits), "the image whose captions to rank"),
-        captions=Form(bind(Captions, limits), "the image to caption"))
+    return RequestModels(text_search=bind(TextSearch, limits), image_id_compose=bind(ImageIdCompose, limits),
+                         image_id_search=bind(ImageIdSearch, limits), paraphrase=bind(Paraphrase, limits))
 
 
 _RELEVANCE = ("the share (0 to 1) of the index's reference set — up to {size:,} typical {what} of the model's training "

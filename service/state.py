@@ -14,6 +14,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -35,7 +36,6 @@ from .batcher import DynamicBatcher
 from .decoding import MediaDecoder
 from .engine import Engine
 from .metrics import Metrics
-from .schemas import request_models
 from .settings import Settings
 
 log = logging.getLogger("jointspace.service")
@@ -64,6 +64,19 @@ def _import_decoders() -> None:
     register_heif()
 
 
+DIRECT = "direct"       # the admission class of model requests that use no batcher
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A batcher the service runs for the table of operations (service/operations.py): its ``name`` (the admission
+    class its requests are counted under, and its metrics label), the engine method ``run`` on a batch of items, and
+    whether it needs the model's sentence decoder (it then exists only once a model with a decoder is loaded)."""
+    name: str
+    run: Callable[[Engine, Sequence[Any]], Sequence[Any]]
+    decoder: bool = False
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What a ready service serves with: the model, the live index generation and the engine over both."""
@@ -73,7 +86,9 @@ class Loaded:
 
 
 class ServiceState:
-    def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None):
+    def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None,
+                 queues: Sequence[Queue] = ()):
+        """``queues``: the batchers of the table of operations (``service.api.routing.queues``)."""
         self.settings, self.metrics = settings, metrics
         self.model, self.gallery = model, gallery
         self.engine: Engine | None = None
@@ -91,19 +106,14 @@ class ServiceState:
         # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
         self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
                                   metrics)
-        # requests on their way to each batcher (InFlightMiddleware)
-        self.inflight = {"text": 0, "image": 0, "compose": 0, "caption": 0, "paraphrase": 0, "direct": 0}
+        self.queues = {q.name: q for q in queues}
+        # requests on their way to each batcher, and to the model without one (InFlightMiddleware)
+        self.inflight = {name: 0 for name in (*self.queues, DIRECT)}
         # the model's similarity bounds min_score: known from the index's manifest before anything is loaded
         self.similarity = self._similarity()
-        # the request bodies (JSON and multipart) with this service's limits: what the routes validate and the
-        # OpenAPI document shows
-        self.bodies = request_models(settings, self.similarity)
-        self.text_batcher = self._batcher(self._search_texts, "text")
-        self.image_batcher = self._batcher(self._search_pixels, "image")
-        self.compose_batcher = self._batcher(self._compose_search, "compose")
-        # created once the model is loaded, only when it has a decoder (the decoder routes answer 409 without)
-        self.caption_batcher: DynamicBatcher | None = None
-        self.paraphrase_batcher: DynamicBatcher | None = None
+        # a batcher per queue; one that needs the decoder is created once the model is loaded, only when it has
+        # one (the routes that need it answer 409 without)
+        self.batchers: dict[str, DynamicBatcher] = {q.name: self._batcher(q) for q in queues if not q.decoder}
         self._tasks: list[asyncio.Task] = []
 
     def _similarity(self) -> str:
@@ -114,18 +124,23 @@ class ServiceState:
         except Exception:  # noqa: BLE001 - no index yet: loading will fail and say why (/readyz)
             return "cosine"
 
-    def _batcher(self, fn, name: str) -> DynamicBatcher:
-        """A dynamic batcher with the service's batching settings, running ``fn`` on the compute thread."""
-        batching = self.settings.batching
-        return DynamicBatcher(fn, self.compute_pool, max_batch=self.settings.max_batch if batching else 1,
+    def _batcher(self, queue: Queue) -> DynamicBatcher:
+        """A dynamic batcher with the service's batching settings, running ``queue``'s engine method on the compute
+        thread."""
+        batching, name = self.settings.batching, queue.name
+        return DynamicBatcher(lambda items: queue.run(self.loaded.engine, items), self.compute_pool,
+                              max_batch=self.settings.max_batch if batching else 1,
                               max_wait_ms=self.settings.max_wait_ms if batching else 0.0,
                               max_queue=self.settings.max_queue, name=name, metrics=self.metrics,
                               pending=lambda: self.inflight[name])
 
-    @property
-    def batchers(self) -> list[DynamicBatcher]:
-        return [b for b in (self.text_batcher, self.image_batcher, self.compose_batcher, self.caption_batcher,
-                            self.paraphrase_batcher) if b is not None]
+    if not TYPE_CHECKING:       # the code says state.batchers[name]; mypy keeps flagging unknown attributes
+        def __getattr__(self, name: str) -> DynamicBatcher | None:
+            """``state.text_batcher``, ``state.caption_batcher``, …: the batcher of that queue (None before it
+            exists)."""
+            if name.endswith("_batcher") and name.removesuffix("_batcher") in self.__dict__.get("queues", {}):
+                return self.batchers.get(name.removesuffix("_batcher"))
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def deadline(self, arrival: float | None) -> float | None:
         """The ``time.monotonic()`` instant after which a request that arrived at ``arrival`` is dropped."""
@@ -167,26 +182,11 @@ class ServiceState:
         """The loaded model carries a caption/paraphrase decoder (Show, Translate and Tell)."""
         return has_decoder(self.model)
 
-    def _search_texts(self, items):
-        return self.loaded.engine.search_texts(items)
-
-    def _search_pixels(self, items):
-        return self.loaded.engine.search_pixels(items)
-
-    def _compose_search(self, items):
-        return self.loaded.engine.compose_search(items)
-
-    def _caption_pixels(self, items):
-        return self.loaded.engine.caption_pixels(items)
-
-    def _paraphrase_texts(self, items):
-        return self.loaded.engine.paraphrase_texts(items)
-
     async def start(self) -> None:
         self._torch_threads = torch.get_num_threads()
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(self.settings.torch_threads))
-        for batcher in self.batchers:
+        for batcher in self.batchers.values():
             await batcher.start()
         self._tasks.append(asyncio.create_task(self._load(), name="jointspace-load"))
 
@@ -198,7 +198,7 @@ class ServiceState:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
                 pass
-        for batcher in self.batchers:
+        for batcher in self.batchers.values():
             await batcher.stop()
         self.compute_pool.shutdown(wait=False, cancel_futures=True)
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
@@ -227,10 +227,10 @@ class ServiceState:
             else:
                 await loop.run_in_executor(self.compute_pool, lambda: gallery.photos)   # warm, off the loop
             if self.has_decoder:
-                self.caption_batcher = self._batcher(self._caption_pixels, "caption")
-                self.paraphrase_batcher = self._batcher(self._paraphrase_texts, "paraphrase")
-                await self.caption_batcher.start()
-                await self.paraphrase_batcher.start()
+                for queue in self.queues.values():
+                    if queue.decoder:
+                        self.batchers[queue.name] = self._batcher(queue)
+                        await self.batchers[queue.name].start()
             # the decoders that are imported on first use (PyAV, pillow-heif) are imported here, once, before the
             # decoding threads may each need one first: a first import is not safe from two threads at once
             await loop.run_in_executor(self.compute_pool, _import_decoders)

@@ -1,23 +1,23 @@
-"""Reading a request body, the same way on every route that takes one: its content type (multipart/form-data,
-or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what to send), and the
-body validated by its pydantic model (service/schemas.py), a multipart form's plain fields by the same model
-(service/contract.py ``Form``). Errors are located in the body as FastAPI locates its own: ``["body", field]``."""
+"""Reading a request body, the same way on every model route (service/api/routing.py): its content type
+(multipart/form-data, or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what
+to send), and the body validated by its pydantic model (service/schemas.py), a multipart form's plain fields by the
+same model (service/contract.py ``Form``). Errors are located in the body as FastAPI locates its own:
+``["body", field]``."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from ..contract import Form, OneOf, invalid
+from ..contract import Form, invalid
 from ..state import ServiceState
 
 Kind = Literal["json", "form"]
 M = TypeVar("M", bound=BaseModel)
-N = TypeVar("N", bound=BaseModel)
 
 
 def content_type(request: Request) -> str:
@@ -63,7 +63,7 @@ def _not_json(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
 
 
-async def _json_value(request: Request) -> Any:
+async def json_value(request: Request) -> Any:
     """The request's JSON value, with FastAPI's own errors for a missing or malformed one; an integer too long to
     be any field's value is 422, nesting deeper than Python's parser goes is 400."""
     body = await request.body()
@@ -82,17 +82,11 @@ async def _json_value(request: Request) -> Any:
         raise HTTPException(400, "There was an error parsing the body") from None
 
 
-@overload
-async def read_json(request: Request, model: type[M]) -> M: ...
-@overload
-async def read_json(request: Request, model: OneOf[M, N]) -> M | N: ...
-async def read_json(request: Request, model: type[BaseModel] | OneOf) -> BaseModel:
-    """The JSON body validated by ``model`` (for a :class:`OneOf`, by the model the value's keys choose), its
-    errors located in the body as FastAPI reports them for a body model."""
-    value = await _json_value(request)
-    chosen = model.model_for(value) if isinstance(model, OneOf) else model
+def validated(value: Any, model: type[M]) -> M:
+    """A JSON value (:func:`json_value`) validated by ``model``, its errors located in the body as FastAPI reports
+    them for a body model."""
     try:
-        return chosen.model_validate(value, from_attributes=True)    # FastAPI's mode: its message for a non-object
+        return model.model_validate(value, from_attributes=True)    # FastAPI's mode: its message for a non-object
     except ValidationError as err:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in err.errors(include_url=False)]) from None

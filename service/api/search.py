@@ -1,14 +1,16 @@
-"""Search: ``POST /v1/search/images`` (a sentence, or an image ± words → gallery images) and
-``POST /v1/search/captions`` (an image → captions of the corpus). Both take JSON, or multipart/form-data with an
-uploaded image, read alike (service/api/bodies.py); best first, paged, with a score threshold, and for images the
-folder and date filters applied inside the index search. Each hit has its relevance and each list says whether it
-holds a strong match (index/relevance.py)."""
+"""Search: the handlers of ``POST /v1/search/images`` (a sentence, or an image ± words → gallery images) and
+``POST /v1/search/captions`` (an image → captions of the corpus); their bodies, batchers and documentation are
+entries of the table of operations (service/operations.py). Both routes take JSON, or multipart/form-data with an
+uploaded image; best first, paged, with a score threshold, and for images the folder and date filters applied
+inside the index search. Each hit has its relevance and each list says whether it holds a strong match
+(index/relevance.py)."""
 from __future__ import annotations
 
 import asyncio
 import os
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+import torch
+from fastapi import HTTPException
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -16,15 +18,13 @@ from index.query import ImageFilter, UnknownFolderError, format_time
 from index.relevance import Ranking
 from training.models.protocol import can_compose
 
-from ..contract import error_responses
+from ..contract import Uploaded
 from ..engine import Options
-from ..schemas import (CaptionHit, CaptionResults, ImageHit, ImageIdCompose, ImageResults, ImageSearch,
-                       Paging)
+from ..schemas import (CaptionHit, CaptionResults, CaptionSearch, ComposeUpload, ImageHit, ImageIdCompose,
+                       ImageIdSearch, ImageResults, ImageSearch, Paging, TextSearch)
 from ..state import ServiceState
-from .bodies import body_kind, read_form, read_json
-from .deps import POST_ERRORS, check_deadline, gallery_pixels, service, submit, upload_pixels
-
-router = APIRouter(prefix="/v1")
+from .deps import gallery_pixels
+from .routing import Call
 
 
 def _no_composition(state: ServiceState) -> None:
@@ -80,65 +80,45 @@ def _image_results(ranking: Ranking, state: ServiceState, root: str) -> ImageRes
     return ImageResults(results=out, strong_match=ranking.strong_match)
 
 
-@router.post("/search/images", response_model=ImageResults, responses=error_responses(*POST_ERRORS, 404, 409),
-             summary="Text → gallery images, or a photo (± words) → similar gallery images; best first, filtered, "
-                     "paged",
-             description="JSON `{\"text\", \"subtract\", \"k\", ...}`: images for a sentence, minus the meaning "
-                         "of the `subtract` words. Query by example and composition (W2VV §IV-C): multipart "
-                         "`image` (+ `add`, `subtract`, `k`, ...) — an uploaded photo — or JSON `{\"image_id\", "
-                         "\"add\", \"subtract\", \"k\", ...}` for a gallery image: images like the query image, "
-                         "with the meaning of the `add` words added and of the `subtract` words taken away. Every "
-                         "form also takes `offset` and `min_score` (paging and threshold) and the filters `folder`, "
-                         "`taken_after`, `taken_before`, `media` (applied inside the index search: the best `k` of "
-                         "the images that pass; `media`: only photos or only video moments). An unknown folder is "
-                         "404; an empty date range 422. A model with region "
-                         "attention (STT-ATT) cannot compose: 409.")
-async def search_images(request: Request, state: ServiceState = Depends(service)):
-    kind = body_kind(request, ("form", "json"), "send JSON {\"text\": ..., \"k\": ...}, or for a composed query "
-                                                "multipart/form-data with an 'image' file (and optional 'add', "
-                                                "'subtract', 'k') or JSON {\"image_id\": ..., \"add\": [...], "
-                                                "\"subtract\": [...], \"k\": ...}")
-    if kind == "form":
-        data, upload = await read_form(request, state, state.bodies.compose_upload)
-        _no_composition(state)
-        opts = await _options(state, upload)
-        pixels = await upload_pixels(data, state, request, "compose")
-        ranking = await submit(state.compose_batcher, (pixels, tuple(upload.add), tuple(upload.subtract), opts),
-                               state, request)
-    else:
-        body = await read_json(request, state.bodies.search_images)
-        if isinstance(body, ImageIdCompose):
-            _no_composition(state)
-            opts = await _options(state, body)
-            pixels = await gallery_pixels(body.image_id, state, request)
-            ranking = await submit(state.compose_batcher, (pixels, tuple(body.add), tuple(body.subtract), opts),
-                                   state, request)
-        else:
-            ranking = await submit(state.text_batcher, (body.text, await _options(state, body)), state, request)
-    return _json(_image_results(ranking, state, request.scope.get("root_path", "")))
-
-
-@router.post("/search/captions", response_model=CaptionResults, responses=error_responses(*POST_ERRORS, 404),
-             summary="Image (upload, or a gallery image id) → captions of the corpus, best first (paged, with a "
-                     "threshold)")
-async def search_captions(request: Request, state: ServiceState = Depends(service)):
-    kind = body_kind(request, ("form", "json"), "send multipart/form-data with an 'image' file (and optional 'k'), "
-                                                "or JSON {\"image_id\": ..., \"k\": ...}")
-    ranking: Ranking
-    if kind == "form":
-        data, upload = await read_form(request, state, state.bodies.caption_search)
-        pixels = await upload_pixels(data, state, request, "image")
-        ranking = await submit(state.image_batcher, (pixels, _page(upload)), state, request)
-    else:
-        body = await read_json(request, state.bodies.image_id_search)
-        check_deadline(request, state, "direct")
-        loop = asyncio.get_running_loop()
-        try:
-            ranking = await loop.run_in_executor(state.compute_pool, state.loaded.engine.search_image_id,
-                                                 body.image_id, _page(body))
-        except KeyError:
-            raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
+def _caption_results(ranking: Ranking, state: ServiceState) -> CaptionResults:
     rows = state.loaded.gallery.meta.captions([i for i, _ in ranking.hits])
     results = [CaptionHit(caption=rows[i].text, score=s, id=i, relevance=r)
                for (i, s), r in zip(ranking.hits, _relevance(ranking)) if i in rows]
-    return _json(CaptionResults(results=results, strong_match=ranking.strong_match))
+    return CaptionResults(results=results, strong_match=ranking.strong_match)
+
+
+# --- the operations' handlers (the table: service/operations.py) ---------------------------------------------------
+
+async def text_search(call: Call, body: TextSearch) -> Response:
+    ranking = await call.run((body.text, await _options(call.state, body)))
+    return _json(_image_results(ranking, call.state, call.root))
+
+
+async def _composed(call: Call, pixels: torch.Tensor, query: ComposeUpload, opts: Options) -> Response:
+    ranking = await call.run((pixels, tuple(query.add), tuple(query.subtract), opts))
+    return _json(_image_results(ranking, call.state, call.root))
+
+
+async def compose_upload(call: Call, body: Uploaded[ComposeUpload]) -> Response:
+    _no_composition(call.state)
+    opts = await _options(call.state, body.fields)
+    return await _composed(call, await call.pixels(body.image), body.fields, opts)
+
+
+async def compose_gallery_image(call: Call, body: ImageIdCompose) -> Response:
+    _no_composition(call.state)
+    opts = await _options(call.state, body)
+    return await _composed(call, await gallery_pixels(body.image_id, call.state, call.request), body, opts)
+
+
+async def caption_search_upload(call: Call, body: Uploaded[CaptionSearch]) -> Response:
+    ranking = await call.run((await call.pixels(body.image), _page(body.fields)))
+    return _json(_caption_results(ranking, call.state))
+
+
+async def caption_search_gallery_image(call: Call, body: ImageIdSearch) -> Response:
+    try:
+        ranking = await call.run((body.image_id, _page(body)))
+    except KeyError:
+        raise HTTPException(404, f"no gallery image with id {body.image_id}") from None
+    return _json(_caption_results(ranking, call.state))

@@ -1,4 +1,4 @@
-"""Operations: ``/healthz`` (the process is alive), ``/readyz`` (the model and index are loaded; also what the
+"""Health and metrics: ``/healthz`` (the process is alive), ``/readyz`` (the model and index are loaded; also what the
 web page needs to know) and ``/metrics`` (Prometheus). Open even when an API key is set."""
 from __future__ import annotations
 

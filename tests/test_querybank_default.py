@@ -378,3 +378,16 @@ def test_tta_option_of_index_build(tiny_model_path, synth_small, tmp_path):
     assert read_manifest(tmp_path / "i")["tta"] == "flip"
     assert _build(tiny_model_path, synth_small, tmp_path / "j", "--tta", "flip", "--engine", "ray") == 2
     assert _build(tiny_model_path, synth_small, tmp_path / "k", "--tta", "flip-crop", "--engine", "ray") == 2
+
+
+def test_the_querybank_command_stores_caption_vectors_for_an_older_file(model, model_copy, capsys):
+    _without_caption_vectors(model_copy)
+    assert "caption_vectors" not in carried(load_model(model_copy))
+    assert cli_main(["querybank", "--model", str(model_copy), "--caption-vectors"]) == 0
+    again = load_model(model_copy)
+    bank = carried(again)
+    assert bank["vectors_of"] == again.fingerprint == model.fingerprint
+    assert np.array_equal(caption_vectors(bank, again), caption_vectors(carried(model), model))
+    attach(model_copy, None)
+    assert cli_main(["querybank", "--model", str(model_copy), "--caption-vectors"]) == 2
+    assert "carries no query bank" in capsys.readouterr().err

@@ -97,6 +97,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beta", type=float, help="the inverted softmax's inverse temperature (default: querybank.beta)")
     p.add_argument("--seed", type=int, help="the sample's seed (default: the model's train.seed)")
     p.add_argument("--remove", action="store_true", help="remove the bank the model carries instead")
+    p.add_argument("--caption-vectors", action="store_true",
+                   help="instead: store the vectors of the captions of the bank the model carries (as this model "
+                        "embeds them), so that a first index build need not embed them")
     p.set_defaults(func=cmd_querybank)
     p = sub.add_parser("slim", help="write a small model.pt that keeps only the trained tensors; the pretrained "
                                     "ones are reloaded from their PyPI packages (checked by sha256) when it loads")
@@ -395,8 +398,21 @@ def cmd_querybank(args) -> int:
         attach(args.model, None)
         print(f"removed the query bank of {args.model}")
         return 0
+    if args.caption_vectors:
+        from training.inference.querybank import carried
+        from training.querybank import with_caption_vectors
+
+        model = load_model(args.model)
+        own = carried(model)
+        if own is None or not own.get("captions"):
+            print(f"error: {args.model} carries no query bank captions (jointspace querybank --data ... first)",
+                  file=sys.stderr)
+            return 2
+        attach(args.model, with_caption_vectors(own, model, progress=True))
+        print(f"querybank: the vectors of {len(own['captions'])} captions stored in {args.model}")
+        return 0
     if not args.data:
-        print("error: --data is needed (or --remove)", file=sys.stderr)
+        print("error: --data is needed (or --remove, or --caption-vectors)", file=sys.stderr)
         return 2
     model = load_model(args.model)
     if isinstance(model, EnsembleEmbedding):

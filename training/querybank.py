@@ -55,15 +55,21 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)
     classes = len(texts) - min(captions, n_caps)
-    carried_vectors: dict = {}
-    if texts and getattr(model, "fingerprint", None):     # a loaded model: its file is what indexes will load
-        caption_rows, caption_scales = quantize_images(embed_texts(model, texts, progress=progress).float().cpu())
-        carried_vectors = {"caption_vectors": caption_rows, "caption_scales": caption_scales,
-                           "vectors_of": model.fingerprint}
-    return {"captions": texts, **carried_vectors, "images": rows, "image_scales": scales, "beta": float(beta),
+    bank = {"captions": texts, "images": rows, "image_scales": scales, "beta": float(beta),
             "source": source or f"{dataset.name}: {len(texts) - classes} of {n_caps} captions"
                                 + (f" and {classes} class sentences" if classes else "")
                                 + f", {len(records)} of {len(dataset.images)} images (seed {seed})"}
+    return with_caption_vectors(bank, model, progress)
+
+
+def with_caption_vectors(bank: dict, model, progress: bool = False) -> dict:
+    """``bank`` with its captions' vectors as ``model`` embeds them (int8 rows, training/inference/querybank.py),
+    for a model loaded from its file (its fingerprint names them); unchanged for a model without one or a bank
+    without captions."""
+    if not bank.get("captions") or not getattr(model, "fingerprint", None):
+        return bank
+    rows, scales = quantize_images(embed_texts(model, list(bank["captions"]), progress=progress).float().cpu())
+    return {**bank, "caption_vectors": rows, "caption_scales": scales, "vectors_of": model.fingerprint}
 
 
 def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cpu", progress: bool = False,

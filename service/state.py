@@ -14,7 +14,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -133,14 +133,6 @@ class ServiceState:
                               max_wait_ms=self.settings.max_wait_ms if batching else 0.0,
                               max_queue=self.settings.max_queue, name=name, metrics=self.metrics,
                               pending=lambda: self.inflight[name])
-
-    if not TYPE_CHECKING:       # the code says state.batchers[name]; mypy keeps flagging unknown attributes
-        def __getattr__(self, name: str) -> DynamicBatcher | None:
-            """``state.text_batcher``, ``state.caption_batcher``, …: the batcher of that queue (None before it
-            exists)."""
-            if name.endswith("_batcher") and name.removesuffix("_batcher") in self.__dict__.get("queues", {}):
-                return self.batchers.get(name.removesuffix("_batcher"))
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def deadline(self, arrival: float | None) -> float | None:
         """The ``time.monotonic()`` instant after which a request that arrived at ``arrival`` is dropped."""

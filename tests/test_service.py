@@ -491,7 +491,7 @@ def test_requests_past_their_deadline_are_dropped_before_any_work(tiny_model_pat
         state = app.state.service
         slow = SlowTexts(state.engine, 0.05)
         state._search_texts = slow              # the batcher calls state._search_texts through its fn
-        state.text_batcher.fn = slow
+        state.batchers["text"].fn = slow
         answers = await asyncio.gather(*(c.post("/v1/search/images", json={"text": q, "k": 3}) for q in queries))
         return answers, slow.computed, (await c.get("/metrics")).text
 
@@ -512,7 +512,7 @@ def test_admission_refuses_beyond_max_queue_before_any_work(tiny_model_path, tin
     async def flood(c):
         state = app.state.service
         slow = SlowTexts(state.engine, 0.05)
-        state.text_batcher.fn = slow
+        state.batchers["text"].fn = slow
         answers = await asyncio.gather(*(c.post("/v1/search/images", json={"text": q}) for q in QUERIES[:12]))
         return answers, slow.computed, (await c.get("/metrics")).text
 

@@ -158,7 +158,7 @@ def test_bad_requests_are_clear_4xx(client, url, kwargs, status, message):
 def test_a_model_without_decoder_answers_409(tiny_model_path, tiny_index_dir):
     with TestClient(create_app(_settings(tiny_model_path, tiny_index_dir))) as c:
         assert _wait_ready(c)["decoder"] is False
-        assert c.app.state.service.caption_batcher is None and c.app.state.service.paraphrase_batcher is None
+        assert "caption" not in c.app.state.service.batchers and "paraphrase" not in c.app.state.service.batchers
         for r in (c.post("/v1/captions", files={"image": ("a.png", _png(), "image/png")}, data={"n": "2"}),
                   c.post("/v1/paraphrases", json={"text": "a red circle", "n": 2})):
             assert r.status_code == 409

@@ -27,9 +27,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # the base's Python: 3.12 on Ubuntu 24.04, 3.11 on Debian 12 (jointspace needs >= 3.11; every pin in
-# constraints.txt has wheels for both)
+# constraints.txt has wheels for both); Tesseract and its English data for OCR at index time (index/ocr.py)
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates tesseract-ocr tesseract-ocr-eng \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "$VIRTUAL_ENV"
 

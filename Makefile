@@ -7,8 +7,10 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 # the browser tests (tests/test_web.py) drive Debian's Chromium with Playwright's Python package
 CHROMIUM_PACKAGES := chromium chromium-driver fonts-dejavu-core
+# OCR at index time (index/ocr.py, `index build --ocr`) runs Debian's Tesseract with its English data
+TESSERACT_PACKAGES := tesseract-ocr tesseract-ocr-eng
 
-.PHONY: install test lint demo demo-train clean chromium screenshots
+.PHONY: install test lint demo demo-train clean chromium ocr screenshots
 
 # PYTHONWARNINGS: setuptools prints a note on every editable install ("Editable installation ... folders with the
 # same name as your package"), advice on editable installs in general, not a warning about this project
@@ -20,7 +22,7 @@ $(BIN)/jointspace: pyproject.toml constraints.txt
 
 install: $(BIN)/jointspace  ## create .venv and install the pinned project
 
-test: lint $(BIN)/jointspace chromium  ## lint, then the whole test suite
+test: lint $(BIN)/jointspace chromium ocr  ## lint, then the whole test suite
 	$(BIN)/python -m pytest -q
 
 # ruff (rules in pyproject.toml) over all the Python code; mypy (settings in pyproject.toml) over the three
@@ -43,6 +45,22 @@ chromium:  ## Chromium for the browser tests: installed with apt-get when missin
 		echo "!!!!! the browser tests (tests/test_web.py) will be SKIPPED. Install it with:"; \
 		echo "!!!!!     sudo apt-get install $(CHROMIUM_PACKAGES)"; \
 		echo "!!!!! or set JOINTSPACE_CHROMIUM to a Chromium binary."; \
+	fi
+
+ocr:  ## Tesseract (OCR at index time; tests/test_keywords.py): installed with apt-get when missing (root), else a loud warning
+	@if command -v tesseract >/dev/null 2>&1 && tesseract --list-langs 2>/dev/null | grep -qx eng; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "Tesseract is missing: apt-get install $(TESSERACT_PACKAGES) (OCR at index time, tests/test_keywords.py)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq -o DPkg::Lock::Timeout=300 \
+		&& apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $(TESSERACT_PACKAGES) \
+		|| echo "!!!!! Tesseract could not be installed: the OCR tests (tests/test_keywords.py) will not run !!!!!"; \
+	else \
+		echo "!!!!! Tesseract (with its English data) is not installed and cannot be installed here (needs root and"; \
+		echo "!!!!! apt-get): the OCR tests (tests/test_keywords.py) will be SKIPPED, and \`index build\` will not"; \
+		echo "!!!!! read text in photos. Install it with:"; \
+		echo "!!!!!     sudo apt-get install $(TESSERACT_PACKAGES)"; \
 	fi
 
 # `make demo PORT=8001` serves on another port, `HOST=0.0.0.0` on every interface; a port in use is refused at

@@ -19,6 +19,7 @@ DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
+SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
 BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
                 "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
@@ -62,6 +63,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "averages them (twice the embedding time), flip-crop also a closer centre crop and its "
                         "mirror image (four times); queries and search cost are unchanged; "
                         f"default {DEFAULT_TTA} (none with --engine ray; docs/index.md)")
+    _ocr_options(b)
     b.add_argument("--max-index-memory", metavar="SIZE",
                    help="memory the image index may take, e.g. 4GB or 512MiB: without --factory, the largest index "
                         "type up to the default that fits (IVF-Flat, IVF-SQ8, IVF-PQ; index/faiss_index.py)")
@@ -109,6 +111,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--image", help="an example photo: find gallery images like it")
     s.add_argument("--subtract", action="append", default=[], metavar="WORDS",
                    help="words or phrases whose meaning to take away from the query (repeatable)")
+    s.add_argument("--mode", choices=SEARCH_MODES, default="vector",
+                   help="with --text: vector (the embedding ranking, the default), keyword (file and folder names, "
+                        "text read in the photos, captions: BM25) or hybrid (both, fused by reciprocal rank; "
+                        "docs/search.md)")
     s.add_argument("--k", type=int, default=10, help="number of results (default 10)")
     s.add_argument("--offset", type=int, default=0, help="skip this many results first (pagination)")
     s.add_argument("--min-score", type=float, help="hide results scoring below this (cosine: -1 to 1)")
@@ -153,6 +159,36 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
                    help="image decoding processes (default: by the usable cores; on CUDA all but one)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=func)
+
+
+def _ocr_options(p: argparse.ArgumentParser) -> None:
+    """``index build``'s OCR options (index/ocr.py, docs/search.md)."""
+    g = p.add_argument_group("text in photos", "read the text in photos that likely hold some (Tesseract), for "
+                                               "keyword and hybrid search; `index add` and `index sync` follow the "
+                                               "build's choice")
+    o = g.add_mutually_exclusive_group()
+    o.add_argument("--ocr", dest="ocr", action="store_const", const=True,
+                   help="read text in photos; an error when Tesseract is not installed (default: on when it is)")
+    o.add_argument("--no-ocr", dest="ocr", action="store_const", const=False, help="do not read text in photos")
+    g.add_argument("--ocr-lang", default="eng", metavar="LANGS",
+                   help="Tesseract language(s), joined by '+' (default eng; each needs its tesseract-ocr-LANG package)")
+
+
+def _ocr_config(args):
+    """The build's OCR configuration: None with --no-ocr, or by default when Tesseract is missing (said on stderr)."""
+    from .ocr import OcrConfig, OcrUnavailableError, check_engine
+
+    if args.ocr is False:
+        return None
+    try:
+        check_engine(args.ocr_lang)
+    except OcrUnavailableError as err:
+        if args.ocr:
+            raise
+        print(f"jointspace index build: not reading text in photos (--no-ocr to silence this): {err}",
+              file=sys.stderr)
+        return None
+    return OcrConfig(lang=args.ocr_lang)
 
 
 def _video_options(p: argparse.ArgumentParser) -> None:
@@ -295,6 +331,7 @@ def cmd_build(args) -> int:
             from .ray_embed import check_address
 
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
+    ocr = _ocr_config(args)                  # before the model loads: a missing engine or language fails at once
     image_root = args.images
     outside: list[tuple[str, str]] = []
     sampling = _sampling(args)
@@ -336,13 +373,13 @@ def cmd_build(args) -> int:
     bank = _querybank(args, model)
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
     if args.engine == "ray":
-        report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank)
+        report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank, ocr)
     else:
         report = build(args.out, model, paths, captions, factory=args.factory,
                        caption_factory=args.caption_factory, batch_size=args.batch_size,
                        workers=args.workers, progress=not args.quiet, image_root=image_root,
                        max_memory=max_memory, querybank=bank, video_paths=video_paths, sampling=sampling,
-                       tta=args.tta)
+                       tta=args.tta, ocr=ocr)
     _report_skipped(report.skipped)
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
@@ -409,7 +446,8 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         raise ValueError(f"--max-index-memory: {err}") from None
 
 
-def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_memory=None, querybank=None):
+def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_memory=None, querybank=None,
+                  ocr=None):
     from training.inference.pretrained import resolve
 
     from .gallery import build_from_embeddings
@@ -427,7 +465,7 @@ def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_
           file=sys.stderr)
     return build_from_embeddings(args.out, model, paths, run.embeddings, captions, factory=args.factory,
                                  caption_factory=args.caption_factory, progress=not args.quiet,
-                                 image_root=image_root, max_memory=max_memory, querybank=querybank)
+                                 image_root=image_root, max_memory=max_memory, querybank=querybank, ocr=ocr)
 
 
 def cmd_add(args) -> int:
@@ -501,36 +539,47 @@ def cmd_search(args) -> int:
     from training.inference.embed import embed_texts
 
     from .gallery import Gallery
+    from .hybrid import search_text
+    from .relevance import Ranking
     from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
 
     if args.k < 1:
         raise ValueError("--k must be at least 1")
     if not 0 <= args.offset <= MAX_OFFSET:
         raise ValueError(f"--offset must be from 0 to {MAX_OFFSET}")
+    if args.image is not None and args.mode != "vector":
+        raise ValueError(f"--mode {args.mode} needs --text (an example photo has no words to match)")
     flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before, args.media)
     read_index(args.index)
     model, device = _load(args)
     gallery = Gallery.load(args.index, model=model, device=device)
     try:
         min_score = check_min_score(gallery.manifest["similarity"], args.min_score)
+        ranking: Ranking
         if args.text is not None:
             if not args.text.strip() or any(not w.strip() for w in args.subtract):
                 raise ValueError("the query text and the words to subtract must not be empty")
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
+            ranking = search_text(gallery, query, args.text, args.mode, args.k, args.offset, min_score,
+                                  gallery.allowed_ids(flt))
         else:
             query = _example_query(model, args.image, args.subtract)
-        ranking = gallery.ranked("images", query, gallery.search_images(query, args.k, flt, args.offset, min_score))[0]
+            ranking = gallery.ranked("images", query,
+                                     gallery.search_images(query, args.k, flt, args.offset, min_score))[0]
+        words = getattr(ranking, "matched", None) or [None] * len(ranking.hits)
         rows = gallery.meta.images([i for i, _ in ranking.hits])
         results: list[dict] = []
         relevance: list[float | None] = [*ranking.relevance] if ranking.relevance is not None else \
             [None] * len(ranking.hits)
-        for (i, s), r in zip(ranking.hits, relevance):
+        for (i, s), r, matched in zip(ranking.hits, relevance, words):
             if i in rows:
                 row = rows[i]
                 hit = {"id": i, "score": round(s, 6), "relevance": r, "media": "photo", "path": row.path,
                        "taken": format_time(row.taken), "folder": row.folder}
                 if row.video_id is not None:
                     hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
+                if matched is not None:
+                    hit["matched"] = matched
                 results.append(hit)
         print(json.dumps({"results": results, "strong_match": ranking.strong_match}, indent=1) if args.json
               else _table(results, gallery.photos.root, ranking.strong_match))

@@ -25,6 +25,7 @@ from .generations import (FORMAT, current_generation, locked, new_generation, pr
                           read_manifest)
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
+from .ocr import OcrConfig, read_rows, store
 from .query import ImageFilter, PhotoTable, page
 from .querybank import QueryBank, bank_for, correction, queries_for, references_for, unfold
 from .relevance import Ranking, Reference
@@ -190,7 +191,7 @@ def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | P
           caption_factory: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
           image_root: str | Path | None = None, max_memory: int | None = None,
           querybank: QueryBank | None = None, video_paths: Sequence[str | Path] = (),
-          sampling: Sampling = DEFAULT_SAMPLING, tta: str = "none") -> UpdateReport:
+          sampling: Sampling = DEFAULT_SAMPLING, tta: str = "none", ocr: OcrConfig | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically). ``image_root``: the folder the images were found in (folder filters are relative to it; by
@@ -199,14 +200,14 @@ def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | P
     against this bank of queries (QB-Norm, index/querybank.py; cosine models). ``video_paths``: videos, read as
     ``sampling`` says and stored as moments (index/video.py) after the images. ``tta``: gallery-side test-time
     augmentation (``index.embed.TTA``) of the photos, recorded in the manifest so that ``add`` and ``sync`` embed
-    alike."""
+    alike. ``ocr``: read the text in the photos (index/ocr.py), and in those that ``add`` and ``sync`` add later."""
     emb = embed_image_files(model, image_paths, batch_size=batch_size, workers=workers, progress=progress, tta=tta)
     videos = embed_videos(model, video_paths, sampling, batch_size=batch_size, workers=workers,
                           progress=progress) if video_paths else None
     return build_from_embeddings(root, model, image_paths, emb, captions, factory=factory,
                                  caption_factory=caption_factory, progress=progress,
                                  image_root=image_root, max_memory=max_memory, querybank=querybank,
-                                 videos=videos, video_paths=video_paths, tta=tta)
+                                 videos=videos, video_paths=video_paths, tta=tta, ocr=ocr)
 
 
 def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path], emb: FileEmbeddings,
@@ -215,7 +216,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
                           image_root: str | Path | None = None,
                           max_memory: int | None = None, querybank: QueryBank | None = None,
                           videos: VideoEmbeddings | None = None, video_paths: Sequence[str | Path] = (),
-                          tta: str = "none") -> UpdateReport:
+                          tta: str = "none", ocr: OcrConfig | None = None) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
@@ -242,7 +243,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
         cap_vectors, [(t, g if g in kept else None) for t, g in captions], next_image_id=int(len(image_paths)
                                                                                             + len(rows) - len(emb.kept)),
         factory=factory, caption_factory=caption_factory, image_root=image_root, max_memory=max_memory,
-        model_name=model.cfg.name, querybank=querybank, videos=video_rows, tta=tta)
+        model_name=model.cfg.name, querybank=querybank, videos=video_rows, tta=tta, ocr=ocr)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
     report.video_ids = [r[0] for r in video_rows]
     report.moments = len(rows) - len(emb.kept)
@@ -255,14 +256,16 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                        factory: str | None = None, caption_factory: str | None = None,
                        image_root: str | Path | None = None, max_memory: int | None = None,
                        model_name: str = "", querybank: QueryBank | None = None,
-                       videos: Sequence[tuple] = (), tta: str = "none") -> UpdateReport:
+                       videos: Sequence[tuple] = (), tta: str = "none", ocr: OcrConfig | None = None) -> UpdateReport:
     """Writes a new index generation from embeddings: ``image_rows`` ``(path, info or None)`` per image id,
     ``caption_rows`` ``(text, image id or None)`` per caption (caption id = position). The image index type is
     ``factory``, else the one that fits ``max_memory`` bytes, else the default by size; IVF/PQ types are
     trained on a sample. ``querybank``: items stored as ``[v, −o]`` (QB-Norm, index/querybank.py). ``videos``:
     rows ``(id, path, VideoInfo, vector)`` of the videos whose moments are among the image rows. ``tta``: the
-    test-time augmentation the photos' vectors were embedded with (recorded for ``add`` and ``sync``)."""
+    test-time augmentation the photos' vectors were embedded with (recorded for ``add`` and ``sync``). ``ocr``: read
+    the photos' text (index/ocr.py; recorded for ``add`` and ``sync`` too)."""
     root = Path(root)
+    texts = read_rows(image_rows, ocr)
     image_ids = np.asarray(image_ids, dtype=np.int64)
     dim = int(image_vectors.shape[1])
     if querybank is not None:                            # [v, −o] items (index/querybank.py)
@@ -284,12 +287,15 @@ def build_from_vectors(root: str | Path, fingerprint: str, similarity: str, imag
                 "next_video_id": max((int(r[0]) for r in videos), default=-1) + 1, "tta": tta}
     if image_root is not None:
         manifest["image_root"] = str(Path(image_root).resolve())
+    if ocr is not None:
+        manifest["ocr"] = ocr.manifest()
     with locked(root):                                   # the bank file and the generation naming it, together
         if querybank is not None:
             manifest["querybank"] = querybank.save(root)
         with new_generation(root, lock=False) as gen_dir:
             meta = Metadata(gen_dir / "metadata.sqlite")
-            meta.add_images([(int(i), *row) for i, row in zip(image_ids, image_rows)], added=now)
+            meta.add_images(id_rows := [(int(i), *row) for i, row in zip(image_ids, image_rows)], added=now)
+            store(meta, id_rows, texts, ocr)
             meta.add_captions([(int(i), t, g) for i, (t, g) in zip(cap_ids, caption_rows)], added=now)
             meta.add_videos(videos, added=now)
             meta.close()
@@ -341,6 +347,8 @@ def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | 
     unless the compaction thresholds are crossed (``compact``: ``auto``, ``none`` or ``all``). ``videos``: embedded
     videos and their paths, whose moments are added after the images. Nothing to add: no new generation."""
     root = Path(root)
+    ocr = OcrConfig.from_manifest(read_manifest(root).get("ocr")) if len(image_rows) else None
+    texts = read_rows(image_rows, ocr)                      # before the writers' lock: Tesseract takes a while
     with _locked_for_update(root) as (gen_dir, manifest, images, caps):
         check_fingerprint(manifest, fingerprint, root)
         bank = bank_for(root, manifest)
@@ -374,6 +382,7 @@ def add_vectors(root: str | Path, fingerprint: str, image_vectors: np.ndarray | 
             copy = meta.copy_to(new_dir / "metadata.sqlite")
             meta.close()
             copy.add_images(rows_img, added=now)
+            store(copy, rows_img, texts, ocr)
             copy.add_captions(rows_cap, added=now)
             copy.add_videos(rows_vid, added=now)
             copy.close()
@@ -584,11 +593,14 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
                 rows = [(int(i), *row) for i, row in zip(ids, rows)]
             manifest.setdefault("image_root", str(folder))
             now = time.time()
+            ocr = OcrConfig.from_manifest(manifest.get("ocr"))
+            texts = read_rows([row[1:] for row in rows], ocr)
             with new_generation(root, lock=False) as new_dir:
                 copy = meta.copy_to(new_dir / "metadata.sqlite")
                 copy.remove_images(stale)
                 copy.remove_videos(sorted(stale_videos))
                 copy.add_images(rows, added=now)
+                store(copy, rows, texts, ocr)
                 copy.add_videos(video_rows, added=now)
                 copy.close()
                 _write(new_dir, manifest, vectors, caps)

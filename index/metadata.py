@@ -11,6 +11,9 @@ Indexes written before the photo columns existed (``taken``, ``width``, ``height
 ``size``, ``mtime``) still load: opened for writing, the table gets the columns (NULL for the old rows); opened
 read-only, the missing columns read as NULL and ``folder`` is derived from the path. The same holds for the
 moment columns (``video_id``, ``t_start``, ``t_end``, ``t_frame``) and the ``videos`` table (read-only: no videos).
+
+The keyword index (FTS5) and the words OCR read live in the same file, kept in step with the images and captions:
+``index/keywords.py``.
 """
 from __future__ import annotations
 
@@ -21,7 +24,12 @@ import time
 import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from . import keywords
+
+if TYPE_CHECKING:
+    from .ocr import PhotoText
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -137,6 +145,7 @@ class Metadata:
                 for name, sql_type in PHOTO_COLUMNS + MOMENT_COLUMNS:   # migrate a table written before these
                     if name not in have:
                         self._conn.execute(f"ALTER TABLE images ADD COLUMN {name} {sql_type}")
+                keywords.ensure(self._conn)          # the keyword index (index/keywords.py)
         have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
         self._select_images = "SELECT " + ", ".join(c if c in have else f"NULL AS {c}" for c in _IMAGE_COLUMNS) \
             + " FROM images"
@@ -169,6 +178,7 @@ class Metadata:
         with self._lock, self._conn:
             self._conn.executemany(f"INSERT INTO images ({', '.join(_IMAGE_COLUMNS)}) VALUES "
                                    f"({', '.join('?' * len(_IMAGE_COLUMNS))})", values)
+            keywords.add_rows(self._conn, [(v[0], v[1], v[6]) for v in values])
 
     def add_captions(self, rows: Iterable[tuple[int, str, int | None]], added: float | None = None) -> None:
         added = time.time() if added is None else added
@@ -182,6 +192,12 @@ class Metadata:
             self._conn.executemany("UPDATE captions SET image_id = NULL WHERE image_id = ?",
                                    [(int(i),) for i in ids])
             return cur.rowcount
+
+    def add_texts(self, texts: Iterable[tuple[int, "PhotoText"]], min_confidence: float) -> None:
+        """What OCR read in photos, ``(image id, index.ocr.PhotoText)``: stored, and indexed as words
+        (index/keywords.py)."""
+        with self._lock, self._conn:
+            keywords.add_texts(self._conn, texts, min_confidence)
 
     def add_videos(self, rows: Iterable[tuple], added: float | None = None) -> None:
         """Rows ``(id, path, info, vector)``: ``info`` an ``index.video.VideoInfo``, ``vector`` its float32
@@ -265,6 +281,21 @@ class Metadata:
             n_mom = self._conn.execute("SELECT COUNT(*) FROM images WHERE video_id IS NOT NULL").fetchone()[0] \
                 if self._has_videos else 0
         return {"images": n_img, "captions": n_cap, "videos": n_vid, "moments": n_mom}
+
+    def keyword_search(self, terms: Sequence[str], limit: int) -> list[tuple[int, float]]:
+        """Images holding any of the words ``terms``, best BM25 first (index/keywords.py)."""
+        with self._lock:
+            return keywords.search(self._conn, terms, limit)
+
+    def keyword_matches(self, terms: Sequence[str], ids: Sequence[int]) -> dict[int, list[str]]:
+        """Which of ``terms`` each of the images ``ids`` holds (index/keywords.py)."""
+        with self._lock:
+            return keywords.matched(self._conn, terms, ids)
+
+    def ocr_words(self, image_id: int) -> list[tuple[str, float]] | None:
+        """The words OCR read in a photo with their confidences; None when it never looked at the photo."""
+        with self._lock:
+            return keywords.ocr_words(self._conn, image_id)
 
     def _many(self, sql: str, ids: Sequence[int], row_type) -> dict:
         out = {}

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from index.hybrid import search_text
 from index.query import page
 from index.relevance import Ranking
 from training.inference.compose import compose_query
@@ -40,6 +41,7 @@ class Options:
     min_score: float | None = None
     allowed: np.ndarray | None = None
     subtract: tuple[str, ...] = ()
+    mode: str = "vector"             # a text query: index/hybrid.py's vector, keyword or hybrid
 
 
 def options(value) -> Options:
@@ -110,7 +112,18 @@ class Engine:
         gallery = self.gallery
         opts = [options(o) for _, o in items]
         queries = self._text_vectors([t for t, _ in items], [o.subtract for o in opts]).cpu().numpy()
-        return gallery.ranked("images", queries, _paged(gallery, "images", queries, opts))
+        plain = [i for i, o in enumerate(opts) if o.mode == "vector"]
+        out: list[Ranking] = [Ranking([]) for _ in items]
+        if plain:
+            for i, ranking in zip(plain, gallery.ranked("images", queries[plain],
+                                                        _paged(gallery, "images", queries[plain],
+                                                               [opts[i] for i in plain]))):
+                out[i] = ranking
+        for i, o in enumerate(opts):          # keyword and hybrid modes, one query at a time (index/hybrid.py)
+            if o.mode != "vector":
+                out[i] = search_text(gallery, queries[i:i + 1], items[i][0], o.mode, o.k, o.offset, o.min_score,
+                                     o.allowed)
+        return out
 
     def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[Ranking]:
         """``(pixels, k or Options)`` queries → best-first ``(caption id, score)`` lists, with their relevance."""

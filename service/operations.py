@@ -29,8 +29,10 @@ OPERATIONS: tuple[Route, ...] = (
                   "compose", Engine.compose_search, search.compose_upload)),
         ImageResults, errors=(404, 409),
         summary="Text → gallery images, or a photo (± words) → similar gallery images; best first, filtered, paged",
-        description="JSON `{\"text\", \"subtract\", \"k\", ...}`: images for a sentence, minus the meaning of the "
-                    "`subtract` words. Query by example and composition (W2VV §IV-C): multipart `image` (+ `add`, "
+        description="JSON `{\"text\", \"subtract\", \"mode\", \"k\", ...}`: images for a sentence, minus the "
+                    "meaning of the `subtract` words; `mode` `vector` (default), `keyword` (file and folder names, "
+                    "text read in the photos, captions: BM25) or `hybrid` (both, fused by reciprocal rank), each "
+                    "keyword or hybrid hit with its `matched` words. Query by example and composition (W2VV §IV-C): multipart `image` (+ `add`, "
                     "`subtract`, `k`, ...) — an uploaded photo — or JSON `{\"image_id\", \"add\", \"subtract\", "
                     "\"k\", ...}` for a gallery image: images like the query image, with the meaning of the `add` "
                     "words added and of the `subtract` words taken away. Every form also takes `offset` and "

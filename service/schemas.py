@@ -84,6 +84,13 @@ class ImageSearch(Filters, Paging):
 class TextSearch(ImageSearch):
     """Images for a sentence, optionally minus some words' meaning."""
     text: Text = Field(..., description="a sentence describing the images to find", examples=["a red circle"])
+    mode: Literal["vector", "keyword", "hybrid"] = Field(
+        "vector", description="`vector`: the embedding ranking (the default); `keyword`: only images whose file "
+                              "name, folder names, text read in the photo (OCR) or captions hold a word of `text`, "
+                              "best BM25 first; `hybrid`: both rankings fused by reciprocal rank (k = 60, equal "
+                              "weights), the vector ranking where no image holds a word. In every mode `score` is "
+                              "the embedding similarity and `min_score` applies to it (docs/search.md)",
+        examples=["hybrid"])
 
 
 class ComposeUpload(ImageSearch):
@@ -172,6 +179,13 @@ class ImageHit(BaseModel):
     end: float | None = Field(None, description="a moment's end in the video, seconds")
     frame: float | None = Field(None, description="the time of the moment's thumbnail frame (GET "
                                                   "/v1/images/{id}), seconds")
+    matched: list[str] | None = Field(None, description="a text search in keyword or hybrid mode: the words of the "
+                                                        "query found in the image's file name, folder names, OCR "
+                                                        "text or captions")
+    keyword_score: float | None = Field(None, description="keyword or hybrid mode: the image's BM25 score (higher "
+                                                          "is better; null: no word matched)")
+    fused_score: float | None = Field(None, description="hybrid mode: the reciprocal-rank-fusion score the results "
+                                                        "are ordered by")
 
 
 class ImageResults(BaseModel):

@@ -14,6 +14,7 @@ from fastapi import HTTPException
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from index.hybrid import TextRanking
 from index.query import ImageFilter, UnknownFolderError, format_time
 from index.relevance import Ranking
 from training.models.protocol import can_compose
@@ -45,7 +46,7 @@ async def _options(state: ServiceState, query: ImageSearch) -> Options:
         except UnknownFolderError as err:
             raise HTTPException(404, err.public) from None
     return Options(k=query.k, offset=query.offset, min_score=query.min_score, allowed=allowed,
-                   subtract=tuple(query.subtract))
+                   subtract=tuple(query.subtract), mode=getattr(query, "mode", "vector"))
 
 
 def _page(query: Paging) -> Options:
@@ -64,11 +65,20 @@ def _relevance(ranking: Ranking) -> list[float | None]:
     return list(ranking.relevance) if ranking.relevance is not None else [None] * len(ranking.hits)
 
 
+def _words(ranking: Ranking, n: int) -> dict:
+    """A keyword or hybrid search's fields of its ``n``-th hit (index/hybrid.py's TextRanking); none otherwise."""
+    if not isinstance(ranking, TextRanking) or ranking.matched is None:
+        return {}
+    return {"matched": ranking.matched[n],
+            "keyword_score": ranking.keyword_scores[n] if ranking.keyword_scores is not None else None,
+            "fused_score": ranking.fused[n] if ranking.fused is not None else None}
+
+
 def _image_results(ranking: Ranking, state: ServiceState, root: str) -> ImageResults:
     gallery = state.loaded.gallery
     rows = gallery.meta.images([i for i, _ in ranking.hits])
     out = []
-    for (i, s), relevance in zip(ranking.hits, _relevance(ranking)):
+    for n, ((i, s), relevance) in enumerate(zip(ranking.hits, _relevance(ranking))):
         row = rows.get(i)
         moment = {} if row is None or row.video_id is None else {
             "media": "video", "video_id": row.video_id, "start": row.t_start, "end": row.t_end, "frame": row.t_frame}
@@ -76,7 +86,8 @@ def _image_results(ranking: Ranking, state: ServiceState, root: str) -> ImageRes
                             taken=format_time(row.taken) if row else None,
                             name=os.path.basename(row.path) if row else None,
                             folder=gallery.photos.relative(row.folder) if row and row.folder else None,
-                            width=row.width if row else None, height=row.height if row else None, **moment))
+                            width=row.width if row else None, height=row.height if row else None, **moment,
+                            **_words(ranking, n)))
     return ImageResults(results=out, strong_match=ranking.strong_match)
 
 

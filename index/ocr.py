@@ -1,0 +1,204 @@
+"""Text in photos, read at index time: a cheap gate that tells which photos likely hold text, and Tesseract (Debian's
+``tesseract-ocr``, through ``pytesseract``) run on those only. The words read, each with Tesseract's confidence,
+are stored per photo in the gallery's metadata and indexed as words (index/keywords.py).
+
+The gate (:func:`text_likelihood`) looks at a small grey thumbnail: text is many thin, high-contrast strokes, so it
+measures which share of the thumbnail's strong edges come in close opposite pairs (the two sides of a stroke). Its
+threshold :data:`GATE` was set on generated text
+photos against real photos (benchmarks/ocr_keyword.py: recall and precision in docs/index.md). A photo the gate
+passes costs one Tesseract run (a second or so on a CPU core for a 12 MP photo, which is read at most
+:data:`OCR_SIDE` pixels on its long side); one it rejects costs the thumbnail only.
+
+The engine is a program, not a Python package: :func:`check_engine` says what is missing (the program, or a
+language's data) with the command that installs it, before any photo is embedded.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps
+
+GATE = 0.45             # text_likelihood at or above this: OCR runs (benchmarks/ocr_keyword.py measures it)
+THUMB = 256             # the gate's thumbnail, long side in pixels
+STEP = 0.2              # a strong step: this much brightness change (0-1) between horizontal neighbours
+MIN_EDGES = 0.001       # a thumbnail with fewer strong steps than this share of its pixels holds no text
+OCR_SIDE = 2000         # photos are read by Tesseract at most this many pixels on the long side
+MIN_CONFIDENCE = 50.0   # words Tesseract reads with a lower confidence (0-100) are stored but not indexed
+DEFAULT_LANG = "eng"
+_LANG = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")
+
+
+class OcrUnavailableError(RuntimeError):
+    """Tesseract, or the data of a language asked for, is not installed."""
+
+
+@dataclass(frozen=True)
+class OcrConfig:
+    """How photos are read: Tesseract's language(s) (``eng``, ``eng+deu``: installed language data), the gate's
+    threshold (0: read every photo) and the confidence under which a word is not indexed."""
+    lang: str = DEFAULT_LANG
+    gate: float = GATE
+    min_confidence: float = MIN_CONFIDENCE
+
+    def manifest(self) -> dict:
+        return {"lang": self.lang, "gate": self.gate, "min_confidence": self.min_confidence}
+
+    @classmethod
+    def from_manifest(cls, entry: dict | None) -> "OcrConfig | None":
+        """The configuration an index was built with (its manifest's ``ocr``); None: built without OCR."""
+        if not entry:
+            return None
+        return cls(lang=str(entry.get("lang", DEFAULT_LANG)), gate=float(entry.get("gate", GATE)),
+                   min_confidence=float(entry.get("min_confidence", MIN_CONFIDENCE)))
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    confidence: float       # Tesseract's, 0-100
+
+
+@dataclass(frozen=True)
+class PhotoText:
+    """What was read from one photo: the gate's score, whether OCR ran, and the words with their confidences."""
+    likelihood: float
+    read: bool
+    words: tuple[Word, ...] = ()
+
+
+def install_hint(lang: str = DEFAULT_LANG) -> str:
+    packages = " ".join(["tesseract-ocr", *(f"tesseract-ocr-{code.lower()}" for code in lang.split("+"))])
+    return f"sudo apt-get install {packages} (Debian/Ubuntu; `make ocr` does it where it runs as root)"
+
+
+def check_engine(lang: str = DEFAULT_LANG) -> None:
+    """Raises :class:`OcrUnavailableError` naming what is missing: the ``tesseract`` program, the Python binding, or
+    the data of a language of ``lang``; ValueError for a malformed ``lang``."""
+    if not _LANG.fullmatch(lang):
+        raise ValueError(f"--ocr-lang must be Tesseract language codes joined by '+' (eng, eng+deu), not {lang!r}")
+    try:
+        import pytesseract
+    except ImportError:
+        raise OcrUnavailableError("OCR needs the pytesseract package: pip install pytesseract") from None
+    if shutil.which(pytesseract.pytesseract.tesseract_cmd) is None:
+        raise OcrUnavailableError(f"OCR needs the tesseract program, which is not installed: {install_hint(lang)}; "
+                                  f"or index without OCR (--no-ocr)")
+    try:
+        have = set(pytesseract.get_languages(config=""))
+    except (pytesseract.TesseractError, OSError, subprocess.SubprocessError) as err:
+        raise OcrUnavailableError(f"tesseract does not run: {err}") from None
+    missing = [code for code in lang.split("+") if code not in have]
+    if missing:
+        raise OcrUnavailableError(f"Tesseract has no data for the language(s) {', '.join(missing)} (installed: "
+                                  f"{', '.join(sorted(have - {'osd'})) or 'none'}): {install_hint('+'.join(missing))}")
+
+
+def grey_thumbnail(image: Image.Image, side: int = THUMB) -> np.ndarray:
+    """The photo, upright, grey, at most ``side`` pixels on its long side, as float32 in [0, 1]."""
+    image = ImageOps.exif_transpose(image) or image
+    image = image.convert("L")
+    image.draft("L", (side, side))
+    image.thumbnail((side, side), Image.Resampling.BILINEAR)
+    return np.asarray(image, dtype=np.float32) / 255.0
+
+
+def text_likelihood(grey: np.ndarray) -> float:
+    """How much a grey thumbnail's strong edges look like text strokes: the share of its strong horizontal steps
+    (brightness change over :data:`STEP` between neighbours) that pair with an opposite step 1 to 4 pixels away —
+    the two sides of a thin stroke, as the letters of printed text are at thumbnail size — among all its strong
+    steps. Ordinary photos' strong edges are mostly single (an outline, a horizon, a shadow) and score low; 0 for
+    an image with (almost) no strong edge."""
+    if grey.ndim != 2 or min(grey.shape) < 8:
+        return 0.0
+    dx = np.diff(grey, axis=1)
+    rise, fall = dx > STEP, dx < -STEP
+    edges = rise | fall
+    n_edges = int(edges.sum())
+    if n_edges < MIN_EDGES * edges.size:
+        return 0.0
+    pair = np.zeros_like(rise)
+    for gap in range(1, 5):
+        pair[:, :-gap] |= (rise[:, :-gap] & fall[:, gap:]) | (fall[:, :-gap] & rise[:, gap:])
+    return float(pair.sum()) / n_edges
+
+
+def likelihood_of(path: str | Path) -> float:
+    with Image.open(path) as image:
+        return text_likelihood(grey_thumbnail(image))
+
+
+def read_words(image: Image.Image, lang: str = DEFAULT_LANG) -> tuple[Word, ...]:
+    """Tesseract's words of a photo with their confidences (page segmentation: automatic, sparse text)."""
+    import pytesseract
+
+    image = ImageOps.exif_transpose(image) or image
+    image = image.convert("L")
+    if max(image.size) > OCR_SIDE:
+        image.thumbnail((OCR_SIDE, OCR_SIDE), Image.Resampling.LANCZOS)
+    data = pytesseract.image_to_data(image, lang=lang, config="--psm 11",
+                                     output_type=pytesseract.Output.DICT)
+    words = []
+    for text, conf in zip(data["text"], data["conf"]):
+        text = str(text).strip()
+        if text and float(conf) >= 0:
+            words.append(Word(text, round(float(conf), 1)))
+    return tuple(words)
+
+
+def read_photo(path: str | Path, config: OcrConfig) -> PhotoText:
+    """The gate, then (when it passes) Tesseract, on one photo file. An unreadable file reads as no text (its
+    embedding, which runs first, reports it)."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            likelihood = text_likelihood(grey_thumbnail(image.copy()))
+            if likelihood < config.gate:
+                return PhotoText(likelihood, False)
+            return PhotoText(likelihood, True, read_words(image, config.lang))
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return PhotoText(0.0, False)
+
+
+def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None) -> list[PhotoText]:
+    """:func:`read_photo` over files, in order, on ``workers`` threads (each Tesseract run is its own process;
+    default: the CPU count, at most 8)."""
+    workers = workers or min(8, os.cpu_count() or 1)
+    if len(paths) <= 1 or workers <= 1:
+        return [read_photo(p, config) for p in paths]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda p: read_photo(p, config), paths))
+
+
+def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | None = None) -> dict[str, PhotoText]:
+    """What an update reads in its photos: metadata rows ``(path, info or None)`` → ``{path: PhotoText}`` for the
+    photos (not video moments). Empty without ``config`` (an index built without OCR); when the engine is missing
+    (an index built with OCR, updated on a machine without Tesseract), a warning and empty: the photos are indexed
+    by their names and folders only."""
+    if config is None:
+        return {}
+    paths = [str(row[0]) for row in rows if getattr(row[1] if len(row) > 1 else None, "video_id", None) is None]
+    if not paths:
+        return {}
+    try:
+        check_engine(config.lang)
+    except OcrUnavailableError as err:
+        warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=2)
+        return {}
+    return dict(zip(paths, read_photos(paths, config, workers)))
+
+
+def store(meta, rows: Iterable[tuple], texts: dict[str, PhotoText], config: OcrConfig | None) -> None:
+    """Writes ``texts`` (from :func:`read_rows`) for the rows ``(id, path, ...)`` just added to ``meta``."""
+    if config is None or not texts:
+        return
+    meta.add_texts([(int(row[0]), texts[str(row[1])]) for row in rows if str(row[1]) in texts],
+                   config.min_confidence)

@@ -103,10 +103,12 @@ def check_engine(lang: str = DEFAULT_LANG) -> None:
 
 
 def grey_thumbnail(image: Image.Image, side: int = THUMB) -> np.ndarray:
-    """The photo, upright, grey, at most ``side`` pixels on its long side, as float32 in [0, 1]."""
+    """The photo, upright, grey, at most ``side`` pixels on its long side, as float32 in [0, 1]. A JPEG not yet
+    loaded is decoded at a reduced scale (``draft``): a fraction of a full decode."""
+    if image.format == "JPEG":                         # a no-op once loaded
+        image.draft("L", (side, side))
     image = ImageOps.exif_transpose(image) or image
     image = image.convert("L")
-    image.draft("L", (side, side))
     image.thumbnail((side, side), Image.Resampling.BILINEAR)
     return np.asarray(image, dtype=np.float32) / 255.0
 
@@ -158,11 +160,10 @@ def read_photo(path: str | Path, config: OcrConfig) -> PhotoText:
     """The gate, then (when it passes) Tesseract, on one photo file. An unreadable file reads as no text (its
     embedding, which runs first, reports it)."""
     try:
+        likelihood = likelihood_of(path)
+        if likelihood < config.gate:
+            return PhotoText(likelihood, False)
         with Image.open(path) as image:
-            image.load()
-            likelihood = text_likelihood(grey_thumbnail(image.copy()))
-            if likelihood < config.gate:
-                return PhotoText(likelihood, False)
             return PhotoText(likelihood, True, read_words(image, config.lang))
     except (OSError, ValueError, Image.DecompressionBombError):
         return PhotoText(0.0, False)

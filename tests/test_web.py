@@ -900,3 +900,17 @@ def test_the_search_box_takes_what_the_api_takes(server, tab):
     assert len(_hits(page)) == 10 and page.is_hidden("#error")
     assert page.input_value("#query") == long[:limit]
     assert "the rest was left out" in page.inner_text("#query-note")
+
+
+def test_words_only_finds_a_file_name_and_the_cards_show_the_words(photo_server, tab):
+    """The filter panel's Match: Words only sends mode keyword (kept in the URL), and each card shows the words
+    of the search it matched (here in its file name)."""
+    page = tab.open(photo_server.url)
+    _wait_ready(page)
+    _open_panel(page, "filters")
+    page.select_option("#mode", "keyword")
+    _search(page, "p07")
+    want = _api(photo_server, "/v1/search/images", json={"text": "p07", "k": 10, "mode": "keyword"})
+    assert [i for i, _ in _hits(page)] == _ids(want) and _names(page)[0] == "p07.jpg"
+    assert page.eval_on_selector_all(".hit .matched", "els => els.map(e => e.textContent)")[0] == "words: p, 07"
+    assert _query_of(page)["match"] == "keyword"

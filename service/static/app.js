@@ -12,7 +12,7 @@ const el = {
   toggles: [...document.querySelectorAll(".tools .toggle")], filtersCount: $("filters-count"),
   paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
   k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
-  takenBefore: $("taken-before"), media: $("media"),
+  takenBefore: $("taken-before"), media: $("media"), mode: $("mode"),
   drop: $("drop"), file: $("image-file"), similarDrop: $("similar-drop"), similarFile: $("similar-file"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
   dialog: $("detail"), dialogTitle: $("detail-title"), dialogPosition: $("detail-position"),
@@ -36,7 +36,10 @@ const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_
 // what the page calls the API's fields, in its messages
 const FIELD_NAMES = { text: "Search text", k: "Per page", offset: "Page", min_score: "Min score", folder: "Folder",
                       taken_after: "Taken after", taken_before: "Taken before", media: "Show", subtract: "Leave out",
-                      image_id: "Gallery item", image: "Image" };
+                      image_id: "Gallery item", image: "Image", mode: "Match" };
+// a text search's match modes (the API's `mode`; "" sends none: the API's default, by meaning)
+const MODES = ["hybrid", "keyword"];
+const modeOf = (value) => (MODES.includes(value) ? value : undefined);
 
 // strong: the relevance at which a hit is a strong match (/readyz's strong_relevance; null: hits have no relevance)
 const config = { ready: false, decoder: false, keyRequired: false, maxK: 100, maxText: 1000, images: null,
@@ -315,7 +318,10 @@ el.clearFilters.addEventListener("click", () => showOptions({}, k()));
 // The URL of a search (none for an uploaded photo's), with the result the detail view shows.
 function urlOf(query, open = null) {
   const params = new URLSearchParams();
-  if (query?.kind === "text") params.set("q", query.text);
+  if (query?.kind === "text") {
+    params.set("q", query.text);
+    if (query.mode) params.set("match", query.mode);
+  }
   else if (query?.kind === "like") params.set("like", String(query.id));
   else return location.pathname;
   for (const [param, name] of URL_OPTIONS) {
@@ -346,7 +352,9 @@ function fromURL() {
   const text = params.get("q");
   const like = params.get("like");
   let query = null;
-  if (text !== null && text.trim()) query = { kind: "text", text: text.slice(0, config.maxText), ...base };
+  if (text !== null && text.trim()) {
+    query = { kind: "text", text: text.slice(0, config.maxText), mode: modeOf(params.get("match")), ...base };
+  }
   else if (like !== null && /^\d+$/.test(like)) query = { kind: "like", id: Number(like), ...base };
   const open = /^\d+$/.test(params.get("open") || "") ? Number(params.get("open")) : null;
   return { query, open, options, perPage, cut: text !== null && text.length > config.maxText };
@@ -366,6 +374,7 @@ function restore({ run = true } = {}) {
   if (query) {                              // a URL without a search (an upload's) leaves the controls as they are
     showOptions(options, perPage);
     el.query.value = query.kind === "text" ? query.text : "";
+    if (query.kind === "text") el.mode.value = query.mode || "";
   }
   if (cut) noteQuery(`The search box takes up to ${number(config.maxText)} characters; the rest was left out.`);
   if (!query) {
@@ -411,7 +420,7 @@ el.textForm.addEventListener("submit", (event) => {
     return;
   }
   noteQuery("");
-  search({ kind: "text", text, k: k(), offset: 0, options: refinements() });
+  search({ kind: "text", text, mode: modeOf(el.mode.value), k: k(), offset: 0, options: refinements() });
 });
 
 function searchSimilar(file) {
@@ -432,7 +441,8 @@ function similarForm(query, perPage, offset) {
 // `perPage` results of `query` from `offset` on: the API's answer, {results, strong_match}
 async function fetchHits(query, perPage, offset, signal) {
   const page = { k: perPage, offset, ...query.options };
-  const body = query.kind === "text" ? { json: { text: query.text, ...page }, signal }
+  const body = query.kind === "text" ? { json: { text: query.text, ...(query.mode ? { mode: query.mode } : {}), ...page },
+                                         signal }
     : query.kind === "like" ? { json: { image_id: query.id, ...page }, signal }
     : { form: similarForm(query, perPage, offset), signal };
   return requestJSON("v1/search/images", body);
@@ -555,6 +565,9 @@ function cardFacts(hit) {
                                 title: `scores above ${(hit.relevance * 100).toFixed(1)}% of typical photos` })
       : null,
     hit.taken ? h("span", { class: "taken", text: `taken ${hit.taken.slice(0, 10)}` }) : null,
+    hit.matched?.length ? h("span", { class: "matched", text: `words: ${hit.matched.join(", ")}`,
+                                      title: "found in its file or folder name, the text read in it or its captions" })
+      : null,
   ];
 }
 

@@ -165,7 +165,7 @@ def read_photo(path: str | Path, config: OcrConfig) -> PhotoText:
             return PhotoText(likelihood, False)
         with Image.open(path) as image:
             return PhotoText(likelihood, True, read_words(image, config.lang))
-    except (OSError, ValueError, Image.DecompressionBombError):
+    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):   # RuntimeError: TesseractError
         return PhotoText(0.0, False)
 
 

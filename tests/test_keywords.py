@@ -237,3 +237,21 @@ def test_the_install_steps_install_tesseract():
     assert any(line.startswith("test:") and " ocr " in f"{line} " for line in makefile.splitlines())
     dockerfile = (repo / "Dockerfile").read_text()
     assert "tesseract-ocr tesseract-ocr-eng" in dockerfile
+
+
+def test_an_index_written_before_the_keyword_table_gets_it_at_its_next_update(plain_index, photos, model, tmp_path):
+    root = tmp_path / "index"
+    shutil.copytree(plain_index, root)
+    gallery = Gallery.load(root, model=model)
+    db = sqlite3.connect(gallery.root / gallery.generation / "metadata.sqlite")
+    gallery.close()
+    with db:
+        for name, kind in db.execute("SELECT name, type FROM sqlite_master WHERE type IN ('trigger', 'table') "
+                                     "AND (name LIKE 'keywords%' OR name LIKE 'ocr_%')").fetchall():
+            if kind == "trigger" or name in ("keywords", "ocr_words", "ocr_photos"):
+                db.execute(f"DROP {kind.upper()} IF EXISTS {name}")
+    db.close()
+    assert _search(root, model, "2041", "keyword")[0] == []              # read-only: no table, no keyword hits
+    assert _search(root, model, "2041", "hybrid")[0] == _search(root, model, "2041", "vector")[0]
+    remove(root, paths=[photos / SIGN])                                  # any update writes the table
+    assert [n for n, _, _ in _search(root, model, "2041", "keyword")[0]] == [CAMERA]

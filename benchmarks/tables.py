@@ -697,7 +697,38 @@ def t_config_reference() -> str:
     return reference_markdown()
 
 
+def t_ocr_keyword() -> str:
+    """Text in photos and keyword search (benchmarks/ocr_keyword.py): the gate, OCR's cost, recall by mode."""
+    data = load("ocr_keyword.json")
+    g, b, m = data["gate"], data["build"], data["modes"]
+    rows = [
+        ["gate: text photos passed (recall)", f"{g['recall_text_photos']:.3f}",
+         f"signs {g['by_kind']['sign']:.2f}, receipts {g['by_kind']['receipt']:.2f}, "
+         f"screenshots {g['by_kind']['screenshot']:.2f}; threshold {g['threshold']}"],
+        ["gate: ImageNet samples passed", f"{g['imagenet_pass_rate']:.3f}", f"of {g['imagenet_photos']}"],
+        ["gate: demo sample photos passed", f"{g['demo_pass_rate']:.3f}", f"of {g['demo_photos']}"],
+        ["gate: precision on the benchmark's mix", f"{g['precision_on_mix']:.3f}",
+         f"{data['set']['text_photos']} text photos, {data['set']['distractors']} ImageNet photos"],
+        ["gate: ms per photo", f(g["ms_per_photo"], 2), "thumbnail decode included"],
+        ["OCR: s per photo read", f(b["ocr_s_per_photo_read"], 3),
+         f"{b['read_by_ocr']} of {b['photos']} photos read, {b['ocr_workers']} at a time"],
+        ["OCR's share of the index build", f"{b['ocr_share_of_build']:.0%}",
+         f"{f(b['ocr_s'])} s of {f(b['build_s_with_ocr'])} s (shipped model, --tta none)"],
+        ["words read (conf. ≥ 50), by font px", ", ".join(f"{k}: {v:.2f}" for k, v in
+                                                          data["words_read_by_font_px"].items()), ""],
+    ] + [[f"recall@1 / @5, {mode}", f"{m[mode]['recall1']:.3f} / {m[mode]['recall5']:.3f}",
+          ", ".join(f"{k} {v:.2f}" for k, v in m[mode]["by_kind_recall1"].items()) + " (R@1)"]
+         for mode in ("vector", "keyword", "hybrid")] + [
+        [f"recall@1 / @5, hybrid, RRF k = {r['rrf_k']}, keyword weight {r['keyword_weight']:g}",
+         f"{r['recall1']:.3f} / {r['recall5']:.3f}", "the vector list's weight 1"]
+        for r in data.get("hybrid_sweep", [])]
+    table = md_table(["measure", "value", "detail"], rows, right={1})
+    hw, date, commit = provenance({}, data, "ocr_keyword.json")
+    return table + f"\n\nHardware: {hw}; date: {date}; commit: {commit}; Tesseract {data.get('tesseract', '?')}."
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "ocr_keyword": t_ocr_keyword,
     "config_reference": t_config_reference,
     "flickr8k_dev": t_flickr8k_dev,
     "flickr8k_seeds": t_flickr8k_seeds,

@@ -80,7 +80,8 @@ def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE,
         vector = gallery.search_images(query, max(k + offset, DEPTH), allowed=allowed)[0] if mode == "hybrid" else []
         scores = dict(vector)
         if mode == "hybrid":
-            order = rrf([[i for i, _ in vector], [i for i, _ in keyword]], [WEIGHTS["vector"], WEIGHTS["keyword"]])
+            order = rrf([[i for i, _ in vector], [i for i, _ in keyword]], [WEIGHTS["vector"], WEIGHTS["keyword"]],
+                        RRF_K)
             fused = dict(order)
             ids = [i for i, _ in order]
         else:

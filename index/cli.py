@@ -20,6 +20,7 @@ VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.vi
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
+SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
 BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
 BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
                 "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
@@ -125,6 +126,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--taken-before", metavar="DATE", help="only photos taken before this date or date-time")
     s.add_argument("--media", choices=["photo", "video"],
                    help="only photos, or only video moments (default: both, in one ranking)")
+    s.add_argument("--sort", choices=list(SORTS), default="relevance",
+                   help="order: relevance (default, best first), or newest/oldest by capture time after the "
+                        f"--min-score cut (the best {SORT_DEPTH:,} results that pass it; images without a capture "
+                        f"time last)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     s.add_argument("--json", action="store_true",
@@ -561,11 +566,12 @@ def cmd_search(args) -> int:
                 raise ValueError("the query text and the words to subtract must not be empty")
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
             ranking = search_text(gallery, query, args.text, args.mode, args.k, args.offset, min_score,
-                                  gallery.allowed_ids(flt))
+                                  gallery.allowed_ids(flt), sort=args.sort)
         else:
             query = _example_query(model, args.image, args.subtract)
             ranking = gallery.ranked("images", query,
-                                     gallery.search_images(query, args.k, flt, args.offset, min_score))[0]
+                                     gallery.search_images(query, args.k, flt, args.offset, min_score,
+                                                           sort=args.sort))[0]
         words = getattr(ranking, "matched", None) or [None] * len(ranking.hits)
         rows = gallery.meta.images([i for i, _ in ranking.hits])
         results: list[dict] = []

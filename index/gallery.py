@@ -26,6 +26,7 @@ from .generations import (FORMAT, current_generation, locked, new_generation, pr
 from .faiss_index import VectorIndex, default_factory, factory_for_memory, training_sample
 from .metadata import Metadata
 from .ocr import OcrConfig, read_rows, store
+from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import QueryBank, bank_for, correction, queries_for, references_for, unfold
 from .relevance import Ranking, Reference
@@ -119,14 +120,19 @@ class Gallery:
         return None if flt is None or not flt.active else self.photos.allowed(flt)
 
     def search_images(self, queries: np.ndarray, k: int, flt: ImageFilter | None = None, offset: int = 0,
-                      min_score: float | None = None, allowed: np.ndarray | None = None
+                      min_score: float | None = None, allowed: np.ndarray | None = None, sort: str = "relevance"
                       ) -> list[list[tuple[int, float]]]:
         """Caption/text embeddings → best-first ``(image id, score)`` per query: only images ``flt`` lets through
         (or only the ids ``allowed``; filtered inside FAISS, with an ID selector), scoring at least ``min_score``,
-        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass."""
+        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass. ``sort`` ``newest``/``oldest``: those
+        passing ``min_score`` in capture-time order instead (index/order.py)."""
         if allowed is None:
             allowed = self.allowed_ids(flt)
         queries = queries_for(self.manifest, "images", queries)
+        if check_sort(sort) != "relevance":
+            hits = _pairs(*self.images.search(queries, SORT_DEPTH, ids=allowed))
+            return [page(by_time(page(h, SORT_DEPTH, 0, min_score), self.photos.ids, self.photos.taken, sort), k,
+                         offset) for h in hits]
         hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
         return [page(h, k, offset, min_score) for h in hits]
 

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from .keywords import MAX_HITS, query_words
+from .order import SORT_DEPTH, by_time, check_sort
 from .query import page
 from .relevance import Ranking
 
@@ -61,10 +62,14 @@ def check_mode(mode: str) -> str:
 
 
 def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, k: int = 10, offset: int = 0,
-                min_score: float | None = None, allowed: np.ndarray | None = None) -> TextRanking:
+                min_score: float | None = None, allowed: np.ndarray | None = None,
+                sort: str = "relevance") -> TextRanking:
     """One text query (``query``: its embedding, shape ``(1, dim)``; ``text``: its words) on a loaded
-    :class:`~index.gallery.Gallery` in ``mode``; ``allowed``: the image ids a filter lets through (None: all)."""
+    :class:`~index.gallery.Gallery` in ``mode``; ``allowed``: the image ids a filter lets through (None: all).
+    ``sort`` ``newest``/``oldest``: the hits passing ``min_score`` by capture time (index/order.py; the vector
+    list then taken ``SORT_DEPTH`` deep, whatever the page)."""
     check_mode(mode)
+    check_sort(sort)
     terms = query_words(text)
     keyword: list[tuple[int, float]] = []
     if mode != "vector":
@@ -75,9 +80,10 @@ def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE,
     bm25 = dict(keyword)
     fused: dict[int, float] = {}
     if mode == "vector":
-        hits = gallery.search_images(query, k, offset=offset, min_score=min_score, allowed=allowed)[0]
+        hits = gallery.search_images(query, k, offset=offset, min_score=min_score, allowed=allowed, sort=sort)[0]
     else:
-        vector = gallery.search_images(query, max(k + offset, DEPTH), allowed=allowed)[0] if mode == "hybrid" else []
+        depth = max(k + offset, DEPTH) if sort == "relevance" else SORT_DEPTH
+        vector = gallery.search_images(query, depth, allowed=allowed)[0] if mode == "hybrid" else []
         scores = dict(vector)
         if mode == "hybrid":
             order = rrf([[i for i, _ in vector], [i for i, _ in keyword]], [WEIGHTS["vector"], WEIGHTS["keyword"]],
@@ -89,7 +95,8 @@ def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE,
         missing = [i for i in ids if i not in scores]
         if missing:                       # found by their words only: their similarity, from a search among them
             scores.update(gallery.search_images(query, len(missing), allowed=np.asarray(missing, np.int64))[0])
-        hits = page([(i, scores[i]) for i in ids if i in scores], k, offset, min_score)
+        listed = page([(i, scores[i]) for i in ids if i in scores], len(ids), 0, min_score)
+        hits = page(by_time(listed, gallery.photos.ids, gallery.photos.taken, sort), k, offset)
     ranking = gallery.ranked("images", query, [hits])[0]
     ids = [i for i, _ in ranking.hits]
     words = gallery.meta.keyword_matches(terms, ids)

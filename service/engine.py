@@ -42,6 +42,7 @@ class Options:
     allowed: np.ndarray | None = None
     subtract: tuple[str, ...] = ()
     mode: str = "vector"             # a text query: index/hybrid.py's vector, keyword or hybrid
+    sort: str = "relevance"           # an image search's order (index/order.py): relevance, newest, oldest
 
 
 def options(value) -> Options:
@@ -50,18 +51,18 @@ def options(value) -> Options:
 
 def _paged(gallery, side: str, queries: np.ndarray, opts: Sequence[Options]) -> list[list[tuple[int, float]]]:
     """One index search for the unfiltered queries (deep enough for the deepest page among them), one per filtered
-    query (FAISS ID selector); then each query's page."""
+    query (FAISS ID selector) and per query sorted by capture time (index/order.py); then each query's page."""
     out: list[list[tuple[int, float]]] = [[] for _ in opts]
-    plain = [i for i, o in enumerate(opts) if o.allowed is None]
+    plain = [i for i, o in enumerate(opts) if o.allowed is None and o.sort == "relevance"]
     search = gallery.search_images if side == "images" else gallery.search_captions
     if plain:
         depth = max(opts[i].k + opts[i].offset for i in plain)
         for i, hits in zip(plain, search(queries[plain], depth)):
             out[i] = page(hits, opts[i].k, opts[i].offset, opts[i].min_score)
     for i, o in enumerate(opts):
-        if o.allowed is not None:
+        if o.allowed is not None or o.sort != "relevance":
             out[i] = gallery.search_images(queries[i:i + 1], o.k, offset=o.offset, min_score=o.min_score,
-                                           allowed=o.allowed)[0]
+                                           allowed=o.allowed, sort=o.sort)[0]
     return out
 
 
@@ -122,7 +123,7 @@ class Engine:
         for i, o in enumerate(opts):          # keyword and hybrid modes, one query at a time (index/hybrid.py)
             if o.mode != "vector":
                 out[i] = search_text(gallery, queries[i:i + 1], items[i][0], o.mode, o.k, o.offset, o.min_score,
-                                     o.allowed)
+                                     o.allowed, sort=o.sort)
         return out
 
     def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[Ranking]:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from index.order import SORT_DEPTH
 from index.query import MAX_OFFSET, parse_time
 from index.relevance import REFERENCE_SIZE, STRONG
 
@@ -79,6 +80,12 @@ class ImageSearch(Filters, Paging):
     """What every search for gallery images takes besides its query: paging, filters, words to take away."""
     subtract: Terms = Field([], description="words or phrases whose meaning to take away (at most {max_terms})",
                             examples=[["bicycle"]])
+    sort: Literal["relevance", "newest", "oldest"] = Field(
+        "relevance", description=f"the results' order: `relevance` (best first), or by capture time, `newest` or "
+                                 f"`oldest` first — applied after `min_score`: the best {SORT_DEPTH:,} results that "
+                                 f"pass the filters and score at least `min_score`, in capture-time order (ties by "
+                                 f"id), then paged by `offset` and `k` (the same list for every page). Images without "
+                                 f"a capture time come last", examples=["newest"])
 
 
 class TextSearch(ImageSearch):

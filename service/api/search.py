@@ -46,7 +46,7 @@ async def _options(state: ServiceState, query: ImageSearch) -> Options:
         except UnknownFolderError as err:
             raise HTTPException(404, err.public) from None
     return Options(k=query.k, offset=query.offset, min_score=query.min_score, allowed=allowed,
-                   subtract=tuple(query.subtract), mode=getattr(query, "mode", "vector"))
+                   subtract=tuple(query.subtract), mode=getattr(query, "mode", "vector"), sort=query.sort)
 
 
 def _page(query: Paging) -> Options:

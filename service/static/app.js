@@ -12,7 +12,7 @@ const el = {
   toggles: [...document.querySelectorAll(".tools .toggle")], filtersCount: $("filters-count"),
   paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
   k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
-  takenBefore: $("taken-before"), media: $("media"), mode: $("mode"),
+  takenBefore: $("taken-before"), media: $("media"), mode: $("mode"), sort: $("sort"),
   drop: $("drop"), file: $("image-file"), similarDrop: $("similar-drop"), similarFile: $("similar-file"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
   dialog: $("detail"), dialogTitle: $("detail-title"), dialogPosition: $("detail-position"),
@@ -32,11 +32,12 @@ const FORMATS = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC or AVIF";
 const SCORE_RANGE = { cosine: [-1, 1], order: [null, 0] };
 // the URL's parameter for each search option, in the URL's order
 const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_after"], ["before", "taken_before"],
-                     ["minus", "subtract"], ["min", "min_score"]];
+                     ["minus", "subtract"], ["min", "min_score"], ["sort", "sort"]];
 // what the page calls the API's fields, in its messages
 const FIELD_NAMES = { text: "Search text", k: "Per page", offset: "Page", min_score: "Min score", folder: "Folder",
                       taken_after: "Taken after", taken_before: "Taken before", media: "Show", subtract: "Leave out",
-                      image_id: "Gallery item", image: "Image", mode: "Match" };
+                      image_id: "Gallery item", image: "Image", mode: "Match",
+                      sort: "Order" };
 // a text search's match modes (the API's `mode`; "" sends none: the API's default, by meaning)
 const MODES = ["hybrid", "keyword"];
 const modeOf = (value) => (MODES.includes(value) ? value : undefined);
@@ -288,6 +289,7 @@ function refinements() {
   const subtract = el.subtract.value.split(",").map((w) => w.trim()).filter(Boolean);
   if (subtract.length) options.subtract = subtract;
   if (el.minScore.value.trim() !== "") options.min_score = Number(el.minScore.value);
+  if (el.sort.value) options.sort = el.sort.value;
   return options;
 }
 
@@ -298,6 +300,7 @@ function showOptions(options, perPage) {
   el.takenBefore.value = options.taken_before || "";
   el.subtract.value = (options.subtract || []).join(", ");
   el.minScore.value = options.min_score ?? "";
+  el.sort.value = options.sort || "";
   choose(el.k, String(perPage));
   countFilters();
 }
@@ -308,7 +311,7 @@ function countFilters() {
   el.filtersCount.setAttribute("aria-label", n ? `${count(n, "filter")} on` : "");
 }
 
-for (const control of [el.media, el.folder, el.takenAfter, el.takenBefore, el.subtract, el.minScore]) {
+for (const control of [el.media, el.folder, el.takenAfter, el.takenBefore, el.subtract, el.minScore, el.sort]) {
   control.addEventListener("input", countFilters);
   control.addEventListener("change", countFilters);
 }

@@ -1,5 +1,5 @@
-"""``jointspace index build | add | sync | remove | compact | search | info`` — the index package's commands (assembled in
-service/cli.py)."""
+"""``jointspace index build | add | sync | remove | compact | search | duplicates | info`` — the index package's
+commands (assembled in service/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +21,7 @@ NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
+DUPLICATE_THRESHOLD = 0.9        # index.duplicates.DEFAULT_THRESHOLD
 BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
 BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
                 "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
@@ -136,6 +137,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="print the results as JSON (ids, scores, relevance, absolute paths, capture times, "
                         "folders, moments; whether one is a strong match) instead of a table")
     s.set_defaults(func=cmd_search)
+
+    d = isub.add_parser("duplicates", help="group near-duplicate photos (re-saved, resized, cropped copies, "
+                                           "bursts); print a table (or JSON)",
+                        description="Groups the index's photos whose embeddings' cosine similarity is at least "
+                                    "--threshold (connected components), each labelled identical (the same bytes), "
+                                    "re-encode (the same picture re-saved, resized or recoloured: perceptual hashes "
+                                    "within a few bits) or near (crops, edits, bursts). docs/index.md")
+    d.add_argument("--index", required=True, help="index directory")
+    d.add_argument("--threshold", type=float, default=DUPLICATE_THRESHOLD,
+                   help=f"cosine similarity from which two photos are near-duplicates, above 0 and at most 1 "
+                        f"(default {DUPLICATE_THRESHOLD:g}, measured for the shipped model: docs/index.md)")
+    d.add_argument("--json", action="store_true", help="print the groups as JSON (ids, absolute paths, kinds)")
+    d.set_defaults(func=cmd_duplicates)
 
     i = isub.add_parser("info", help="print an index's manifest and counts as JSON")
     i.add_argument("--index", required=True, help="index directory")
@@ -674,6 +688,44 @@ def cmd_compact(args) -> int:
     from .gallery import compact
 
     print(json.dumps(compact(args.index)))
+    return 0
+
+
+def cmd_duplicates(args) -> int:
+    from .duplicates import check_threshold, gallery_groups
+    from .gallery import Gallery
+    from .query import format_time, inside
+
+    threshold = check_threshold(args.threshold)
+    read_index(args.index)
+    gallery = Gallery.load(args.index)
+    try:
+        found = gallery_groups(gallery, threshold)
+        rows = gallery.meta.images([i for g in found.groups for i in g.ids])
+        root = gallery.photos.root
+    finally:
+        gallery.close()
+    if found.hashed:
+        print(f"{found.hashed} photo(s) indexed before perceptual hashes were kept: hashed from their files",
+              file=sys.stderr)
+    groups: list[dict] = [{"kind": g.kind, "min_score": g.min_score,
+                           "images": [{"id": i, "path": rows[i].path, "taken": format_time(rows[i].taken),
+                                       "width": rows[i].width, "height": rows[i].height, "size": rows[i].size}
+                                      for i in g.ids if i in rows]} for g in found.groups]
+    if args.json:
+        print(json.dumps({"threshold": found.threshold, "photos": found.photos, "groups": groups}, indent=1))
+        return 0
+    lines = []
+    for n, group in enumerate(groups, 1):
+        lines.append(f"group {n}: {group['kind']}, {len(group['images'])} photos, lowest similarity "
+                     f"{group['min_score']:.3f}")
+        width = max(len(str(image["id"])) for image in group["images"])
+        lines += [f"  {str(image['id']).rjust(width)}  {inside(image['path'], root)}" for image in group["images"]]
+    grouped = sum(len(g["images"]) for g in groups)
+    lines.append(f"{len(groups)} group(s) of near-duplicates ({grouped} of {found.photos} photos) at threshold "
+                 f"{found.threshold:g}" if groups else f"no near-duplicates among {found.photos} photos at "
+                                                      f"threshold {found.threshold:g}")
+    print("\n".join(lines))
     return 0
 
 

@@ -5,7 +5,7 @@ images are decoded and preprocessed (``model.preprocess``) by DataLoader workers
 unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
 decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
 worker also reads what the metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size in the file,
-folder, content hash).
+folder, content hash, perceptual hash).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from training.inference.embed import FileEmbeddings
 from training.inference.embed import embed_image_files as files_to_embeddings
 from training.inference.embed import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
+
+from .phash import perceptual_hash
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
@@ -116,6 +118,7 @@ class PhotoInfo:
     sha256: str             # of the file's bytes: what `index sync` compares
     size: int               # bytes
     mtime: float
+    phash: int | None = None    # perceptual hash of the decoded photo (index/phash.py), for index/duplicates.py
 
 
 _EXIF_IFD, _DATETIME_ORIGINAL, _OFFSET_TIME_ORIGINAL = 0x8769, 0x9003, 0x9011
@@ -171,7 +174,7 @@ def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: st
     width, height = decoded.size
     info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
                      folder=str(path.resolve().parent), sha256=digest, size=len(data),
-                     mtime=stat.st_mtime)
+                     mtime=stat.st_mtime, phash=perceptual_hash(decoded.image))
     return decoded.image, info
 
 

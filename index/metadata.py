@@ -8,8 +8,8 @@ process killed mid-change leaves the database as it was before the change. The s
 several threads: one connection, guarded by a lock.
 
 Indexes written before the photo columns existed (``taken``, ``width``, ``height``, ``folder``, ``sha256``,
-``size``, ``mtime``) still load: opened for writing, the table gets the columns (NULL for the old rows); opened
-read-only, the missing columns read as NULL and ``folder`` is derived from the path. The same holds for the
+``size``, ``mtime``; ``phash``) still load: opened for writing, the table gets the columns (NULL for the old rows);
+opened read-only, the missing columns read as NULL and ``folder`` is derived from the path. The same holds for the
 moment columns (``video_id``, ``t_start``, ``t_end``, ``t_frame``) and the ``videos`` table (read-only: no videos).
 
 The keyword index (FTS5) and the words OCR read live in the same file, kept in step with the images and captions:
@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS images (
     video_id INTEGER,          -- a video's moment: the video (videos.id); NULL for a photo
     t_start  REAL,             -- the moment's span in the video, seconds
     t_end    REAL,
-    t_frame  REAL              -- the time of its frame nearest the moment's vector (its thumbnail)
+    t_frame  REAL,             -- the time of its frame nearest the moment's vector (its thumbnail)
+    phash    INTEGER           -- a photo's perceptual hash (index/phash.py); NULL for moments and older rows
 );
 CREATE TABLE IF NOT EXISTS videos (
     id       INTEGER PRIMARY KEY,
@@ -77,7 +78,9 @@ PHOTO_COLUMNS = (("taken", "REAL"), ("width", "INTEGER"), ("height", "INTEGER"),
                  ("sha256", "TEXT"), ("size", "INTEGER"), ("mtime", "REAL"))
 # a video moment's columns (NULL for photos), added to an older table alike
 MOMENT_COLUMNS = (("video_id", "INTEGER"), ("t_start", "REAL"), ("t_end", "REAL"), ("t_frame", "REAL"))
-_IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS + MOMENT_COLUMNS)
+# a photo's perceptual hash (index/phash.py, for index/duplicates.py), added to an older table alike
+HASH_COLUMNS = (("phash", "INTEGER"),)
+_IMAGE_COLUMNS = ("id", "path", "added") + tuple(name for name, _ in PHOTO_COLUMNS + MOMENT_COLUMNS + HASH_COLUMNS)
 _VIDEO_COLUMNS = ("id", "path", "added", "taken", "width", "height", "folder", "sha256", "size", "mtime",
                   "duration", "fps")
 
@@ -98,6 +101,7 @@ class ImageRow:
     t_start: float | None = None
     t_end: float | None = None
     t_frame: float | None = None
+    phash: int | None = None             # perceptual hash (index/phash.py); None for moments and older rows
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class Metadata:
             with self._conn:
                 self._conn.executescript(SCHEMA)
                 have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
-                for name, sql_type in PHOTO_COLUMNS + MOMENT_COLUMNS:   # migrate a table written before these
+                for name, sql_type in PHOTO_COLUMNS + MOMENT_COLUMNS + HASH_COLUMNS:   # migrate a table written before these
                     if name not in have:
                         self._conn.execute(f"ALTER TABLE images ADD COLUMN {name} {sql_type}")
                 keywords.ensure(self._conn)          # the keyword index (index/keywords.py)
@@ -174,7 +178,7 @@ class Metadata:
             photo = (None,) * len(PHOTO_COLUMNS) if info is None else (
                 info.taken, info.width, info.height, info.folder, info.sha256, info.size, info.mtime)
             moment = tuple(getattr(info, name, None) for name in ("video_id", "start", "end", "frame"))
-            values.append((int(row[0]), str(row[1]), added, *photo, *moment))
+            values.append((int(row[0]), str(row[1]), added, *photo, *moment, getattr(info, "phash", None)))
         with self._lock, self._conn:
             self._conn.executemany(f"INSERT INTO images ({', '.join(_IMAGE_COLUMNS)}) VALUES "
                                    f"({', '.join('?' * len(_IMAGE_COLUMNS))})", values)

@@ -2,9 +2,9 @@
 
 Routes (service/api/, one module per resource): the ``/v1`` API — the model routes of the table of operations
 (service/operations.py: search, ``/v1/search/images`` and ``/v1/search/captions``, and the decoder,
-``/v1/captions`` and ``/v1/paraphrases``), the gallery (``/v1/folders``, ``/v1/images/{id}``) and its videos
-(``/v1/videos/{id}``, ``/v1/videos/{id}/frame``) — plus ``/healthz``, ``/readyz`` and ``/metrics``, which stay
-open when an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
+``/v1/captions`` and ``/v1/paraphrases``), the gallery (``/v1/folders``, ``/v1/images/{id}``), its
+near-duplicates (``/v1/duplicates``) and its videos (``/v1/videos/{id}``, ``/v1/videos/{id}/frame``) — plus
+``/healthz``, ``/readyz`` and ``/metrics``, which stay open when an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
 (``/docs``: Swagger UI from the app's own files, service/apidocs.py), written for this app's settings: its limits,
 its error responses, and API-key security only when a key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
 configured for is answered 421, and no other origin may read it unless configured (service/trust.py).
@@ -28,6 +28,7 @@ from .contract import error_responses
 from .middleware import BodyMiddleware, InFlightMiddleware
 from .page import add_page
 from .apidocs import add_docs
+from .api import duplicates as duplicates_api
 from .api import gallery as gallery_api
 from .api import health as health_api
 from .api import videos as videos_api
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     app.state.service, app.state.operations = state, table
     # security is declared, and enforced, only when there is a key
     keyed = settings.api_key is not None
-    for router in (table.router(), gallery_api.router, videos_api.router):
+    for router in (table.router(), gallery_api.router, videos_api.router, duplicates_api.router):
         app.include_router(router, dependencies=[Depends(require_api_key)] if keyed else None,
                            responses=error_responses(401) if keyed else None)
     app.include_router(health_api.router)

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from index.duplicates import HASH_DISTANCE
 from index.order import SORT_DEPTH
 from index.query import MAX_OFFSET, parse_time
 from index.relevance import REFERENCE_SIZE, STRONG
@@ -268,3 +269,33 @@ class Ready(BaseModel):
         None, description="whether the index's scores are hubness-corrected (QB-Norm, docs/index.md): "
                           "text_to_image and image_to_text (booleans), the bank's origin ('model': the one the "
                           "model carries), its sizes and beta")
+
+
+# --- near-duplicates (GET /v1/duplicates, service/api/duplicates.py) ---------------------------------------------
+
+class DuplicateImage(BaseModel):
+    id: int
+    uri: str = Field(..., description="/v1/images/{id}: the image file (?size= for a thumbnail)")
+    name: str | None = Field(None, description="the file's name")
+    folder: str | None = Field(None, description="the image's folder, relative to the gallery's root folder")
+    taken: str | None = Field(None, description="capture time, UTC")
+    width: int | None = None
+    height: int | None = None
+    size: int | None = Field(None, description="the file's size in bytes")
+
+
+class DuplicateGroup(BaseModel):
+    kind: Literal["identical", "re-encode", "near"] = Field(
+        ..., description=f"`identical`: the same bytes; `re-encode`: the same picture re-saved, resized or recoloured "
+                         f"(perceptual hashes within {HASH_DISTANCE} bits); `near`: crops, edits, shots of a burst")
+    min_score: float = Field(..., description="the lowest cosine similarity between two of its photos")
+    images: list[DuplicateImage] = Field(..., description="its photos, by id")
+
+
+class Duplicates(BaseModel):
+    threshold: float
+    photos: int = Field(..., description="photos compared (video moments take no part)")
+    total: int = Field(..., description="groups at this threshold, all pages")
+    offset: int
+    limit: int
+    groups: list[DuplicateGroup] = Field(..., description="the largest first, then by their first id")

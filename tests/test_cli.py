@@ -68,7 +68,10 @@ def test_help_imports_none_of_the_model_code():
 
 
 def test_the_parser_shows_the_values_the_code_uses():
-    from index import cli, video
+    from index import cli, duplicates, order, video
+
+    assert (cli.SORTS, cli.SORT_DEPTH) == (order.SORTS, order.SORT_DEPTH)
+    assert cli.DUPLICATE_THRESHOLD == duplicates.DEFAULT_THRESHOLD
 
     assert cli.VIDEO_SUFFIXES == tuple(sorted(video.VIDEO_SUFFIXES))
     assert (cli.VIDEO_RATE, cli.VIDEO_MAX_FRAMES, cli.VIDEO_WINDOW) == (video.DEFAULT_RATE, video.DEFAULT_MAX_FRAMES,

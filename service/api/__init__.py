@@ -5,6 +5,7 @@
   and ``/v1/search/captions`` (image → captions) — and ``generate.py`` — ``POST /v1/captions`` and
   ``/v1/paraphrases`` (the sentence decoder);
 * ``gallery.py``    — ``GET /v1/folders`` and ``GET /v1/images/{id}`` (the gallery's files and thumbnails);
+* ``duplicates.py`` — ``GET /v1/duplicates`` (groups of near-duplicate photos, paged);
 * ``videos.py``     — ``GET /v1/videos/{id}`` (a video file, with range requests) and ``/v1/videos/{id}/frame``;
 * ``health.py``     — ``/healthz``, ``/readyz``, ``/metrics`` (open even when an API key is set).
 

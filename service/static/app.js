@@ -13,6 +13,7 @@ const el = {
   paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
   k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
   takenBefore: $("taken-before"), media: $("media"), mode: $("mode"), sort: $("sort"),
+  duplicatesForm: $("duplicates"), duplicatesThreshold: $("duplicates-threshold"),
   drop: $("drop"), file: $("image-file"), similarDrop: $("similar-drop"), similarFile: $("similar-file"),
   paraphraseForm: $("paraphrase-form"), paraphraseText: $("paraphrase-text"), paraphraseNote: $("paraphrase-note"),
   dialog: $("detail"), dialogTitle: $("detail-title"), dialogPosition: $("detail-position"),
@@ -37,7 +38,7 @@ const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_
 const FIELD_NAMES = { text: "Search text", k: "Per page", offset: "Page", min_score: "Min score", folder: "Folder",
                       taken_after: "Taken after", taken_before: "Taken before", media: "Show", subtract: "Leave out",
                       image_id: "Gallery item", image: "Image", mode: "Match",
-                      sort: "Order" };
+                      sort: "Order", threshold: "Similarity" };
 // a text search's match modes (the API's `mode`; "" sends none: the API's default, by meaning)
 const MODES = ["hybrid", "keyword"];
 const modeOf = (value) => (MODES.includes(value) ? value : undefined);
@@ -850,6 +851,67 @@ function acceptImages(input, zone, search, hint) {
 
 acceptImages(el.file, el.drop, searchImage, `Drop an image file (${FORMATS}).`);
 acceptImages(el.similarFile, el.similarDrop, searchSimilar, `Drop a photo (${FORMATS}).`);
+
+// --- near-duplicate photos, group by group (GET /v1/duplicates) ---------------------------------------------------
+
+const DUPLICATE_GROUPS = 10;          // groups a page shows
+const KINDS = { identical: "Identical files", "re-encode": "Same picture, re-saved or resized",
+                near: "Near-duplicates" };
+
+const fileSize = (bytes) => (bytes >= 1e6 ? `${(bytes / 1e6).toFixed(1)} MB` : `${Math.max(1, Math.round(bytes / 1e3))} kB`);
+
+function duplicateCard(image) {
+  const img = h("img", { alt: image.name || `image ${image.id}`, width: 160, height: 160 });
+  const facts = [image.width && image.height ? `${image.width} × ${image.height}` : null,
+                 image.size ? fileSize(image.size) : null, image.taken ? `taken ${image.taken.slice(0, 10)}` : null];
+  const where = image.folder && image.folder !== "." ? `${image.folder}/` : "";
+  const figure = h("figure", { class: "duplicate", "data-id": String(image.id), title: where + (image.name || "") },
+                   img, h("figcaption", {}, h("span", { class: "name", text: image.name || `image ${image.id}` }),
+                                       h("span", { class: "facts", text: facts.filter(Boolean).join(" · ") })));
+  return figure;
+}
+
+async function showDuplicates(threshold, offset) {
+  setURL(location.pathname, "push");
+  const signal = begin("Comparing the gallery's photos…");
+  try {
+    const params = new URLSearchParams({ threshold: String(threshold), offset: String(offset),
+                                         limit: String(DUPLICATE_GROUPS) });
+    const found = await requestJSON(`v1/duplicates?${params}`, { signal });
+    if (signal.aborted) return;
+    const groups = found.groups.map((group, n) => {
+      const row = h("ul", { class: "duplicate-row" });
+      for (const image of group.images) {
+        const figure = duplicateCard(image);
+        row.append(h("li", {}, figure));
+        showImage(figure.querySelector("img"), image.id, THUMBNAIL, signal);
+      }
+      const label = `${KINDS[group.kind] || group.kind}: ${count(group.images.length, "photo")}, similarity ` +
+        `${score(group.min_score)} or more`;
+      return h("section", { class: "duplicate-group", "data-kind": group.kind, "aria-label": label },
+               h("h3", { text: `${number(offset + n + 1)}. ${label}` }), row);
+    });
+    const heading = found.total
+      ? `${count(found.total, "group")} of near-duplicates among ${count(found.photos, "photo")}`
+      : `No near-duplicates among ${count(found.photos, "photo")} at similarity ${threshold}.`;
+    const previous = h("button", { type: "button", text: "Previous", disabled: offset === 0 });
+    const next = h("button", { type: "button", text: "Next", disabled: offset + DUPLICATE_GROUPS >= found.total });
+    previous.addEventListener("click", () => showDuplicates(threshold, Math.max(0, offset - DUPLICATE_GROUPS)));
+    next.addEventListener("click", () => showDuplicates(threshold, offset + DUPLICATE_GROUPS));
+    const pager = found.total > DUPLICATE_GROUPS
+      ? h("nav", { class: "pager", "aria-label": "Duplicate pages" }, previous,
+          h("span", { text: `page ${Math.floor(offset / DUPLICATE_GROUPS) + 1}` }), next) : null;
+    el.results.replaceChildren(...[h("h2", { text: heading }), ...groups, pager].filter(Boolean));
+    end(signal);
+  } catch (err) {
+    if (!isAbort(err)) end(signal, err);
+  }
+}
+
+el.duplicatesForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  showDuplicates(Number(el.duplicatesThreshold.value), 0);
+});
 
 // --- sentence → paraphrases (with a decoder) -------------------------------------------------------------------
 

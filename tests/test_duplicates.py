@@ -206,3 +206,15 @@ def test_openapi_documents_duplicates(client):
     assert params["threshold"]["exclusiveMinimum"] == 0 and params["threshold"]["maximum"] == 1
     assert params["limit"]["maximum"] == 100 and "422" in op["responses"]
     assert "Duplicates" in doc["components"]["schemas"]
+
+
+def test_duplicates_need_the_api_key_when_one_is_set(tiny_model_path, tiny_index_dir):
+    app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
+                              api_key="s3cret-key"))
+    with TestClient(app) as c:
+        deadline = time.time() + 60
+        while c.get("/readyz").status_code != 200 and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.get("/v1/duplicates").status_code == 401
+        r = c.get("/v1/duplicates", headers={"X-API-Key": "s3cret-key"})
+        assert r.status_code == 200 and r.json()["photos"] > 0

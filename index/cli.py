@@ -21,7 +21,7 @@ NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
-DUPLICATE_THRESHOLD = 0.9        # index.duplicates.DEFAULT_THRESHOLD
+DUPLICATE_THRESHOLD = 0.85       # index.duplicates.DEFAULT_THRESHOLD
 BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
 BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
                 "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "

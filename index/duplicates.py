@@ -25,8 +25,8 @@ import numpy as np
 
 from .phash import distances, hash_file
 
-DEFAULT_THRESHOLD = 0.9      # cosine; measured on the shipped model: benchmarks/results/duplicates.json
-HASH_DISTANCE = 10           # perceptual-hash bits (of 63) within which two photos are one picture re-encoded
+DEFAULT_THRESHOLD = 0.85     # cosine; measured on the shipped model: benchmarks/results/duplicates.json
+HASH_DISTANCE = 8            # perceptual-hash bits (of 63) within which two photos are one picture re-encoded
 KINDS = ("identical", "re-encode", "near")
 BLOCK = 2048                 # rows of the similarity matrix computed at a time
 

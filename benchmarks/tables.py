@@ -688,6 +688,40 @@ def t_decode_ranking() -> str:
                     f"{'on' if s['shrink_to_embed'] else 'off'}.")
 
 
+def t_duplicates() -> str:
+    """Near-duplicate groups on generated copies of real photos (benchmarks/duplicates.py)."""
+    data = load("duplicates.json")
+    chosen, edits = data["threshold"], data["edits"]
+    shown = [r for r in data["sweep"] if r["threshold"] in (0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98)]
+    cells = [[f"**{r['threshold']:.2f}**" if r["threshold"] == chosen else f"{r['threshold']:.2f}",
+              str(r["pairs_above"]), f(r["precision"], 3), *(f(r["recall"][k], 3) for k in edits),
+              f(r["recall_all"], 3)] for r in shown]
+    sweep = md_table(["threshold", "pairs at or above", "pair precision", *(f"recall: {k}" for k in edits),
+                      "recall: all copy pairs"], cells, right=set(range(1, 4 + len(edits))))
+    at = data["at_threshold"]
+    hashes = md_table(["copy", "pHash bits differing from the photo: median", "max",
+                       f"within {data['hash_distance']} bits (re-encode)"],
+                      [[k, f(at["hash_distance"][k]["median"], 1), str(at["hash_distance"][k]["max"]),
+                        f(at["hash_distance"][k]["within"], 3)] for k in edits], right={1, 2, 3})
+    kinds = ", ".join(f"{n} {k}" for k, n in at["group_kinds"].items())
+    text = (f"{sweep}\n\nAt {chosen:g}, as `index duplicates` groups them ({data['photos']:,} photos: "
+            f"{data['distinct']:,} distinct, {data['edited']} of them with {len(edits)} copies each): "
+            f"{at['groups']} groups ({kinds}); {at['edited_in_exactly_their_group']} of the {data['edited']} edited "
+            f"photos share one group with exactly their copies ({at['edited_in_one_group']} with all their copies "
+            f"in one group), {at['mixed_groups']} groups mix two photos, and {at['distinct_grouped']} of the "
+            f"{at['distinct_ungrouped_of']:,} unedited photos are grouped with another photo. Two distinct photos' "
+            f"perceptual hashes differ in at least {at['distinct_hash_distance']['min']} bits (1st percentile "
+            f"{at['distinct_hash_distance']['p01']:g}); a copy's from its photo:\n\n{hashes}")
+    timing = data["group_seconds"]
+    speed = md_table(["photos", "seconds to group"],
+                     [[f"{timing['photos']:,} (the index above: vectors read, pairs, groups, kinds)",
+                       f(timing["index"], 2)]]
+                     + [[f"{r['photos']:,} (random vectors: no pairs)", f(r["seconds"], 2)]
+                        for r in timing["random_vectors"]], right={1})
+    hw, date, commit = provenance({}, data, "duplicates.json")
+    return f"{text}\n\n{speed}\n\nHardware: {hw}; date: {date}; commit: {commit}."
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/models/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -775,6 +809,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode_throughput_cpu": t_decode_throughput_cpu,
     "hostile_media": t_hostile_media,
     "decode_ranking": t_decode_ranking,
+    "duplicates": t_duplicates,
 }
 
 

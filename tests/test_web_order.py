@@ -52,7 +52,8 @@ def test_the_duplicates_view_shows_the_api_s_groups_side_by_side(photo_server, t
     assert api["total"] > 0, "the tiny model's gallery should have groups at this threshold"
     page = tab.open(server.url)
     _wait_ready(page)
-    _open_panel(page, "duplicates")
+    page.click("#duplicates-toggle")                    # in the header: the search's tab order is the same
+    page.wait_for_selector("#duplicates", state="visible")
     page.fill("#duplicates-threshold", str(threshold))
     page.click("#duplicates button[type=submit]")
     _wait_heading(page, f"{api['total']} group")

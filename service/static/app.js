@@ -9,7 +9,7 @@ const el = {
   status: $("status"), error: $("error"), results: $("results"),
   keyForm: $("key-form"), keyInput: $("api-key"), keyHint: $("key-hint"),
   textForm: $("text-form"), query: $("query"), queryNote: $("query-note"), searchButton: $("search-button"),
-  toggles: [...document.querySelectorAll(".tools .toggle")], filtersCount: $("filters-count"),
+  toggles: [...document.querySelectorAll(".tools .toggle, #duplicates-toggle")], filtersCount: $("filters-count"),
   paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
   k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
   takenBefore: $("taken-before"), media: $("media"), mode: $("mode"), sort: $("sort"),

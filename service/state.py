@@ -46,7 +46,7 @@ _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/
 def cpu_threads(setting: int) -> int:
     """torch intra-op threads for CPU inference: the setting, or by default every core but one — the event
     loop, HTTP parsing and image decoding need a core too, and an oversubscribed CPU makes torch's spinning
-    worker threads many times slower (measured on the 2-core dev machine: 1.9 ms vs 20 ms per batch of one)."""
+    worker threads many times slower."""
     if setting:
         return setting
     try:

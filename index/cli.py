@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from training.models.protocol import EmbeddingModel
 
-# The parser is built without torch (`jointspace --help` imports none of the model code), so these copy the
-# values of the modules that use them; tests/test_cli.py keeps them equal.
-TTA = ("none", "flip", "flip-crop")   # index.embed.TTA
-DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by --tta: docs/results.md
+from .tta import DEFAULT_TTA, TTA
+
+# The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so
+# these copy the values of the modules that use them, which import torch; tests/test_cli.py keeps them equal.
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW

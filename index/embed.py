@@ -25,13 +25,12 @@ from training.inference.embed import embed_image_files as files_to_embeddings
 from training.inference.embed import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
 
+from .tta import TTA
+
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
 # never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
 DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
-# gallery-side test-time augmentation (index build --tta): none; flip, each view and its mirror image averaged;
-# flip-crop, those and a closer centre crop of the image (ImageNet's 0.875) and its mirror image averaged
-TTA = ("none", "flip", "flip-crop")
 
 
 def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:

@@ -363,12 +363,16 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     gb.close()
 
 
-def test_the_parser_offers_the_augmentations_the_embedder_knows():
+def test_every_augmentation_the_parser_offers_has_its_views(tiny_model_path):
     import pickle
 
-    from index import cli
+    from index.tta import DEFAULT_TTA, TTA
 
-    assert cli.TTA == index.embed.TTA and cli.DEFAULT_TTA in cli.TTA
+    tiny_model = load_model(tiny_model_path)
+    crops = {tta: getattr(index.embed.view_preprocess(tiny_model, tta), "crops", 1) for tta in TTA}
+    assert DEFAULT_TTA in TTA and crops["flip"] == 2 * crops["none"] and crops["flip-crop"] == 4 * crops["none"]
+    with pytest.raises(ValueError, match="unknown test-time augmentation"):
+        index.embed.view_preprocess(tiny_model, "rotate")
     views = MirroredViews(Preprocess(image_size=32, resize=32), zoom=ZOOM)
     assert views.crops == 4 and pickle.loads(pickle.dumps(views)) == views     # decoding workers get a copy
 

@@ -29,9 +29,7 @@ def model_with(text, model=None, loss=None, texts=TEXTS):
     cfg = tiny_config(**sections)
     vocab = Vocabulary.build(texts)
     m = build_model(cfg, vocab)
-    fit = getattr(m.text_encoder, "fit", None)
-    if fit:
-        fit(texts, vocab, log=lambda *_: None)
+    m.text_encoder.fit(texts, vocab, log=lambda *_: None)
     return m.eval()
 
 

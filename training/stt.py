@@ -129,8 +129,8 @@ class STTTrainer(Trainer):
 
     def decoder_ids(self, texts: list[str], encoder_ids: list[list[int]]) -> list[list[int]]:
         """The vocabulary word ids the decoder writes for ``texts``: ``encoder_ids`` themselves unless the text
-        encoder tokenises text its own way (``encode_text``: WordPiece, n-gram features)."""
-        if getattr(self.model.text_encoder, "encode_text", None) is None:
+        encoder tokenises text its own way (``tokenizes``: WordPiece, n-gram features)."""
+        if not self.model.text_encoder.tokenizes:
             return encoder_ids
         return self.model.encode_word_ids(texts)
 

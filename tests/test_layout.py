@@ -31,7 +31,7 @@ LIBRARY = ("training.data", "training.models", "training.inference")
 # some of the application, by name: what index and service must not reach (and what the rule is checked to cover)
 APPLICATION = ("training.train", "training.trainer", "training.batches", "training.stt", "training.scst",
                "training.distributed", "training.evaluate", "training.caption_eval", "training.cider",
-               "training.ranking", "training.zoo", "training.config", "training.querybank", "training.cli")
+               "training.ranking", "training.zoo", "training.config", "training.cli")
 # the `jointspace` console script assembles every package's subcommands (train, evaluate, ... beside index and
 # serve), and torchrun starts training processes through it (`-m service.cli train`, training/distributed.py): the
 # one module outside training/ that may import the application, and only its commands module

@@ -1,5 +1,5 @@
 """The query bank a model carries (training/inference/querybank.py; attached after training by
-training/querybank.py) and `index build`'s default use of it; gallery-side test-time augmentation
+training/inference/querybank.py) and `index build`'s default use of it; gallery-side test-time augmentation
 (`index build --tta flip`) and its unchanged query-time cost."""
 import json
 import shutil
@@ -22,10 +22,11 @@ from training.config import build_config
 from training.data.datasets import load_dataset
 from training.data.preprocess import ZOOM, MirroredViews, Preprocess, StackedPreprocess, zoomed
 from training.inference.embed import embed_pixels
-from training.models.hubness import item_offsets
+from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images
-from training.querybank import attach_from_training, make_bank
+from training.inference.querybank import make_bank
+from training.train import attach_from_training
 
 
 @pytest.fixture(scope="module")

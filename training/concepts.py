@@ -123,7 +123,7 @@ def fit_file(model_file, train_set, out=None, overrides: dict | None = None, hal
     from training.data.features import extract_features
     from training.inference.querybank import attach, carried, describe
     from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
-    from training.querybank import make_bank
+    from training.inference.querybank import make_bank
 
     model_file = Path(model_file)
     out = Path(out) if out else model_file

@@ -123,9 +123,10 @@ def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_i
 
 def querybank_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
                       bank_images: torch.Tensor, bank_captions: torch.Tensor, beta: float) -> dict:
-    """Retrieval metrics with querybank normalisation (models/hubness.py): text→image ranks by s − o_image (offsets
-    from a bank of captions), image→text by s − o_caption (offsets from a bank of images). Cosine models."""
-    from training.models.hubness import item_offsets
+    """Retrieval metrics with querybank normalisation (training/inference/querybank.py): text→image ranks by
+    s − o_image (offsets from a bank of captions), image→text by s − o_caption (offsets from a bank of images).
+    Cosine models."""
+    from training.inference.querybank import item_offsets
 
     cap_to_img = cap_to_img.long().cpu()
     image_emb, caption_emb = image_emb.float(), caption_emb.float()
@@ -250,7 +251,8 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
 
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
                                          **(decode or {})))
-    if querybank is not None:     # QB-Norm (models/hubness.py): the bank split's images and captions as query banks
+    # QB-Norm (training/inference/querybank.py): the bank split's images and captions as query banks
+    if querybank is not None:
         if model.cfg.model.similarity != "cosine":
             raise ValueError("querybank normalisation applies to cosine-similarity models")
         bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,

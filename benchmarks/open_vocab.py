@@ -215,7 +215,7 @@ class Arrays:
         from training.models.concepts import class_names, class_sentences
         from training.data.datasets import load_dataset
         from training.data.features import extract_features
-        from training.inference.embed import embed_texts
+        from training.inference.embedding import embed_texts
         from training.inference.querybank import sample, sample_indices
 
         work = Path(args.work)

@@ -83,7 +83,7 @@ def embeddings(model, data: str, work: Path) -> dict:
 
     from training.data.datasets import load_dataset
     from training.data.preprocess import ZOOM, MirroredViews, open_image
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
     from training.inference.querybank import image_vectors
     from training.inference.querybank import make_bank, sample_indices
 
@@ -250,7 +250,7 @@ def cmd_timing(args) -> int:
     import torch
 
     from training.data.datasets import load_dataset
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
     from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
     from training.inference.querybank import sample_indices

@@ -297,7 +297,7 @@ def _load(args):
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
-    from training.inference.embed import default_batch_size
+    from training.inference.embedding import default_batch_size
 
     path = model_file(args.model)
     device = resolve_device(args.device)
@@ -403,7 +403,7 @@ def _querybank(args, model: EmbeddingModel):
     from dataclasses import replace
 
     from training.data.datasets import load_dataset
-    from training.inference.embed import device_of, embed_split
+    from training.inference.embedding import device_of, embed_split
 
     from .embed import embed_texts
     from .querybank import DEFAULT_BETA, QueryBank, model_bank
@@ -536,7 +536,7 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
 
     from .gallery import Gallery
     from .hits import image_hits

@@ -2,7 +2,7 @@
 batchers run.
 
 Runs on the service's single compute thread (never on the event loop). Texts and pixels become embeddings
-through the project's one inference path (training/inference/embed.py), under its autocast policy — bf16 on CUDA
+through the project's one inference path (training/inference/embedding.py), under its autocast policy — bf16 on CUDA
 when the model allows it, float32 on CPU — and so do query composition and the decoder. The index (a
 :class:`index.gallery.Gallery`) can be swapped for a newer generation at any time: each batch reads
 ``self.gallery`` once.
@@ -21,7 +21,7 @@ from index.hybrid import search_text
 from index.query import page
 from index.relevance import Ranking
 from training.inference.compose import example_queries
-from training.inference.embed import PAD_TEXT, embed_pixels, embed_texts
+from training.inference.embedding import PAD_TEXT, embed_pixels, embed_texts
 from training.inference.generate import caption_embeddings, decode_settings, identical_to
 from training.inference.shapes import Shapes
 from training.models.protocol import EmbeddingModel, has_decoder

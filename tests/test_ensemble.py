@@ -16,7 +16,7 @@ from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
-from training.inference.embed import embed_image_files as embed_decoded
+from training.inference.embedding import embed_image_files as embed_decoded
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
 from training.models.checkpoint import load_model

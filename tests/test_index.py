@@ -318,14 +318,14 @@ def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
 
 
 def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
-    """One inference path (training/inference/embed.py): evaluation's embeddings of a split, the index's of the same files
+    """One inference path (training/inference/embedding.py): evaluation's embeddings of a split, the index's of the same files
     and captions, a composed query without words and the service engine's agree."""
     from service.engine import Engine
     from service.images import upload_to_pixels
     from training.inference.compose import compose_query, image_features_of
     from training.data.features import ImageFiles
     from training.data.sources import ImageSource
-    from training.inference.embed import embed_image_source, embed_split
+    from training.inference.embedding import embed_image_source, embed_split
 
     split = load_dataset(synth_small).split("test")
     paths = [r.path for r in split.images]

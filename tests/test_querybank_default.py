@@ -21,7 +21,7 @@ from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
 from training.data.preprocess import ZOOM, MirroredViews, Preprocess, StackedPreprocess, zoomed
-from training.inference.embed import embed_pixels
+from training.inference.embedding import embed_pixels
 from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images

@@ -7,7 +7,7 @@ import torch
 from training.inference.compose import compose_query
 from training.config import build_config
 from training.data.vocab import Vocabulary, pad_batch
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
 from training.models.config_schema import LossSection
 from training.models.factory import TEXT_ENCODERS, build_loss

@@ -160,7 +160,7 @@ def cmd_compose(args) -> int:
     from training.data.fileio import write_json
     from training.data.sources import image_source
     from training.inference.compose import compose_query, image_features_of
-    from training.inference.embed import embed_image_source
+    from training.inference.embedding import embed_image_source
     from training.models.checkpoint import load_model
 
     model = load_model(args.model)

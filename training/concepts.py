@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.concepts import ConceptHead, class_names, class_sentences
 from training.models.model import JointEmbedding
 

@@ -220,7 +220,7 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
     querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with
     its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
     from training.data.sources import image_source
-    from training.inference.embed import embed_split
+    from training.inference.embedding import embed_split
 
     source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
                           workers=workers, progress=progress, amp=amp)
@@ -231,7 +231,7 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
         # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
         # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
         # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
-        from training.inference.embed import fine_embed_split
+        from training.inference.embedding import fine_embed_split
         from training.models.model import JointEmbedding
 
         assert isinstance(model, JointEmbedding)     # an ensemble's attention is always None
@@ -295,7 +295,7 @@ def format_table(result: dict) -> str:
 
 def attention_retrieval(model: JointEmbedding, dataset, source, device="cpu") -> dict:
     """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
-    from training.inference.embed import fine_embed_split
+    from training.inference.embedding import fine_embed_split
 
     attention = model.attention
     assert attention is not None, "attention_retrieval needs an STT-ATT model (attention.enabled)"

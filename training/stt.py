@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from training.data.sources import ImageSource
 from training.data.vocab import pad_batch
-from training.inference.embed import autocast, embed_image_source, embed_texts
+from training.inference.embedding import autocast, embed_image_source, embed_texts
 from training.models.attention import embed_words
 from training.models.checkpoint import load_checkpoint
 from training.models.config_schema import RunConfig

@@ -33,7 +33,7 @@ from training.data.fileio import atomic_path, write_text
 from training.data.sources import ImageSource, image_source, view_source
 from training.data.vocab import SPECIALS, Vocabulary, pad_batch
 from training.inference.device import resolve_device
-from training.inference.embed import autocast, embed_split
+from training.inference.embedding import autocast, embed_split
 from training.models.factory import build_loss
 from training.models.losses import CrossBatchMemory, MemoryScores
 from training.models.model import build_model, freeze_modules

@@ -21,7 +21,7 @@ from PIL import Image
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
 from training.models.protocol import EmbeddingModel, can_compose
-from .embed import embed_pixels, inference_autocast, pixel_features
+from .embedding import embed_pixels, inference_autocast, pixel_features
 from .shapes import Shapes
 
 NO_COMPOSITION = ("query composition (an image ± words) needs a model that embeds an image as one vector; this one "

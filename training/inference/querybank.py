@@ -55,7 +55,7 @@ import torch
 
 from training.data.fileio import atomic_path
 from training.data.sources import ImageSource, image_source
-from training.inference.embed import embed_image_source, embed_texts
+from training.inference.embedding import embed_image_source, embed_texts
 from training.models.protocol import EmbeddingModel
 
 # --- the correction ---------------------------------------------------------------------------------------------------

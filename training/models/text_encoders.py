@@ -22,7 +22,7 @@ encoder overrides those it needs. Training calls them by name, never by looking 
 * ``encode_text(text, vocab, max_len) -> list[int]`` — the ids the encoder reads: ``vocab``'s word ids by
   default; an encoder that tokenises raw text itself (n-gram feature ids, WordPiece ids) overrides it and sets
   ``tokenizes``. ``JointEmbedding.encode_text_ids`` defers to it, so batching, inference
-  (``training.inference.embed.embed_texts``) and save/load are unchanged.
+  (``training.inference.embedding.embed_texts``) and save/load are unchanged.
 * ``cache_inputs(id_lists, cache_dir, dtype, progress, log)`` — before training, compute (or read from a cache)
   what a frozen bottom of the encoder gives for the training sentences (MiniLM's partial fine-tuning).
 * ``regularizer() -> tensor | None`` — a term the training loss adds, computed in the last forward (RCN

@@ -237,8 +237,8 @@ class ServiceState:
             self.phase = "ready"
             self._count_vectors(gallery)
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
-            # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of
-            # every request in flight, once every few seconds of load on the 2-core dev machine.
+            # out of the cyclic GC, whose full collections otherwise scan it all, pausing every request in flight
+            # once every few seconds under load.
             gc.freeze()
             log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], gallery.root,
                      gallery.generation)

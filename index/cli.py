@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 from .tta import DEFAULT_TTA, TTA
 
-# The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so
-# these copy the values of the modules that use them, which import torch; tests/test_cli.py keeps them equal.
+# The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so the
+# video values and BACKENDS copy those of the modules that use them, which import torch (index/video.py,
+# training/inference/backend.py); tests/test_cli.py and tests/test_backend.py keep them equal.
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "backend_throughput.json"
 BACKENDS = ("eager", "openvino", "openvino-bf16", "onnxruntime")
-TTA = ("none", "flip", "flip-crop")
+# index/tta.py read as a file: importing the index package here would fix which checkout a child (--code) imports
+TTA: tuple[str, ...] = runpy.run_path(str(ROOT / "index" / "tta.py"))["TTA"]
 
 
 # --- the photos -------------------------------------------------------------------------------------------------

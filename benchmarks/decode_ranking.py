@@ -4,7 +4,7 @@ against the decode shrunk to at least twice the model's largest input side (a JP
 
     python benchmarks/decode_ranking.py     # → benchmarks/results/decode_ranking.json
 
-The 1,000 dev images are embedded through the index's path (``training.inference.embed.embed_image_files`` with
+The 1,000 dev images are embedded through the index's path (``training.inference.embedding.embed_image_files`` with
 ``index.embed.read_photo``), once decoded at full size and once shrunk while decoding, and ranked against the dev
 captions with the project's metrics (``training.evaluate.full_evaluation``). This copy of Flickr8k is 224 × 224,
 smaller than the shipped model's largest input (260 px), so nothing is shrunk there: each photo is also enlarged
@@ -42,7 +42,7 @@ from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import dct_scale  # noqa: E402
-from training.inference.embed import embed_image_files  # noqa: E402
+from training.inference.embedding import embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 

@@ -51,7 +51,7 @@ def measure(name: str, path: Path, repeats: int) -> dict:
     import torch
     from PIL import Image
 
-    from training.inference.embed import embed_pixels, embed_texts
+    from training.inference.embedding import embed_pixels, embed_texts
     from training.models.checkpoint import load_model
     from training.models.ensemble import EnsembleEmbedding
 

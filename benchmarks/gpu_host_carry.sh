@@ -2,12 +2,12 @@
 # What benchmarks/gpu_host.py needs on a lent GPU machine with no network, carried in parts that fit beside the
 # working tree: each call to the machine carries the checkout (about 53 MiB, the shipped model included) and at most
 # 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack, fastapi-offline for /docs) and MiniLM's tokenizer travel
-# as parts of at most 9 MiB, one part a call, appended to /root/gpu on the machine while it stays warm.
+# as parts of at most 9 MiB, one part a call, appended to $CARRY (default $HOME/gpu) on the machine while it stays warm.
 #
 #   here:   benchmarks/gpu_host_carry.sh pack          wheels + tokenizer.json → .gpu/1, .gpu/2, … (git-ignored)
-#   there:  benchmarks/gpu_host_carry.sh keep N        (a call carrying .gpu/N) append part N to /root/gpu
+#   there:  benchmarks/gpu_host_carry.sh keep N        (a call carrying .gpu/N) append part N to $CARRY
 #   there:  benchmarks/gpu_host_carry.sh keep-all      (a call carrying .gpu) all parts at once, when they fit
-#   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into /tmp/site, run
+#   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into $SITE (default /tmp/site), run
 #                                                      gpu_host.py (ARGS passed on) and write $OUT/gpu_host_cuda.json
 #
 # The versions are the pinned ones of constraints.txt, for the machine's Python 3.12. The pretrained-weight packages
@@ -15,6 +15,8 @@
 # the weights) and says so in its results. docs/benchmarks.md has the calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CARRY=${CARRY:-$HOME/gpu}
+SITE=${SITE:-/tmp/site}
 WHEELS="faiss-cpu fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv python-multipart
 httptools annotated-types typing-inspection fastapi-offline
 opentelemetry-api"
@@ -47,22 +49,22 @@ pack)
     echo "$n parts: one call each, carrying .gpu/N: benchmarks/gpu_host_carry.sh keep N; then ... run"
     ;;
 keep-all)   # one call carrying all of .gpu/, where the checkout and the parts fit together in 64 MiB
-    mkdir -p /root/gpu && rm -f /root/gpu/carry.tar
-    for n in $(ls .gpu | sort -n); do cat ".gpu/$n"/part.* >> /root/gpu/carry.tar; done
-    ls -la /root/gpu/carry.tar
+    mkdir -p "$CARRY" && rm -f "$CARRY/carry.tar"
+    for n in $(ls .gpu | sort -n); do cat ".gpu/$n"/part.* >> "$CARRY/carry.tar"; done
+    ls -la "$CARRY/carry.tar"
     ;;
 keep)
-    mkdir -p /root/gpu
-    cat ".gpu/$2"/part.* >> /root/gpu/carry.tar
-    ls -la /root/gpu/carry.tar
+    mkdir -p "$CARRY"
+    cat ".gpu/$2"/part.* >> "$CARRY/carry.tar"
+    ls -la "$CARRY/carry.tar"
     ;;
 run)
     shift
-    tar -xf /root/gpu/carry.tar -C /root/gpu
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        /root/gpu/carry/wheels/*.whl
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-    python3 benchmarks/gpu_host.py --tokenizer /root/gpu/carry/tokenizer.json --out "${OUT:-.}/gpu_host_cuda.json" "$@"
+    tar -xf "$CARRY/carry.tar" -C "$CARRY"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$CARRY/carry/wheels/"*.whl
+    export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+    python3 benchmarks/gpu_host.py --tokenizer "$CARRY/carry/tokenizer.json" --out "${OUT:-.}/gpu_host_cuda.json" "$@"
     ;;
 *)
     sed -n '2,15p' "$0"; exit 2 ;;

@@ -14,7 +14,7 @@ same gallery as a control.
   peak RSS, ``VmHWM``, reset through ``/proc/PID/clear_refs`` before each request, minus its RSS just before).
 * **Index time**: ``jointspace index build`` of the photos alone, and of the photos plus each file, each in its
   own process: wall time and peak RSS (``ru_maxrss`` of that process), the difference to the photos alone, and
-  the skip reason it printed; and the index's reader alone on each file (``training.inference.embed``'s dataset
+  the skip reason it printed; and the index's reader alone on each file (``training.inference.embedding``'s dataset
   item with ``index.embed.read_photo``, what a build's worker runs per file) in this process: its time and the
   growth of this process's peak RSS (reset before).
 * **Frames**: ``jointspace serve`` over the photos and the 8192² clip; ``--frame-clients`` (40) clients ask for
@@ -114,7 +114,7 @@ def index_time(work: Path, photos: Path, files: dict[str, bytes]) -> list[dict]:
 def reader_alone(work: Path, files: dict[str, bytes]) -> list[dict]:
     from index.embed import read_photo
     from training.data.preprocess import embed_side
-    from training.inference.embed import _Decoded
+    from training.inference.embedding import _Decoded
     from training.models.checkpoint import load_model
 
     model = load_model(MODEL)

@@ -215,8 +215,8 @@ class Arrays:
         from training.models.concepts import class_names, class_sentences
         from training.data.datasets import load_dataset
         from training.data.features import extract_features
-        from training.inference.embed import embed_texts
-        from training.querybank import sample, sample_indices
+        from training.inference.embedding import embed_texts
+        from training.inference.querybank import sample, sample_indices
 
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
@@ -259,11 +259,11 @@ class Arrays:
 def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
     """``bank``: ``none`` (raw cosine), ``captions`` (the bank's training captions and images), ``classes`` (and a
     sentence per ImageNet class among its captions), ``dynamic-K`` (the bank's captions and images through the
-    dynamic inverted softmax, training/models/hubness.py: a gallery item is a hub when it is among the K nearest
+    dynamic inverted softmax, training/inference/querybank.py: a gallery item is a hub when it is among the K nearest
     of some bank query, and only a query whose nearest item is a hub is corrected)."""
     import torch
 
-    from training.models.hubness import activation_set, dynamic_scores, item_offsets
+    from training.inference.querybank import activation_set, dynamic_scores, item_offsets
 
     with torch.no_grad():
         emb = {k: model.embed_features(v.float()).float() for k, v in arrays.features.items() if k != "train"}

@@ -5,9 +5,9 @@
     python benchmarks/querybank_dev.py unseen --work /tmp/qb
     flock -x /tmp/jointspace-cpu.lock python benchmarks/querybank_dev.py timing --data ../shared/datasets/flickr8k
 
-* ``sweep`` — Flickr8k dev retrieval under QB-Norm (inverted softmax, training/models/hubness.py) against banks
+* ``sweep`` — Flickr8k dev retrieval under QB-Norm (inverted softmax, training/inference/querybank.py) against banks
   of Flickr8k training captions and images of several sizes, each a seeded sample exactly as a model's bank is
-  drawn (training/querybank.py), with and without test-time augmentation of the gallery (each dev image and its
+  drawn (training/inference/querybank.py), with and without test-time augmentation of the gallery (each dev image and its
   mirror image, backbone features averaged: ``index build --tta flip``; those and a closer centre crop and its
   mirror image: ``--tta flip-crop``). The ranking is the one a built index
   serves (tests/test_querybank.py checks that the folded FAISS search ranks as these metrics do). The shipped
@@ -43,7 +43,7 @@ RESULTS = REPO / "benchmarks" / "results" / "querybank_dev.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 CAPTION_SIZES = (0, 1000, 2000, 5000, 10000, 30000)
 IMAGE_SIZES = (0, 250, 500, 1000, 3000, 5000, 6000)
-SEED = 0                      # the bank's sample seed (training/querybank.py: captions seed, images seed + 1)
+SEED = 0                      # the bank's sample seed (training/inference/querybank.py: captions seed, images seed + 1)
 BETA = 20.0
 
 # the sample gallery of `jointspace index samples` (index/samples.py): each photo's own caption lines
@@ -83,9 +83,9 @@ def embeddings(model, data: str, work: Path) -> dict:
 
     from training.data.datasets import load_dataset
     from training.data.preprocess import ZOOM, MirroredViews, open_image
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
     from training.inference.querybank import image_vectors
-    from training.querybank import make_bank, sample_indices
+    from training.inference.querybank import make_bank, sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset(data)
@@ -123,7 +123,7 @@ def qb_metrics(img, cap, cap_to_img, bank_img, bank_cap) -> dict:
     import torch
 
     from training.evaluate import KS, ranks_from_scores, summarize
-    from training.models.hubness import item_offsets
+    from training.inference.querybank import item_offsets
 
     img, cap, cap_to_img = torch.from_numpy(img).float(), torch.from_numpy(cap).float(), torch.from_numpy(cap_to_img)
     off_img = item_offsets(torch.from_numpy(bank_cap).float(), img, BETA) if len(bank_cap) else torch.zeros(len(img))
@@ -140,7 +140,7 @@ def cmd_sweep(args) -> int:
 
     from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
-    from training.querybank import sample_indices
+    from training.inference.querybank import sample_indices
 
     model = load_model(resolve(args.model)).eval()
     arr = embeddings(model, args.data, Path(args.work))
@@ -250,10 +250,10 @@ def cmd_timing(args) -> int:
     import torch
 
     from training.data.datasets import load_dataset
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
     from training.models.checkpoint import load_model
     from training.inference.pretrained import resolve
-    from training.querybank import sample_indices
+    from training.inference.querybank import sample_indices
 
     from index.embed import embed_image_files
 

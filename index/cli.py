@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from training.models.protocol import EmbeddingModel
 
-# The parser is built without torch (`jointspace --help` imports none of the model code), so these copy the
-# values of the modules that use them; tests/test_cli.py keeps them equal.
-TTA = ("none", "flip", "flip-crop")   # index.embed.TTA
-DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by --tta: docs/results.md
+from .tta import DEFAULT_TTA, TTA
+
+# The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so the
+# video values and BACKENDS copy those of the modules that use them, which import torch (index/video.py,
+# training/inference/backend.py); tests/test_cli.py and tests/test_backend.py keep them equal.
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
@@ -316,7 +317,7 @@ def _load(args):
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
-    from training.inference.embed import default_batch_size
+    from training.inference.embedding import default_batch_size
 
     path = model_file(args.model)
     device = resolve_device(args.device)
@@ -422,7 +423,7 @@ def _querybank(args, model: EmbeddingModel):
     from dataclasses import replace
 
     from training.data.datasets import load_dataset
-    from training.inference.embed import device_of, embed_split
+    from training.inference.embedding import device_of, embed_split
 
     from .embed import embed_texts
     from .querybank import DEFAULT_BETA, QueryBank, model_bank
@@ -555,12 +556,13 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from training.inference.embed import embed_texts
+    from training.inference.embedding import embed_texts
 
     from .gallery import Gallery
+    from .hits import image_hits
     from .hybrid import search_text
+    from .query import MAX_OFFSET, ImageFilter, check_min_score
     from .relevance import Ranking
-    from .query import MAX_OFFSET, ImageFilter, check_min_score, format_time
 
     if args.k < 1:
         raise ValueError("--k must be at least 1")
@@ -586,21 +588,10 @@ def cmd_search(args) -> int:
             ranking = gallery.ranked("images", query,
                                      gallery.search_images(query, args.k, flt, args.offset, min_score,
                                                            sort=args.sort))[0]
-        words = getattr(ranking, "matched", None) or [None] * len(ranking.hits)
-        rows = gallery.meta.images([i for i, _ in ranking.hits])
-        results: list[dict] = []
-        relevance: list[float | None] = [*ranking.relevance] if ranking.relevance is not None else \
-            [None] * len(ranking.hits)
-        for (i, s), r, matched in zip(ranking.hits, relevance, words):
-            if i in rows:
-                row = rows[i]
-                hit = {"id": i, "score": round(s, 6), "relevance": r, "media": "photo", "path": row.path,
-                       "taken": format_time(row.taken), "folder": row.folder}
-                if row.video_id is not None:
-                    hit.update(media="video", video_id=row.video_id, start=row.t_start, end=row.t_end)
-                if matched is not None:
-                    hit["matched"] = matched
-                results.append(hit)
+        results = [{"id": h.id, "score": round(h.score, 6), "relevance": h.relevance, "media": h.media,
+                    "path": h.path, "taken": h.taken, "folder": h.folder, **h.moment(frame=False),
+                    **({"matched": h.matched} if h.matched is not None else {})}
+                   for h in image_hits(gallery, ranking) if h.path is not None]
         print(json.dumps({"results": results, "strong_match": ranking.strong_match}, indent=1) if args.json
               else _table(results, gallery.photos.root, ranking.strong_match))
     finally:
@@ -638,10 +629,8 @@ def _clock(seconds: float) -> str:
 
 
 def _example_query(model: EmbeddingModel, image: str, subtract):
-    from training.inference.compose import compose_query
     from training.data.preprocess import UnsupportedImageError, embed_side, open_image
-    from training.inference.embed import embed_pixels, pixel_features
-    from training.models.protocol import can_compose
+    from training.inference.compose import example_queries
 
     from .embed import IMAGE_SUFFIXES
 
@@ -656,14 +645,7 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
         hint = "" if path.suffix.lower() in IMAGE_SUFFIXES else f" (formats read: {', '.join(sorted(IMAGE_SUFFIXES))})"
         raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
     pixels = model.preprocess.pixels(picture).unsqueeze(0)
-    if subtract and can_compose(model):
-        query = compose_query(model, pixel_features(model, pixels)[0], (), subtract)[None]
-    elif subtract:
-        raise ValueError("subtracting words from an example photo needs a model that embeds an image as one "
-                         "vector; this one uses region attention (STT-ATT)")
-    else:
-        query = embed_pixels(model.eval(), pixels)
-    return query.float().cpu().numpy()
+    return example_queries(model.eval(), pixels, [((), tuple(subtract))]).cpu().numpy()
 
 
 def cmd_remove(args) -> int:

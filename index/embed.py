@@ -1,6 +1,6 @@
 """Embed a photo collection and a caption corpus with a model's encoders, in batches, with progress.
 
-The embedding itself is training/inference/embed.py's, the one inference path (and autocast policy) of the project:
+The embedding itself is training/inference/embedding.py's, the one inference path (and autocast policy) of the project:
 images are decoded and preprocessed (``model.preprocess``) by DataLoader workers; an unreadable, corrupt or
 unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
 decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
@@ -20,20 +20,18 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, ZOOM, MirroredViews, decode_image
-from training.inference.embed import FileEmbeddings
-from training.inference.embed import embed_image_files as files_to_embeddings
-from training.inference.embed import embed_texts as texts_to_embeddings
+from training.inference.embedding import FileEmbeddings
+from training.inference.embedding import embed_image_files as files_to_embeddings
+from training.inference.embedding import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
 
 from .phash import perceptual_hash
+from .tta import TTA
 
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
 # never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
 DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
-# gallery-side test-time augmentation (index build --tta): none; flip, each view and its mirror image averaged;
-# flip-crop, those and a closer centre crop of the image (ImageNet's 0.875) and its mirror image averaged
-TTA = ("none", "flip", "flip-crop")
 
 
 def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:
@@ -202,7 +200,7 @@ def view_preprocess(model: EmbeddingModel, tta: str = "none"):
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none"
                       ) -> FileEmbeddings:
-    """Embeds every readable image of ``paths`` into the common space (``training.inference.embed.embed_image_files``,
+    """Embeds every readable image of ``paths`` into the common space (``training.inference.embedding.embed_image_files``,
     on the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
     each (:func:`read_photo`, in ``info``). ``indexed``: path (as given) → the sha256 the index holds for it; a file
     whose bytes still hash to it is not decoded (listed in ``passed``), the hash and the decoding reading the bytes
@@ -218,7 +216,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
 
 
 def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
-    """Sentences → ``(len(texts), D)`` float32 embeddings (``training.inference.embed.embed_texts``)."""
+    """Sentences → ``(len(texts), D)`` float32 embeddings (``training.inference.embedding.embed_texts``)."""
     model.eval()
     vectors = texts_to_embeddings(model, texts, batch_size=batch_size, progress=progress)
     return np.ascontiguousarray(vectors.cpu().numpy(), dtype=np.float32)

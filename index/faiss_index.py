@@ -6,13 +6,15 @@ The index type is FAISS's own vocabulary, a factory string (``"Flat"``, ``"IVF10
 ==========================  =========================  ===========================================
 vectors                     factory                    why
 ==========================  =========================  ===========================================
-n < 50,000                  ``Flat``                   exact; a query costs n·d multiply-adds (measured
-                                                       5.7 ms at 100k × 256 on the shared dev CPU)
+n < 50,000                  ``Flat``                   exact; a query costs n·d multiply-adds
 50,000 ≤ n < 1,000,000      ``IVF{nlist},Flat``        nlist ≈ 4·√n lists, ``nprobe`` = nlist/16:
                                                        about 1/16 of the gallery is scanned
 n ≥ 1,000,000               ``IVF{nlist},SQ8``         8-bit scalar quantisation: 4× smaller than
-                                                       float32 (97% recall@10 in the benchmark)
+                                                       float32
 ==========================  =========================  ===========================================
+
+Measured latency and recall of these choices: docs/benchmarks.md (``index_recall_cpu``) and docs/scale.md
+(``scale_index``), from benchmarks/results/.
 
 Product quantisation (``IVF…,PQ{d/4}``, 16× smaller) is not a default: on generated clustered 256-d vectors it
 found only 54% of the exact top-10 at nprobe = nlist/16 (``benchmarks/index_recall.py``); use it by factory

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from training.data.fileio import write_json
-from training.inference.embed import FileEmbeddings
+from training.inference.embedding import FileEmbeddings
 from training.models.protocol import EmbeddingModel
 
 from .embed import embed_image_files, embed_texts

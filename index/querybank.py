@@ -1,7 +1,8 @@
-"""Querybank normalisation inside the index: QB-Norm's inverted softmax (training/models/hubness.py) folded into FAISS.
+"""Querybank normalisation inside the index: QB-Norm's inverted softmax (training/inference/querybank.py, where the
+hubness code lives) folded into FAISS, and the bank stored beside the generations.
 
 An index built with a query bank stores each item as ``[v, −o]``, where ``o`` is the item's offset against the
-bank (``hubness.item_offsets``: (1/β) log Σ_b exp(β b·v), QB-Norm eq. 3), and every query is searched as
+bank (``item_offsets``: (1/β) log Σ_b exp(β b·v), QB-Norm eq. 3), and every query is searched as
 ``[q, 1]``; the inner product is then ``q·v − o``, whose ranking is exactly the inverted softmax's. Search stays
 one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns are the normalised ones.
 
@@ -34,8 +35,8 @@ import numpy as np
 import torch
 
 from training.data.fileio import atomic_path
-from training.inference.querybank import caption_vectors, carried, image_vectors
-from training.models.hubness import DEFAULT_BETA, fold_items, fold_queries, item_offsets
+from training.inference.querybank import (DEFAULT_BETA, caption_vectors, carried, fold_items, fold_queries, image_vectors,
+                                         item_offsets)
 from training.models.protocol import EmbeddingModel
 
 from .relevance import Reference, reference_rows

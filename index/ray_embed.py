@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from training.data.fileio import atomic_path
-from training.inference.embed import FileEmbeddings
+from training.inference.embedding import FileEmbeddings
 
 from .embed import PhotoInfo, embed_image_files
 

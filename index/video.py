@@ -483,13 +483,13 @@ def _file_facts(path: Path) -> tuple[str, int, float]:
 def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: Sampling = DEFAULT_SAMPLING, batch_size: int = 64,
                  workers: int | None = None, progress: bool = True, pad: bool | None = None) -> VideoEmbeddings:
     """Every readable video of ``paths`` → its moments' vectors and its own vector (frames embedded with
-    ``training.inference.embed.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker
+    ``training.inference.embedding.embed_pixels``, decoded by up to ``workers`` DataLoader workers, one video per worker
     at a time). A file that cannot be read is skipped with its reason. Puts the model in eval mode. ``pad``: every
     forward pass at ``batch_size`` rows (``embed.fixed_batches``; default: on CUDA)."""
     from tqdm.auto import tqdm
 
     from training.data.features import loader_options
-    from training.inference.embed import device_of, embed_pixels, fixed_batches
+    from training.inference.embedding import device_of, embed_pixels, fixed_batches
 
     model.eval()
     out = VideoEmbeddings()

@@ -2,7 +2,7 @@
 batchers run.
 
 Runs on the service's single compute thread (never on the event loop). Texts and pixels become embeddings
-through the project's one inference path (training/inference/embed.py), under its autocast policy — bf16 on CUDA
+through the project's one inference path (training/inference/embedding.py), under its autocast policy — bf16 on CUDA
 when the model allows it, float32 on CPU — and so do query composition and the decoder. The index (a
 :class:`index.gallery.Gallery`) can be swapped for a newer generation at any time: each batch reads
 ``self.gallery`` once.
@@ -20,8 +20,8 @@ import torch
 from index.hybrid import search_text
 from index.query import page
 from index.relevance import Ranking
-from training.inference.compose import compose_query
-from training.inference.embed import PAD_TEXT, embed_pixels, embed_texts, pixel_features
+from training.inference.compose import example_queries
+from training.inference.embedding import PAD_TEXT, embed_pixels, embed_texts
 from training.inference.generate import caption_embeddings, decode_settings, identical_to
 from training.inference.shapes import Shapes
 from training.models.protocol import EmbeddingModel, has_decoder
@@ -149,12 +149,11 @@ class Engine:
     def compose_search(self, items: Sequence[tuple[torch.Tensor, Sequence[str], Sequence[str], int | Options]]
                        ) -> list[Ranking]:
         """``(pixels, add, subtract, k)`` queries → best-first ``(image id, score)`` lists with their relevance:
-        the backbone features of every image in one forward pass, each composed with its words
-        (``training.inference.compose.compose_query``), then one index search."""
+        query by example (``training.inference.compose.example_queries``: the images in one forward pass, each
+        composed with its words), then one index search."""
         gallery = self.gallery
-        features = pixel_features(self.model, torch.stack([p for p, *_ in items]), shapes=self.shapes)
-        queries = torch.stack([compose_query(self.model, f, add, subtract)
-                               for f, (_, add, subtract, _) in zip(features, items)]).float().cpu().numpy()
+        queries = example_queries(self.model, torch.stack([p for p, *_ in items]),
+                                  [(add, subtract) for _, add, subtract, _ in items], shapes=self.shapes).cpu().numpy()
         return gallery.ranked("images", queries, _paged(gallery, "images", queries, [options(o) for *_, o in items]))
 
     # --- the sentence decoder (Show, Translate and Tell) --------------------------------------------------------

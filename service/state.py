@@ -46,7 +46,7 @@ _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/
 def cpu_threads(setting: int) -> int:
     """torch intra-op threads for CPU inference: the setting, or by default every core but one — the event
     loop, HTTP parsing and image decoding need a core too, and an oversubscribed CPU makes torch's spinning
-    worker threads many times slower (measured on the 2-core dev machine: 1.9 ms vs 20 ms per batch of one)."""
+    worker threads many times slower."""
     if setting:
         return setting
     try:
@@ -237,8 +237,8 @@ class ServiceState:
             self.phase = "ready"
             self._count_vectors(gallery)
             # Everything loaded so far (torch, FastAPI, pydantic, the model) lives as long as the process: keep it
-            # out of the cyclic GC, whose full collections otherwise scan it all — measured: a 0.6 s pause of
-            # every request in flight, once every few seconds of load on the 2-core dev machine.
+            # out of the cyclic GC, whose full collections otherwise scan it all, pausing every request in flight
+            # once every few seconds under load.
             gc.freeze()
             log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], gallery.root,
                      gallery.generation)

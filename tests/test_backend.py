@@ -26,7 +26,7 @@ from training.data.vocab import Vocabulary
 from training.inference import backend as backend_mod
 from training.inference.backend import (BACKENDS, Backend, attached, backend_choice, backend_of, eager_reason,
                                         use_backend)
-from training.inference.embed import embed_pixels, pixel_features
+from training.inference.embedding import embed_pixels, pixel_features
 from training.models.checkpoint import load_model, save_model
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import build_model
@@ -373,7 +373,7 @@ def test_a_cache_that_cannot_be_written_converts_for_the_process_alone(model, pi
 
 
 def test_bulk_batches_are_sized_for_the_cores(monkeypatch):
-    from training.inference import embed
+    from training.inference import embedding as embed
 
     assert embed.default_batch_size("cuda") == 64
     for cores, views in ((1, 8), (2, 16), (4, 32), (16, 64)):

@@ -13,7 +13,7 @@ from PIL import Image, JpegImagePlugin
 from conftest import tiny_config
 import training.data.features as features
 import training.data.preprocess as preprocess
-import training.inference.embed as embed
+import training.inference.embedding as embed
 from index.embed import read_photo
 from service.images import ImageError, open_checked, thumbnail, upload_to_pixels
 from training.data.features import loader_options

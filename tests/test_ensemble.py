@@ -16,7 +16,7 @@ from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
-from training.inference.embed import embed_image_files as embed_decoded
+from training.inference.embedding import embed_image_files as embed_decoded
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
 from training.models.checkpoint import load_model
@@ -139,7 +139,7 @@ def test_an_ensemble_carries_a_query_bank(members, ensemble_path, synth_small, t
     vectors); with --querybank DATA: the train split sampled as `jointspace train` samples it, the images embedded
     by the ensemble — and `index build` uses it by default."""
     from training.inference.querybank import carried, image_vectors
-    from training.querybank import sample
+    from training.inference.querybank import sample
 
     first = load_model(members[0])
     own = carried(first)

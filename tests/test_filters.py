@@ -19,7 +19,7 @@ from index.faiss_index import VectorIndex
 from index.gallery import Gallery, build
 from index.generations import current_generation
 from index.query import ImageFilter, format_time, parse_time
-from training.inference import embed as inference
+from training.inference import embedding as inference
 from training.data.vocab import pad_batch
 from service.app import create_app
 from service.cli import main as cli_main

@@ -317,15 +317,36 @@ def test_cuda_search_falls_back_to_cpu_faiss_with_a_warning_and_same_results():
     assert index.backend == ("faiss-gpu" if faiss.get_num_gpus() > 0 else "faiss-cpu")
 
 
+def test_query_by_example_is_the_image_alone_or_composed_with_its_words(model, synth_small):
+    """The one query by example of ``index search --image`` and the service: an image without words is its
+    embedding, one with words its composed query, each row as it would be alone; region attention cannot compose."""
+    from training.data.preprocess import open_image
+    from training.inference.compose import compose_query, example_queries
+    from training.inference.embedding import embed_pixels, pixel_features
+
+    paths = [r.path for r in load_dataset(synth_small).split("test").images[:2]]
+    pixels = torch.stack([model.preprocess.pixels(open_image(p)) for p in paths])
+    words = [((), ()), (("red",), ("circle", "blue square"))]
+    queries = example_queries(model, pixels, words)
+    torch.testing.assert_close(queries[0], embed_pixels(model, pixels[:1])[0], atol=1e-6, rtol=0)
+    composed = compose_query(model, pixel_features(model, pixels[1:])[0], *words[1])
+    torch.testing.assert_close(queries[1], composed, atol=1e-6, rtol=0)
+    torch.testing.assert_close(example_queries(model, pixels, [((), ())] * 2), embed_pixels(model, pixels))
+    attention = build_model(tiny_config(attention={"enabled": True}), model.vocab, load_weights=False).eval()
+    torch.testing.assert_close(example_queries(attention, pixels, [((), ())] * 2), embed_pixels(attention, pixels))
+    with pytest.raises(ValueError, match="region attention"):
+        example_queries(attention, pixels, words)
+
+
 def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
-    """One inference path (training/inference/embed.py): evaluation's embeddings of a split, the index's of the same files
+    """One inference path (training/inference/embedding.py): evaluation's embeddings of a split, the index's of the same files
     and captions, a composed query without words and the service engine's agree."""
     from service.engine import Engine
     from service.images import upload_to_pixels
     from training.inference.compose import compose_query, image_features_of
     from training.data.features import ImageFiles
     from training.data.sources import ImageSource
-    from training.inference.embed import embed_image_source, embed_split
+    from training.inference.embedding import embed_image_source, embed_split
 
     split = load_dataset(synth_small).split("test")
     paths = [r.path for r in split.images]

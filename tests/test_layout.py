@@ -31,7 +31,7 @@ LIBRARY = ("training.data", "training.models", "training.inference")
 # some of the application, by name: what index and service must not reach (and what the rule is checked to cover)
 APPLICATION = ("training.train", "training.trainer", "training.batches", "training.stt", "training.scst",
                "training.distributed", "training.evaluate", "training.caption_eval", "training.cider",
-               "training.ranking", "training.zoo", "training.config", "training.querybank", "training.cli")
+               "training.ranking", "training.zoo", "training.config", "training.cli")
 # the `jointspace` console script assembles every package's subcommands (train, evaluate, ... beside index and
 # serve), and torchrun starts training processes through it (`-m service.cli train`, training/distributed.py): the
 # one module outside training/ that may import the application, and only its commands module
@@ -171,7 +171,7 @@ def test_index_and_service_use_the_library_not_the_training_application(graph):
     assert set(APPLICATION) <= application(graph)            # the application is where the rule expects it
     # the library is used (the rule is not vacuous): device resolution, embedding, shapes, generation, shipped models
     used = {t for m in graph for t in graph[m] if m.startswith(("index.", "service."))}
-    assert {"training.inference.device", "training.inference.embed", "training.inference.shapes",
+    assert {"training.inference.device", "training.inference.embedding", "training.inference.shapes",
             "training.inference.generate", "training.inference.pretrained"} <= used
     # the entry point is the console script, and nothing imports it: the exception cannot reach the server
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -191,7 +191,7 @@ def test_serving_loads_no_training_application():
             "print(*(m for m in sys.modules if m.startswith('training.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     loaded = out.stdout.split()
-    assert "training.inference.embed" in loaded and [m for m in loaded if not in_library(m)] == []
+    assert "training.inference.embedding" in loaded and [m for m in loaded if not in_library(m)] == []
 
 
 def test_no_import_cycle(graph):
@@ -252,7 +252,7 @@ def test_the_architecture_doc_matches_the_code():
     """docs/architecture.md: every path it names exists, and its layers are LAYERS, lowest first."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     paths = doc_paths(text)
-    assert {"training/inference/embed.py", "service/api/", "index/faiss_index.py", "training/models/factory.py"} <= paths
+    assert {"training/inference/embedding.py", "service/api/", "index/faiss_index.py", "training/models/factory.py"} <= paths
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
     assert doc_layers(text) == LAYERS
     assert ENTRY_POINT.replace(".", "/") + ".py" in paths

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_config
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary
-from training.inference.embed import embed_split
+from training.inference.embedding import embed_split
 from training.evaluate import minimal_pair_accuracy, minimal_pairs_of
 from training.models.model import build_model
 

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config
 from training.data.datasets import load_dataset
 from training.data.vocab import pad_batch
-from training.inference.embed import embed_split, embed_texts
+from training.inference.embedding import embed_split, embed_texts
 from training.models.ensemble import EnsembleEmbedding
 from training.models.factory import TEXT_ENCODERS, build_text_encoder
 from service.cli import main as cli_main

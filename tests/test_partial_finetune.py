@@ -65,7 +65,7 @@ def test_minilm_layers_skip_padding_and_dropped_tokens_exactly():
 
 
 def test_minilm_packed_layers_run_under_bf16_autocast():
-    """Inference on CUDA runs under bf16 autocast (training/inference/embed.py); the packed layers mix the dtypes it makes."""
+    """Inference on CUDA runs under bf16 autocast (training/inference/embedding.py); the packed layers mix the dtypes it makes."""
     enc = _minilm(train_layers=2, pooling="gpo")
     enc.eval()
     batch = pad_batch([enc.encode_text(s) for s in SENTENCES])

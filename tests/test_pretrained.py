@@ -11,7 +11,7 @@ from index.query import format_time
 from index.samples import CLIPS, SAMPLES, write_samples
 from service.cli import main as cli_main
 from training.inference import pretrained
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.checkpoint import load_checkpoint, load_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from index.querybank import QueryBank
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
 from training.evaluate import querybank_metrics
-from training.models.hubness import item_offsets
+from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 
 BETA = 20.0

@@ -1,5 +1,5 @@
 """The query bank a model carries (training/inference/querybank.py; attached after training by
-training/querybank.py) and `index build`'s default use of it; gallery-side test-time augmentation
+training/inference/querybank.py) and `index build`'s default use of it; gallery-side test-time augmentation
 (`index build --tta flip`) and its unchanged query-time cost."""
 import json
 import shutil
@@ -21,11 +21,12 @@ from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
 from training.data.preprocess import ZOOM, MirroredViews, Preprocess, StackedPreprocess, zoomed
-from training.inference.embed import embed_pixels
-from training.models.hubness import item_offsets
+from training.inference.embedding import embed_pixels
+from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images
-from training.querybank import attach_from_training, make_bank
+from training.inference.querybank import make_bank
+from training.train import attach_from_training
 
 
 @pytest.fixture(scope="module")
@@ -363,12 +364,16 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     gb.close()
 
 
-def test_the_parser_offers_the_augmentations_the_embedder_knows():
+def test_every_augmentation_the_parser_offers_has_its_views(tiny_model_path):
     import pickle
 
-    from index import cli
+    from index.tta import DEFAULT_TTA, TTA
 
-    assert cli.TTA == index.embed.TTA and cli.DEFAULT_TTA in cli.TTA
+    tiny_model = load_model(tiny_model_path)
+    crops = {tta: getattr(index.embed.view_preprocess(tiny_model, tta), "crops", 1) for tta in TTA}
+    assert DEFAULT_TTA in TTA and crops["flip"] == 2 * crops["none"] and crops["flip-crop"] == 4 * crops["none"]
+    with pytest.raises(ValueError, match="unknown test-time augmentation"):
+        index.embed.view_preprocess(tiny_model, "rotate")
     views = MirroredViews(Preprocess(image_size=32, resize=32), zoom=ZOOM)
     assert views.crops == 4 and pickle.loads(pickle.dumps(views)) == views     # decoding workers get a copy
 

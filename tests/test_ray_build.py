@@ -17,7 +17,7 @@ from index.gallery import Gallery
 from index.ray_embed import encode_shard, plan_shards, read_shard, write_shard
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
-from training.inference.embed import FileEmbeddings
+from training.inference.embedding import FileEmbeddings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARD_SIZE = 8

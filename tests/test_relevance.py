@@ -21,7 +21,7 @@ from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
-from training.models.hubness import item_offsets
+from training.inference.querybank import item_offsets
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
 from training.data.vocab import tokenize
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.inference.generate import caption_embeddings, caption_images, paraphrase_texts
 from training.models.checkpoint import load_model
 

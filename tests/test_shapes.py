@@ -132,7 +132,7 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     batch, or one a skipped file shortened, is padded), so a build costs one shape's set-up, not one per size."""
     from index.video import Sampling, embed_videos, write_video
     from training.data.datasets import load_dataset
-    from training.inference.embed import embed_image_files, fixed_batches
+    from training.inference.embedding import embed_image_files, fixed_batches
 
     assert fixed_batches(64, torch.device("cpu")) is None                       # a CPU has no per-shape cost
     assert fixed_batches(64, torch.device("cuda")).sizes == (64,)              # (no CUDA needed to choose)

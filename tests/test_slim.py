@@ -6,7 +6,7 @@ import torch
 from service.cli import main as cli_main
 from training.config import build_config
 from training.data.vocab import Vocabulary
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.model import build_model
 from training.models.checkpoint import fingerprint, load_checkpoint, load_model, save_model
 

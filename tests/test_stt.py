@@ -10,7 +10,7 @@ from training.caption_eval import CocoScorer, coco_scores, java_available
 from training.config import ConfigError
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary, tokenize
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.inference.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
 from training.models.attention import RegionWordAttention
 from training.models.model import build_model
@@ -258,7 +258,7 @@ def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
     images score a higher BLEU-4 than the nearest-caption baseline of the same model — for each test image,
     the training caption closest to it in the common space (retrieval as captioning)."""
     from training.data.synth import generate
-    from training.inference.embed import embed_split
+    from training.inference.embedding import embed_split
     from training.train import train
 
     data = tmp_path_factory.mktemp("synth_stt")

@@ -187,7 +187,7 @@ def test_build_and_search_return_photos_and_moments_in_one_ranking(tmp_path, tin
 def test_a_videos_vector_is_the_mean_of_its_frames(tmp_path, model):
     clip = write_video(tmp_path / "c.mkv", _frames(12), fps=4)
     emb = embed_videos(model, [clip], Sampling(rate=1.0, window=10.0), workers=0, progress=False)
-    from training.inference.embed import embed_pixels
+    from training.inference.embedding import embed_pixels
 
     frames = [model.preprocess.pixels(im) for _, im in sample_frames(clip, rate=1.0)]
     per_frame = embed_pixels(model.eval(), __import__("torch").stack(frames)).numpy()

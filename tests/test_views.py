@@ -91,7 +91,7 @@ def test_random_view_draws_every_view_uniformly_and_reproducibly():
 
 
 def test_the_training_split_gets_views_with_the_evaluation_view_first(synth_small, tmp_path):
-    from training.inference.embed import embed_image_source
+    from training.inference.embedding import embed_image_source
     from training.train import Trainer
 
     trainer = Trainer(frozen_config(image={"train_crops": 10}), synth_small, tmp_path, progress=False,

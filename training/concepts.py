@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.inference.embed import embed_texts
+from training.inference.embedding import embed_texts
 from training.models.concepts import ConceptHead, class_names, class_sentences
 from training.models.model import JointEmbedding
 
@@ -123,7 +123,7 @@ def fit_file(model_file, train_set, out=None, overrides: dict | None = None, hal
     from training.data.features import extract_features
     from training.inference.querybank import attach, carried, describe
     from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
-    from training.querybank import make_bank
+    from training.inference.querybank import make_bank
 
     model_file = Path(model_file)
     out = Path(out) if out else model_file

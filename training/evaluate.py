@@ -123,9 +123,10 @@ def full_evaluation(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_i
 
 def querybank_metrics(image_emb: torch.Tensor, caption_emb: torch.Tensor, cap_to_img: torch.Tensor,
                       bank_images: torch.Tensor, bank_captions: torch.Tensor, beta: float) -> dict:
-    """Retrieval metrics with querybank normalisation (models/hubness.py): text→image ranks by s − o_image (offsets
-    from a bank of captions), image→text by s − o_caption (offsets from a bank of images). Cosine models."""
-    from training.models.hubness import item_offsets
+    """Retrieval metrics with querybank normalisation (training/inference/querybank.py): text→image ranks by
+    s − o_image (offsets from a bank of captions), image→text by s − o_caption (offsets from a bank of images).
+    Cosine models."""
+    from training.inference.querybank import item_offsets
 
     cap_to_img = cap_to_img.long().cpu()
     image_emb, caption_emb = image_emb.float(), caption_emb.float()
@@ -219,7 +220,7 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
     querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with
     its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
     from training.data.sources import image_source
-    from training.inference.embed import embed_split
+    from training.inference.embedding import embed_split
 
     source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
                           workers=workers, progress=progress, amp=amp)
@@ -230,7 +231,7 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
         # STT-ATT: every metric again with the attention similarity (eqs. 13-17); the pooled vectors' under
         # "pooled". Each caption's word mask rides along as one more channel of its word embeddings, so the
         # metrics that take caption subsets (BiR's variants, COCO folds) keep words and masks together.
-        from training.inference.embed import fine_embed_split
+        from training.inference.embedding import fine_embed_split
         from training.models.model import JointEmbedding
 
         assert isinstance(model, JointEmbedding)     # an ensemble's attention is always None
@@ -250,7 +251,8 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
 
         result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
                                          **(decode or {})))
-    if querybank is not None:     # QB-Norm (models/hubness.py): the bank split's images and captions as query banks
+    # QB-Norm (training/inference/querybank.py): the bank split's images and captions as query banks
+    if querybank is not None:
         if model.cfg.model.similarity != "cosine":
             raise ValueError("querybank normalisation applies to cosine-similarity models")
         bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,
@@ -293,7 +295,7 @@ def format_table(result: dict) -> str:
 
 def attention_retrieval(model: JointEmbedding, dataset, source, device="cpu") -> dict:
     """Retrieval metrics of a split scored with the attention similarity (eqs. 13–17)."""
-    from training.inference.embed import fine_embed_split
+    from training.inference.embedding import fine_embed_split
 
     attention = model.attention
     assert attention is not None, "attention_retrieval needs an STT-ATT model (attention.enabled)"

@@ -9,6 +9,8 @@ import math
 import torch
 
 from training.models.config_schema import TrainSection
+from training.models.factory import pretrained_prefixes
+from training.models.model import JointEmbedding
 
 
 def use_sparse_gradients(model: torch.nn.Module, train: TrainSection) -> list[str]:
@@ -25,17 +27,16 @@ def use_sparse_gradients(model: torch.nn.Module, train: TrainSection) -> list[st
     return names
 
 
-PRETRAINED_PREFIXES = ("backbone.", "text_encoder.bert.")
-
-
-def param_groups(model: torch.nn.Module, encoder_lr_factor: float) -> list[dict]:
-    """The trainable parameters; with ``encoder_lr_factor`` != 1 the pretrained encoder weights (backbone,
-    MiniLM layers) form a second group whose lr is that multiple of the stage's (``lr_scale``)."""
+def param_groups(model: JointEmbedding, encoder_lr_factor: float) -> list[dict]:
+    """The trainable parameters; with ``encoder_lr_factor`` != 1 the pretrained encoder weights (a pretrained
+    backbone, MiniLM's layers: the prefixes their registry entries name) form a second group whose lr is that
+    multiple of the stage's (``lr_scale``)."""
+    prefixes = pretrained_prefixes(model.cfg.image, model.cfg.text)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    pretrained = [p for n, p in named if n.startswith(PRETRAINED_PREFIXES)]
+    pretrained = [p for n, p in named if n.startswith(prefixes)]
     if encoder_lr_factor == 1.0 or not pretrained:
         return [{"params": [p for _, p in named], "lr_scale": 1.0}]
-    heads = [p for n, p in named if not n.startswith(PRETRAINED_PREFIXES)]
+    heads = [p for n, p in named if not n.startswith(prefixes)]
     return [g for g in ({"params": heads, "lr_scale": 1.0}, {"params": pretrained, "lr_scale": encoder_lr_factor})
             if g["params"]]
 

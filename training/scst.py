@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from training.data.vocab import tokenize
-from training.inference.embed import embed_split
+from training.inference.embedding import embed_split
 from training.models.checkpoint import save_model
 from .batches import embed_views, random_view
 from .cider import CiderD

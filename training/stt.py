@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from training.data.sources import ImageSource
 from training.data.vocab import pad_batch
-from training.inference.embed import autocast, embed_image_source, embed_texts
+from training.inference.embedding import autocast, embed_image_source, embed_texts
 from training.models.attention import embed_words
 from training.models.checkpoint import load_checkpoint
 from training.models.config_schema import RunConfig
@@ -129,8 +129,8 @@ class STTTrainer(Trainer):
 
     def decoder_ids(self, texts: list[str], encoder_ids: list[list[int]]) -> list[list[int]]:
         """The vocabulary word ids the decoder writes for ``texts``: ``encoder_ids`` themselves unless the text
-        encoder tokenises text its own way (``encode_text``: WordPiece, n-gram features)."""
-        if getattr(self.model.text_encoder, "encode_text", None) is None:
+        encoder tokenises text its own way (``tokenizes``: WordPiece, n-gram features)."""
+        if not self.model.text_encoder.tokenizes:
             return encoder_ids
         return self.model.encode_word_ids(texts)
 

@@ -5,14 +5,17 @@ The names tests and tools use from the training loop are importable from here as
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+from training.inference.querybank import attach, describe, make_bank
 from training.models.config_schema import RunConfig
 from .stt import STTTrainer
 from .optim import build_optimizer, build_scheduler, cosine_factor, param_groups
 from .run_state import load_train_state
 from .trainer import Stage, Trainer, plan_stages
 
-__all__ = ["Stage", "Trainer", "build_optimizer", "build_scheduler", "cosine_factor", "load_train_state",
-           "param_groups", "plan_stages", "train"]
+__all__ = ["Stage", "Trainer", "attach_from_training", "build_optimizer", "build_scheduler", "cosine_factor",
+           "load_train_state", "param_groups", "plan_stages", "train"]
 
 
 def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resume: bool = False) -> dict:
@@ -29,8 +32,6 @@ def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resum
             summary["concepts"] = fit_file(kept, trainer.train_set, device=trainer.device, workers=cfg.train.workers,
                                            progress=progress, log=log)
         if trainer.is_main:         # the query bank the kept checkpoint carries (config section querybank)
-            from .querybank import attach_from_training
-
             bank = attach_from_training(cfg, trainer.out_dir / "model.pt", trainer.train_set, device=trainer.device,
                                         progress=progress, log=log)
             summary["querybank"] = None if bank is None else {"captions": len(bank["captions"]),
@@ -39,3 +40,26 @@ def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resum
     finally:
         if trainer.dist is not None:    # a multi-process run (distributed.py) leaves its process group
             trainer.dist.close()
+
+
+def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cpu", progress: bool = False,
+                         log=print) -> dict | None:
+    """After ``jointspace train``: the ``querybank`` section's bank from the training split, attached to
+    ``model_file`` (the kept checkpoint). None (and nothing written) when the section turns it off, the model
+    is not a cosine one, or there is no checkpoint."""
+    from training.models.checkpoint import load_model
+
+    section = cfg.querybank
+    if not section.enabled or not model_file.is_file():
+        return None
+    if cfg.model.similarity != "cosine":
+        log(f"querybank: none attached ({cfg.model.similarity} similarity; QB-Norm corrects cosine scores)")
+        return None
+    if not section.captions and not section.images:
+        return None
+    model = load_model(model_file, device)
+    bank = make_bank(model, train_set, section.captions, section.images, section.beta,
+                     seed=cfg.train.seed, device=device, workers=cfg.train.workers, progress=progress)
+    attach(model_file, bank)
+    log(f"querybank: {describe(bank)} attached to {model_file}")
+    return bank

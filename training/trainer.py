@@ -33,7 +33,7 @@ from training.data.fileio import atomic_path, write_text
 from training.data.sources import ImageSource, image_source, view_source
 from training.data.vocab import SPECIALS, Vocabulary, pad_batch
 from training.inference.device import resolve_device
-from training.inference.embed import autocast, embed_split
+from training.inference.embedding import autocast, embed_split
 from training.models.factory import build_loss
 from training.models.losses import CrossBatchMemory, MemoryScores
 from training.models.model import build_model, freeze_modules
@@ -161,10 +161,9 @@ class Trainer:
                                  max_size=max_words + len(SPECIALS) if max_words else None)
         with self.main_first():     # downloads and caches: rank 0 fills them, the other ranks read them
             model = build_model(cfg, vocab)
-            fit = getattr(model.text_encoder, "fit", None)
             fit_start = time.time()
-            if fit is not None:         # data-dependent encoder state (n-grams, word vectors, pretrained weights)
-                fit(train_texts, vocab, log=log)
+            # data-dependent encoder state (n-grams, word vectors, pretrained weights)
+            model.text_encoder.fit(train_texts, vocab, log=log)
             self.fit_seconds = round(time.time() - fit_start, 1)
             if train.init_from:
                 init_from_checkpoint(model, train.init_from, log=log)
@@ -178,14 +177,13 @@ class Trainer:
             self.warmup_loss = build_loss(cfg.loss.model_copy(update={"name": "sum", "options": NoOptions()}))
             self.memory = CrossBatchMemory(cfg.loss.memory) if cfg.loss.memory else None
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
-            cache_inputs = getattr(self.model.text_encoder, "cache_inputs", None)
             # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
             # runs whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
-            if cache_inputs is not None and "text_encoder" not in train.freeze:
+            if "text_encoder" not in train.freeze:
                 from training.data.features import default_cache_dir
 
-                cache_inputs(self.train_ids, cache_dir=cfg.image.cache_dir or default_cache_dir(),
-                             dtype=train.cache_dtype, progress=progress, log=log)
+                self.model.text_encoder.cache_inputs(self.train_ids, cfg.image.cache_dir or default_cache_dir(),
+                                                     dtype=train.cache_dtype, progress=progress, log=log)
         # every rank holds the global batch's embeddings when gathering negatives (DDP only)
         self.gather = self.dist is not None and train.gather_negatives
         if self.gather and getattr(self.loss_fn, "on_pairs", False):
@@ -282,8 +280,7 @@ class Trainer:
                 memory = self.memory.scores(model.score, img_emb, cap_emb)
                 self.memory.add(img_emb, cap_emb, img_idx)
             loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm, memory)
-        regularizer = getattr(model.text_encoder, "regularizer", None)
-        extra = regularizer() if regularizer is not None else None
+        extra = model.text_encoder.regularizer()
         return loss if extra is None else loss + extra      # e.g. RCN eq. 15: L' = L + λV
 
     def epoch_log(self) -> dict:

@@ -14,8 +14,8 @@ from fastapi import HTTPException
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from index.hybrid import TextRanking
-from index.query import ImageFilter, UnknownFolderError, format_time
+from index.hits import image_hits, relevances
+from index.query import ImageFilter, UnknownFolderError
 from index.relevance import Ranking
 from training.models.protocol import can_compose
 
@@ -61,40 +61,20 @@ def _json(body: BaseModel) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def _relevance(ranking: Ranking) -> list[float | None]:
-    return list(ranking.relevance) if ranking.relevance is not None else [None] * len(ranking.hits)
-
-
-def _words(ranking: Ranking, n: int) -> dict:
-    """A keyword or hybrid search's fields of its ``n``-th hit (index/hybrid.py's TextRanking); none otherwise."""
-    if not isinstance(ranking, TextRanking) or ranking.matched is None:
-        return {}
-    return {"matched": ranking.matched[n],
-            "keyword_score": ranking.keyword_scores[n] if ranking.keyword_scores is not None else None,
-            "fused_score": ranking.fused[n] if ranking.fused is not None else None}
-
-
 def _image_results(ranking: Ranking, state: ServiceState, root: str) -> ImageResults:
     gallery = state.loaded.gallery
-    rows = gallery.meta.images([i for i, _ in ranking.hits])
-    out = []
-    for n, ((i, s), relevance) in enumerate(zip(ranking.hits, _relevance(ranking))):
-        row = rows.get(i)
-        moment = {} if row is None or row.video_id is None else {
-            "media": "video", "video_id": row.video_id, "start": row.t_start, "end": row.t_end, "frame": row.t_frame}
-        out.append(ImageHit(id=i, score=s, relevance=relevance, uri=f"{root}/v1/images/{i}",
-                            taken=format_time(row.taken) if row else None,
-                            name=os.path.basename(row.path) if row else None,
-                            folder=gallery.photos.relative(row.folder) if row and row.folder else None,
-                            width=row.width if row else None, height=row.height if row else None, **moment,
-                            **_words(ranking, n)))
+    out = [ImageHit(id=h.id, score=h.score, relevance=h.relevance, uri=f"{root}/v1/images/{h.id}", taken=h.taken,
+                    name=os.path.basename(h.path) if h.path else None,
+                    folder=gallery.photos.relative(h.folder) if h.folder else None,
+                    width=h.width, height=h.height, **h.moment(), **h.words())
+           for h in image_hits(gallery, ranking)]
     return ImageResults(results=out, strong_match=ranking.strong_match)
 
 
 def _caption_results(ranking: Ranking, state: ServiceState) -> CaptionResults:
     rows = state.loaded.gallery.meta.captions([i for i, _ in ranking.hits])
     results = [CaptionHit(caption=rows[i].text, score=s, id=i, relevance=r)
-               for (i, s), r in zip(ranking.hits, _relevance(ranking)) if i in rows]
+               for (i, s), r in zip(ranking.hits, relevances(ranking)) if i in rows]
     return CaptionResults(results=results, strong_match=ranking.strong_match)
 
 

@@ -49,7 +49,7 @@ class Preprocess:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Preprocess":
+    def from_dict(cls, d: dict) -> Preprocess:
         return cls(image_size=int(d["image_size"]), resize=int(d["resize"]), mean=tuple(d["mean"]),
                    std=tuple(d["std"]), crops=int(d["crops"]))
 
@@ -100,7 +100,7 @@ class Preprocess:
         """Channels of a view in ``pixels`` (3: RGB)."""
         return 3
 
-    def views(self, crops: int, resize: int) -> "Preprocess":
+    def views(self, crops: int, resize: int) -> Preprocess:
         """``crops`` crops of the image resized to ``resize`` (view augmentation, ``image.train_crops``)."""
         return replace(self, crops=crops, resize=resize)
 
@@ -142,7 +142,7 @@ class StackedPreprocess:
     def to_dict(self) -> dict:
         return {"stacked": [m.to_dict() for m in self.members]}
 
-    def views(self, crops: int, resize: int) -> "StackedPreprocess":
+    def views(self, crops: int, resize: int) -> StackedPreprocess:
         """Each member's ``crops`` crops, cut with the same geometry: ``resize`` is the largest member's side,
         the others' are scaled by their input size."""
         return StackedPreprocess(tuple(m.views(crops, round(resize * m.image_size / self.image_size))
@@ -206,7 +206,7 @@ def _rgb(image: Image.Image) -> Image.Image:
 ZOOM = 8 / 7       # ImageNet's evaluation crop: the image resized to 8/7 of the input side, the centre cut (0.875)
 
 
-def zoomed(base: "ImagePreprocess", factor: float = ZOOM) -> "ImagePreprocess":
+def zoomed(base: ImagePreprocess, factor: float = ZOOM) -> ImagePreprocess:
     """``base``'s views of the image resized ``factor`` times larger before the crop: a closer view of the centre
     (each member of a stacked preprocessing by the same factor)."""
     if isinstance(base, StackedPreprocess):
@@ -390,7 +390,7 @@ def reduce_to(image: Image.Image, min_side: int) -> Image.Image:
 @dataclass(frozen=True)
 class Decoded:
     image: Image.Image                 # upright RGB (shrunk when decode_image was given a min_side)
-    exif: "Image.Exif | None"          # the file's EXIF (None for RAW)
+    exif: Image.Exif | None            # the file's EXIF (None for RAW)
     size: tuple[int, int]              # upright (width, height) of the image in the file
 
 
@@ -407,6 +407,7 @@ def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side
     :class:`ImageGeometryError` before any pixel is decoded."""
     import io
 
+    stream: io.BytesIO | str | Path
     if isinstance(source, (bytes, bytearray)):
         suffix, stream = (suffix or "").lower(), io.BytesIO(source)
     else:
@@ -429,7 +430,7 @@ def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side
 
 
 def load_image(source: str | Path | bytes, suffix: str | None = None, min_side: int | None = None
-               ) -> tuple[Image.Image, "Image.Exif | None"]:
+               ) -> tuple[Image.Image, Image.Exif | None]:
     """``(RGB image turned upright, EXIF)`` of a file (:func:`decode_image`; a truncated file fails here). The
     EXIF returned is the file's (None for RAW)."""
     decoded = decode_image(source, suffix, min_side)

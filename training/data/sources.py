@@ -8,7 +8,7 @@ for a model (training, evaluation, query banks).
   the evaluation view and the others crops of the image; each training sample reads one random view
   (``training.batches.random_view``), while embedding the source (validation, SCST's reference) uses view 0.
 
-A source is embedded by ``training.inference.embed.embed_image_source``.
+A source is embedded by ``training.inference.embedding.embed_image_source``.
 """
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ In W2VV the space is the visual feature space, so the composed query is φ(x) + 
 with r the sentence-to-visual-feature network; for any other jointspace model the same sum is taken in its
 common space before normalisation. The result is normalised by the model's similarity, ready to be scored
 against image embeddings (``model.score``) or searched in an index of them.
+
+Query by example (:func:`example_queries`) is the one implementation the command line (``index search --image``)
+and the service (``POST /v1/search/images`` with an image) share: an image without words is its own embedding,
+as the gallery's images are embedded; with words it is composed.
 """
 from __future__ import annotations
 
@@ -16,8 +20,12 @@ from PIL import Image
 
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
-from training.models.protocol import EmbeddingModel
-from .embed import inference_autocast, pixel_features
+from training.models.protocol import EmbeddingModel, can_compose
+from .embedding import embed_pixels, inference_autocast, pixel_features
+from .shapes import Shapes
+
+NO_COMPOSITION = ("query composition (an image ± words) needs a model that embeds an image as one vector; this one "
+                  "uses region attention (STT-ATT)")
 
 
 @torch.no_grad()
@@ -49,3 +57,27 @@ def compose_query(model: EmbeddingModel, image_features: torch.Tensor, add: Sequ
         query = model.similarity.normalize(query.view(1, -1))[0].float()
     model.train(was_training)
     return query
+
+
+@torch.no_grad()
+def example_queries(model: EmbeddingModel, pixels: torch.Tensor, words: Sequence[tuple[Sequence[str], Sequence[str]]],
+                    shapes: Shapes | None = None) -> torch.Tensor:
+    """Query by example: uint8 pixels ``(B, crops, 3, S, S)`` of query images (``model.preprocess.pixels``,
+    stacked) and each one's ``(add, subtract)`` words → query vectors ``(B, E)``, float32 on the model's device, at
+    the bucket sizes of ``shapes`` when given. An image without words is its embedding (``embed.embed_pixels``);
+    one with words is composed (:func:`compose_query`), which a model with region attention cannot do
+    (ValueError, :data:`NO_COMPOSITION`). The caller puts the model in eval mode."""
+    if not any(add or subtract for add, subtract in words):
+        return embed_pixels(model, pixels, shapes=shapes)
+    if not can_compose(model):
+        raise ValueError(NO_COMPOSITION)
+    features = pixel_features(model, pixels, shapes=shapes)
+    device = features.device
+    rows = []
+    for feature, (add, subtract) in zip(features, words):
+        if add or subtract:
+            rows.append(compose_query(model, feature, add, subtract).to(device))
+        else:
+            with inference_autocast(model, device):
+                rows.append(model.embed_features(feature.view(1, -1))[0].float())
+    return torch.stack(rows)

@@ -18,7 +18,7 @@ from training.data.preprocess import embed_side, open_image
 from training.data.vocab import tokenize
 from training.models.config_schema import RunConfig
 from training.models.protocol import EmbeddingModel, has_decoder
-from .embed import device_of, embed_pixels, embed_texts, inference_autocast
+from .embedding import device_of, embed_pixels, embed_texts, inference_autocast
 
 Result = list[tuple[str, float]]
 

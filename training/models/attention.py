@@ -14,14 +14,11 @@ per-step outputs through the text projection.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-if TYPE_CHECKING:
-    from .text_encoders import GRUEncoder
+from .text_encoders import GRUEncoder
 
 
 class RegionWordAttention(torch.nn.Module):
@@ -50,14 +47,13 @@ class RegionWordAttention(torch.nn.Module):
 
 def word_states(encoder: torch.nn.Module, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Per-word outputs ``(B, T, H)`` of a recurrent text encoder (zero on padding)."""
-    if not hasattr(encoder, "rnn") or not hasattr(encoder, "embed"):
+    if not isinstance(encoder, GRUEncoder):
         raise ValueError(f"STT-ATT needs a recurrent text encoder (text.encoder: gru), not {type(encoder).__name__}")
-    encoder = cast("GRUEncoder", encoder)
     x = encoder.dropout(encoder.embed(ids))
     packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
     out, _ = encoder.rnn(packed)
     out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
-    if getattr(encoder, "bidirectional", False):
+    if encoder.bidirectional:
         half = out.shape[-1] // 2
         out = (out[..., :half] + out[..., half:]) / 2
     return out

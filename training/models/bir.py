@@ -22,6 +22,7 @@ from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .losses import MemoryScores, RankingLoss, positive_mask
 from .options import NgramOptions, SSEOptions, options_as
 from .sections import TextKeys
+from .text_protocol import TextEncoderBase
 
 ARTICLES = frozenset({"a", "an", "the"})   # §6.1: filtered out before building features
 N_RESERVED = 4                             # feature ids 0..3 mirror the vocabulary's specials (0 = padding)
@@ -37,9 +38,11 @@ def ngram_features(tokens: list[str], n: int, skip: bool) -> list[str]:
     return out
 
 
-class NGramEncoder(nn.Module):
+class NGramEncoder(TextEncoderBase):
     """§5.2: the textual MLP's first layer over binary or tf-idf n-gram features (an EmbeddingBag computes
     W·x for the sparse feature vector x without building it)."""
+
+    tokenizes = True            # encode_text: n-gram feature ids
 
     def __init__(self, cfg_text: TextKeys):
         super().__init__()
@@ -117,11 +120,11 @@ class NGramEncoder(nn.Module):
         return self.dropout(x)
 
 
-def build_ngram(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_ngram(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return NGramEncoder(cfg_text)
 
 
-class SSEEncoder(nn.Module):
+class SSEEncoder(TextEncoderBase):
     """§5.2 item 3 (Bespalov et al. 2011): lookup table (M-d words) → K kernels convolved over a window of
     words (phrase embeddings) → average over the sentence → ReLU."""
 
@@ -148,7 +151,7 @@ class SSEEncoder(nn.Module):
         return torch.relu(mean)
 
 
-def build_sse(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_sse(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return SSEEncoder(vocab_size, cfg_text)
 
 

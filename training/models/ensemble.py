@@ -53,7 +53,7 @@ class Member(Protocol):
 class CommonSpace(nn.Module):
     """What a model of the common space (``model.JointEmbedding``) and an ensemble of them do alike, given the
     subclass's ``similarity`` and ``project_texts``: normalised text embeddings and scores. (Raw sentences go
-    through ``training.inference.embed.embed_texts``, the one text inference path.)"""
+    through ``training.inference.embedding.embed_texts``, the one text inference path.)"""
     similarity: Similarity
     fingerprint: str          # set by model.load_model: the fingerprint of the file it was read from
     extra: dict               # set by model.load_model: what the file carries beside the weights (a query bank)

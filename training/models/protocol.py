@@ -2,7 +2,8 @@
 :class:`EmbeddingModel` protocol, which ``model.JointEmbedding`` and ``ensemble.EnsembleEmbedding`` both satisfy
 (mypy checks it: :func:`_conforms`), and its capabilities — a sentence decoder (STT §3.2: captions,
 paraphrases), region attention (STT-ATT §3.3) and query composition (W2VV §IV-C, a model that embeds an image as
-one vector) — asked by name instead of probing attributes."""
+one vector) — asked by name instead of probing attributes. A sentence encoder's protocol is
+text_protocol.py's."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
@@ -73,3 +74,4 @@ def can_compose(model: EmbeddingModel) -> bool:
 def _conforms(joint: JointEmbedding, ensemble: EnsembleEmbedding) -> tuple[EmbeddingModel, EmbeddingModel]:
     """Never called: mypy checks here that both model classes satisfy the protocol."""
     return joint, ensemble
+

@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from .options import RCNOptions, options_as
 from .sections import TextKeys
+from .text_protocol import TextEncoderBase
 
 
 EPS = 1e-6
@@ -113,7 +114,7 @@ def _safe(denominator: torch.Tensor) -> torch.Tensor:
     return sign * denominator.abs().clamp(min=EPS)
 
 
-class RecurrentCapsuleNetwork(nn.Module):
+class RecurrentCapsuleNetwork(TextEncoderBase):
     def __init__(self, vocab_size: int, cfg_text: TextKeys):
         super().__init__()
         opts = options_as(cfg_text.options, RCNOptions)    # defaults §IV-A: 4 capsules, 4 recursions, λ 0.05
@@ -164,5 +165,5 @@ class RecurrentCapsuleNetwork(nn.Module):
         return self.lam * (1.0 / (diversity * smallest + EPS)).mean()
 
 
-def build_rcn(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_rcn(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return RecurrentCapsuleNetwork(vocab_size, cfg_text)

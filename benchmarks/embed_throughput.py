@@ -35,8 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index.embed import embed_image_files, find_images  # noqa: E402
-from index.ray_embed import embed_with_ray, local_init_kwargs  # noqa: E402
+from index.embed import embed_image_files  # noqa: E402
+from index.ray_embed import RayOptions, embed_with_ray, local_init_kwargs  # noqa: E402
+from index.scan import find_images  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
@@ -92,8 +93,9 @@ def main() -> int:
             for actors in (1, 2):
                 with tempfile.TemporaryDirectory(prefix="embed-throughput-") as shard_dir:
                     t0 = time.perf_counter()
-                    run = embed_with_ray(model, model_bytes, paths, shard_dir, shard_size=args.shard_size,
-                                         workers=actors, batch_size=args.batch_size, progress=False,
+                    run = embed_with_ray(model, model_bytes, paths, shard_dir,
+                                         RayOptions(shard_size=args.shard_size, workers=actors,
+                                                    batch_size=args.batch_size, progress=False),
                                          log=lambda _: None)
                     seconds = time.perf_counter() - t0
                 assert run.embeddings.kept == reference.kept and len(run.embedded) == -(-n // args.shard_size)

@@ -231,7 +231,7 @@ async def _flood(base: str, pid: int, video_id: int, duration: float, photo_ids:
 def frames(work: Path, photos: Path, clients: int, seconds: float) -> dict:
     import httpx
 
-    from index.video import frame_cost
+    from index.video_decode import frame_cost
     from service.settings import Settings
 
     folder = work / "with_video"

@@ -75,7 +75,8 @@ def main(argv=None) -> int:
 
     from index.cli import model_file
     from index.embed import embed_texts
-    from index.gallery import Gallery, build
+    from index.changes import BuildOptions
+    from index.gallery import EmbedOptions, Gallery, build
     import index.hybrid as hybrid
     from index.hybrid import search_text
     from index.ocr import GATE, OcrConfig, likelihood_of, read_rows
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
 
     gallery_module.read_rows = timed_read_rows
     t0 = time.perf_counter()
-    build(work / "with_ocr", model, paths, progress=False, image_root=photos, ocr=OcrConfig(), tta="none")
+    build(work / "with_ocr", model, paths, options=BuildOptions(image_root=photos, ocr=OcrConfig(), tta="none"),
+          embedding=EmbedOptions(progress=False))
     build_s = time.perf_counter() - t0
     gallery_module.read_rows = read_rows
     read, ocr_s = spent["read"], spent["ocr_s"]

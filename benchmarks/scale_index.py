@@ -7,7 +7,7 @@ exact search, with the index read into memory and memory-mapped.
 
 The vectors are generated clustered unit vectors (as benchmarks/index_recall.py), written to a .npy file in
 --work and memory-mapped; the index directory is a real one (``index.gallery.build_from_vectors`` /
-``add_vectors``: segments, metadata, generations), with a made-up model fingerprint and one metadata row per
+``update``: segments, metadata, generations), with a made-up model fingerprint and one metadata row per
 vector. The build runs in a child process so its peak resident memory is its own (it includes the input vectors'
 mapped pages it touched). Recall@10: the fraction of the exact top 10 (brute force over every live vector)
 that the search returns, over --queries queries searched one at a time.
@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from index.faiss_index import parse_bytes  # noqa: E402
-from index.gallery import Gallery, add_vectors, build_from_vectors  # noqa: E402
+from index.changes import BuildOptions, ChangeSet, ModelFacts  # noqa: E402
+from index.gallery import Gallery, build_from_vectors, update  # noqa: E402
 from index.generations import current_generation  # noqa: E402
 from index.metadata import Metadata  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
@@ -67,8 +68,9 @@ def phase_build(args) -> int:
     rows = [(f"/gallery/{i // 1000:04d}/{i}.jpg", None) for i in range(len(x))]
     start_rss = rss_mb()
     t0 = time.perf_counter()
-    build_from_vectors(args.index, FP, "cosine", x, np.arange(len(x)), rows, np.zeros((0, x.shape[1]), np.float32),
-                       [], max_memory=parse_bytes(args.max_index_memory))
+    build_from_vectors(args.index, ModelFacts(FP, "cosine"),
+                       ChangeSet(image_vectors=x, image_ids=np.arange(len(x)), image_rows=rows),
+                       BuildOptions(max_memory=parse_bytes(args.max_index_memory)))
     seconds = time.perf_counter() - t0
     factory = json.loads((Path(args.index) / current_generation(Path(args.index)) / "manifest.json").read_text())
     print(json.dumps({"seconds": seconds, "factory": factory["images"]["factory"], "peak_rss_mb": peak_rss_mb(),
@@ -173,7 +175,8 @@ def main() -> int:
     meta_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    add_vectors(root, FP, np.asarray(added[0]), [(f"/new/a{i}.jpg", None) for i in range(args.add)], compact="none")
+    update(root, FP, ChangeSet(image_vectors=np.asarray(added[0]),
+                               image_rows=[(f"/new/a{i}.jpg", None) for i in range(args.add)], compact="none"))
     seg_s = time.perf_counter() - t0
     gen, segs = segment_file(root)
     untouched = (base.name == segs[0]["file"]
@@ -191,7 +194,8 @@ def main() -> int:
         print(r, flush=True)
 
     t0 = time.perf_counter()
-    add_vectors(root, FP, np.asarray(added[1]), [(f"/new/b{i}.jpg", None) for i in range(args.add)], compact="all")
+    update(root, FP, ChangeSet(image_vectors=np.asarray(added[1]),
+                               image_rows=[(f"/new/b{i}.jpg", None) for i in range(args.add)], compact="all"))
     full_s = time.perf_counter() - t0
     gen, segs = segment_file(root)
     rows.append({"step": f"add {args.add:,} as a full rewrite", "factory": built["factory"],

@@ -47,7 +47,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from index.gallery import Gallery, build  # noqa: E402
+from index.gallery import EmbedOptions, Gallery, build  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.images import upload_to_pixels  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
@@ -123,7 +123,7 @@ def query_images(gallery: Gallery, limit: int = 256) -> list[tuple[str, bytes]]:
     gives a JPEG of each moment's first frame instead. A video's rows (its moments) are never read as an image."""
     import io
 
-    from index.video import frame_at
+    from index.video_decode import frame_at
 
     rows = gallery.meta.all_images()
     photos = [Path(r.path) for r in rows if r.video_id is None][:limit]
@@ -331,8 +331,8 @@ def default_model_and_index(work: Path, images: int) -> tuple[Path, Path, Path]:
     save_model(build_model(cfg, vocab), work / "model.pt")
     model = load_model(work / "model.pt")
     records = dataset.images
-    build(work / "index", model, [r.path for r in records],
-          [(c, i) for i, r in enumerate(records) for c in r.captions], progress=False)
+    build(work / "index", model, [r.path for r in records], [(c, i) for i, r in enumerate(records) for c in r.captions],
+          embedding=EmbedOptions(progress=False))
     return work / "model.pt", work / "index", data
 
 

@@ -1,4 +1,4 @@
-"""Memory while indexing a long video: peak RSS of ``index.video.embed_videos`` over one generated 1080p video,
+"""Memory while indexing a long video: peak RSS of ``index.video_embed.embed_videos`` over one generated 1080p video,
 1 minute and 1 hour long, in one run — the frames are sampled and embedded as they are decoded, so the peak must
 not grow with the duration (only the moments' vectors do: 4 KB a sampled frame for a 1024-d model).
 
@@ -64,7 +64,8 @@ def child(args) -> int:
     """Loads the model, indexes one video, prints one JSON line."""
     import torch
 
-    from index.video import Sampling, embed_videos
+    from index.moments import Sampling
+    from index.video_embed import embed_videos
     from training.models.checkpoint import load_model
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -113,7 +114,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    from index.video import write_video
+    from index.video_writer import write_video
 
     width, height = (int(v) for v in args.size.split("x"))
     rows = []
@@ -137,7 +138,7 @@ def main() -> int:
             path.unlink()
     short, long = rows[0], rows[-1]
     write_json(Path(args.out), {
-        "description": "peak RSS of index.video.embed_videos over one generated video (H.264, ultrafast), per "
+        "description": "peak RSS of index.video_embed.embed_videos over one generated video (H.264, ultrafast), per "
                        "duration, each in its own process (python benchmarks/video_memory.py)",
         "hardware": args.hardware, "date": time.strftime("%Y-%m-%d"), "commit": current_commit(),
         "python": platform.python_version(), "model": Path(args.model).name,

@@ -15,7 +15,7 @@ Measured per setting, over every caption of every scene:
 * text → video R@1/5/10: clips ranked by their own vector (the mean of all their frames, W2VV §III-D) and by their
   best moment's score.
 
-Speed (the default setting): ``index.video.embed_videos`` over all clips with 2 decoding workers — video-seconds
+Speed (the default setting): ``index.video_embed.embed_videos`` over all clips with 2 decoding workers — video-seconds
 indexed per wall-second and sampled frames per second — and decoding alone (``sample_frames``, one process).
 
     python benchmarks/video_retrieval.py --model run/model.pt --out benchmarks/results/video_cpu.json
@@ -40,9 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from index.embed import embed_texts  # noqa: E402
-from index.gallery import Gallery, build  # noqa: E402
+from index.changes import BuildOptions  # noqa: E402
+from index.gallery import EmbedOptions, Gallery, build  # noqa: E402
 from index.query import ImageFilter  # noqa: E402
-from index.video import Sampling, embed_videos, sample_frames, write_video  # noqa: E402
+from index.moments import Sampling  # noqa: E402
+from index.video_decode import sample_frames  # noqa: E402
+from index.video_embed import embed_videos  # noqa: E402
+from index.video_writer import write_video  # noqa: E402
 from training.data.synth import random_scenes, render  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 
@@ -182,8 +186,8 @@ def main(argv=None) -> int:
         rows = []
         for name, sampling in settings:
             index = Path(tmp) / "index"
-            build(index, model, [], video_paths=paths, sampling=sampling, progress=False, workers=args.workers,
-                  image_root=folder)
+            build(index, model, [], video_paths=paths, options=BuildOptions(image_root=folder),
+                  embedding=EmbedOptions(sampling=sampling, progress=False, workers=args.workers))
             row = {"setting": name, "window": sampling.window, "cut": sampling.cut, **evaluate(index, model, truth)}
             print(json.dumps(row), file=sys.stderr)
             rows.append(row)

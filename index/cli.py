@@ -15,11 +15,12 @@ if TYPE_CHECKING:
 from .tta import DEFAULT_TTA, TTA
 
 # The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so the
-# video values and BACKENDS copy those of the modules that use them, which import torch (index/video.py,
-# training/inference/backend.py); tests/test_cli.py and tests/test_backend.py keep them equal.
-VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.video.VIDEO_SUFFIXES
+# video values and BACKENDS copy those of the modules that use them, which import torch (index/scan.py,
+# index/video_decode.py, index/moments.py, training/inference/backend.py); tests/test_cli.py and
+# tests/test_backend.py keep them equal.
+VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.scan.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
-VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video.DEFAULT_RATE, _MAX_FRAMES, _WINDOW
+VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video_decode.DEFAULT_RATE, …; index.moments
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
 DUPLICATE_THRESHOLD = 0.85       # index.duplicates.DEFAULT_THRESHOLD
@@ -228,14 +229,14 @@ def _video_options(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling(args):
-    from .video import Sampling
+    from .moments import Sampling
 
     return Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
 
 
 def _split_media(paths, args) -> tuple[list, list]:
-    """Paths → (photos, videos) by content (index.video.is_video); videos empty with --no-videos."""
-    from .video import is_video
+    """Paths → (photos, videos) by content (index.scan.is_video); videos empty with --no-videos."""
+    from .scan import is_video
 
     photos = [p for p in paths if not is_video(p)]
     videos = [] if args.no_videos else [p for p in paths if is_video(p)]
@@ -267,7 +268,7 @@ def _read_lines(path: str | Path) -> list[str]:
 
 
 def _report_skipped(skipped) -> None:
-    from .video import is_video
+    from .scan import is_video
 
     for path, reason in skipped:
         reason = _OBJECT_REPR.sub("", reason)       # "cannot identify image file <_io.BytesIO object at 0x…>"
@@ -332,8 +333,9 @@ def _load(args):
 def cmd_build(args) -> int:
     from training.data.datasets import load_dataset
 
-    from .gallery import build
-    from .video import is_video, scan_media
+    from .changes import BuildOptions
+    from .gallery import EmbedOptions, build
+    from .scan import scan_media
 
     max_memory = _memory_budget(args.max_index_memory, args.factory)
     if args.engine != "ray":
@@ -381,8 +383,7 @@ def cmd_build(args) -> int:
         else:
             scan = scan_media(args.images, args.exclude, not args.no_default_excludes, photos=True,
                               videos=not args.no_videos)
-            paths = [p for p in scan.found if not is_video(p)]
-            video_paths = [p for p in scan.found if is_video(p)]
+            paths, video_paths = scan.by_kind()
             outside = scan.outside
         captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
     _report_outside(outside)
@@ -392,14 +393,13 @@ def cmd_build(args) -> int:
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
     bank = _querybank(args, model)
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
+    options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory, image_root=image_root,
+                           max_memory=max_memory, querybank=bank, tta=args.tta, ocr=ocr)
     if args.engine == "ray":
-        report = _build_on_ray(args, model, paths, captions, image_root, max_memory, bank, ocr)
+        report = _build_on_ray(args, model, paths, captions, options)
     else:
-        report = build(args.out, model, paths, captions, factory=args.factory,
-                       caption_factory=args.caption_factory, batch_size=args.batch_size,
-                       workers=args.workers, progress=not args.quiet, image_root=image_root,
-                       max_memory=max_memory, querybank=bank, video_paths=video_paths, sampling=sampling,
-                       tta=args.tta, ocr=ocr)
+        report = build(args.out, model, paths, captions, video_paths, options,
+                       EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
@@ -466,32 +466,27 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         raise ValueError(f"--max-index-memory: {err}") from None
 
 
-def _build_on_ray(args, model: EmbeddingModel, paths, captions, image_root, max_memory=None, querybank=None,
-                  ocr=None):
+def _build_on_ray(args, model: EmbeddingModel, paths, captions, options):
     from training.inference.pretrained import resolve
 
     from .gallery import build_from_embeddings
-    from .ray_embed import DEFAULT_SHARD_SIZE, embed_with_ray
+    from .ray_embed import DEFAULT_SHARD_SIZE, RayOptions, embed_with_ray
 
     shard_dir = args.shard_dir or str(Path(args.out)) + ".shards"
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
-    run = embed_with_ray(model, resolve(args.model).read_bytes(), paths, shard_dir,
-                         shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
-                         workers=2 if args.ray_workers is None else args.ray_workers,
-                         cpus_per_worker=args.ray_cpus_per_worker or 1,
-                         gpus_per_worker=args.ray_gpus_per_worker or 0, batch_size=args.batch_size,
-                         progress=not args.quiet, log=log)
+    ray = RayOptions(shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
+                     workers=2 if args.ray_workers is None else args.ray_workers,
+                     cpus_per_worker=args.ray_cpus_per_worker or 1, gpus_per_worker=args.ray_gpus_per_worker or 0,
+                     batch_size=args.batch_size, progress=not args.quiet)
+    run = embed_with_ray(model, resolve(args.model).read_bytes(), paths, shard_dir, ray, log=log)
     print(f"ray: {len(run.embedded)} shard(s) embedded, {len(run.reused)} reused from {run.shard_dir}",
           file=sys.stderr)
-    return build_from_embeddings(args.out, model, paths, run.embeddings, captions, factory=args.factory,
-                                 caption_factory=args.caption_factory, progress=not args.quiet,
-                                 image_root=image_root, max_memory=max_memory, querybank=querybank, ocr=ocr)
+    return build_from_embeddings(args.out, model, paths, run.embeddings, captions, options, progress=not args.quiet)
 
 
 def cmd_add(args) -> int:
-    from .embed import IMAGE_SUFFIXES
-    from .gallery import add
-    from .video import scan_media
+    from .gallery import EmbedOptions, add
+    from .scan import IMAGE_SUFFIXES, scan_media
 
     paths, outside, missing, not_media = [], [], [], []
     for p in args.paths:
@@ -521,8 +516,8 @@ def cmd_add(args) -> int:
         raise ValueError("nothing to add: give image or video paths and/or --captions")
     read_index(args.index)
     model, _ = _load(args)
-    report = add(args.index, model, paths, captions, batch_size=args.batch_size,
-                 workers=args.workers, progress=not args.quiet, video_paths=video_paths, sampling=sampling)
+    report = add(args.index, model, paths, captions, video_paths,
+                 EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
     if not report.image_ids and not report.caption_ids:
         print(f"jointspace index add: nothing added (no file could be read); {args.index} is unchanged",
@@ -534,16 +529,15 @@ def cmd_add(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from .gallery import sync
+    from .gallery import EmbedOptions, sync
 
     sampling = _sampling(args)
     if not Path(args.images).is_dir():                # said before the model loads, as a missing index is
         raise FileNotFoundError(f"no image directory at {args.images}")
     read_index(args.index)
     model, _ = _load(args)
-    report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes,
-                  batch_size=args.batch_size, workers=args.workers, progress=not args.quiet,
-                  videos=not args.no_videos, sampling=sampling)
+    report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
+                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
@@ -632,7 +626,7 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
     from training.data.preprocess import UnsupportedImageError, embed_side, open_image
     from training.inference.compose import example_queries
 
-    from .embed import IMAGE_SUFFIXES
+    from .scan import IMAGE_SUFFIXES
 
     path = Path(image)
     if not path.is_file():

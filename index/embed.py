@@ -5,21 +5,19 @@ images are decoded and preprocessed (``model.preprocess``) by DataLoader workers
 unsupported file is skipped and reported, never fatal. A worker reads a file's bytes once: the content hash and the
 decoding share them; the photo is decoded as every image to embed (``training.data.preprocess.embed_side``). Each
 worker also reads what the metadata stores of a photo (:class:`PhotoInfo`: capture time, upright size in the file,
-folder, content hash, perceptual hash).
+folder, content hash, perceptual hash). Which files are photos: ``index/scan.py``.
 """
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
 import hashlib
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES, ZOOM, MirroredViews, decode_image
+from training.data.preprocess import ZOOM, MirroredViews, decode_image
 from training.inference.embedding import FileEmbeddings
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
@@ -27,83 +25,6 @@ from training.models.protocol import EmbeddingModel
 
 from .phash import perceptual_hash
 from .tta import TTA
-
-IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
-                  | RAW_SUFFIXES)
-# never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
-DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
-
-
-def excluded(relative: str | Path, patterns: Iterable[str]) -> bool:
-    """Whether a path (relative to the folder being indexed) matches an exclude pattern: a glob matched against
-    the whole relative path (``2019/*``, ``*.png``; ``*`` also crosses ``/``) or against any one of its folder
-    or file names (``drafts``, ``@eaDir``, ``.*``)."""
-    rel = Path(relative).as_posix()
-    parts = Path(relative).parts
-    return any(fnmatch.fnmatchcase(rel, pat) or any(fnmatch.fnmatchcase(part, pat) for part in parts)
-               for pat in patterns)
-
-
-@dataclass
-class ImageScan:
-    """What :func:`scan_images` found in a folder."""
-    found: list[Path]                                   # image files to index, sorted
-    outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
-
-
-def find_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True) -> list[Path]:
-    """Every image file (by suffix) under ``root``, recursively, in sorted order, without the files that
-    ``exclude`` (and, unless ``default_excludes`` is False, :data:`DEFAULT_EXCLUDES`) rule out; symbolic links
-    as :func:`scan_images` treats them."""
-    return scan_images(root, exclude, default_excludes).found
-
-
-def scan_images(root: str | Path, exclude: Sequence[str] = (), default_excludes: bool = True,
-                suffixes: Iterable[str] = IMAGE_SUFFIXES) -> ImageScan:
-    """:func:`find_images`, and the symbolic links it did not follow. The symlink policy: the files indexed are
-    the folder's own. A link whose target lies outside the folder (after every link is resolved) is skipped and
-    listed in ``outside``, never followed — a link to a file or to a folder alike. A link to a file inside the
-    folder stands for that file, which is indexed once (under its real path: the index stores resolved paths);
-    a link to a folder inside is not descended (its files are found where they are). ``suffixes``: the files
-    looked for (photos by default; index/video.py's scan adds videos)."""
-    suffixes = frozenset(suffixes)
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no image directory at {root}")
-    real_root = root.resolve()
-    patterns = [*(DEFAULT_EXCLUDES if default_excludes else ()), *exclude]
-    found: dict[Path, Path] = {}                         # real path → the path it was found under
-    outside: list[tuple[str, str]] = []
-
-    def leaves(link: Path) -> bool:
-        target = link.resolve()
-        if target == real_root or real_root in target.parents:
-            return False
-        outside.append((str(link), f"a symbolic link to {target}, outside {real_root}: not followed"))
-        return True
-
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath).relative_to(root)
-        kept = []
-        for d in sorted(dirnames):
-            if excluded(here / d, patterns):            # prune excluded folders
-                continue
-            if (Path(dirpath) / d).is_symlink():        # os.walk does not descend links; list those leaving
-                leaves(Path(dirpath) / d)
-                continue
-            kept.append(d)
-        dirnames[:] = kept
-        for name in filenames:
-            path = Path(dirpath) / name
-            if path.suffix.lower() not in suffixes or excluded(here / name, patterns):
-                continue
-            link = path.is_symlink()
-            if (link and leaves(path)) or not path.is_file():
-                continue
-            real = path.resolve()
-            if real not in found or not link:           # a file and a link to it: the file itself
-                found[real] = path
-    return ImageScan(sorted(found.values()), sorted(outside))
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ class Metadata:
             keywords.add_texts(self._conn, texts, min_confidence)
 
     def add_videos(self, rows: Iterable[tuple], added: float | None = None) -> None:
-        """Rows ``(id, path, info, vector)``: ``info`` an ``index.video.VideoInfo``, ``vector`` its float32
+        """Rows ``(id, path, info, vector)``: ``info`` an ``index.video_embed.VideoInfo``, ``vector`` its float32
         embedding."""
         added = time.time() if added is None else added
         values = [(int(i), str(path), added, info.taken, info.width, info.height, info.folder, info.sha256,

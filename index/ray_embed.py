@@ -226,25 +226,41 @@ def _import_ray():
     return ray
 
 
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how the shards are embedded (``index build --engine ray``'s ``--shard-size``, ``--ray-address``,
+    ``--ray-workers``, ``--ray-cpus-per-worker``, ``--ray-gpus-per-worker``, ``--batch-size``). ``address``: a Ray
+    head (``host:port``, ``ray://host:port``, ``auto``); None: a local Ray with ``workers`` × ``cpus_per_worker``
+    CPUs. The actors run on the GPU when ``gpus_per_worker`` > 0 (a fraction shares one GPU among actors), else on
+    the CPU with ``cpus_per_worker`` torch threads each."""
+    shard_size: int = DEFAULT_SHARD_SIZE
+    address: str | None = None
+    workers: int = 2
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0
+    batch_size: int = 64
+    progress: bool = True
+
+
+DEFAULT_RAY = RayOptions()
+
+
 def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard_dir: str | Path,
-                   shard_size: int = DEFAULT_SHARD_SIZE, address: str | None = None, workers: int = 2,
-                   cpus_per_worker: float = 1, gpus_per_worker: float = 0, batch_size: int = 64,
-                   progress: bool = True, log: Callable[[str], None] = print) -> RayEmbedding:
-    """Embeds the images of ``paths`` on a pool of ``workers`` Ray actors, shard by shard, into ``shard_dir``,
+                   options: RayOptions = DEFAULT_RAY, log: Callable[[str], None] = print) -> RayEmbedding:
+    """Embeds the images of ``paths`` on a pool of Ray actors (``options``), shard by shard, into ``shard_dir``,
     and returns all shards' embeddings (positions in ``paths``, as :func:`~index.embed.embed_image_files`
-    returns them). ``model`` is the driver's copy of the model whose file's bytes are ``model_bytes``; the
-    actors run on the GPU when ``gpus_per_worker`` > 0 (a fraction shares one GPU among actors), else on the
-    CPU with ``cpus_per_worker`` torch threads each. A Ray already initialized in this process is used as it is
-    (``address`` is then only checked for reachability)."""
-    if workers < 1:
-        raise ValueError(f"--ray-workers must be at least 1 (got {workers})")
-    if cpus_per_worker <= 0 or gpus_per_worker < 0:
+    returns them). ``model`` is the driver's copy of the model whose file's bytes are ``model_bytes``. A Ray
+    already initialized in this process is used as it is (``options.address`` is then only checked for
+    reachability)."""
+    if options.workers < 1:
+        raise ValueError(f"--ray-workers must be at least 1 (got {options.workers})")
+    if options.cpus_per_worker <= 0 or options.gpus_per_worker < 0:
         raise ValueError("--ray-cpus-per-worker must be > 0 and --ray-gpus-per-worker >= 0")
-    if address:
-        check_address(address)
+    if options.address:
+        check_address(options.address)
     fingerprint = model.fingerprint
     dim = model.cfg.model.embed_dim
-    plan = plan_shards(paths, shard_size, fingerprint)
+    plan = plan_shards(paths, options.shard_size, fingerprint)
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
     result = RayEmbedding(FileEmbeddings(np.zeros((0, dim), np.float32), []), shard_dir=shard_dir)
@@ -262,11 +278,10 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
                 done[spec.number] = emb
         result.reused = sorted(done)
         todo = [spec for spec in plan if spec.number not in done]
-        log(f"{len(plan)} shards of up to {shard_size} images in {shard_dir}: {len(done)} already embedded, "
+        log(f"{len(plan)} shards of up to {options.shard_size} images in {shard_dir}: {len(done)} already embedded, "
             f"{len(todo)} to embed on Ray")
         if todo:
-            _run(todo, model_bytes, fingerprint, shard_dir, address, workers, cpus_per_worker, gpus_per_worker,
-                 batch_size, progress, result, log)
+            _run(todo, model_bytes, fingerprint, shard_dir, options, result, log)
             for spec in todo:
                 emb = read_shard(shard_dir / spec.name, spec, fingerprint)
                 if emb is None:
@@ -276,11 +291,13 @@ def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard
     return result
 
 
-def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir: Path, address: str | None,
-         workers: int, cpus_per_worker: float, gpus_per_worker: float, batch_size: int, progress: bool,
+def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir: Path, options: RayOptions,
          result: RayEmbedding, log: Callable[[str], None]) -> None:
     """Runs the shards ``todo`` through the actors and writes each one as it comes back."""
     import logging
+
+    address, workers, progress = options.address, options.workers, options.progress
+    cpus_per_worker, gpus_per_worker = options.cpus_per_worker, options.gpus_per_worker
 
     ray = _import_ray()
     started = not ray.is_initialized()
@@ -302,7 +319,7 @@ def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir:
             ShardEmbedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo))),
             num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,
             fn_constructor_kwargs={"model_bytes": model_bytes, "fingerprint": fingerprint,
-                                   "device": "cuda" if gpus_per_worker > 0 else "cpu", "batch_size": batch_size,
+                                   "device": "cuda" if gpus_per_worker > 0 else "cpu", "batch_size": options.batch_size,
                                    "threads": max(1, int(cpus_per_worker))})
         by_number = {s.number: s for s in todo}
         try:

@@ -79,7 +79,7 @@ class Clip(NamedTuple):
 CLIPS = [Clip("space.mp4", ("astronaut.jpg", "rocket.jpg", "galaxies.jpg"), "2022:07:20 10:00:00"),
          Clip("at_home.mp4", ("cat.jpg", "coffee.jpg", "flower.jpg"), "2023:12:24 18:00:00")]
 _EXIF_IFD, _DATETIME_ORIGINAL = 0x8769, 0x9003
-SCENE_SECONDS = 5          # one moment of the index's default window (index.video.DEFAULT_WINDOW) per scene
+SCENE_SECONDS = 5          # one moment of the index's default window (index.moments.DEFAULT_WINDOW) per scene
 CLIP_FPS = 8
 CLIP_SIZE = (640, 480)
 ZOOM = 1.15                # each scene zooms in from the whole photo to 1/ZOOM of it, about its centre
@@ -147,7 +147,7 @@ def _scene(photo: Image.Image) -> Iterator[np.ndarray]:
 
 def write_clips(photos: Path) -> list[Path]:
     """The :data:`CLIPS`, made from the photos in ``photos``, written to ``photos/videos``."""
-    from .video import write_video
+    from .video_writer import write_video
 
     folder = photos / "videos"
     folder.mkdir(exist_ok=True)

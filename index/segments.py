@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .faiss_index import VectorIndex, faiss
+from .faiss_index import VectorIndex, faiss, training_sample
 
 MAX_SEGMENTS = 8          # more after an update: the segments after the first are merged into one
 MAX_DELETED = 0.10        # more of the stored vectors deleted: all segments are merged and the deleted dropped
@@ -73,13 +73,14 @@ class SegmentedIndex:
         self._placement = ("cpu", "auto")      # (device, backend) the segments were loaded for
 
     @classmethod
-    def load(cls, gen_dir: Path, role: str, similarity: str, entry: dict, key: str = "", mmap: bool = False,
+    def load(cls, gen_dir: Path, role: str, manifest: dict, mmap: bool = False,
              device: str | torch.device = "cpu", previous: "SegmentedIndex | None" = None,
              backend: str = "auto") -> "SegmentedIndex":
-        """Loads a generation's segments. ``key`` names the index the files belong to (a segment file's name is
-        unique within it); a segment of ``previous`` with the same key and name is taken as it is, not read
-        again (segments never change). ``mmap``: see :meth:`VectorIndex.load`; ``backend``: see
-        :meth:`VectorIndex.to_device`."""
+        """Loads the segments of side ``role`` of the generation ``gen_dir`` (whose manifest is ``manifest``).
+        The manifest's ``index_id`` names the index the files belong to (a segment file's name is unique within
+        it); a segment of ``previous`` with the same key and name is taken as it is, not read again (segments
+        never change). ``mmap``: see :meth:`VectorIndex.load`; ``backend``: see :meth:`VectorIndex.to_device`."""
+        similarity, entry, key = manifest["similarity"], manifest[role], manifest.get("index_id", "")
         reuse = {}
         if (previous is not None and key and previous.key == key and previous._mmap == mmap
                 and previous._placement == (str(device), backend)):
@@ -238,6 +239,40 @@ class SideUpdate:
             _merge_into(base, other)
         base._changed()
         return base
+
+
+@dataclass
+class NewSide:
+    """One side of a new index: the same writing interface as :class:`SideUpdate`. Its index (type ``factory``;
+    None: by the number of vectors) is created when its vectors come, trained on them (on a ``training_sample``
+    of them with ``sample``), so that a factory that cannot hold them fails before anything is written."""
+    role: str
+    similarity: str
+    dim: int                                      # the stored vectors' width
+    factory: str | None = None
+    sample: bool = False
+    index: VectorIndex | None = None
+    added: tuple[np.ndarray, np.ndarray] | None = None
+
+    def add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
+        if self.index is not None:
+            raise ValueError(f"a new index's {self.role} take their vectors at once")
+        train = training_sample(vectors, self.factory) if self.sample and self.factory else vectors
+        self.index = VectorIndex.create(self.dim, self.role, self.similarity, self.factory,
+                                        train_vectors=train if len(vectors) else None)
+        self.added = (vectors, np.asarray(ids, dtype=np.int64))
+
+    def remove(self, ids) -> int:
+        if len(ids):
+            raise ValueError(f"a new index has no {self.role} to remove")
+        return 0
+
+    def write(self, dst: Path, next_segment: int, compact: str = "auto") -> tuple[dict, int]:
+        """Writes this side as :func:`write_new` does (``compact`` has nothing to merge)."""
+        if self.index is None:
+            self.add(np.zeros((0, self.dim), np.float32), np.zeros(0, np.int64))
+        assert self.index is not None and self.added is not None
+        return write_new(dst, self.role, self.index, *self.added, next_segment)
 
 
 def write_new(dst: Path, role: str, empty: VectorIndex, vectors: np.ndarray, ids: np.ndarray,

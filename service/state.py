@@ -20,7 +20,7 @@ import torch
 
 from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
-from index.video import VideoError, decoder
+from index.video_decode import VideoError, decoder
 from training.data.preprocess import register_heif
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding

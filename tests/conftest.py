@@ -59,7 +59,7 @@ def tiny_model_path(synth_small, tmp_path_factory):
 
 def build_index(model_path, synth_dir, out):
     """A FAISS index of ``synth_dir``'s val+test images and their captions, built with ``model_path``."""
-    from index.gallery import build
+    from index.gallery import EmbedOptions, build
     from training.data.datasets import load_dataset
     from training.models.checkpoint import load_model
 
@@ -67,7 +67,7 @@ def build_index(model_path, synth_dir, out):
     data = load_dataset(synth_dir)
     records = data.split("val").images + data.split("test").images
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    build(out, model, [r.path for r in records], captions, progress=False, workers=0)
+    build(out, model, [r.path for r in records], captions, embedding=EmbedOptions(progress=False, workers=0))
     return out
 
 
@@ -112,6 +112,7 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
     import numpy as np
 
     from index.embed import embed_image_files, embed_texts
+    from index.changes import BuildOptions, ChangeSet, ModelFacts
     from index.gallery import build_from_vectors
     from index.querybank import QueryBank
     from training.data.datasets import load_dataset
@@ -133,9 +134,11 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
     images = np.vstack([a[None], unrelated(len(paths) - 1)]).astype(np.float32)
     bank = QueryBank(captions=unrelated(50), images=np.vstack([unrelated(95), np.repeat(b[None], 5, axis=0)]))
     out = tmp_path_factory.mktemp("relevance_index") / "index"
-    build_from_vectors(out, model.fingerprint, "cosine", images, np.arange(len(paths)),
-                       [(str(p), info) for p, info in zip(paths, emb.info)], unrelated(6),
-                       [(f"caption {i}", i) for i in range(6)], querybank=bank, image_root=synth_small / "images")
+    build_from_vectors(out, ModelFacts(model.fingerprint, "cosine"), ChangeSet(
+        image_vectors=images, image_ids=np.arange(len(paths)),
+        image_rows=[(str(p), info) for p, info in zip(paths, emb.info)], caption_vectors=unrelated(6),
+        captions=[(f"caption {i}", i) for i in range(6)]),
+        BuildOptions(querybank=bank, image_root=synth_small / "images"))
     return out
 
 

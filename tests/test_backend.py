@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from index.gallery import Gallery
-from index.video import write_video
+from index.video_writer import write_video
 from service.cli import build_parser
 from service.cli import main as cli_main
 from training.config import build_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.gallery import Gallery, add
+from index.gallery import EmbedOptions, Gallery, add
 from index.generations import current_generation
 from index.query import ImageFilter
 from service.cli import main as cli_main
@@ -27,7 +27,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.env
 def media(tiny_model_path, synth_small, tmp_path_factory):
     """A gallery folder — two photos at its top, two in trip/, a 6-second clip (three 2-second moments) — and its
     index, built by the CLI."""
-    from index.video import write_video
+    from index.video_writer import write_video
 
     root = tmp_path_factory.mktemp("cli_gallery")
     photos = root / "photos"
@@ -68,14 +68,15 @@ def test_help_imports_none_of_the_model_code():
 
 
 def test_the_parser_shows_the_values_the_code_uses():
-    from index import cli, duplicates, order, video
+    from index import cli, duplicates, moments, order, scan, video_decode
 
     assert (cli.SORTS, cli.SORT_DEPTH) == (order.SORTS, order.SORT_DEPTH)
     assert cli.DUPLICATE_THRESHOLD == duplicates.DEFAULT_THRESHOLD
 
-    assert cli.VIDEO_SUFFIXES == tuple(sorted(video.VIDEO_SUFFIXES))
-    assert (cli.VIDEO_RATE, cli.VIDEO_MAX_FRAMES, cli.VIDEO_WINDOW) == (video.DEFAULT_RATE, video.DEFAULT_MAX_FRAMES,
-                                                                         video.DEFAULT_WINDOW)
+    assert cli.VIDEO_SUFFIXES == tuple(sorted(scan.VIDEO_SUFFIXES))
+    assert (cli.VIDEO_RATE, cli.VIDEO_MAX_FRAMES, cli.VIDEO_WINDOW) == (video_decode.DEFAULT_RATE,
+                                                                         video_decode.DEFAULT_MAX_FRAMES,
+                                                                         moments.DEFAULT_WINDOW)
 
 
 def test_search_prints_a_table_and_today_s_json_with_json(media, tiny_model_path, capsys):
@@ -151,7 +152,7 @@ def test_add_refuses_files_that_are_not_photos_or_videos(index, tiny_model_path,
     assert rc == 1 and captured.out == "" and current_generation(index) == gen
     assert f"skipped unreadable image {fake}" in captured.err and "nothing added" in captured.err
     assert "object at 0x" not in captured.err                               # no Python repr
-    report = add(index, load_model(tiny_model_path), [fake], progress=False, workers=0)
+    report = add(index, load_model(tiny_model_path), [fake], embedding=EmbedOptions(progress=False, workers=0))
     assert report.image_ids == [] and report.generation == gen
 
 

@@ -38,13 +38,13 @@ def _with_a_video(model: Path, index: Path, out: Path) -> Path:
 
     import numpy as np
 
-    from index.gallery import add
-    from index.video import write_video
+    from index.gallery import EmbedOptions, add
+    from index.video_writer import write_video
     from training.models.checkpoint import load_model
 
     shutil.copytree(index, out)
     clip = write_video(out.parent / "clip.mp4", (np.full((32, 32, 3), 20 * i, np.uint8) for i in range(8)), fps=4)
-    add(out, load_model(model), video_paths=[clip], progress=False, workers=0)
+    add(out, load_model(model), video_paths=[clip], embedding=EmbedOptions(progress=False, workers=0))
     return out
 
 

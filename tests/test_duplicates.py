@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from index.duplicates import DEFAULT_THRESHOLD, HASH_DISTANCE, check_threshold, find_groups, gallery_groups, kind_of
-from index.gallery import Gallery, build
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build
 from index.generations import current_generation
 from index.phash import distances, perceptual_hash
 from index.samples import write_samples
@@ -63,7 +64,8 @@ def gallery(shipped, tmp_path_factory):
     for name in ("coffee.jpg", "cat.jpg", "grass.jpg", *OTHERS):
         shutil.copyfile(samples / name, photos / name)
     copies = _edits(photos, photos / "copies")
-    build(root / "index", shipped, sorted(photos.rglob("*.jpg")), progress=False, workers=0, image_root=photos)
+    build(root / "index", shipped, sorted(photos.rglob("*.jpg")), options=BuildOptions(image_root=photos),
+          embedding=EmbedOptions(progress=False, workers=0))
     return photos, root / "index", copies
 
 

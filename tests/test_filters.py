@@ -16,7 +16,8 @@ from PIL import Image, ImageDraw
 
 from index.embed import embed_texts
 from index.faiss_index import VectorIndex
-from index.gallery import Gallery, build
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build
 from index.generations import current_generation
 from index.query import ImageFilter, format_time, parse_time
 from training.inference import embedding as inference
@@ -56,8 +57,8 @@ def gallery_dir(model, tmp_path_factory):
     photos = root / "photos"
     folders = ["trip", "trip/day2", "home", "."]
     paths = [_photo(photos / folders[i % 4] / f"p{i:02d}.jpg", i, START + i * DAY) for i in range(30)]
-    build(root / "gallery", model, paths, [(f"caption {i}", None) for i in range(12)], progress=False, workers=0,
-          image_root=photos)
+    build(root / "gallery", model, paths, [(f"caption {i}", None) for i in range(12)],
+          options=BuildOptions(image_root=photos), embedding=EmbedOptions(progress=False, workers=0))
     return root / "gallery"
 
 

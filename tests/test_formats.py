@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from index.embed import embed_image_files, find_images, read_photo
-from index.gallery import Gallery, sync
+from index.embed import embed_image_files, read_photo
+from index.gallery import EmbedOptions, Gallery, sync
 from index.generations import current_generation
 from index.query import ImageFilter
+from index.scan import find_images
 from service.cli import main as cli_main
 from training.data.preprocess import open_image
 from training.models.checkpoint import load_model
@@ -185,12 +186,12 @@ def test_an_index_without_the_photo_columns_loads_and_is_migrated(model, tiny_mo
     assert old.search_images(q, 1)[0][0][0] == row.id
     old.close()
     # the next update adds the columns; sync embeds the rows without a content hash again, once
-    report = sync(out, model, photos, progress=False, workers=0)
+    report = sync(out, model, photos, embedding=EmbedOptions(progress=False, workers=0))
     assert len(report.changed) == 4 and not report.image_ids and report.removed_images == 0
     new = Gallery.load(out, model=model)
     assert all(r.sha256 and r.taken for r in new.meta.all_images())
     new.close()
-    again = sync(out, model, photos, progress=False, workers=0)
+    again = sync(out, model, photos, embedding=EmbedOptions(progress=False, workers=0))
     assert again.generation == report.generation and again.unchanged == 4 and not again.changed
 
 

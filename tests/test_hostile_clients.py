@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.gallery import add
+from index.gallery import EmbedOptions, add
 from server_process import spawn
 from training.models.checkpoint import load_model
 
@@ -45,7 +45,8 @@ def big_photo(tmp_path_factory):
 def server(tiny_model_path, tiny_index_dir, big_photo, tmp_path_factory):
     """``(base url, port, id of the big photo)`` of a server over a copy of the tiny index plus the big photo."""
     index = shutil.copytree(tiny_index_dir, tmp_path_factory.mktemp("hostile") / "index")
-    big_id = add(index, load_model(tiny_model_path), [big_photo], progress=False, workers=0).image_ids[0]
+    big_id = add(index, load_model(tiny_model_path), [big_photo],
+                 embedding=EmbedOptions(progress=False, workers=0)).image_ids[0]
     env = {"JOINTSPACE_RELOAD_INTERVAL_S": "0", "JOINTSPACE_DEADLINE_MS": str(DEADLINE_MS),
            "JOINTSPACE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S), "JOINTSPACE_BODY_MIN_RATE": str(MIN_RATE),
            "JOINTSPACE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),

@@ -21,8 +21,9 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from error_bodies import ErrorBodies, LeakedError
 from hostile_media import corpus, png
-from index.gallery import build
-from index.video import VideoError, is_video, probe, scan_media
+from index.gallery import EmbedOptions, build
+from index.scan import is_video, scan_media
+from index.video_decode import VideoError, probe
 from service.app import create_app
 from service.images import ImageError, open_checked, thumbnail, upload_to_pixels
 from service.settings import Settings
@@ -139,8 +140,8 @@ def test_indexing_the_corpus_skips_each_with_its_reason_and_reads_media_by_conte
     scan = scan_media(folder, photos=True, videos=True)
     photos = [p for p in scan.found if not is_video(p)]
     videos = [p for p in scan.found if is_video(p)]
-    report = build(tmp_path / "index", load_model(tiny_model_path), photos, video_paths=videos, progress=False,
-                   workers=0)
+    report = build(tmp_path / "index", load_model(tiny_model_path), photos, video_paths=videos,
+                   embedding=EmbedOptions(progress=False, workers=0))
     skipped = {Path(path).name: reason for path, reason in report.skipped}
     from index.gallery import Gallery
 

@@ -13,7 +13,8 @@ import torch
 from conftest import tiny_config
 from index.embed import embed_image_files, embed_texts
 from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
-from index.gallery import Gallery, IndexMismatchError, add, build, remove
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, IndexMismatchError, add, build, remove
 from index.generations import current_generation
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
@@ -84,8 +85,8 @@ def test_add_and_remove_by_id_without_rebuild(model, index_copy, synth_small):
     before = Gallery.load(index_copy, model=model)
     n_img, n_cap, gen = before.images.ntotal, before.captions.ntotal, before.generation
     train_images = load_dataset(synth_small).split("train").images[:3]
-    report = add(index_copy, model, [r.path for r in train_images], ["a brand new caption"], progress=False,
-                 workers=0)
+    report = add(index_copy, model, [r.path for r in train_images], ["a brand new caption"],
+                 embedding=EmbedOptions(progress=False, workers=0))
     assert report.image_ids == [n_img, n_img + 1, n_img + 2] and report.caption_ids == [n_cap]
 
     after = Gallery.load(index_copy, model=model)
@@ -106,7 +107,7 @@ def test_add_and_remove_by_id_without_rebuild(model, index_copy, synth_small):
     every = final.search_images(q, final.images.ntotal)[0]
     assert {i for i, _ in every} == ids                       # removed ids never come back from a search
     # ids are never reused: the next add continues after the largest ever given
-    again = add(index_copy, model, captions=["another"], progress=False, workers=0)
+    again = add(index_copy, model, captions=["another"], embedding=EmbedOptions(progress=False, workers=0))
     assert again.caption_ids == [n_cap + 1]
     # only the live and the previous generation are kept on disk
     assert sorted(p.name for p in index_copy.glob("gen-*")) == sorted(
@@ -124,7 +125,7 @@ def test_index_built_with_another_model_is_refused(model, tiny_model_path, index
     with pytest.raises(IndexMismatchError, match="built with model .* Rebuild the index"):
         Gallery.load(index_copy, model=other)
     with pytest.raises(IndexMismatchError):
-        add(index_copy, other, captions=["x"], progress=False)
+        add(index_copy, other, captions=["x"], embedding=EmbedOptions(progress=False))
     rc = cli_main(["index", "add", "--index", str(index_copy), "--model", str(other_path), "--captions",
                    str(_write(tmp_path / "c.txt", "a caption\n")), "--quiet"])
     assert rc == 2 and "was built with model" in capsys.readouterr().err
@@ -139,7 +140,7 @@ def _write(path, text):
 CRASH_SCRIPT = r"""
 import os, signal, sys
 import index.faiss_index as fi
-from index.gallery import add
+from index.gallery import EmbedOptions, add
 from training.models.checkpoint import load_model
 
 real_save = fi.VectorIndex.save
@@ -152,7 +153,8 @@ def save_then_die(self, path):
             fh.truncate(10)
         os.kill(os.getpid(), signal.SIGKILL)
 fi.VectorIndex.save = save_then_die
-add(sys.argv[1], load_model(sys.argv[2]), captions=["written by a process that dies"], progress=False)
+add(sys.argv[1], load_model(sys.argv[2]), captions=["written by a process that dies"],
+    embedding=EmbedOptions(progress=False))
 """
 
 
@@ -169,7 +171,7 @@ def test_killed_update_leaves_previous_index_loadable(model, tiny_model_path, in
     assert after.generation == gen and after.captions.ntotal == n_cap
     assert after.search_images(q, 5) == expected
     # the next writer cleans up and succeeds
-    report = add(index_copy, model, captions=["after the crash"], progress=False)
+    report = add(index_copy, model, captions=["after the crash"], embedding=EmbedOptions(progress=False))
     assert report.caption_ids == [before.manifest["next_caption_id"]]
     assert not list(index_copy.glob(".tmp-gen-*"))
 
@@ -184,7 +186,7 @@ def test_failure_inside_metadata_write_keeps_previous_generation(model, index_co
 
     monkeypatch.setattr(metadata.Metadata, "add_captions", fail)
     with pytest.raises(OSError, match="disk full"):
-        add(index_copy, model, captions=["never lands"], progress=False)
+        add(index_copy, model, captions=["never lands"], embedding=EmbedOptions(progress=False))
     assert current_generation(index_copy) == gen and not list(index_copy.glob(".tmp-gen-*"))
     assert Gallery.load(index_copy, model=model).generation == gen
 
@@ -198,7 +200,8 @@ def test_order_similarity_index_is_exact(synth_small, tmp_path):
     save_model(build_model(tiny_config(model={"similarity": "order"}), vocab), tmp_path / "order.pt")
     model = load_model(tmp_path / "order.pt")
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    build(tmp_path / "index", model, [r.path for r in records], captions, progress=False, workers=0)
+    build(tmp_path / "index", model, [r.path for r in records], captions,
+          embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(tmp_path / "index", model=model)
     img = torch.from_numpy(embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors)
     cap = torch.from_numpy(embed_texts(model, [c for c, _ in captions], progress=False))
@@ -214,8 +217,8 @@ def test_order_similarity_index_is_exact(synth_small, tmp_path):
     ip = (img @ cap.t())
     assert any(ip[:, c].topk(4).indices.tolist() != sim[:, c].topk(4).indices.tolist() for c in range(7))
     with pytest.raises(ValueError, match="needs an exact 'Flat' index"):
-        build(tmp_path / "ivf", model, [r.path for r in records], captions, factory="IVF2,Flat", progress=False,
-              workers=0)
+        build(tmp_path / "ivf", model, [r.path for r in records], captions, options=BuildOptions(factory="IVF2,Flat"),
+              embedding=EmbedOptions(progress=False, workers=0))
 
 
 def test_default_factory_thresholds():

@@ -15,7 +15,8 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from index.embed import embed_texts
-from index.gallery import Gallery, build, remove, sync
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build, remove, sync
 from index.hybrid import rrf, search_text
 from index.keywords import folder_text, name_text, query_words
 from index.ocr import GATE, OcrConfig, OcrUnavailableError, check_engine, likelihood_of, read_photo
@@ -68,7 +69,8 @@ def model(tiny_model_path):
 
 
 def _build(photos: Path, model, out: Path, ocr: OcrConfig | None) -> Path:
-    build(out, model, sorted(p for p in photos.iterdir()), progress=False, workers=0, image_root=photos, ocr=ocr)
+    build(out, model, sorted(p for p in photos.iterdir()), options=BuildOptions(image_root=photos, ocr=ocr),
+          embedding=EmbedOptions(progress=False, workers=0))
     return out
 
 
@@ -175,14 +177,15 @@ def test_remove_and_sync_keep_the_keyword_table_in_step(ocr_index, photos, model
     # sync: a new photo is read and indexed, a deleted one leaves the keyword table
     folder = tmp_path / "trip"
     shutil.copytree(photos, folder)
-    build(root, model, sorted(folder.iterdir()), progress=False, workers=0, image_root=folder, ocr=OcrConfig())
+    build(root, model, sorted(folder.iterdir()), options=BuildOptions(image_root=folder, ocr=OcrConfig()),
+          embedding=EmbedOptions(progress=False, workers=0))
     _sign(folder / "scan.jpg", "HARBOR LANE")
-    report = sync(root, model, folder, progress=False, workers=0)
+    report = sync(root, model, folder, embedding=EmbedOptions(progress=False, workers=0))
     assert len(report.image_ids) == 1
     assert [n for n, _, _ in _search(root, model, "harbor lane", "keyword")[0]] == ["scan.jpg"]
     (folder / "scan.jpg").unlink()
     (folder / CAMERA).unlink()
-    sync(root, model, folder, progress=False, workers=0)
+    sync(root, model, folder, embedding=EmbedOptions(progress=False, workers=0))
     assert _search(root, model, "harbor", "keyword")[0] == [] and _search(root, model, "2041", "keyword")[0] == []
 
 

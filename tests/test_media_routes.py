@@ -17,7 +17,7 @@ from PIL import Image
 
 from conftest import serve_app
 from hostile_media import png, video
-from index.gallery import Gallery, build
+from index.gallery import EmbedOptions, Gallery, build
 from service.app import create_app
 from service.apidocs import CSP
 from service.settings import Settings
@@ -42,8 +42,8 @@ def gallery(tiny_model_path, tmp_path_factory):
     clips = [video(folder / "clip.mp4"), video(folder / "victim.mp4"),
              video(folder / "large.mp4", size=(2560, 1440), frames=2, options={"preset": "ultrafast"})]
     index = folder.parent / "index"
-    build(index, load_model(tiny_model_path), sorted(folder.glob("*.jpg")), video_paths=clips, progress=False,
-          workers=0)
+    build(index, load_model(tiny_model_path), sorted(folder.glob("*.jpg")), video_paths=clips,
+          embedding=EmbedOptions(progress=False, workers=0))
     g = Gallery.load(index)
     rows = g.meta.all_images()
     photos = {r.path.rsplit("/", 1)[-1]: r for r in rows if r.video_id is None}

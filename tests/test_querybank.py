@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from index.embed import embed_image_files, embed_texts
-from index.gallery import Gallery, add, build, sync
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, add, build, sync
 from index.generations import read_manifest
 from index.querybank import QueryBank
 from service.cli import main as cli_main
@@ -44,7 +45,8 @@ def parts(model, synth_small):
 def qb_index(model, parts, tmp_path_factory):
     records, captions, *_, bank = parts
     root = tmp_path_factory.mktemp("qb") / "index"
-    build(root, model, [r.path for r in records], captions, progress=False, workers=0, querybank=bank)
+    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=bank),
+          embedding=EmbedOptions(progress=False, workers=0))
     return root
 
 
@@ -99,7 +101,8 @@ def test_added_and_synced_images_get_offsets_from_the_stored_bank(model, parts, 
     records, captions, img, cap, bank = parts
     root = shutil.copytree(qb_index, tmp_path / "index")
     extra = load_dataset(synth_small).split("train").images[:3]
-    report = add(root, model, [r.path for r in extra], ["a brand new caption"], progress=False, workers=0)
+    report = add(root, model, [r.path for r in extra], ["a brand new caption"],
+                 embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(root, model=model)
     new = embed_image_files(model, [r.path for r in extra], progress=False, workers=0).vectors
     folded = bank.fold("images", new)
@@ -115,7 +118,7 @@ def test_added_and_synced_images_get_offsets_from_the_stored_bank(model, parts, 
     folder.mkdir()
     for r in extra[:2]:
         shutil.copy(r.path, folder / r.path.name)
-    report = sync(root, model, folder, progress=False, workers=0)
+    report = sync(root, model, folder, embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(root, model=model)
     for i in report.image_ids:
         assert gallery.images.reconstruct(i).shape == (img.shape[1] + 1,)

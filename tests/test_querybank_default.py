@@ -13,7 +13,8 @@ from PIL import Image
 import index.embed
 import index.gallery
 from index.embed import embed_image_files, embed_texts
-from index.gallery import Gallery, build
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build
 from index.generations import read_manifest
 import index.querybank
 from index.querybank import cache_root, embed_bank_captions, model_bank
@@ -328,8 +329,9 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     paths = [r.path for r in records]
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
     plain, flip = tmp_path / "plain", tmp_path / "flip"
-    build(plain, model, paths, captions, progress=False, workers=0)
-    build(flip, model, paths, captions, progress=False, workers=0, tta=tta)
+    build(plain, model, paths, captions, embedding=EmbedOptions(progress=False, workers=0))
+    build(flip, model, paths, captions, options=BuildOptions(tta=tta),
+          embedding=EmbedOptions(progress=False, workers=0))
     a, b = read_manifest(plain), read_manifest(flip)
     assert (a["tta"], b["tta"]) == ("none", tta)
     for key in ("dim", "similarity", "next_image_id", "next_caption_id"):
@@ -358,7 +360,7 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     # images added later are embedded with the index's augmentation
     from index.gallery import add
 
-    report = add(flip, model, paths[:1], progress=False, workers=0)
+    report = add(flip, model, paths[:1], embedding=EmbedOptions(progress=False, workers=0))
     gb = Gallery.load(flip, model=model)
     assert np.allclose(gb.image_vector(report.image_ids[0]), gb.image_vector(0), atol=1e-5)
     gb.close()

@@ -11,8 +11,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from conftest import STRONG_TEXT, WEAK_TEXT
+from index.changes import BuildOptions, ChangeSet
 from index.embed import embed_image_files, embed_texts
-from index.gallery import Gallery, add_vectors, build
+from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
 from index.querybank import model_bank
 from index.relevance import REFERENCE_SIZE, STRONG, reference_rows, strong_match
@@ -46,7 +47,8 @@ def parts(model, synth_small):
 def bank_index(model, parts, tmp_path_factory):
     records, captions, *_, bank = parts
     root = tmp_path_factory.mktemp("relevance") / "index"
-    build(root, model, [r.path for r in records], captions, progress=False, workers=0, querybank=bank)
+    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=bank),
+          embedding=EmbedOptions(progress=False, workers=0))
     return root
 
 
@@ -105,7 +107,8 @@ def test_relevance_does_not_change_when_unrelated_photos_are_added(model, parts,
     before.close()
     noise = np.random.default_rng(3).standard_normal((40, img.shape[1])).astype(np.float32)
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
-    report = add_vectors(root, model.fingerprint, noise, [(str(tmp_path / f"noise{i}.jpg"), None) for i in range(40)])
+    rows = [(str(tmp_path / f"noise{i}.jpg"), None) for i in range(40)]
+    report = update(root, model.fingerprint, ChangeSet(image_vectors=noise, image_rows=rows))
     assert len(report.image_ids) == 40
     after = Gallery.load(root, model=model)
     new = after.ranked("images", cap[:10], after.search_images(cap[:10], every + 40))

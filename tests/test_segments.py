@@ -13,7 +13,8 @@ import pytest
 import index.segments as segments
 from index.faiss_index import (ID_BYTES, VectorIndex, default_factory, estimate_bytes, factory_for_memory,
                                parse_bytes, training_sample)
-from index.gallery import Gallery, add_vectors, build_from_vectors, compact, remove
+from index.changes import BuildOptions, ChangeSet, ModelFacts
+from index.gallery import Gallery, build_from_vectors, compact, remove, update
 from index.generations import current_generation
 from index.metadata import Metadata
 from index.query import ImageFilter
@@ -34,12 +35,15 @@ def _rows(ids, folder="/photos"):
 
 
 def _build(root, n=200, factory="Flat", seed=0, n_captions=30):
-    build_from_vectors(root, FP, "cosine", _unit(n, seed), np.arange(n), _rows(range(n)), _unit(n_captions, 99),
-                       [(f"caption {i}", None) for i in range(n_captions)], factory=factory)
+    build_from_vectors(root, ModelFacts(FP, "cosine"), ChangeSet(
+        image_vectors=_unit(n, seed), image_ids=np.arange(n), image_rows=_rows(range(n)),
+        caption_vectors=_unit(n_captions, 99), captions=[(f"caption {i}", None) for i in range(n_captions)]),
+        BuildOptions(factory=factory))
 
 
 def _add(root, n, seed):
-    return add_vectors(root, FP, _unit(n, seed), _rows(range(n), f"/new{seed}")).image_ids
+    changes = ChangeSet(image_vectors=_unit(n, seed), image_rows=_rows(range(n), f"/new{seed}"))
+    return update(root, FP, changes).image_ids
 
 
 def _exact(vectors: dict[int, np.ndarray], q, k):
@@ -128,9 +132,10 @@ def test_order_similarity_segments_are_exact(tmp_path):
 
     root = tmp_path / "index"
     x = np.abs(_unit(50, 0))
-    build_from_vectors(root, FP, "order", x, np.arange(50), _rows(range(50)), np.abs(_unit(5, 9)),
-                       [(f"c{i}", None) for i in range(5)])
-    add_vectors(root, FP, np.abs(_unit(20, 1)), _rows(range(20), "/b"))
+    build_from_vectors(root, ModelFacts(FP, "order"), ChangeSet(
+        image_vectors=x, image_ids=np.arange(50), image_rows=_rows(range(50)), caption_vectors=np.abs(_unit(5, 9)),
+        captions=[(f"c{i}", None) for i in range(5)]))
+    update(root, FP, ChangeSet(image_vectors=np.abs(_unit(20, 1)), image_rows=_rows(range(20), "/b")))
     remove(root, [3, 55])
     every = np.concatenate([x, np.abs(_unit(20, 1))])
     keep = [i for i in range(70) if i not in (3, 55)]
@@ -231,7 +236,8 @@ import json, os, shutil, signal, sys, traceback
 import numpy as np
 import faiss
 import index.segments as segments
-from index.gallery import add_vectors, compact, remove
+from index.changes import ChangeSet
+from index.gallery import compact, remove, update
 
 def unit(n, seed):
     x = np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
@@ -257,7 +263,8 @@ def writer(root, point, nth, when):
 
     def add(seed):
         say(op="begin-add", seed=seed)
-        ids = add_vectors(root, "f" * 64, unit(25, seed), [(f"/w/{seed}/{i}.jpg", None) for i in range(25)])
+        ids = update(root, "f" * 64, ChangeSet(image_vectors=unit(25, seed),
+                                               image_rows=[(f"/w/{seed}/{i}.jpg", None) for i in range(25)]))
         say(op="add", ids=ids.image_ids)
 
     add(11)

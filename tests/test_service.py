@@ -19,7 +19,7 @@ from PIL import Image
 from conftest import batch_stats, serve_app
 from server_process import free_port
 from index.embed import embed_texts
-from index.gallery import Gallery, add, remove
+from index.gallery import EmbedOptions, Gallery, add, remove
 from service.app import create_app
 from service.settings import Settings
 from training.inference.compose import compose_query, image_features_of
@@ -546,7 +546,7 @@ def test_service_picks_up_index_add_and_remove(tiny_model_path, index_copy, synt
     new_image = load_dataset(synth_small).split("train").images[0].path
     with TestClient(app) as c:
         gen = _wait_ready(c)["index_generation"]
-        report = add(index_copy, model, [new_image], progress=False, workers=0)
+        report = add(index_copy, model, [new_image], embedding=EmbedOptions(progress=False, workers=0))
         new_id = report.image_ids[0]
         deadline = time.time() + 20
         while c.get("/readyz").json()["index_generation"] == gen and time.time() < deadline:

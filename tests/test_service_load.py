@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.gallery import Gallery, build
-from index.video import Sampling, write_video
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build
+from index.moments import Sampling
+from index.video_writer import write_video
 from training.models.checkpoint import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,8 +38,8 @@ def _clip(path: Path, frames: int = 8) -> Path:
 
 def _index(folder: Path, out: Path, model_path: Path, photos: list[Path], captions: bool = True) -> Path:
     build(out, load_model(model_path), photos, [("a red circle", None)] if captions else [],
-          video_paths=[_clip(folder / "clip.mp4")], progress=False, workers=0, image_root=folder,
-          sampling=Sampling(window=1.0))
+          video_paths=[_clip(folder / "clip.mp4")], options=BuildOptions(image_root=folder),
+          embedding=EmbedOptions(progress=False, workers=0, sampling=Sampling(window=1.0)))
     return out
 
 

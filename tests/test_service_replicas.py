@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from index.gallery import add, build
+from index.gallery import EmbedOptions, add, build
 from service.app import create_app
 from service.settings import Settings
 from training.data.datasets import load_dataset
@@ -143,7 +143,8 @@ def test_a_second_replica_as_another_user_reads_a_new_generation_while_the_first
             data = load_dataset(synth_small)
             records = data.split("test").images
             build(shared / "index", model, [r.path for r in records],
-                  [(c, i) for i, r in enumerate(records) for c in r.captions], progress=False, workers=0)
+                  [(c, i) for i, r in enumerate(records) for c in r.captions],
+                  embedding=EmbedOptions(progress=False, workers=0))
         modes = _all_modes(shared)
         assert modes["model.pt"] == 0o644
         assert {m for p, m in modes.items() if (shared / p).is_dir()} == {0o755}, modes
@@ -180,8 +181,8 @@ def test_a_second_replica_as_another_user_reads_a_new_generation_while_the_first
                 worker = threading.Thread(target=keep_querying)
                 worker.start()
                 with umask(0o022):
-                    report = add(shared / "index", model, [data.split("train").images[0].path], progress=False,
-                                 workers=0)
+                    report = add(shared / "index", model, [data.split("train").images[0].path],
+                                 embedding=EmbedOptions(progress=False, workers=0))
                 new_id, new_gen = report.image_ids[0], report.generation
                 assert new_gen != gen and _mode(shared / "index" / new_gen) == 0o755
                 assert _mode(shared / "index" / new_gen / "manifest.json") == 0o644

@@ -130,7 +130,9 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
                                                                                    tmp_path):
     """index build / add / sync and video frames: on CUDA every forward pass has ``batch_size`` rows (a short last
     batch, or one a skipped file shortened, is padded), so a build costs one shape's set-up, not one per size."""
-    from index.video import Sampling, embed_videos, write_video
+    from index.moments import Sampling
+    from index.video_embed import embed_videos
+    from index.video_writer import write_video
     from training.data.datasets import load_dataset
     from training.inference.embedding import embed_image_files, fixed_batches
 

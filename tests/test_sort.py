@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
 from index.embed import embed_texts
-from index.gallery import Gallery, build
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build
 from index.order import SORTS, by_time
 from service.app import create_app
 from service.cli import main as cli_main
@@ -47,7 +48,8 @@ def gallery_dir(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("sort")
     (root / "photos").mkdir()
     paths = [_photo(root / "photos" / f"p{i:02d}.jpg", i, START + d * DAY) for i, d in enumerate(DAYS)]
-    build(root / "gallery", model, paths, progress=False, workers=0, image_root=root / "photos")
+    build(root / "gallery", model, paths, options=BuildOptions(image_root=root / "photos"),
+          embedding=EmbedOptions(progress=False, workers=0))
     return root / "gallery"
 
 

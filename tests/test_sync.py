@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from index.embed import embed_image_files
-from index.gallery import Gallery, sync
+from index.gallery import EmbedOptions, Gallery, sync
 from index.generations import current_generation
 from service.cli import main as cli_main
 from training.models.checkpoint import load_model
@@ -135,7 +135,7 @@ def test_links_leaving_the_folder_are_skipped_and_listed_and_sync_stays_idempote
         assert rc == 0 and counts == {"added": 0, "changed": 0, "removed": 0, "unchanged": 2, "skipped": 0,
                                       "links_outside": 3, "generation": gen}, counts
         assert f"skipped {photos / 'leak.jpg'}" in err
-    report = sync(out, model, photos, progress=False, workers=0)
+    report = sync(out, model, photos, embedding=EmbedOptions(progress=False, workers=0))
     assert sorted(Path(link).name for link, _ in report.outside) == ["holidays", "leak.jpg", "up.jpg"]
     assert report.generation == gen and current_generation(out) == gen
 
@@ -151,7 +151,7 @@ def test_sync_errors_exit_2_with_a_message(tiny_model_path, tmp_path, capsys):
 CRASH_SCRIPT = r"""
 import os, signal, sys
 import index.faiss_index as fi
-from index.gallery import sync
+from index.gallery import EmbedOptions, sync
 from training.models.checkpoint import load_model
 
 real_save = fi.VectorIndex.save
@@ -161,7 +161,7 @@ def save_then_die(self, path):
         fh.truncate(10)
     os.kill(os.getpid(), signal.SIGKILL)
 fi.VectorIndex.save = save_then_die
-sync(sys.argv[1], load_model(sys.argv[2]), sys.argv[3], progress=False, workers=0)
+sync(sys.argv[1], load_model(sys.argv[2]), sys.argv[3], embedding=EmbedOptions(progress=False, workers=0))
 """
 
 
@@ -180,7 +180,8 @@ def test_sync_killed_mid_write_leaves_the_previous_index(model, tiny_model_path,
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     assert current_generation(out) == gen and _paths(out, model) == before      # the previous state, loadable
-    report = sync(out, model, photos, progress=False, workers=0)                 # the next sync completes it
+    report = sync(out, model, photos,
+                  embedding=EmbedOptions(progress=False, workers=0))                 # the next sync completes it
     assert len(report.image_ids) == 1 and report.removed_images == 1
     assert sorted(_paths(out, model)) == ["p1.jpg", "p2.jpg", "p3.jpg"]
     assert not list(out.glob(".tmp-gen-*"))

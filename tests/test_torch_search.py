@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from index.faiss_index import VectorIndex
-from index.gallery import Gallery, add_vectors, build_from_vectors, remove
+from index.changes import BuildOptions, ChangeSet, ModelFacts
+from index.gallery import Gallery, build_from_vectors, remove, update
 from index.torch_search import TorchFlatSearch, float16_fits
 
 DIM = 24
@@ -97,9 +98,11 @@ def test_torch_backend_needs_a_flat_index():
 
 def test_segments_with_tombstones_search_alike_on_both_backends(tmp_path):
     root = tmp_path / "index"
-    build_from_vectors(root, FP, "cosine", _unit(400, 0), np.arange(400), [(f"/p/{i}.jpg", None) for i in range(400)],
-                       _unit(30, 99), [(f"caption {i}", None) for i in range(30)], factory="Flat")
-    add_vectors(root, FP, _unit(300, 5), [(f"/q/{i}.jpg", None) for i in range(300)])
+    build_from_vectors(root, ModelFacts(FP, "cosine"), ChangeSet(
+        image_vectors=_unit(400, 0), image_ids=np.arange(400), image_rows=[(f"/p/{i}.jpg", None) for i in range(400)],
+        caption_vectors=_unit(30, 99), captions=[(f"caption {i}", None) for i in range(30)]),
+        BuildOptions(factory="Flat"))
+    update(root, FP, ChangeSet(image_vectors=_unit(300, 5), image_rows=[(f"/q/{i}.jpg", None) for i in range(300)]))
     remove(root, image_ids=list(range(0, 700, 29)))          # a few tombstones: no compaction
     q = _unit(8, 21)
     faiss_side = Gallery.load(root, backend="faiss")

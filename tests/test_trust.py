@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
-from index.gallery import Gallery, add, build, sync
+from index.gallery import EmbedOptions, Gallery, add, build, sync
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
@@ -166,16 +166,18 @@ def test_with_an_api_key_images_are_not_stored_and_vary_on_the_key(tiny_model_pa
 def test_a_rebuilt_index_reusing_an_id_changes_its_etag(tiny_model_path, tmp_path):
     photos = [_photo(tmp_path / "photos" / f"p{i}.jpg", i) for i in range(3)]
     model = load_model(tiny_model_path)
-    build(tmp_path / "index", model, photos, progress=False, workers=0)
+    build(tmp_path / "index", model, photos, embedding=EmbedOptions(progress=False, workers=0))
     with _ready(_client(tiny_model_path, tmp_path / "index")) as c:
         first = c.get("/v1/images/0")
         assert first.content == photos[0].read_bytes()
-    build(tmp_path / "index", model, photos[::-1], progress=False, workers=0)      # id 0 is another photo now
+    build(tmp_path / "index", model, photos[::-1],
+          embedding=EmbedOptions(progress=False, workers=0))      # id 0 is another photo now
     with _ready(_client(tiny_model_path, tmp_path / "index")) as c:
         now = c.get("/v1/images/0", headers={"if-none-match": first.headers["etag"]})
         assert now.status_code == 200 and now.content == photos[2].read_bytes()
         assert now.headers["etag"] != first.headers["etag"]
-    add(tmp_path / "index", model, [_photo(tmp_path / "photos" / "p3.jpg", 3)], progress=False, workers=0)
+    add(tmp_path / "index", model, [_photo(tmp_path / "photos" / "p3.jpg", 3)],
+        embedding=EmbedOptions(progress=False, workers=0))
     with _ready(_client(tiny_model_path, tmp_path / "index")) as c:                 # a new generation
         assert c.get("/v1/images/0").headers["etag"] != now.headers["etag"]
 
@@ -183,7 +185,7 @@ def test_a_rebuilt_index_reusing_an_id_changes_its_etag(tiny_model_path, tmp_pat
 def test_a_gallery_file_replaced_by_a_link_is_not_served(tiny_model_path, tmp_path):
     photos = [_photo(tmp_path / "photos" / f"p{i}.jpg", i) for i in range(2)]
     secret = _photo(tmp_path / "elsewhere" / "secret.jpg", 7)
-    build(tmp_path / "index", load_model(tiny_model_path), photos, progress=False, workers=0)
+    build(tmp_path / "index", load_model(tiny_model_path), photos, embedding=EmbedOptions(progress=False, workers=0))
     photos[1].unlink()
     photos[1].symlink_to(secret)                                      # made after indexing
     with _ready(_client(tiny_model_path, tmp_path / "index")) as c:
@@ -208,7 +210,7 @@ def test_an_index_and_photos_under_uri_characters_build_load_sync_and_serve(tiny
     assert sorted(Path(r.path) for r in gallery.meta.all_images()) == sorted(p.resolve() for p in photos)
     gallery.close()
     _photo(odd / "ph#o?s" / "new.jpg", 9)
-    report = sync(index, model, odd / "ph#o?s", progress=False, workers=0)
+    report = sync(index, model, odd / "ph#o?s", embedding=EmbedOptions(progress=False, workers=0))
     assert len(report.image_ids) == 1 and report.unchanged == 3
     with _ready(_client(tiny_model_path, index)) as c:
         hits = c.post("/v1/search/images", json={"text": "a red circle", "k": 4}).json()["results"]

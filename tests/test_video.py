@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index import video as video_mod
-from index.gallery import Gallery, build, sync
+from index import video_decode
+from index.changes import BuildOptions
+from index.gallery import EmbedOptions, Gallery, build, sync
 from index.metadata import Metadata
 from index.query import ImageFilter
-from index.video import (Sampling, VideoError, embed_videos, find_videos, frame_at, probe,
-                         sample_frames, segment, write_video)
+from index.moments import Sampling, segment
+from index.scan import find_videos
+from index.video_decode import VideoError, frame_at, probe, sample_frames
+from index.video_embed import embed_videos
+from index.video_writer import write_video
 from service.cli import main as cli_main
 from training.models.checkpoint import load_model
 
@@ -123,7 +127,7 @@ def test_bad_files_are_skipped_with_a_reason(tmp_path, model, monkeypatch):
     assert "no video stream (only audio)" == reasons[str(bad["audio"])]
     assert str(bad["truncated"]) in reasons                      # the MP4 index is at the end: cut off
     with pytest.raises(VideoError, match="larger than 32 a side"):   # refused from the header: nothing decoded
-        monkeypatch.setattr(video_mod, "MAX_SIDE", 32)
+        monkeypatch.setattr(video_decode, "MAX_SIDE", 32)
         probe(good)
 
 
@@ -202,13 +206,15 @@ def test_sync_notices_changed_and_deleted_videos(tmp_path, tiny_model_path, synt
     out = tmp_path / "index"
     photos = sorted(p for p in folder.glob("*") if p.suffix == ".jpg")
     videos = find_videos(folder)
-    build(out, model, photos, video_paths=videos, progress=False, workers=0, image_root=folder)
-    report = sync(out, model, folder, progress=False, workers=0)          # nothing changed: no new generation
+    build(out, model, photos, video_paths=videos, options=BuildOptions(image_root=folder),
+          embedding=EmbedOptions(progress=False, workers=0))
+    report = sync(out, model, folder,
+                  embedding=EmbedOptions(progress=False, workers=0))          # nothing changed: no new generation
     assert report.unchanged == 5 and not report.image_ids and not report.video_ids
     write_video(folder / "red.mp4", _frames(20, colour=(0, 255, 0)), fps=4)           # changed: 5 s now
     (folder / "clips" / "blue.webm").unlink()                                       # deleted
     write_video(folder / "new.mov", _frames(4), fps=4)                              # new
-    report = sync(out, model, folder, progress=False, workers=0)
+    report = sync(out, model, folder, embedding=EmbedOptions(progress=False, workers=0))
     assert report.removed_videos == 1 and len(report.video_ids) == 2 and report.unchanged == 3
     gallery = Gallery.load(out)
     try:
@@ -220,7 +226,7 @@ def test_sync_notices_changed_and_deleted_videos(tmp_path, tiny_model_path, synt
         assert len(moments) == 2                                    # one 5 s window each (the default)
     finally:
         gallery.close()
-    assert sync(out, model, folder, progress=False, workers=0).unchanged == 5
+    assert sync(out, model, folder, embedding=EmbedOptions(progress=False, workers=0)).unchanged == 5
 
 
 def test_an_index_written_before_videos_still_loads_and_gains_the_columns(tmp_path):
@@ -254,8 +260,9 @@ def video_client(tiny_model_path, synth_small, tmp_path_factory):
     folder = _gallery_folder(tmp_path_factory.mktemp("served") / "media", synth_small)
     out = folder.parent / "index"
     photos = sorted(p for p in folder.glob("*") if p.suffix == ".jpg")
-    build(out, load_model(tiny_model_path), photos, video_paths=find_videos(folder), progress=False, workers=0,
-          image_root=folder, sampling=Sampling(window=2.0))
+    build(out, load_model(tiny_model_path), photos, video_paths=find_videos(folder),
+          options=BuildOptions(image_root=folder),
+          embedding=EmbedOptions(progress=False, workers=0, sampling=Sampling(window=2.0)))
     app = create_app(Settings(model=str(tiny_model_path), index=str(out), reload_interval_s=0))
     with TestClient(app) as client:
         for _ in range(1200):

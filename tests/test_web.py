@@ -437,7 +437,8 @@ TAKEN = "2021-05-{:02d} 10:00:00"
 def photo_server(tiny_model_path, synth_small, tmp_path_factory):
     """The synthetic test images as a photo folder: in trip/, trip/day2/ and home/, one taken (EXIF) a day from
     2021-05-01 — so the page's folder and date filters have something to filter."""
-    from index.gallery import build
+    from index.changes import BuildOptions
+    from index.gallery import EmbedOptions, build
     from training.models.checkpoint import load_model
 
     data = load_dataset(synth_small)
@@ -452,7 +453,8 @@ def photo_server(tiny_model_path, synth_small, tmp_path_factory):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.open(record.path).convert("RGB").save(path, "JPEG", quality=95, exif=exif)
         paths.append(path)
-    build(root / "gallery", load_model(tiny_model_path), paths, progress=False, workers=0, image_root=root / "photos")
+    build(root / "gallery", load_model(tiny_model_path), paths, options=BuildOptions(image_root=root / "photos"),
+          embedding=EmbedOptions(progress=False, workers=0))
     with LiveServer(create_app(_settings(tiny_model_path, root / "gallery"))) as live:
         live.photos = root / "photos"
         yield live
@@ -577,8 +579,10 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
 @pytest.fixture(scope="module")
 def video_server(tiny_model_path, synth_small, tmp_path_factory):
     """Photos and two WebM clips (VP9: Chromium plays it without proprietary codecs), moments of 2 s."""
-    from index.gallery import build
-    from index.video import Sampling, write_video
+    from index.changes import BuildOptions
+    from index.gallery import EmbedOptions, build
+    from index.moments import Sampling
+    from index.video_writer import write_video
     from training.models.checkpoint import load_model
 
     folder = tmp_path_factory.mktemp("video_gallery")
@@ -593,8 +597,9 @@ def video_server(tiny_model_path, synth_small, tmp_path_factory):
             frames.append(a)
         clips.append(write_video(folder / f"clip{n}.webm", frames, fps=4))
     index = folder.parent / "video_index"
-    build(index, load_model(tiny_model_path), sorted(folder.glob("*.jpg")), video_paths=clips, progress=False,
-          workers=0, image_root=folder, sampling=Sampling(window=2.0))
+    build(index, load_model(tiny_model_path), sorted(folder.glob("*.jpg")), video_paths=clips,
+          options=BuildOptions(image_root=folder),
+          embedding=EmbedOptions(progress=False, workers=0, sampling=Sampling(window=2.0)))
     with LiveServer(create_app(_settings(tiny_model_path, index))) as live:
         yield live
 

@@ -15,7 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from index.metadata import ImageRow
-from index.video import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
+from index.video_decode import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
 from ..images import ImageError, upload_to_pixels

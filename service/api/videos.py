@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from PIL import Image
 
 from index.metadata import VideoRow
-from index.video import MAX_SIDE, VideoError, frame_at, frame_cost
+from index.video_decode import MAX_SIDE, VideoError, frame_at, frame_cost
 from training.data.media import file_head, sniff_video
 
 from ..contract import Error, error_responses

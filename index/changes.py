@@ -9,7 +9,8 @@ Every writer of an index — ``build`` (and its parts ``build_from_embeddings``/
   moments image ids after the photos' (:func:`take_video_ids`);
 * new captions ``(text, image id or None)``, ids the index's next ones;
 * image ids (photos and moments), video ids and caption ids to remove; and how the segments merge afterwards
-  (``compact``: ``auto``, ``none`` or ``all``, ``index/segments.py``).
+  (``compact``: ``auto``, ``none`` or ``all``, ``index/segments.py``);
+* what OCR read in the new photos (index/ocr.py; an index built with it), stored with their rows.
 
 :func:`apply` gives the ids, folds the new vectors with the index's query bank (``[v, −o]``, index/querybank.py),
 adds and removes them on each side, copies the metadata with the rows removed and added, and writes it all as one

@@ -554,7 +554,7 @@ def cmd_search(args) -> int:
 
     from .gallery import Gallery
     from .hits import image_hits
-    from .hybrid import search_text
+    from .hybrid import Paging, search_text
     from .query import MAX_OFFSET, ImageFilter, check_min_score
     from .relevance import Ranking
 
@@ -575,8 +575,8 @@ def cmd_search(args) -> int:
             if not args.text.strip() or any(not w.strip() for w in args.subtract):
                 raise ValueError("the query text and the words to subtract must not be empty")
             query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
-            ranking = search_text(gallery, query, args.text, args.mode, args.k, args.offset, min_score,
-                                  gallery.allowed_ids(flt), sort=args.sort)
+            ranking = search_text(gallery, query, args.text, args.mode,
+                                  Paging(args.k, args.offset, min_score, args.sort), gallery.allowed_ids(flt))
         else:
             query = _example_query(model, args.image, args.subtract)
             ranking = gallery.ranked("images", query,

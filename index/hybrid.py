@@ -61,13 +61,26 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, k: int = 10, offset: int = 0,
-                min_score: float | None = None, allowed: np.ndarray | None = None,
-                sort: str = "relevance") -> TextRanking:
+@dataclass(frozen=True)
+class Paging:
+    """Which hits a text search returns: ``k`` from ``offset`` on, scoring at least ``min_score``; ``sort``
+    ``newest``/``oldest``: those passing ``min_score`` by capture time (index/order.py; the vector list then taken
+    ``SORT_DEPTH`` deep, whatever the page)."""
+    k: int = 10
+    offset: int = 0
+    min_score: float | None = None
+    sort: str = "relevance"
+
+
+DEFAULT_PAGING = Paging()
+
+
+def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, paging: Paging = DEFAULT_PAGING,
+                allowed: np.ndarray | None = None) -> TextRanking:
     """One text query (``query``: its embedding, shape ``(1, dim)``; ``text``: its words) on a loaded
-    :class:`~index.gallery.Gallery` in ``mode``; ``allowed``: the image ids a filter lets through (None: all).
-    ``sort`` ``newest``/``oldest``: the hits passing ``min_score`` by capture time (index/order.py; the vector
-    list then taken ``SORT_DEPTH`` deep, whatever the page)."""
+    :class:`~index.gallery.Gallery` in ``mode``, the hits ``paging`` says; ``allowed``: the image ids a filter lets
+    through (None: all)."""
+    k, offset, min_score, sort = paging.k, paging.offset, paging.min_score, paging.sort
     check_mode(mode)
     check_sort(sort)
     terms = query_words(text)

@@ -52,7 +52,8 @@ from .embed import PhotoInfo, embed_image_files
 SHARD_FORMAT = "jointspace-shard/1"
 DEFAULT_SHARD_SIZE = 256
 _SHARD = re.compile(r"^shard-(\d{5,})-([0-9a-f]{16})\.npz$")
-_INFO_FIELDS = ("taken", "width", "height", "folder", "sha256", "size", "mtime")
+_INFO_FIELDS = ("taken", "width", "height", "folder", "sha256", "size", "mtime", "phash")
+NO_HASH = -1                 # a shard's phash of a photo without one (hashes are non-negative, index/phash.py)
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,10 @@ def encode_shard(spec: ShardSpec, emb: FileEmbeddings, fingerprint: str) -> byte
     }
     for name in _INFO_FIELDS:
         values = [getattr(info, name) for info in emb.info]
+        if name == "phash":
+            values = [NO_HASH if v is None else v for v in values]
         arrays[f"info_{name}"] = np.array(values, dtype=str if name in ("folder", "sha256") else
-                                          np.int64 if name in ("width", "height", "size") else np.float64)
+                                          np.int64 if name in ("width", "height", "size", "phash") else np.float64)
     buf = io.BytesIO()
     np.savez(buf, **arrays)      # type: ignore[arg-type]  # numpy's stub reads the first keyword as allow_pickle
     return buf.getvalue()
@@ -151,6 +154,7 @@ def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> FileEmbeddings 
     if len(vectors) != len(kept) or any(not 0 <= i < len(spec.paths) for i in kept) \
             or any(len(c) != len(kept) for c in columns.values()):
         return None
+    columns["phash"] = [None if v == NO_HASH else v for v in columns["phash"]]
     info = [PhotoInfo(**{name: columns[name][j] for name in _INFO_FIELDS}) for j in range(len(kept))]
     return FileEmbeddings(vectors, kept, skipped, info)
 

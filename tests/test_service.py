@@ -71,7 +71,7 @@ def test_health_ready_docs(client, model):
     assert [b["$ref"].rsplit("/", 1)[1] for b in bodies["application/json"]["schema"]["oneOf"]] == ["TextSearch",
                                                                                                 "ImageIdCompose"]
     assert set(bodies["multipart/form-data"]["schema"]["properties"]) == {
-        "image", "add", "subtract", "k", "offset", "min_score", "folder", "taken_after", "taken_before", "media"}
+        "image", "add", "subtract", "k", "offset", "min_score", "folder", "taken_after", "taken_before", "media", "sort"}
 
 
 def test_text_search_returns_the_exact_ranking(client, model, tiny_index_dir):

@@ -553,10 +553,10 @@ def t_embed_throughput() -> str:
                     f"{f(data['ray_init_s'])} s; Ray {data['ray']}.")
 
 
-def t_backend_throughput() -> str:
+def t_backend_throughput(file: str = "backend_throughput.json") -> str:
     """benchmarks/backend_throughput.py: index build photos/s per inference backend and --tta mode (medians over
     the rounds) with peak memory; no rows until it has been run."""
-    path = RESULTS / "backend_throughput.json"
+    path = RESULTS / file
     data = json.loads(path.read_text()).get("throughput", {}) if path.exists() else {}
     rows = data.get("summary", [])
     baseline = data.get("baseline") or "baseline"
@@ -816,6 +816,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
     "embed_throughput": t_embed_throughput,
     "backend_throughput": t_backend_throughput,
+    "backend_throughput_12mp": lambda: t_backend_throughput("backend_throughput_12mp.json"),
     "backend_ranking": t_backend_ranking,
     "video_retrieval": t_video_retrieval,
     "video_speed": t_video_speed,

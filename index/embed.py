@@ -23,6 +23,7 @@ from training.inference.embedding import embed_image_files as files_to_embedding
 from training.inference.embedding import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
 
+from .ocr import grey_thumbnail, text_likelihood
 from .phash import perceptual_hash
 from .tta import TTA
 
@@ -38,6 +39,8 @@ class PhotoInfo:
     size: int               # bytes
     mtime: float
     phash: int | None = None    # perceptual hash of the decoded photo (index/phash.py), for index/duplicates.py
+    text_likelihood: float | None = None   # the OCR gate's score of the decoded photo (index/ocr.py): not stored; OCR
+                                           # reads it instead of decoding the photo again
 
 
 _EXIF_IFD, _DATETIME_ORIGINAL, _OFFSET_TIME_ORIGINAL = 0x8769, 0x9003, 0x9011
@@ -93,7 +96,8 @@ def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: st
     width, height = decoded.size
     info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
                      folder=str(path.resolve().parent), sha256=digest, size=len(data),
-                     mtime=stat.st_mtime, phash=perceptual_hash(decoded.image))
+                     mtime=stat.st_mtime, phash=perceptual_hash(decoded.image),
+                     text_likelihood=text_likelihood(grey_thumbnail(decoded.image)))
     return decoded.image, info
 
 

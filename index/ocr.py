@@ -156,11 +156,13 @@ def read_words(image: Image.Image, lang: str = DEFAULT_LANG) -> tuple[Word, ...]
     return tuple(words)
 
 
-def read_photo(path: str | Path, config: OcrConfig) -> PhotoText:
-    """The gate, then (when it passes) Tesseract, on one photo file. An unreadable file reads as no text (its
-    embedding, which runs first, reports it)."""
+def read_photo(path: str | Path, config: OcrConfig, likelihood: float | None = None) -> PhotoText:
+    """The gate, then (when it passes) Tesseract, on one photo file. ``likelihood``: the gate's score, when the
+    indexer already took it from the photo it decoded to embed (index/embed.py), so a photo the gate rejects is
+    not opened again. An unreadable file reads as no text (its embedding, which runs first, reports it)."""
     try:
-        likelihood = likelihood_of(path)
+        if likelihood is None:
+            likelihood = likelihood_of(path)
         if likelihood < config.gate:
             return PhotoText(likelihood, False)
         with Image.open(path) as image:
@@ -169,14 +171,18 @@ def read_photo(path: str | Path, config: OcrConfig) -> PhotoText:
         return PhotoText(0.0, False)
 
 
-def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None) -> list[PhotoText]:
+def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None,
+                likelihoods: Sequence[float | None] | None = None) -> list[PhotoText]:
     """:func:`read_photo` over files, in order, on ``workers`` threads (each Tesseract run is its own process;
-    default: the CPU count, at most 8)."""
+    default: the CPU count, at most 8). ``likelihoods``: the gate's score of each, where already known."""
+    known = list(likelihoods) if likelihoods is not None else [None] * len(paths)
+    if len(known) != len(paths):
+        raise ValueError(f"{len(paths)} photos but {len(known)} gate scores")
     workers = workers or min(8, os.cpu_count() or 1)
     if len(paths) <= 1 or workers <= 1:
-        return [read_photo(p, config) for p in paths]
+        return [read_photo(p, config, k) for p, k in zip(paths, known)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda p: read_photo(p, config), paths))
+        return list(pool.map(lambda pk: read_photo(pk[0], config, pk[1]), zip(paths, known)))
 
 
 def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | None = None) -> dict[str, PhotoText]:
@@ -186,15 +192,18 @@ def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | No
     by their names and folders only."""
     if config is None:
         return {}
-    paths = [str(row[0]) for row in rows if getattr(row[1] if len(row) > 1 else None, "video_id", None) is None]
-    if not paths:
+    photos = [(str(row[0]), row[1] if len(row) > 1 else None) for row in rows
+              if getattr(row[1] if len(row) > 1 else None, "video_id", None) is None]
+    if not photos:
         return {}
     try:
         check_engine(config.lang)
     except OcrUnavailableError as err:
         warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=2)
         return {}
-    return dict(zip(paths, read_photos(paths, config, workers)))
+    paths = [path for path, _ in photos]
+    known = [getattr(info, "text_likelihood", None) for _, info in photos]   # taken while embedding (index/embed.py)
+    return dict(zip(paths, read_photos(paths, config, workers, known)))
 
 
 def store(meta, rows: Iterable[tuple], texts: dict[str, PhotoText], config: OcrConfig | None) -> None:

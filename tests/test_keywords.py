@@ -126,6 +126,30 @@ def test_the_gate_passes_the_sign_and_tesseract_reads_it(photos):
     assert not read_photo(flat, OcrConfig()).read
 
 
+def test_a_build_takes_the_gate_from_the_photo_it_decoded(photos, model, tmp_path, monkeypatch):
+    """The indexer scores each photo for the gate while it decodes it to embed (index/embed.py): OCR opens again
+    only the photos the gate passes (here the sign), and reads the same words as from the file alone."""
+    import index.ocr as ocr
+    from index.embed import read_photo as decode_photo
+
+    _, info = decode_photo(photos / SIGN, min_side=model.preprocess.min_side)
+    assert info.text_likelihood >= GATE
+    opened = []
+    real = ocr.likelihood_of
+    monkeypatch.setattr(ocr, "likelihood_of", lambda path: opened.append(Path(path).name) or real(path))
+    read = []
+    real_words = ocr.read_words
+    monkeypatch.setattr(ocr, "read_words", lambda image, lang: read.append(1) or real_words(image, lang))
+    root = _build(photos, model, tmp_path / "index", OcrConfig())
+    assert opened == [] and len(read) == 1              # no photo scored twice; only the sign read by Tesseract
+    gallery = Gallery.load(root, model=model)
+    try:
+        hits, _ = _search(root, model, "sunset boulevard", "keyword")
+        assert hits[0][0] == SIGN
+    finally:
+        gallery.close()
+
+
 def test_a_missing_language_is_named_with_its_package(tesseract):
     with pytest.raises(OcrUnavailableError, match="tesseract-ocr-zzz"):
         check_engine("eng+zzz")

@@ -14,6 +14,7 @@ language's data) with the command that installs it, before any photo is embedded
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ MIN_EDGES = 0.001       # a thumbnail with fewer strong steps than this share of
 OCR_SIDE = 2000         # photos are read by Tesseract at most this many pixels on the long side
 MIN_CONFIDENCE = 50.0   # words Tesseract reads with a lower confidence (0-100) are stored but not indexed
 DEFAULT_LANG = "eng"
+TESSERACT = "tesseract"  # the program (pytesseract's default tesseract_cmd)
 _LANG = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")
 
 
@@ -85,17 +87,24 @@ def check_engine(lang: str = DEFAULT_LANG) -> None:
     the data of a language of ``lang``; ValueError for a malformed ``lang``."""
     if not _LANG.fullmatch(lang):
         raise ValueError(f"--ocr-lang must be Tesseract language codes joined by '+' (eng, eng+deu), not {lang!r}")
-    try:
-        import pytesseract
-    except ImportError:
-        raise OcrUnavailableError("OCR needs the pytesseract package: pip install pytesseract") from None
-    if shutil.which(pytesseract.pytesseract.tesseract_cmd) is None:
+    # the binding is looked for, not imported: importing it imports pandas (a third of a second on every index
+    # update), and it is needed only when a photo passes the gate (read_words)
+    if importlib.util.find_spec("pytesseract") is None:
+        raise OcrUnavailableError("OCR needs the pytesseract package: pip install pytesseract")
+    program = shutil.which(TESSERACT)
+    if program is None:
         raise OcrUnavailableError(f"OCR needs the tesseract program, which is not installed: {install_hint(lang)}; "
                                   f"or index without OCR (--no-ocr)")
     try:
-        have = set(pytesseract.get_languages(config=""))
-    except (pytesseract.TesseractError, OSError, subprocess.SubprocessError) as err:
+        listed = subprocess.run([program, "--list-langs"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
         raise OcrUnavailableError(f"tesseract does not run: {err}") from None
+    if listed.returncode not in (0, 1):
+        raise OcrUnavailableError(f"tesseract does not run: `tesseract --list-langs` exited {listed.returncode}")
+    # the lines after the heading ("List of available languages in ...: N"), as pytesseract.get_languages reads them
+    have = {line.strip() for line in listed.stdout.decode(errors="replace").splitlines()[1:]
+            if _LANG.fullmatch(line.strip())}
     missing = [code for code in lang.split("+") if code not in have]
     if missing:
         raise OcrUnavailableError(f"Tesseract has no data for the language(s) {', '.join(missing)} (installed: "

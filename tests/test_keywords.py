@@ -150,6 +150,19 @@ def test_a_build_takes_the_gate_from_the_photo_it_decoded(photos, model, tmp_pat
         gallery.close()
 
 
+def test_checking_the_engine_imports_no_binding(tesseract):
+    """Every index update checks the engine: it runs ``tesseract --list-langs`` and imports neither pytesseract nor
+    the pandas it pulls in (a third of a second); a photo that passes the gate imports them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from index.ocr import check_engine; check_engine('eng'); "
+            "print(sorted(m for m in ('pytesseract', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"
+
+
 def test_a_missing_language_is_named_with_its_package(tesseract):
     with pytest.raises(OcrUnavailableError, match="tesseract-ocr-zzz"):
         check_engine("eng+zzz")

@@ -52,7 +52,7 @@ from .embed import PhotoInfo, embed_image_files
 SHARD_FORMAT = "jointspace-shard/1"
 DEFAULT_SHARD_SIZE = 256
 _SHARD = re.compile(r"^shard-(\d{5,})-([0-9a-f]{16})\.npz$")
-_INFO_FIELDS = ("taken", "width", "height", "folder", "sha256", "size", "mtime", "phash")
+_INFO_FIELDS = ("taken", "width", "height", "folder", "sha256", "size", "mtime", "phash", "text_likelihood")
 NO_HASH = -1                 # a shard's phash of a photo without one (hashes are non-negative, index/phash.py)
 
 
@@ -117,6 +117,8 @@ def encode_shard(spec: ShardSpec, emb: FileEmbeddings, fingerprint: str) -> byte
         values = [getattr(info, name) for info in emb.info]
         if name == "phash":
             values = [NO_HASH if v is None else v for v in values]
+        elif name == "text_likelihood":          # the OCR gate's score (index/ocr.py): NaN for none
+            values = [np.nan if v is None else v for v in values]
         arrays[f"info_{name}"] = np.array(values, dtype=str if name in ("folder", "sha256") else
                                           np.int64 if name in ("width", "height", "size", "phash") else np.float64)
     buf = io.BytesIO()
@@ -155,6 +157,7 @@ def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> FileEmbeddings 
             or any(len(c) != len(kept) for c in columns.values()):
         return None
     columns["phash"] = [None if v == NO_HASH else v for v in columns["phash"]]
+    columns["text_likelihood"] = [None if v != v else v for v in columns["text_likelihood"]]    # NaN: none
     info = [PhotoInfo(**{name: columns[name][j] for name in _INFO_FIELDS}) for j in range(len(kept))]
     return FileEmbeddings(vectors, kept, skipped, info)
 

@@ -151,9 +151,10 @@ def test_a_stacked_preprocessing_decodes_once_and_every_member_resizes_the_shrun
     assert error is None and pixels.shape == (1, 9, 260, 260)
     assert len(opened) == 1
     assert [c for c in calls if c[0] == "draft"] == [("draft", (4000, 3000))]
-    # three resizes, one per member, and one to the perceptual hash's 32 × 32 grey picture (index/phash.py), each
-    # of the one image decoded at 1/4 (1000 × 750), never of the full one
-    assert [c for c in calls if c[0] == "resize"] == [("resize", (1000, 750))] * 4
+    # three resizes, one per member, one to the perceptual hash's 32 × 32 grey picture (index/phash.py) and one to
+    # the OCR gate's 256-pixel grey thumbnail (index/ocr.py), each of the one image decoded at 1/4 (1000 × 750),
+    # never of the full one
+    assert [c for c in calls if c[0] == "resize"] == [("resize", (1000, 750))] * 5
     assert not [c for c in calls if c[0] == "convert" and c[1] == (4000, 3000)]
     assert (info.width, info.height) == (4000, 3000)                   # the metadata keeps the file's size
 

@@ -156,7 +156,8 @@ def _decode(data: bytes, spec, fingerprint: str, tmp_path: Path):
 
 def _emb(n: int, dim: int = 4) -> FileEmbeddings:
     info = [PhotoInfo(taken=1.5e9 + i, width=64, height=48, folder="/photos", sha256=f"{i:064x}", size=100 + i,
-                      mtime=1.6e9 + i / 3) for i in range(n)]
+                      mtime=1.6e9 + i / 3, phash=None if i == 0 else 7 * i,
+                      text_likelihood=None if i == 1 else 0.1 * i) for i in range(n)]
     return FileEmbeddings(np.arange(n * dim, dtype=np.float32).reshape(n, dim), list(range(n)),
                           [("/photos/bad.png", "OSError: truncated")], info)
 

@@ -592,6 +592,18 @@ def t_backend_ranking() -> str:
                             "R-sum − eager"], cells, rows, data, right={2, 5, 6})
 
 
+def t_tower_throughput() -> str:
+    """benchmarks/tower_throughput.py: the image tower alone per way of running it (torch.compile the baseline)."""
+    data = load("tower_throughput.json")
+    rows = data["rows"]
+    cells = [[r["variant"], f(r["views_per_s"]), f"×{r['x_eager']:.2f}" if r.get("x_eager") else "—",
+              f(r["first_call_s"]), "—" if r.get("min_cosine_vs_eager") is None else f"{r['min_cosine_vs_eager']:.6f}"]
+             for r in rows]
+    table = with_provenance(["runs the tower", "views/s", "× eager", "first call (s)", "least cosine to eager"],
+                            cells, [{}] * len(cells), data, right={1, 2, 3, 4})
+    return table + f" {data['description']}; {data['threads']} threads, torch {data['torch']}."
+
+
 def t_video_retrieval() -> str:
     """benchmarks/video_retrieval.py: text → moment and text → video on generated clips, per moment setting."""
     data = load("video_cpu.json")
@@ -823,6 +835,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "pairing_leak_check_cpu": t_pairing_leak_check_cpu,
     "embed_throughput": t_embed_throughput,
     "backend_throughput": t_backend_throughput,
+    "tower_throughput": t_tower_throughput,
     "backend_throughput_12mp": lambda: t_backend_throughput("backend_throughput_12mp.json"),
     "backend_ranking": t_backend_ranking,
     "video_retrieval": t_video_retrieval,

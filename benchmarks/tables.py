@@ -601,7 +601,8 @@ def t_tower_throughput() -> str:
              for r in rows]
     table = with_provenance(["runs the tower", "views/s", "× eager", "first call (s)", "least cosine to eager"],
                             cells, [{}] * len(cells), data, right={1, 2, 3, 4})
-    return table + f" {data['description']}; {data['threads']} threads, torch {data['torch']}."
+    what = data["description"]
+    return table + f" {what[:1].upper()}{what[1:]}; {data['threads']} threads, torch {data['torch']}."
 
 
 def t_video_retrieval() -> str:

@@ -13,6 +13,16 @@ from typing import Sequence
 REPO = Path(__file__).resolve().parents[1]
 
 
+def wait_ready(client, timeout: float = 60.0, poll: float = 0.05):
+    """Polls ``/readyz`` through ``client`` (an in-process TestClient, or any client with ``get``) until it
+    answers 200 or ``timeout`` seconds have passed; returns the client (the caller's assertions then say what is
+    not ready)."""
+    deadline = time.monotonic() + timeout
+    while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(poll)
+    return client
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,6 @@ measured (benchmarks/duplicates.py); the tiny test model does not tell real phot
 import json
 import shutil
 import sqlite3
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from service.cli import main as cli_main
 from service.settings import Settings
 from training.inference import pretrained
 from training.models.checkpoint import load_model
+from server_process import wait_ready
 
 OTHERS = ("astronaut.jpg", "cameraman.jpg", "clock.jpg", "rocket.jpg", "temple.jpg", "flower.jpg")
 
@@ -164,10 +164,7 @@ def client(shipped, gallery):
     app = create_app(Settings(index=str(index), reload_interval_s=0, warmup="off"), model=shipped,
                      gallery=Gallery.load(index, model=shipped))
     with TestClient(app) as c:
-        deadline = time.time() + 120
-        while c.get("/readyz").status_code != 200 and time.time() < deadline:
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c, timeout=120)
 
 
 def test_get_duplicates_returns_the_same_groups_paged(gallery, client, capsys):
@@ -214,9 +211,7 @@ def test_duplicates_need_the_api_key_when_one_is_set(tiny_model_path, tiny_index
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
                               api_key="s3cret-key"))
     with TestClient(app) as c:
-        deadline = time.time() + 60
-        while c.get("/readyz").status_code != 200 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_ready(c)
         assert c.get("/v1/duplicates").status_code == 401
         r = c.get("/v1/duplicates", headers={"X-API-Key": "s3cret-key"})
         assert r.status_code == 200 and r.json()["photos"] > 0

@@ -6,7 +6,6 @@ or CLI exit 2, never a 500, the index untouched."""
 import datetime as dt
 import io
 import json
-import time
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
 from training.models.checkpoint import load_model
+from server_process import wait_ready
 
 DAY = 86400.0
 START = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc).timestamp()
@@ -157,10 +157,7 @@ def test_text_subtract_and_time_parsing(model):
 def client(tiny_model_path, gallery_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(gallery_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        deadline = time.time() + 60
-        while c.get("/readyz").status_code != 200 and time.time() < deadline:
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c)
 
 
 def _day(i):

@@ -19,6 +19,7 @@ from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
 from training.models.checkpoint import load_model
+from server_process import wait_ready
 
 DAY = 86400.0
 START = dt.datetime(2021, 3, 1, tzinfo=dt.timezone.utc).timestamp()
@@ -115,10 +116,7 @@ def test_the_cli_sorts_as_the_library(tiny_model_path, gallery_dir, expected, ca
 def client(tiny_model_path, gallery_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(gallery_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        deadline = time.time() + 60
-        while c.get("/readyz").status_code != 200 and time.time() < deadline:
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c)
 
 
 def test_the_api_sorts_after_the_relevance_cut_and_pages_stably(client, expected):

@@ -31,37 +31,29 @@ lint: $(BIN)/jointspace  ## ruff check, and mypy on training/ index/ service/
 	$(BIN)/ruff check training index service tests benchmarks
 	$(BIN)/mypy training index service
 
-chromium:  ## Chromium for the browser tests: installed with apt-get when missing (root), else a loud warning
-	@if [ -n "$$JOINTSPACE_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
+# $(call apt_or_warn,PRESENT,NAME,PACKAGES,WHAT NEEDS IT): nothing when the shell test PRESENT succeeds; else the
+# Debian PACKAGES installed with apt-get where it runs as root; else a loud warning that WHAT NEEDS IT is skipped
+define apt_or_warn
+	@if $(1); then \
 		exit 0; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "Chromium is missing: apt-get install $(CHROMIUM_PACKAGES) (for tests/test_web.py)"; \
+		echo "$(2) is missing: apt-get install $(3) (for $(4))"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq -o DPkg::Lock::Timeout=300 \
-		&& apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $(CHROMIUM_PACKAGES) \
-		|| echo "!!!!! Chromium could not be installed: the browser tests (tests/test_web.py) will not run !!!!!"; \
+		&& apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $(3) \
+		|| echo "!!!!! $(2) could not be installed: $(4) will not run !!!!!"; \
 	else \
-		echo "!!!!! Chromium is not installed and cannot be installed here (needs root and apt-get):"; \
-		echo "!!!!! the browser tests (tests/test_web.py) will be SKIPPED. Install it with:"; \
-		echo "!!!!!     sudo apt-get install $(CHROMIUM_PACKAGES)"; \
-		echo "!!!!! or set JOINTSPACE_CHROMIUM to a Chromium binary."; \
+		echo "!!!!! $(2) is not installed and cannot be installed here (needs root and apt-get):"; \
+		echo "!!!!! $(4) will be SKIPPED. Install it with:"; \
+		echo "!!!!!     sudo apt-get install $(3)"; \
 	fi
+endef
+
+chromium:  ## Chromium for the browser tests: installed with apt-get when missing (root), else a loud warning
+	$(call apt_or_warn,[ -n "$$JOINTSPACE_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1,Chromium,$(CHROMIUM_PACKAGES),the browser tests (tests/test_web.py; or set JOINTSPACE_CHROMIUM to a Chromium binary))
 
 ocr:  ## Tesseract (OCR at index time; tests/test_keywords.py): installed with apt-get when missing (root), else a loud warning
-	@if command -v tesseract >/dev/null 2>&1 && tesseract --list-langs 2>/dev/null | grep -qx eng; then \
-		exit 0; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "Tesseract is missing: apt-get install $(TESSERACT_PACKAGES) (OCR at index time, tests/test_keywords.py)"; \
-		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq -o DPkg::Lock::Timeout=300 \
-		&& apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $(TESSERACT_PACKAGES) \
-		|| echo "!!!!! Tesseract could not be installed: the OCR tests (tests/test_keywords.py) will not run !!!!!"; \
-	else \
-		echo "!!!!! Tesseract (with its English data) is not installed and cannot be installed here (needs root and"; \
-		echo "!!!!! apt-get): the OCR tests (tests/test_keywords.py) will be SKIPPED, and \`index build\` will not"; \
-		echo "!!!!! read text in photos. Install it with:"; \
-		echo "!!!!!     sudo apt-get install $(TESSERACT_PACKAGES)"; \
-	fi
+	$(call apt_or_warn,command -v tesseract >/dev/null 2>&1 && tesseract --list-langs 2>/dev/null | grep -qx eng,Tesseract,$(TESSERACT_PACKAGES),the OCR tests (tests/test_keywords.py) and reading text in photos at index time)
 
 # `make demo PORT=8001` serves on another port, `HOST=0.0.0.0` on every interface; a port in use is refused at
 # once (jointspace serve binds it before loading the model)

@@ -201,8 +201,8 @@ def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | No
     by their names and folders only."""
     if config is None:
         return {}
-    photos = [(str(row[0]), row[1] if len(row) > 1 else None) for row in rows
-              if getattr(row[1] if len(row) > 1 else None, "video_id", None) is None]
+    rows_info = [(str(row[0]), row[1] if len(row) > 1 else None) for row in rows]
+    photos = [(path, info) for path, info in rows_info if getattr(info, "video_id", None) is None]
     if not photos:
         return {}
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from index.gallery import Gallery
 from index.generations import current_generation, read_manifest
 from index.video_decode import VideoError, decoder
 from training.data.preprocess import register_heif
+from training.data.features import usable_cores
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
@@ -43,18 +43,11 @@ log = logging.getLogger("jointspace.service")
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 2
-
-
 def cpu_threads(setting: int) -> int:
     """torch intra-op threads for CPU inference: the setting, or by default every core but one — the event
     loop, HTTP parsing and image decoding need a core too, and an oversubscribed CPU makes torch's spinning
     worker threads many times slower."""
-    return setting or max(1, _cores() - 1)
+    return setting or max(1, usable_cores() - 1)
 
 
 def decode_threads(setting: int, device: torch.device) -> int:
@@ -64,7 +57,7 @@ def decode_threads(setting: int, device: torch.device) -> int:
     the GPU host's rows)."""
     if setting:
         return setting
-    return 2 if device.type == "cpu" else min(32, max(2, _cores()))
+    return 2 if device.type == "cpu" else min(32, max(2, usable_cores()))
 
 
 def _import_decoders() -> None:

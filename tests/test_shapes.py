@@ -210,13 +210,14 @@ def test_warm_up_sizes_by_device(tiny_model_path, tiny_index_dir):
 
 def test_decode_threads_by_device(tiny_model_path, tiny_index_dir, monkeypatch):
     """Upload decoding: 2 threads beside a CPU model, every core (2 to 32) beside a GPU one, or the setting."""
-    import service.state as state_module
+    import os
+
     from service.metrics import Metrics
     from service.state import ServiceState, decode_threads
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     for cores, on_gpu in ((1, 2), (2, 2), (16, 16), (96, 32)):
-        monkeypatch.setattr(state_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert decode_threads(0, cpu) == 2
         assert decode_threads(0, gpu) == on_gpu
         assert decode_threads(5, gpu) == decode_threads(5, cpu) == 5

@@ -313,8 +313,9 @@ def read_index(root: str | Path) -> dict:
 
 
 def _load(args):
-    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py);
-    an unset ``--batch-size`` sized for the device (``embed.default_batch_size``)."""
+    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py),
+    prepared for bulk embedding in the commands that embed a gallery (those with ``--batch-size``) and for one
+    query at a time in the others; an unset ``--batch-size`` sized for the device (``embed.default_batch_size``)."""
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
@@ -324,8 +325,9 @@ def _load(args):
     device = resolve_device(args.device)
     backend = backend_choice(getattr(args, "backend", None))      # an unknown JOINTSPACE_BACKEND: before the load
     model = load_model(path, device)
-    use_backend(model, backend)
-    if getattr(args, "batch_size", 0) is None:                      # the commands that embed: sized for the device
+    bulk = hasattr(args, "batch_size")
+    use_backend(model, backend, prepare="throughput" if bulk else "latency")
+    if bulk and args.batch_size is None:                      # the commands that embed: sized for the device
         args.batch_size = default_batch_size(device)
     return model, device
 

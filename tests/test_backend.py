@@ -108,17 +108,83 @@ def test_everything_above_the_backbones_reads_exactly_the_backends_features(mode
     try:
         backend = backend_of(model)
         assert backend is not None
-        features = backend.features(model.preprocess.normalize(pixels))
+        features = backend.features(pixels)
         assert torch.equal(pixel_features(model, pixels), features)
         assert torch.equal(embed_pixels(model, pixels), model.embed_features(features).float())
         views = torch.stack([MirroredViews(model.preprocess, zoom=ZOOM).pixels(Image.fromarray(
             np.random.default_rng(i).integers(0, 256, (90, 120, 3), dtype=np.uint8))) for i in range(3)])
         assert views.shape[1] == 4
-        per_view = backend.features(model.preprocess.normalize(views.flatten(0, 1)))
+        per_view = backend.features(views.flatten(0, 1))
         assert torch.allclose(pixel_features(model, views), per_view.view(3, 4, -1).mean(1))
         use_backend(model, "eager")
         torch.testing.assert_close(pixel_features(model, views), per_view.view(3, 4, -1).mean(1), atol=1e-3,
                                    rtol=1e-3)
+    finally:
+        use_backend(model, "eager")
+
+
+def test_the_graph_normalises_the_pixels_as_the_preprocessing_does():
+    """The tower takes uint8 pixels and normalises them in the graph (pixel_affine): for one backbone per channel;
+    for stacked backbones of other sizes per pixel too, each member's padding left at 0 as StackedPreprocess
+    leaves it."""
+    from training.data.preprocess import Preprocess, StackedPreprocess
+
+    g = torch.Generator().manual_seed(3)
+    for pre in (Preprocess(image_size=24, resize=24),
+                StackedPreprocess((Preprocess(image_size=20, resize=20, mean=(0.5,) * 3, std=(0.5,) * 3),
+                                   Preprocess(image_size=16, resize=16)))):
+        scale, shift = backend_mod.pixel_affine(pre)
+        assert scale.shape[1:] == ((1, 1) if isinstance(pre, Preprocess) else (pre.image_size,) * 2)
+        x = torch.randint(0, 256, (3, pre.channels, pre.image_size, pre.image_size), dtype=torch.uint8, generator=g)
+        torch.testing.assert_close(x.float() * scale + shift, pre.normalize(x), atol=1e-6, rtol=0)
+    if isinstance(pre, StackedPreprocess):
+        assert bool((scale[3:, 16:, :] == 0).all() and (shift[3:, 16:, :] == 0).all())
+
+    class Squared(Preprocess):
+        def normalize(self, pixels):
+            return pixels.float() ** 2
+    with pytest.raises(ValueError, match="not elementwise affine"):
+        backend_mod.pixel_affine(Squared(image_size=8, resize=8))
+
+
+def test_a_backend_takes_pixels_not_normalised_images(model, pixels, cache):
+    assert use_backend(model, "openvino", cache) == "openvino"
+    try:
+        with pytest.raises(TypeError, match="uint8 pixels"):
+            backend_of(model).features(model.preprocess.normalize(pixels))
+    finally:
+        use_backend(model, "eager")
+
+
+@pytest.mark.parametrize("prepare", ["latency", "throughput"])
+def test_one_row_and_a_batch_give_the_same_features_either_way_prepared(model, pixels, cache, prepare):
+    """OpenVINO runs one row on all its threads and a batch one row per CPU stream; whichever is compiled at load,
+    the other compiles on its first use, and a row's features do not depend on the batch it came in."""
+    assert use_backend(model, "openvino", cache, prepare=prepare) == "openvino"
+    try:
+        backend = backend_of(model)
+        batch = backend.features(pixels)
+        alone = torch.cat([backend.features(pixels[i:i + 1]) for i in range(len(pixels))])
+        torch.testing.assert_close(alone, batch, atol=1e-5, rtol=1e-5)
+        assert batch.shape == (len(pixels), model.feature_dim)
+    finally:
+        use_backend(model, "eager")
+    with pytest.raises(ValueError, match="prepare must be one of latency, throughput"):
+        use_backend(model, "openvino", cache, prepare="fast")
+
+
+def test_compiled_graphs_are_kept_and_a_damaged_one_is_compiled_again(model, pixels, tmp_path):
+    expected = pixel_features(model, pixels)
+    assert use_backend(model, "openvino", tmp_path) == "openvino"
+    try:
+        pixel_features(model, pixels)                                # the batch way compiled too
+        compiled = sorted((backend_of(model).path / "compiled").iterdir())
+        assert compiled                                              # OpenVINO's cache beside the graph
+        for blob in compiled:                                        # a process died while writing them
+            blob.write_bytes(blob.read_bytes()[:100])
+        assert use_backend(model, "openvino", tmp_path) == "openvino"
+        torch.testing.assert_close(pixel_features(model, pixels), expected, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(pixel_features(model, pixels[:1]), expected[:1], atol=1e-3, rtol=1e-3)
     finally:
         use_backend(model, "eager")
 

@@ -122,8 +122,7 @@ def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | N
 
     def run(batch: torch.Tensor) -> torch.Tensor:
         with inference_autocast(model, device):
-            images = model.preprocess.normalize(batch.to(device, non_blocking=True))
-            return model.embed_features(tower_features(model, images)).float()
+            return model.embed_features(tower_features(model, batch, device)).float()
     return _bucketed(run, pixels, shapes)
 
 
@@ -257,7 +256,7 @@ def pixel_features(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes |
 
     def run(batch: torch.Tensor) -> torch.Tensor:
         with inference_autocast(model, device):
-            return tower_features(model, model.preprocess.normalize(batch.to(device, non_blocking=True))).float()
+            return tower_features(model, batch, device).float()
     return _bucketed(run, pixels, shapes)
 
 

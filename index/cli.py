@@ -312,28 +312,57 @@ def read_index(root: str | Path) -> dict:
     return read_manifest(root)
 
 
-def _load(args):
+def _load(args, payload: dict | None = None):
     """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py),
     prepared for bulk embedding in the commands that embed a gallery (those with ``--batch-size``) and for one
-    query at a time in the others; an unset ``--batch-size`` sized for the device (``embed.default_batch_size``)."""
+    query at a time in the others; an unset ``--batch-size`` sized for the device (``embed.default_batch_size``).
+    ``payload``: the model file, when already read (:func:`_decode_early`)."""
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
-    from training.inference.embedding import default_batch_size
 
     path = model_file(args.model)
     device = resolve_device(args.device)
     backend = backend_choice(getattr(args, "backend", None))      # an unknown JOINTSPACE_BACKEND: before the load
-    model = load_model(path, device)
+    model = load_model(path, device, payload)
     bulk = hasattr(args, "batch_size")
     use_backend(model, backend, prepare="throughput" if bulk else "latency")
-    if bulk and args.batch_size is None:                      # the commands that embed: sized for the device
-        args.batch_size = default_batch_size(device)
+    _batch_size(args, device)
     return model, device
+
+
+def _batch_size(args, device) -> None:
+    """An unset ``--batch-size`` of the commands that embed, sized for the device."""
+    from training.inference.embedding import default_batch_size
+
+    if getattr(args, "batch_size", 0) is None:
+        args.batch_size = default_batch_size(device)
+
+
+def _decode_early(args, paths: list):
+    """``index build``'s photos, decoding from before the model loads (``embed.decode_photos``, well ahead): the
+    workers decode on the cores that reading the model and loading its backend leave idle. Returns the decoding
+    (None: in-process decoding as usual — no photos, the Ray engine, or an ensemble, whose preprocessing is known
+    once it is built) and the model file's payload, read once for both."""
+    from training.inference.device import resolve_device
+    from training.models.checkpoint import load_checkpoint, stored_preprocess
+
+    from .embed import decode_photos
+
+    if args.engine == "ray" or not paths:
+        return None, None
+    payload = load_checkpoint(model_file(args.model))
+    preprocess = stored_preprocess(payload)
+    if preprocess is None:
+        return None, payload
+    device = resolve_device(args.device)
+    _batch_size(args, device)
+    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta, ahead=True), payload
 
 
 def cmd_build(args) -> int:
     from training.data.datasets import load_dataset
+    from training.inference.backend import backend_choice
 
     from .changes import BuildOptions
     from .gallery import EmbedOptions, build
@@ -356,11 +385,11 @@ def cmd_build(args) -> int:
 
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     ocr = _ocr_config(args)                  # before the model loads: a missing engine or language fails at once
+    backend_choice(getattr(args, "backend", None))         # an unknown JOINTSPACE_BACKEND, too
     image_root = args.images
     outside: list[tuple[str, str]] = []
     sampling = _sampling(args)
     video_paths: list = []
-    model, _ = _load(args)
     if args.data:
         if not args.split:
             raise ValueError("--data needs --split (the split whose images are indexed)")
@@ -393,15 +422,21 @@ def cmd_build(args) -> int:
         raise ValueError("no images or videos to index")
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
-    bank = _querybank(args, model)
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
-    options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory, image_root=image_root,
-                           max_memory=max_memory, querybank=bank, tta=args.tta, ocr=ocr)
-    if args.engine == "ray":
-        report = _build_on_ray(args, model, paths, captions, options)
-    else:
-        report = build(args.out, model, paths, captions, video_paths, options,
-                       EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
+    decoding, payload = _decode_early(args, paths)
+    try:
+        model, _ = _load(args, payload)
+        bank = _querybank(args, model)
+        options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory, image_root=image_root,
+                               max_memory=max_memory, querybank=bank, tta=args.tta, ocr=ocr)
+        if args.engine == "ray":
+            report = _build_on_ray(args, model, paths, captions, options)
+        else:
+            report = build(args.out, model, paths, captions, video_paths, options,
+                           EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling), decoding)
+    finally:
+        if decoding is not None:
+            decoding.close()
     _report_skipped(report.skipped)
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "

@@ -13,12 +13,14 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
-from training.data.preprocess import ZOOM, MirroredViews, decode_image
-from training.inference.embedding import FileEmbeddings
+import torch
+
+from training.data.preprocess import ZOOM, ImagePreprocess, MirroredViews, decode_image
+from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
@@ -111,20 +113,35 @@ class _Indexed:
         return read_photo(path, min_side, self.sha256.get(str(path)))
 
 
-def view_preprocess(model: EmbeddingModel, tta: str = "none"):
-    """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`): ``none`` the
-    model's own, ``flip`` each view and its mirror image, ``flip-crop`` also the image enlarged 8/7 and cut to
-    the centre, and its mirror image; features averaged (``MirroredViews``)."""
+def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
+    """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`) for a model (or its
+    ``preprocess``): ``none`` the model's own, ``flip`` each view and its mirror image, ``flip-crop`` also the
+    image enlarged 8/7 and cut to the centre, and its mirror image; features averaged (``MirroredViews``)."""
     if tta not in TTA:
         raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
+    base = cast(ImagePreprocess, getattr(model, "preprocess", model))
     if tta == "none":
-        return model.preprocess
-    return MirroredViews(model.preprocess, zoom=ZOOM if tta == "flip-crop" else None)
+        return base
+    return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)
+
+
+def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batch_size: int = 64,
+                  workers: int | None = None, device: str | torch.device = "cpu",
+                  indexed: dict[str, str] | None = None, tta: str = "none", ahead: bool = False) -> ImageDecoding:
+    """Starts decoding the photos of ``paths`` as :func:`embed_image_files` embeds them with a model whose
+    preprocessing is ``preprocess`` (e.g. read from its file before the model is loaded,
+    ``checkpoint.stored_preprocess``), to be passed to it as ``decoding``; ``ahead``: decode well ahead of the
+    model (:class:`~training.inference.embedding.ImageDecoding`). The other arguments are
+    :func:`embed_image_files`'s."""
+    views = view_preprocess(preprocess, tta)
+    per_image = max(1, views.crops // preprocess.crops)
+    return ImageDecoding(paths, views, _Indexed(indexed) if indexed else read_photo,
+                         batch_size=max(1, batch_size // per_image), workers=workers, device=device, ahead=ahead)
 
 
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
-                      progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none"
-                      ) -> FileEmbeddings:
+                      progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none",
+                      decoding: ImageDecoding | None = None) -> FileEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.inference.embedding.embed_image_files``,
     on the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
     each (:func:`read_photo`, in ``info``). ``indexed``: path (as given) → the sha256 the index holds for it; a file
@@ -132,12 +149,11 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
     once.
     ``tta``: gallery-side test-time augmentation (:func:`view_preprocess`); a query is always embedded from the
     model's one view. ``batch_size`` counts views: a forward pass takes ``batch_size`` of them whatever ``tta``
-    (16 images of 4 views under ``flip-crop`` at 64), so augmentation costs time, not memory."""
-    views = view_preprocess(model, tta)
-    per_image = max(1, views.crops // model.preprocess.crops)
-    return files_to_embeddings(model, paths, batch_size=max(1, batch_size // per_image), workers=workers,
-                               progress=progress, read=_Indexed(indexed) if indexed else read_photo,
-                               preprocess=views)
+    (16 images of 4 views under ``flip-crop`` at 64), so augmentation costs time, not memory. ``decoding``: these
+    photos' decoding, already started (:func:`decode_photos` with the same arguments)."""
+    if decoding is None:
+        decoding = decode_photos(model.preprocess, paths, batch_size, workers, device_of(model), indexed, tta)
+    return files_to_embeddings(model, paths, progress=progress, decoding=decoding)
 
 
 def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from training.inference.embedding import FileEmbeddings
+from training.inference.embedding import FileEmbeddings, ImageDecoding
 from training.models.protocol import EmbeddingModel
 
 from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target, UpdateReport, apply, live_target,
@@ -173,9 +173,9 @@ DEFAULT_EMBEDDING = EmbedOptions()
 
 
 def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions, tta: str,
-                  indexed: dict[str, str] | None = None) -> FileEmbeddings:
+                  indexed: dict[str, str] | None = None, decoding: ImageDecoding | None = None) -> FileEmbeddings:
     return embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
-                             progress=embedding.progress, indexed=indexed, tta=tta)
+                             progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding)
 
 
 def _embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions
@@ -191,13 +191,16 @@ def _photo_rows(paths: Sequence[str | Path], emb: FileEmbeddings) -> list[tuple]
 
 def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path],
           captions: Sequence[tuple[str, int | None]] = (), video_paths: Sequence[str | Path] = (),
-          options: BuildOptions = DEFAULT_BUILD, embedding: EmbedOptions = DEFAULT_EMBEDDING) -> UpdateReport:
+          options: BuildOptions = DEFAULT_BUILD, embedding: EmbedOptions = DEFAULT_EMBEDDING,
+          decoding: ImageDecoding | None = None) -> UpdateReport:
     """Embeds ``image_paths`` (image id = position in the list) and ``captions`` (text, position of the image
     it describes or None) and writes a new index generation at ``root`` (replacing any previous one
     atomically), as ``options`` say (:class:`~index.changes.BuildOptions`: index type, image root, query bank,
     test-time augmentation and text reading of the photos). ``video_paths``: videos, read as ``embedding.sampling``
-    says and stored as moments (index/moments.py) after the images."""
-    emb = _embed_photos(model, image_paths, embedding, options.tta)
+    says and stored as moments (index/moments.py) after the images. ``decoding``: the photos' decoding, started
+    before the model was loaded (``embed.decode_photos`` with ``embedding``'s batch size and workers and
+    ``options.tta``)."""
+    emb = _embed_photos(model, image_paths, embedding, options.tta, decoding=decoding)
     videos = _embed_videos(model, video_paths, embedding)
     return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress)
 

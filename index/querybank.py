@@ -8,9 +8,11 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
 
 - The image index is normalised with a bank of *captions* (typical text queries), the caption index with a bank
   of *images*; either bank may be absent (that side is searched as usual).
-- The bank is stored once beside the generations (``INDEX_DIR/querybank-<hash>.npz``, float16, written
-  atomically and never changed) and named in the manifest, so ``add`` and ``sync`` give new items their offsets
-  from the same bank. Generations share it; it is removed with the index directory.
+- The bank is stored once beside the generations (``INDEX_DIR/querybank-<key>.npz``, float16, written
+  atomically and never changed; the key a digest of its vectors and beta) and named in the manifest, so ``add``
+  and ``sync`` give new items their offsets from the same bank. Generations share it; it is removed with the index
+  directory. A bank file once made is also kept in ``$JOINTSPACE_CACHE/querybank``, and a later index of the same
+  bank copies it from there (checked against its name) instead of computing its reference sets again.
 - Cosine-similarity models only (the offset of an ``order`` model's score is no inner product).
 - A model may carry its own bank (training/inference/querybank.py: captions as text, images as vectors):
   ``index build`` uses it unless told otherwise (:func:`model_bank`). Its captions' vectors come with it when the
@@ -28,6 +30,7 @@ import hashlib
 import io
 import os
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,7 @@ from training.models.protocol import EmbeddingModel
 from .relevance import Reference, reference_rows
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
+FILE_FORMAT = "jointspace-querybank/2"                      # of the bank files: part of their names (QueryBank.key)
 
 
 @dataclass
@@ -95,29 +99,72 @@ class QueryBank:
         return rows, offsets
 
     # --- storage ------------------------------------------------------------------------------------------
-    def save(self, root: Path) -> dict:
-        """Writes the bank beside the generations (once per content) and returns its manifest entry."""
+    def key(self) -> str:
+        """What the bank file is named by: a digest of the bank's vectors and beta (not of the file's bytes, so it
+        is known before the file is made)."""
+        h = hashlib.blake2b(f"{FILE_FORMAT} beta={self.beta!r}".encode(), digest_size=10)
+        for name, bank in (("captions", self.captions), ("images", self.images)):
+            if bank is not None:
+                h.update(f" {name} {bank.shape} {bank.dtype}".encode())
+                h.update(np.ascontiguousarray(bank).data)
+        return h.hexdigest()
+
+    def save(self, root: Path, cache: Path | None = None) -> dict:
+        """Writes the bank beside the generations (once per content: ``querybank-<key>.npz``) and returns its
+        manifest entry. The file of a bank met before is copied from ``cache`` (default :func:`cache_root`) once
+        its vectors are read back and match its name, instead of computing the reference sets again; a new one is
+        made and kept there too (where the cache can be written)."""
+        name = f"querybank-{self.key()}.npz"
+        path = Path(root) / name
+        if not path.exists():
+            data = self._cached(name, cache) or self._file_bytes()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(data)
+            self._keep(name, data, cache)
+        references = {role: len(reference_rows(len(own))) for role in ("images", "captions")
+                      if (own := getattr(self, role)) is not None}
+        return {"file": name, "beta": self.beta,
+                "captions": 0 if self.captions is None else len(self.captions),
+                "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given",
+                "references": references}
+
+    def _file_bytes(self) -> bytes:
+        """The bank file: the vectors of each side and its reference set (with their offsets where folded)."""
         buf = io.BytesIO()
         arrays = {k: v for k, v in (("captions", self.captions), ("images", self.images)) if v is not None}
-        references = {}
         for role in ("images", "captions"):
             if (ref := self.reference(role)) is not None:
                 arrays[f"reference_{role}"], offsets = ref
                 if offsets is not None:
                     arrays[f"reference_{role}_offsets"] = offsets
-                references[role] = len(ref[0])
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
-        data = buf.getvalue()
-        name = f"querybank-{hashlib.blake2b(data, digest_size=10).hexdigest()}.npz"
-        path = Path(root) / name
-        if not path.exists():
+        return buf.getvalue()
+
+    def _cached(self, name: str, cache: Path | None) -> bytes | None:
+        """The cached file ``name`` when it holds this bank (its vectors read back and keyed alike), else None."""
+        path = (cache_root() if cache is None else Path(cache)) / name
+        try:
+            data = path.read_bytes()
+            with np.load(io.BytesIO(data)) as z:
+                stored = QueryBank(captions=z["captions"] if "captions" in z else None,
+                                   images=z["images"] if "images" in z else None, beta=self.beta)
+                complete = all(f"reference_{role}" in z for role in ("images", "captions")
+                               if getattr(self, role) is not None)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            return None                                   # absent or damaged: made again
+        return data if complete and stored.key() == name[len("querybank-"):-len(".npz")] else None
+
+    def _keep(self, name: str, data: bytes, cache: Path | None) -> None:
+        path = (cache_root() if cache is None else Path(cache)) / name
+        if path.exists():
+            return
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp:
                 tmp.write_bytes(data)
-        return {"file": name, "beta": self.beta,
-                "captions": 0 if self.captions is None else len(self.captions),
-                "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given",
-                "references": references}
+        except OSError as err:                            # a read-only cache: the index has its copy
+            print(f"querybank: bank file not cached ({err})", file=sys.stderr)
 
     @classmethod
     def load(cls, root: Path, entry: dict) -> "QueryBank":

@@ -280,3 +280,109 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     assert out.passed == [0] and out.kept == [1] and not out.skipped
     assert sorted(reads) == ["edited.jpg", "same.jpg"] and len(decodes) == 1       # each read once, one decoded
     assert out.info[0].sha256 == hashlib.sha256(edited.read_bytes()).hexdigest()
+
+
+# --- decoding started before the model loads (index build) -------------------------------------------------------
+
+@pytest.fixture
+def twenty_photos(synth_small, tmp_path):
+    import shutil
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in sorted((synth_small / "images").glob("*.jpg"))[:20]:
+        shutil.copy(p, folder / p.name)
+    return folder
+
+
+def test_index_build_decodes_before_the_model_loads_and_embeds_as_after(tiny_model_path, twenty_photos, tmp_path,
+                                                                       monkeypatch):
+    """`index build` starts its decoding workers (well ahead) before it loads the model, reading the model file
+    once; the vectors are those of a build that decodes after the model is loaded."""
+    import index.embed as index_embed
+    import training.models.checkpoint as checkpoint
+    from index.changes import BuildOptions
+    from index.gallery import EmbedOptions, Gallery, build
+    from service.cli import main as cli_main
+
+    events = []
+    real_decode, real_load, real_read = index_embed.decode_photos, checkpoint.load_model, checkpoint.load_checkpoint
+    monkeypatch.setattr(index_embed, "decode_photos",
+                        lambda *a, **k: events.append(("decode", k.get("ahead"))) or real_decode(*a, **k))
+    monkeypatch.setattr(checkpoint, "load_model",
+                        lambda path, device="cpu", payload=None: events.append(("load", payload is not None))
+                        or real_load(path, device, payload))
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path: events.append(("read",)) or real_read(path))
+    out = tmp_path / "early"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(twenty_photos), "--out",
+                     str(out), "--quiet", "--workers", "1", "--no-querybank", "--backend", "eager"]) == 0
+    assert events == [("read",), ("decode", True), ("load", True)]
+
+    model = real_load(tiny_model_path)
+    late = tmp_path / "late"
+    paths = sorted(twenty_photos.glob("*.jpg"))
+    build(late, model, paths, options=BuildOptions(tta="flip-crop"), embedding=EmbedOptions(progress=False, workers=1))
+
+    def vectors(root):
+        gallery = Gallery.load(root)
+        try:
+            return {r.path: gallery.image_vector(r.id) for r in gallery.meta.all_images()}
+        finally:
+            gallery.close()
+    early_vectors, late_vectors = vectors(out), vectors(late)
+    assert sorted(early_vectors) == sorted(late_vectors) and len(early_vectors) == 20
+    for path, vector in late_vectors.items():
+        np.testing.assert_array_equal(early_vectors[path], vector)
+
+
+def test_a_model_that_fails_to_load_stops_the_decoding_started(tiny_model_path, twenty_photos, tmp_path,
+                                                              monkeypatch, capsys):
+    import training.inference.embedding as embedding
+    import training.models.checkpoint as checkpoint
+    from service.cli import main as cli_main
+
+    closed = []
+    real_close = embedding.ImageDecoding.close
+    monkeypatch.setattr(embedding.ImageDecoding, "close", lambda self: closed.append(1) or real_close(self))
+
+    def broken(*a, **k):
+        raise ValueError("this model does not load")
+    monkeypatch.setattr(checkpoint, "load_model", broken)
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(twenty_photos), "--out",
+                     str(tmp_path / "index"), "--quiet", "--workers", "1"]) == 2
+    assert "this model does not load" in capsys.readouterr().err
+    assert closed and not (tmp_path / "index").exists()
+
+
+def test_a_decoding_started_is_checked_against_the_files_and_the_model(tiny_model_path, twenty_photos):
+    from index.embed import decode_photos, embed_image_files
+    from training.models.checkpoint import load_checkpoint, load_model, stored_preprocess
+
+    model = load_model(tiny_model_path)
+    assert stored_preprocess(load_checkpoint(tiny_model_path)) == model.preprocess
+    paths = sorted(twenty_photos.glob("*.jpg"))
+    started = decode_photos(model.preprocess, paths[:10], 16, workers=0, tta="flip")
+    with pytest.raises(ValueError, match="other files"):
+        embed_image_files(model, paths[:9], decoding=started, progress=False)
+    other = Preprocess(model.preprocess.image_size + 8, model.preprocess.resize + 8)
+    with pytest.raises(ValueError, match="preprocesses the images otherwise"):
+        embed_image_files(model, paths[:10], decoding=decode_photos(other, paths[:10], 16, workers=0),
+                          progress=False)
+    again = decode_photos(model.preprocess, paths[:10], 16, workers=0, tta="flip")
+    out = embed_image_files(model, paths[:10], decoding=again, progress=False)
+    np.testing.assert_array_equal(out.vectors, embed_image_files(model, paths[:10], workers=0, progress=False,
+                                                                 tta="flip").vectors)
+
+
+def test_decoding_ahead_holds_more_batches_within_its_memory_bound(monkeypatch, tmp_path):
+    monkeypatch.setattr(features.os, "sched_getaffinity", lambda pid: set(range(2)))
+    paths = [tmp_path / f"{i}.jpg" for i in range(400)]
+    usual = embed.ImageDecoding(paths, SHIPPED, batch_size=4, workers=None)
+    ahead = embed.ImageDecoding(paths, SHIPPED, batch_size=4, workers=None, ahead=True)
+    try:
+        batch_bytes = 4 * SHIPPED.channels * SHIPPED.image_size ** 2
+        assert usual.loader.prefetch_factor == 4 and usual.loader.num_workers == 1
+        assert ahead.loader.prefetch_factor == embed.AHEAD_BYTES // batch_bytes > 4
+    finally:
+        usual.close()
+        ahead.close()

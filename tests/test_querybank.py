@@ -163,3 +163,32 @@ def test_bad_banks_are_refused(tmp_path):
         QueryBank(captions=np.ones((2, 4), np.float32), beta=0)
     with pytest.raises(FileNotFoundError, match="missing"):
         QueryBank.load(tmp_path, {"file": "querybank-0.npz", "beta": 20.0})
+
+
+def test_a_bank_file_met_before_is_copied_from_the_cache_once_checked(parts, tmp_path, monkeypatch):
+    """The bank file is named by its vectors and beta; a second index of the same bank copies the cached file
+    (its reference sets are not computed again) once it is read back and matches its name; a damaged or foreign
+    cached file is made again; another beta is another file."""
+    *_, bank = parts
+    cache = tmp_path / "cache"
+    first = bank.save(tmp_path / "one", cache)
+    made = (tmp_path / "one" / first["file"]).read_bytes()
+    assert (cache / first["file"]).read_bytes() == made
+    assert first["references"] == {"images": len(bank.images), "captions": len(bank.captions)}
+
+    monkeypatch.setattr(QueryBank, "reference", lambda *a: pytest.fail("reference sets computed again"))
+    assert bank.save(tmp_path / "two", cache) == first
+    assert (tmp_path / "two" / first["file"]).read_bytes() == made
+    monkeypatch.undo()
+
+    (cache / first["file"]).write_bytes(made[:len(made) // 2])          # a damaged cache file
+    assert bank.save(tmp_path / "three", cache) == first
+    assert (tmp_path / "three" / first["file"]).read_bytes() == made
+    other = QueryBank(captions=bank.captions[::-1].copy(), images=bank.images, beta=BETA)
+    shutil.copy(tmp_path / "one" / first["file"], cache / f"querybank-{other.key()}.npz")   # another bank's file
+    entry = other.save(tmp_path / "four", cache)
+    assert entry["file"] == f"querybank-{other.key()}.npz" != first["file"]
+    with np.load(tmp_path / "four" / entry["file"]) as z:
+        np.testing.assert_array_equal(z["captions"], other.captions)
+    warmer = QueryBank(captions=bank.captions, images=bank.images, beta=BETA / 2)
+    assert warmer.key() != bank.key()

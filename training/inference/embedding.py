@@ -218,24 +218,78 @@ def _collate(items):
     return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok], passed
 
 
+AHEAD_BYTES = 128 * 2**20   # pixels an early-started decoding (ImageDecoding(ahead=True)) may hold ready, at most
+
+
+class ImageDecoding:
+    """Image files being decoded and preprocessed by DataLoader workers (``workers`` None: by core count,
+    ``features.loader_options``), ``batch_size`` images a batch, each read by ``read`` (see
+    :func:`embed_image_files`). The workers start here, so decoding can begin before the model is loaded (the
+    indexer starts it, then loads the model: the decoding uses the cores the loading leaves idle); ``ahead``: up
+    to :data:`AHEAD_BYTES` of pixels are decoded ahead of the model instead of the loader's usual few batches.
+    An iterator of its batches, consumed by :func:`embed_image_files`; :meth:`close` stops the workers of one that
+    is not."""
+
+    def __init__(self, paths: Sequence[str | Path], preprocess, read: Reader = read_image, batch_size: int = 64,
+                 workers: int | None = 2, device: str | torch.device = "cpu", ahead: bool = False):
+        self.paths, self.preprocess, self.batch_size = [str(p) for p in paths], preprocess, batch_size
+        options = loader_options(len(self.paths), batch_size, workers, device)
+        if ahead and options["num_workers"]:
+            side = preprocess.image_size
+            batch_bytes = batch_size * preprocess.crops * preprocess.channels * side * side
+            options["prefetch_factor"] = max(options["prefetch_factor"],
+                                             min(64, AHEAD_BYTES // (batch_bytes * options["num_workers"])))
+        self.loader = DataLoader(_Decoded(self.paths, preprocess, read), batch_size=batch_size,
+                                 collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
+                                 **options)
+        self._batches: Any = iter(self.loader)                    # starts the workers and their first batches
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._batches is None:
+            raise StopIteration
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = None
+            raise
+
+    def close(self) -> None:
+        self._batches = None                  # the loader's iterator stops its workers as it is let go
+
+
 @torch.no_grad()
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
                       progress: bool = True, read: Reader = read_image, preprocess=None,
-                      pad: bool | None = None) -> FileEmbeddings:
+                      pad: bool | None = None, decoding: ImageDecoding | None = None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
     else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
     and preprocessed in DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file
     that cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
     model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval
-    mode. ``pad``: every forward pass at ``batch_size`` rows (:func:`fixed_batches`; default: on CUDA)."""
+    mode. ``pad``: every forward pass at ``batch_size`` rows (:func:`fixed_batches`; default: on CUDA).
+    ``decoding``: the files already being decoded (:class:`ImageDecoding`, started before the model was loaded),
+    instead of ``paths``, ``read``, ``preprocess``, ``batch_size`` and ``workers``; its preprocessing must be the
+    model's own views."""
     model.eval()
-    shapes = fixed_batches(batch_size, device_of(model), pad)
-    loader = DataLoader(_Decoded(paths, preprocess or model.preprocess, read), batch_size=batch_size,
-                        collate_fn=_collate, generator=torch.Generator(),     # leaves the global RNG alone
-                        **loader_options(len(paths), batch_size, workers, device_of(model)))
+    if decoding is None:
+        decoding = ImageDecoding(paths, preprocess or model.preprocess, read, batch_size, workers, device_of(model))
+    elif decoding.paths != [str(p) for p in paths]:
+        decoding.close()
+        raise ValueError("the decoding started is of other files than those to embed")
+    elif getattr(decoding.preprocess, "base", decoding.preprocess) != model.preprocess:
+        decoding.close()
+        raise ValueError("the decoding started preprocesses the images otherwise than the model does")
+    shapes = fixed_batches(decoding.batch_size, device_of(model), pad)
     vectors, kept, skipped, info, passed = [], [], [], [], []
-    for idx, pixels, bad, extra, nothing in tqdm(loader, desc="embedding images", unit="batch", disable=not progress):
+    for idx, pixels, bad, extra, nothing in tqdm(decoding, total=len(decoding), desc="embedding images",
+                                                 unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
         if pixels is None:

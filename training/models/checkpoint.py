@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from training.data.fileio import atomic_path
+from training.data.preprocess import ImagePreprocess, preprocess_from_dict
 from training.data.vocab import Vocabulary
 from .config_schema import ConfigError, RunConfig, complete
 from .ensemble import KIND as ENSEMBLE_KIND, EnsembleEmbedding, ensemble_from_payload, member_payloads
@@ -212,10 +213,19 @@ def _rebuild(payload: dict) -> JointEmbedding:
     return model
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> JointEmbedding | EnsembleEmbedding:
+def stored_preprocess(payload: dict) -> ImagePreprocess | None:
+    """The image preprocessing of the model a ``model.pt`` payload (:func:`load_checkpoint`) holds, read without
+    building the model (what its images are decoded for before it is loaded); None for an ensemble (its members'
+    preprocessings combine as the built ensemble says)."""
+    stored = payload.get("backbone", {}).get("preprocess") if payload.get("kind") != ENSEMBLE_KIND else None
+    return preprocess_from_dict(stored) if stored else None
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               payload: dict | None = None) -> JointEmbedding | EnsembleEmbedding:
     """Rebuilds the model (or ensemble) from ``model.pt`` alone (no pretrained-weight files are read), in eval
-    mode."""
-    payload = load_checkpoint(path)
+    mode. ``payload``: the file's :func:`load_checkpoint`, when it was already read."""
+    payload = load_checkpoint(path) if payload is None else payload
     model: JointEmbedding | EnsembleEmbedding
     if payload.get("kind") == ENSEMBLE_KIND:
         model = ensemble_from_payload(payload, _rebuild)

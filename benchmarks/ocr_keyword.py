@@ -191,9 +191,10 @@ def main(argv=None) -> int:
 
 
 def _tesseract_version() -> str:
-    import pytesseract
+    import subprocess
 
-    return str(pytesseract.get_tesseract_version())
+    out = subprocess.run(["tesseract", "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True)
+    return out.stdout.decode(errors="replace").split()[1]
 
 
 if __name__ == "__main__":

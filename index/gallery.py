@@ -24,6 +24,7 @@ from .embed import embed_image_files, embed_texts
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
 from .moments import DEFAULT_SAMPLING, Sampling
+from .ocr import OcrConfig, PhotoText, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
@@ -173,9 +174,26 @@ DEFAULT_EMBEDDING = EmbedOptions()
 
 
 def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions, tta: str,
-                  indexed: dict[str, str] | None = None, decoding: ImageDecoding | None = None) -> FileEmbeddings:
-    return embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
-                             progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding)
+                  ocr: OcrConfig | None, indexed: dict[str, str] | None = None,
+                  decoding: ImageDecoding | None = None) -> tuple[FileEmbeddings, dict[str, PhotoText] | None]:
+    """The photos' embeddings, and what OCR read in them (``ocr``: the index's reading, None for an index that does
+    not read its photos; ``ChangeSet.texts``), read while the embedding goes on (index/ocr.py ``TextReading``)."""
+    reading = start_reading(ocr)
+    if reading is None:
+        return embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
+                                 progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding), None
+
+    def read(positions: list[int], infos: list) -> None:
+        for i, info in zip(positions, infos):
+            reading.add(Path(paths[i]).resolve(), info.text_likelihood)      # as _photo_rows names it
+    try:
+        emb = embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
+                                progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding,
+                                on_batch=read)
+    except BaseException:
+        reading.close()
+        raise
+    return emb, reading.texts()
 
 
 def _embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions
@@ -200,18 +218,20 @@ def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | P
     says and stored as moments (index/moments.py) after the images. ``decoding``: the photos' decoding, started
     before the model was loaded (``embed.decode_photos`` with ``embedding``'s batch size and workers and
     ``options.tta``)."""
-    emb = _embed_photos(model, image_paths, embedding, options.tta, decoding=decoding)
+    emb, texts = _embed_photos(model, image_paths, embedding, options.tta, options.ocr, decoding=decoding)
     videos = _embed_videos(model, video_paths, embedding)
-    return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress)
+    return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress, texts)
 
 
 def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path],
                           emb: FileEmbeddings, captions: Sequence[tuple[str, int | None]] = (),
                           options: BuildOptions = DEFAULT_BUILD, videos: VideoEmbeddings | None = None,
-                          progress: bool = True) -> UpdateReport:
+                          progress: bool = True, texts: dict[str, PhotoText] | None = None) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
-    shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
+    shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`).
+    ``texts``: what OCR read in the photos, when read meanwhile (``ChangeSet.texts``; None: read as the index
+    says)."""
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg.model.similarity!r}")
@@ -222,7 +242,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     changes = ChangeSet(image_vectors=emb.vectors, image_rows=_photo_rows(image_paths, emb), image_ids=emb.kept,
                         next_image_id=len(image_paths), videos=videos,
                         caption_vectors=embed_texts(model, [t for t, _ in captions], progress=progress),
-                        captions=[(t, g if g in kept else None) for t, g in captions])
+                        captions=[(t, g if g in kept else None) for t, g in captions], texts=texts)
     report = build_from_vectors(root, ModelFacts.of(model), changes, options)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
     return report
@@ -242,14 +262,15 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
     rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
     any."""
-    tta = read_manifest(root).get("tta", "none") if image_paths else "none"
-    emb = _embed_photos(model, image_paths, embedding, tta) if image_paths else None
+    manifest = read_manifest(root) if image_paths else {}
+    emb, texts = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
+                                OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else (None, None))
     videos = _embed_videos(model, video_paths, embedding)
     cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,
-        caption_vectors=cap_vectors, captions=[(t, None) for t in captions]))
+        caption_vectors=cap_vectors, captions=[(t, None) for t in captions], texts=texts))
     report.skipped = (emb.skipped if emb is not None else []) + (videos.skipped if videos is not None else [])
     return report
 
@@ -401,7 +422,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         new, differing, unchanged = _partition(on_disk, indexed, _same_stat)
         # a photo whose size or mtime changed is embedded unless its bytes still hash to the indexed sha256
         hashes = {str(p): sha for p in differing if (sha := indexed[p].sha256) is not None}
-        emb = _embed_photos(model, new, embedding, manifest.get("tta", "none"), hashes) if new else None
+        emb, texts = (_embed_photos(model, new, embedding, manifest.get("tta", "none"),
+                                    OcrConfig.from_manifest(manifest.get("ocr")), hashes) if new else (None, None))
         same = {new[p] for p in emb.passed} if emb is not None else set()
         changed = [indexed[p].id for p in new if p in indexed and p not in same]
         video_emb = _embed_videos(model, new_videos, embedding)
@@ -410,7 +432,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         rows = _photo_rows(new, emb) if emb is not None else []
         manifest.setdefault("image_root", str(folder))
         report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None, image_rows=rows,
-                                         videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos)))
+                                         videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos),
+                                         texts=texts))
     photo_ids = report.image_ids[:len(rows)]
     report.image_ids = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) not in indexed]
     report.changed = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) in indexed]

@@ -1,5 +1,5 @@
 """Text in photos, read at index time: a cheap gate that tells which photos likely hold text, and Tesseract (Debian's
-``tesseract-ocr``, through ``pytesseract``) run on those only. The words read, each with Tesseract's confidence,
+``tesseract-ocr``, the program run directly: the photo piped in, its words out as TSV) run on those only. The words read, each with Tesseract's confidence,
 are stored per photo in the gallery's metadata and indexed as words (index/keywords.py).
 
 The gate (:func:`text_likelihood`) looks at a small grey thumbnail: text is many thin, high-contrast strokes, so it
@@ -14,13 +14,13 @@ language's data) with the command that installs it, before any photo is embedded
 """
 from __future__ import annotations
 
-import importlib.util
+import io
 import os
 import re
 import shutil
 import subprocess
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -35,7 +35,8 @@ MIN_EDGES = 0.001       # a thumbnail with fewer strong steps than this share of
 OCR_SIDE = 2000         # photos are read by Tesseract at most this many pixels on the long side
 MIN_CONFIDENCE = 50.0   # words Tesseract reads with a lower confidence (0-100) are stored but not indexed
 DEFAULT_LANG = "eng"
-TESSERACT = "tesseract"  # the program (pytesseract's default tesseract_cmd)
+TESSERACT = "tesseract"  # the program
+READ_TIMEOUT = 300       # seconds one photo's Tesseract run may take (it is stopped and the photo reads as no text)
 _LANG = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")
 
 
@@ -87,10 +88,6 @@ def check_engine(lang: str = DEFAULT_LANG) -> None:
     the data of a language of ``lang``; ValueError for a malformed ``lang``."""
     if not _LANG.fullmatch(lang):
         raise ValueError(f"--ocr-lang must be Tesseract language codes joined by '+' (eng, eng+deu), not {lang!r}")
-    # the binding is looked for, not imported: importing it imports pandas (a third of a second on every index
-    # update), and it is needed only when a photo passes the gate (read_words)
-    if importlib.util.find_spec("pytesseract") is None:
-        raise OcrUnavailableError("OCR needs the pytesseract package: pip install pytesseract")
     program = shutil.which(TESSERACT)
     if program is None:
         raise OcrUnavailableError(f"OCR needs the tesseract program, which is not installed: {install_hint(lang)}; "
@@ -102,7 +99,7 @@ def check_engine(lang: str = DEFAULT_LANG) -> None:
         raise OcrUnavailableError(f"tesseract does not run: {err}") from None
     if listed.returncode not in (0, 1):
         raise OcrUnavailableError(f"tesseract does not run: `tesseract --list-langs` exited {listed.returncode}")
-    # the lines after the heading ("List of available languages in ...: N"), as pytesseract.get_languages reads them
+    # the lines after the heading ("List of available languages in ...: N")
     have = {line.strip() for line in listed.stdout.decode(errors="replace").splitlines()[1:]
             if _LANG.fullmatch(line.strip())}
     missing = [code for code in lang.split("+") if code not in have]
@@ -148,20 +145,51 @@ def likelihood_of(path: str | Path) -> float:
 
 
 def read_words(image: Image.Image, lang: str = DEFAULT_LANG) -> tuple[Word, ...]:
-    """Tesseract's words of a photo with their confidences (page segmentation: automatic, sparse text)."""
-    import pytesseract
-
+    """Tesseract's words of a photo with their confidences (page segmentation: automatic, sparse text): the photo,
+    upright, grey and at most :data:`OCR_SIDE` pixels on its long side, piped to the program as a PGM (no file,
+    nothing to encode), its TSV read back. RuntimeError when Tesseract fails or takes over :data:`READ_TIMEOUT`
+    seconds."""
     image = ImageOps.exif_transpose(image) or image
     image = image.convert("L")
     if max(image.size) > OCR_SIDE:
         image.thumbnail((OCR_SIDE, OCR_SIDE), Image.Resampling.LANCZOS)
-    data = pytesseract.image_to_data(image, lang=lang, config="--psm 11",
-                                     output_type=pytesseract.Output.DICT)
+    pgm = io.BytesIO()
+    image.save(pgm, "PPM")
+    program = shutil.which(TESSERACT)
+    if program is None:
+        raise RuntimeError(f"the {TESSERACT} program is not installed")
+    try:
+        done = subprocess.run([program, "stdin", "stdout", "-l", lang, "--psm", "11", "tsv"], input=pgm.getvalue(),
+                              capture_output=True, timeout=READ_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"tesseract took over {READ_TIMEOUT} s") from None
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"tesseract exited {done.returncode}: {lines[-1] if lines else ''}")
+    return tsv_words(done.stdout.decode("utf-8", errors="replace"))
+
+
+def tsv_words(tsv: str) -> tuple[Word, ...]:
+    """The words of Tesseract's TSV output (a header row naming the columns, ``conf`` and ``text`` last, one row
+    per page, block, paragraph, line and word): the rows with text and a confidence of at least 0, the confidence
+    whole (Tesseract's fraction dropped)."""
+    rows = tsv.splitlines()
+    if not rows:
+        return ()
+    header = rows[0].split("\t")
+    conf, text = header.index("conf"), header.index("text")
     words = []
-    for text, conf in zip(data["text"], data["conf"]):
-        text = str(text).strip()
-        if text and float(conf) >= 0:
-            words.append(Word(text, round(float(conf), 1)))
+    for row in rows[1:]:
+        cells = row.split("\t", len(header) - 1)
+        if len(cells) <= max(conf, text):
+            continue
+        word = cells[text].strip()
+        try:
+            confidence = float(int(float(cells[conf])))
+        except ValueError:
+            continue
+        if word and confidence >= 0:
+            words.append(Word(word, confidence))
     return tuple(words)
 
 
@@ -192,6 +220,55 @@ def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | N
         return [read_photo(p, config, k) for p, k in zip(paths, known)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda pk: read_photo(pk[0], config, pk[1]), zip(paths, known)))
+
+
+class TextReading:
+    """:func:`read_photo` over photos as the indexer hands them over, on ``workers`` threads (default: the CPU
+    count, at most 8), while it goes on embedding the others: Tesseract's runs share the cores with the embedding
+    instead of following it. Made by :func:`start_reading`."""
+
+    def __init__(self, config: OcrConfig, workers: int | None = None):
+        self.config = config
+        self._pool = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1),
+                                        thread_name_prefix="ocr")
+        self._reads: dict[str, Future[PhotoText]] = {}
+
+    def add(self, path: str | Path, likelihood: float | None = None) -> None:
+        """Reads the photo at ``path`` (``likelihood``: the gate's score, when known)."""
+        self._reads[str(path)] = self._pool.submit(read_photo, path, self.config, likelihood)
+
+    def texts(self) -> dict[str, PhotoText]:
+        """``{path: PhotoText}`` of every photo added, once all are read."""
+        try:
+            return {path: read.result() for path, read in self._reads.items()}
+        finally:
+            self._pool.shutdown()
+
+    def close(self) -> None:
+        """Stops reading (photos not started are not read)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def start_reading(config: OcrConfig | None, workers: int | None = None) -> TextReading | None:
+    """A :class:`TextReading` for an index that reads its photos (``config``), or None for one that does not; when
+    the engine is missing (an index built with OCR, updated on a machine without Tesseract), a warning and a
+    reading that reads nothing: the photos are indexed by their names and folders only (as :func:`read_rows`)."""
+    if config is None:
+        return None
+    try:
+        check_engine(config.lang)
+    except OcrUnavailableError as err:
+        warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=2)
+        return _NothingRead(config)
+    return TextReading(config, workers)
+
+
+class _NothingRead(TextReading):
+    def __init__(self, config: OcrConfig):
+        super().__init__(config, 1)
+
+    def add(self, path: str | Path, likelihood: float | None = None) -> None:
+        pass
 
 
 def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | None = None) -> dict[str, PhotoText]:

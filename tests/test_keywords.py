@@ -150,17 +150,89 @@ def test_a_build_takes_the_gate_from_the_photo_it_decoded(photos, model, tmp_pat
         gallery.close()
 
 
-def test_checking_the_engine_imports_no_binding(tesseract):
-    """Every index update checks the engine: it runs ``tesseract --list-langs`` and imports neither pytesseract nor
-    the pandas it pulls in (a third of a second); a photo that passes the gate imports them."""
+def test_photos_are_read_while_the_others_are_embedded(photos, model, tmp_path, monkeypatch):
+    """A build hands each decoded photo to OCR (index/ocr.py TextReading) as its batch comes, before the next
+    batch is embedded; nothing is read after the embedding (read_rows is not called), and the sign's words are
+    stored. An index update does the same."""
+    import index.ocr as ocr
+    import training.inference.embedding as embedding
+
+    order = []
+    real_add, real_embed = ocr.TextReading.add, embedding.embed_pixels
+    monkeypatch.setattr(ocr.TextReading, "add", lambda self, *a: order.append("read") or real_add(self, *a))
+    monkeypatch.setattr(embedding, "embed_pixels", lambda *a, **k: order.append("embed") or real_embed(*a, **k))
+    monkeypatch.setattr(ocr, "read_rows", lambda *a, **k: pytest.fail("photos read after the embedding"))
+    monkeypatch.setattr("index.changes.read_rows", lambda *a, **k: pytest.fail("photos read after the embedding"))
+    files = sorted(p for p in photos.iterdir())
+    root = tmp_path / "index"
+    build(root, model, files[:-1], options=BuildOptions(image_root=photos, ocr=OcrConfig()),
+          embedding=EmbedOptions(progress=False, workers=0, batch_size=8))
+    first_embed = order.index("embed")
+    assert order[0] == "read" and "read" in order[first_embed:]          # the second batch read after the first
+    from index.gallery import add
+    add(root, model, files[-1:], embedding=EmbedOptions(progress=False, workers=0))
+    hits, _ = _search(root, model, "sunset boulevard", "keyword")
+    assert hits and hits[0][0] == SIGN
+
+
+def test_an_index_that_reads_text_is_updated_without_tesseract_with_one_warning(photos, model, tmp_path,
+                                                                                 monkeypatch):
+    import index.ocr as ocr
+    from index.gallery import add
+
+    files = sorted(p for p in photos.iterdir())
+    root = tmp_path / "index"
+    build(root, model, [f for f in files if f.name != SIGN][:2], options=BuildOptions(image_root=photos, ocr=OcrConfig()),
+          embedding=EmbedOptions(progress=False, workers=0))
+    monkeypatch.setattr(ocr, "TESSERACT", str(tmp_path / "absent"))
+    with pytest.warns(UserWarning, match="photos indexed without reading their text") as caught:
+        add(root, model, [photos / SIGN], embedding=EmbedOptions(progress=False, workers=0))
+    assert len([w for w in caught if "without reading" in str(w.message)]) == 1
+    hits, _ = _search(root, model, "sunset boulevard", "keyword")
+    assert not hits or hits[0][0] != SIGN
+
+
+def test_reading_text_imports_no_binding(tesseract):
+    """Every index update checks the engine (``tesseract --list-langs``) and a photo the gate passes is piped to the
+    program: no Python binding is imported (pytesseract pulls in pandas, a third of a second)."""
     import subprocess
     import sys
 
-    code = ("import sys; from index.ocr import check_engine; check_engine('eng'); "
+    code = ("import sys; from PIL import Image; from index.ocr import check_engine, read_words; check_engine('eng'); "
+            "read_words(Image.new('RGB', (64, 32), 'white')); "
             "print(sorted(m for m in ('pytesseract', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
+
+
+def test_tesseracts_tsv_is_read_as_words_with_whole_confidences():
+    from index.ocr import Word, tsv_words
+
+    tsv = ("level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext\n"
+           "1\t1\t0\t0\t0\t0\t0\t0\t640\t480\t-1\t\n"
+           "5\t1\t1\t1\t1\t1\t10\t10\t80\t20\t96.512711\tSUNSET\n"
+           "5\t1\t1\t1\t1\t2\t95\t10\t90\t20\t0.000000\t<s\n"
+           "5\t1\t1\t1\t1\t3\t95\t10\t90\t20\t88.1\t  \n"
+           "5\t1\t1\t1\t1\t4\t95\t10\t90\t20\t71.9\ttab\tinside\n"
+           "5\t1\t1\n")
+    assert tsv_words(tsv) == (Word("SUNSET", 96.0), Word("<s", 0.0), Word("tab\tinside", 71.0))
+    assert tsv_words("") == ()
+
+
+def test_a_failing_tesseract_reads_as_no_text(photos, tmp_path, monkeypatch):
+    import index.ocr as ocr
+
+    failing = tmp_path / "tesseract"
+    failing.write_text("#!/bin/sh\necho 'Error: cannot read input' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(ocr, "TESSERACT", str(failing))
+    with pytest.raises(RuntimeError, match="tesseract exited 1: Error: cannot read input"):
+        ocr.read_words(Image.new("RGB", (64, 32), "white"))
+    assert read_photo(photos / SIGN, OcrConfig()) == ocr.PhotoText(0.0, False)
+    monkeypatch.setattr(ocr, "TESSERACT", str(tmp_path / "absent"))
+    with pytest.raises(RuntimeError, match="not installed"):
+        ocr.read_words(Image.new("RGB", (64, 32), "white"))
 
 
 def test_a_missing_language_is_named_with_its_package(tesseract):

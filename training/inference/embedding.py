@@ -266,7 +266,8 @@ class ImageDecoding:
 @torch.no_grad()
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
                       progress: bool = True, read: Reader = read_image, preprocess=None,
-                      pad: bool | None = None, decoding: ImageDecoding | None = None) -> FileEmbeddings:
+                      pad: bool | None = None, decoding: ImageDecoding | None = None,
+                      on_batch: Callable[[list[int], list[Any]], None] | None = None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
     else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
@@ -276,7 +277,8 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
     mode. ``pad``: every forward pass at ``batch_size`` rows (:func:`fixed_batches`; default: on CUDA).
     ``decoding``: the files already being decoded (:class:`ImageDecoding`, started before the model was loaded),
     instead of ``paths``, ``read``, ``preprocess``, ``batch_size`` and ``workers``; its preprocessing must be the
-    model's own views."""
+    model's own views. ``on_batch``: called with each batch's kept positions and what ``read`` returned besides
+    their images, as soon as the batch is decoded (e.g. to start more work on those files meanwhile)."""
     model.eval()
     if decoding is None:
         decoding = ImageDecoding(paths, preprocess or model.preprocess, read, batch_size, workers, device_of(model))
@@ -294,6 +296,8 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         passed += nothing
         if pixels is None:
             continue
+        if on_batch is not None:
+            on_batch(idx, extra)
         vectors.append(embed_pixels(model, pixels, shapes).cpu().numpy())
         kept += idx
         info += extra

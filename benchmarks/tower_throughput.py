@@ -1,7 +1,7 @@
-"""The image tower alone — the shipped model's three backbones over normalised views, what an inference backend runs
-(training/inference/backend.py) — per way of running it, in one process and one run: eager PyTorch,
-``torch.compile`` (TorchInductor's CPU code, the baseline a backend has to beat), OpenVINO in float32 and in bf16
-(where the CPU has native bf16) and ONNX Runtime. Views per second at a fixed batch, the first call's seconds
+"""The image tower alone — the shipped model's three backbones over uint8 views (normalised in the tower), what an
+inference backend runs (training/inference/backend.py) — per way of running it, in one process and one run: eager
+PyTorch, ``torch.compile`` (TorchInductor's CPU code, the baseline a backend has to beat), OpenVINO in float32 and
+in bf16 (where the CPU has native bf16) and ONNX Runtime. Views per second at a fixed batch, the first call's seconds
 (``torch.compile`` compiles there; the backends' conversions are cached beforehand, as ``index build`` finds them
 after its first run) and how far each one's features are from eager PyTorch's (least cosine over the batch).
 
@@ -9,8 +9,9 @@ after its first run) and how far each one's features are from eager PyTorch's (l
     python benchmarks/tower_throughput.py --rounds 1 --batches 2 --out /tmp/tower.json    # smoke run
 
 Each round times every variant in turn (``--batches`` calls at ``--batch`` views), so a drifting background load
-hits them alike; a variant's views/s is its median over the rounds. No photo is decoded: the views are random
-values in the normalised range, as the backends' own conversion check uses (speed does not depend on the pixels).
+hits them alike; a variant's views/s is its median over the rounds. No photo is decoded: the views are random uint8
+pixels, as the backends' own conversion check uses (speed does not depend on the pixels); every variant takes them
+as a backend does and normalises them in the tower (``ImageTower``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ RESULTS = REPO / "benchmarks" / "results" / "tower_throughput.json"
 
 
 def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """name → a function from normalised views to backbone features; a backend that does not load is left out
+    """name → a function from uint8 views to backbone features; a backend that does not load is left out
     (and said)."""
     from training.inference.backend import ImageTower, backend_of, use_backend
 
@@ -46,6 +47,16 @@ def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torc
             out[name] = tower
         elif name == "torch.compile":
             out[name] = torch.compile(tower)
+        elif name == "openvino, one request":       # the batch as one request on every thread (no CPU streams)
+            used = use_backend(model, "openvino")
+            backend = backend_of(model)
+            if used != "openvino" or backend is None:
+                print(f"{name}: not loaded here (fell back to {used}); left out", flush=True)
+                continue
+            request = cast(Any, backend.run)._compile("LATENCY").create_infer_request()
+            out[name] = lambda x, request=request: torch.from_numpy(
+                np.array(request.infer({0: np.ascontiguousarray(x.numpy())})[0]))
+            use_backend(model, "eager")
         else:
             used = use_backend(model, name)
             backend = backend_of(model)
@@ -64,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=6, help="timed calls a variant per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+",
-                    default=["eager", "torch.compile", "openvino", "openvino-bf16", "onnxruntime"])
+                    default=["eager", "torch.compile", "openvino", "openvino, one request", "openvino-bf16",
+                             "onnxruntime"])
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -75,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(resolve("")).eval()
     channels, side = _input_shape(model)
-    views = torch.randn(args.batch, channels, side, side, generator=torch.Generator().manual_seed(0)).clamp_(-2.5, 2.5)
+    views = torch.randint(0, 256, (args.batch, channels, side, side), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(0))
     runs = variants(model, args.variants)
     first: dict[str, float] = {}
     features: dict[str, torch.Tensor] = {}
@@ -106,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["x_eager"] = round(row["views_per_s"] / base, 2) if base else None
         print(json.dumps(row), flush=True)
-    result = {"description": f"the shipped model's image tower (three backbones) over {args.batch} normalised views "
+    result = {"description": f"the shipped model's image tower (three backbones) over {args.batch} uint8 views "
                              f"a call, {args.batches} calls a round, median of {args.rounds} rounds "
                              f"(python benchmarks/tower_throughput.py)",
               "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": commit(),

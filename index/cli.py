@@ -339,30 +339,28 @@ def _batch_size(args, device) -> None:
         args.batch_size = default_batch_size(device)
 
 
-def _decode_early(args, paths: list):
-    """``index build``'s photos, decoding from before the model loads (``embed.decode_photos``, well ahead): the
-    workers decode on the cores that reading the model and loading its backend leave idle. Returns the decoding
-    (None: in-process decoding as usual — no photos, the Ray engine, or an ensemble, whose preprocessing is known
-    once it is built) and the model file's payload, read once for both."""
+def _decode_early(args, paths: list, payload: dict):
+    """``index build``'s photos, decoding from before the model (whose file's ``payload`` is read) loads
+    (``embed.decode_photos``, well ahead): the workers decode on the cores that building the model and loading its
+    backend leave idle. None: in-process decoding as usual — no photos, the Ray engine, or an ensemble, whose
+    preprocessing is known once it is built."""
     from training.inference.device import resolve_device
-    from training.models.checkpoint import load_checkpoint, stored_preprocess
+    from training.models.checkpoint import stored_preprocess
 
     from .embed import decode_photos
 
-    if args.engine == "ray" or not paths:
-        return None, None
-    payload = load_checkpoint(model_file(args.model))
     preprocess = stored_preprocess(payload)
-    if preprocess is None:
-        return None, payload
+    if args.engine == "ray" or not paths or preprocess is None:
+        return None
     device = resolve_device(args.device)
     _batch_size(args, device)
-    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta, ahead=True), payload
+    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta, ahead=True)
 
 
 def cmd_build(args) -> int:
     from training.data.datasets import load_dataset
     from training.inference.backend import backend_choice
+    from training.models.checkpoint import load_checkpoint
 
     from .changes import BuildOptions
     from .gallery import EmbedOptions, build
@@ -386,6 +384,7 @@ def cmd_build(args) -> int:
             check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
     ocr = _ocr_config(args)                  # before the model loads: a missing engine or language fails at once
     backend_choice(getattr(args, "backend", None))         # an unknown JOINTSPACE_BACKEND, too
+    payload = load_checkpoint(model_file(args.model))      # and a missing or refused model file, before the scan
     image_root = args.images
     outside: list[tuple[str, str]] = []
     sampling = _sampling(args)
@@ -423,7 +422,7 @@ def cmd_build(args) -> int:
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
-    decoding, payload = _decode_early(args, paths)
+    decoding = _decode_early(args, paths, payload)
     try:
         model, _ = _load(args, payload)
         bank = _querybank(args, model)

@@ -13,7 +13,7 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, cast
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from training.inference.embedding import embed_image_files as files_to_embedding
 from training.inference.embedding import embed_texts as texts_to_embeddings
 from training.models.protocol import EmbeddingModel
 
-from .ocr import grey_thumbnail, text_likelihood
+from .ocr import PhotoText, grey_thumbnail, text_likelihood
 from .phash import perceptual_hash
 from .tta import TTA
 
@@ -43,6 +43,7 @@ class PhotoInfo:
     phash: int | None = None    # perceptual hash of the decoded photo (index/phash.py), for index/duplicates.py
     text_likelihood: float | None = None   # the OCR gate's score of the decoded photo (index/ocr.py): not stored; OCR
                                            # reads it instead of decoding the photo again
+    text: PhotoText | None = None          # what OCR read in it while the indexer embedded (index/gallery.py), if it did
 
 
 _EXIF_IFD, _DATETIME_ORIGINAL, _OFFSET_TIME_ORIGINAL = 0x8769, 0x9003, 0x9011
@@ -141,8 +142,7 @@ def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batc
 
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none",
-                      decoding: ImageDecoding | None = None,
-                      on_batch: Callable[[list[int], list[PhotoInfo]], None] | None = None) -> FileEmbeddings:
+                      decoding: ImageDecoding | None = None) -> FileEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.inference.embedding.embed_image_files``,
     on the model's device; ``workers`` None: decoding processes by core count), keeping what the metadata stores of
     each (:func:`read_photo`, in ``info``). ``indexed``: path (as given) → the sha256 the index holds for it; a file
@@ -151,11 +151,10 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
     ``tta``: gallery-side test-time augmentation (:func:`view_preprocess`); a query is always embedded from the
     model's one view. ``batch_size`` counts views: a forward pass takes ``batch_size`` of them whatever ``tta``
     (16 images of 4 views under ``flip-crop`` at 64), so augmentation costs time, not memory. ``decoding``: these
-    photos' decoding, already started (:func:`decode_photos` with the same arguments). ``on_batch``: called with
-    each batch's positions and :class:`PhotoInfo` as it is decoded."""
+    photos' decoding, already started (:func:`decode_photos` with the same arguments)."""
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, batch_size, workers, device_of(model), indexed, tta)
-    return files_to_embeddings(model, paths, progress=progress, decoding=decoding, on_batch=on_batch)
+    return files_to_embeddings(model, paths, progress=progress, decoding=decoding)
 
 
 def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

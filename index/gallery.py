@@ -8,23 +8,24 @@ Loading checks the model fingerprint stored at build time against the model's an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from training.inference.embedding import FileEmbeddings, ImageDecoding
+from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
+from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.models.protocol import EmbeddingModel
 
 from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target, UpdateReport, apply, live_target,
                       read_texts)
-from .embed import embed_image_files, embed_texts
+from .embed import decode_photos, embed_texts
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
 from .moments import DEFAULT_SAMPLING, Sampling
-from .ocr import OcrConfig, PhotoText, start_reading
+from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
@@ -175,25 +176,28 @@ DEFAULT_EMBEDDING = EmbedOptions()
 
 def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions, tta: str,
                   ocr: OcrConfig | None, indexed: dict[str, str] | None = None,
-                  decoding: ImageDecoding | None = None) -> tuple[FileEmbeddings, dict[str, PhotoText] | None]:
-    """The photos' embeddings, and what OCR read in them (``ocr``: the index's reading, None for an index that does
-    not read its photos; ``ChangeSet.texts``), read while the embedding goes on (index/ocr.py ``TextReading``)."""
+                  decoding: ImageDecoding | None = None) -> FileEmbeddings:
+    """The photos' embeddings, each photo's :class:`~index.embed.PhotoInfo` with what OCR read in it (``ocr``: the
+    index's reading, None for an index that does not read its photos), read while the embedding goes on
+    (index/ocr.py ``TextReading``)."""
+    if decoding is None:
+        decoding = decode_photos(model.preprocess, paths, embedding.batch_size, embedding.workers, device_of(model),
+                                 indexed, tta)
     reading = start_reading(ocr)
     if reading is None:
-        return embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
-                                 progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding), None
+        return files_to_embeddings(model, paths, progress=embedding.progress, decoding=decoding)
 
     def read(positions: list[int], infos: list) -> None:
         for i, info in zip(positions, infos):
-            reading.add(Path(paths[i]).resolve(), info.text_likelihood)      # as _photo_rows names it
+            reading.add(paths[i], info.text_likelihood)
     try:
-        emb = embed_image_files(model, paths, batch_size=embedding.batch_size, workers=embedding.workers,
-                                progress=embedding.progress, indexed=indexed, tta=tta, decoding=decoding,
-                                on_batch=read)
+        emb = files_to_embeddings(model, paths, progress=embedding.progress, decoding=decoding, on_batch=read)
     except BaseException:
         reading.close()
         raise
-    return emb, reading.texts()
+    texts = reading.texts()
+    emb.info = [replace(info, text=texts.get(str(paths[i]))) for i, info in zip(emb.kept, emb.info)]
+    return emb
 
 
 def _embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions
@@ -218,20 +222,18 @@ def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | P
     says and stored as moments (index/moments.py) after the images. ``decoding``: the photos' decoding, started
     before the model was loaded (``embed.decode_photos`` with ``embedding``'s batch size and workers and
     ``options.tta``)."""
-    emb, texts = _embed_photos(model, image_paths, embedding, options.tta, options.ocr, decoding=decoding)
+    emb = _embed_photos(model, image_paths, embedding, options.tta, options.ocr, decoding=decoding)
     videos = _embed_videos(model, video_paths, embedding)
-    return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress, texts)
+    return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress)
 
 
 def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path],
                           emb: FileEmbeddings, captions: Sequence[tuple[str, int | None]] = (),
                           options: BuildOptions = DEFAULT_BUILD, videos: VideoEmbeddings | None = None,
-                          progress: bool = True, texts: dict[str, PhotoText] | None = None) -> UpdateReport:
+                          progress: bool = True) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
     ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
-    shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`).
-    ``texts``: what OCR read in the photos, when read meanwhile (``ChangeSet.texts``; None: read as the index
-    says)."""
+    shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg.model.similarity!r}")
@@ -242,7 +244,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     changes = ChangeSet(image_vectors=emb.vectors, image_rows=_photo_rows(image_paths, emb), image_ids=emb.kept,
                         next_image_id=len(image_paths), videos=videos,
                         caption_vectors=embed_texts(model, [t for t, _ in captions], progress=progress),
-                        captions=[(t, g if g in kept else None) for t, g in captions], texts=texts)
+                        captions=[(t, g if g in kept else None) for t, g in captions])
     report = build_from_vectors(root, ModelFacts.of(model), changes, options)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
     return report
@@ -263,14 +265,14 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
     any."""
     manifest = read_manifest(root) if image_paths else {}
-    emb, texts = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
-                                OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else (None, None))
+    emb = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
+                         OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else None)
     videos = _embed_videos(model, video_paths, embedding)
     cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,
-        caption_vectors=cap_vectors, captions=[(t, None) for t in captions], texts=texts))
+        caption_vectors=cap_vectors, captions=[(t, None) for t in captions]))
     report.skipped = (emb.skipped if emb is not None else []) + (videos.skipped if videos is not None else [])
     return report
 
@@ -422,8 +424,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         new, differing, unchanged = _partition(on_disk, indexed, _same_stat)
         # a photo whose size or mtime changed is embedded unless its bytes still hash to the indexed sha256
         hashes = {str(p): sha for p in differing if (sha := indexed[p].sha256) is not None}
-        emb, texts = (_embed_photos(model, new, embedding, manifest.get("tta", "none"),
-                                    OcrConfig.from_manifest(manifest.get("ocr")), hashes) if new else (None, None))
+        emb = (_embed_photos(model, new, embedding, manifest.get("tta", "none"),
+                             OcrConfig.from_manifest(manifest.get("ocr")), hashes) if new else None)
         same = {new[p] for p in emb.passed} if emb is not None else set()
         changed = [indexed[p].id for p in new if p in indexed and p not in same]
         video_emb = _embed_videos(model, new_videos, embedding)
@@ -432,8 +434,7 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         rows = _photo_rows(new, emb) if emb is not None else []
         manifest.setdefault("image_root", str(folder))
         report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None, image_rows=rows,
-                                         videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos),
-                                         texts=texts))
+                                         videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos)))
     photo_ids = report.image_ids[:len(rows)]
     report.image_ids = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) not in indexed]
     report.changed = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) in indexed]

@@ -250,46 +250,52 @@ class TextReading:
 
 
 def start_reading(config: OcrConfig | None, workers: int | None = None) -> TextReading | None:
-    """A :class:`TextReading` for an index that reads its photos (``config``), or None for one that does not; when
-    the engine is missing (an index built with OCR, updated on a machine without Tesseract), a warning and a
-    reading that reads nothing: the photos are indexed by their names and folders only (as :func:`read_rows`)."""
+    """A :class:`TextReading` for an index that reads its photos (``config``), or None for one that does not, or
+    when the engine is missing (an index built with OCR, updated on a machine without Tesseract: a warning, and the
+    photos are indexed by their names and folders only, as :func:`read_rows` does)."""
     if config is None:
         return None
     try:
         check_engine(config.lang)
     except OcrUnavailableError as err:
-        warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=2)
-        return _NothingRead(config)
+        _unavailable(err)
+        return None
     return TextReading(config, workers)
 
 
-class _NothingRead(TextReading):
-    def __init__(self, config: OcrConfig):
-        super().__init__(config, 1)
+_WARNED: set[str] = set()
 
-    def add(self, path: str | Path, likelihood: float | None = None) -> None:
-        pass
+
+def _unavailable(err: OcrUnavailableError) -> None:
+    """The warning that photos are indexed without their text, once per process and reason."""
+    if str(err) not in _WARNED:
+        _WARNED.add(str(err))
+        warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=3)
 
 
 def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | None = None) -> dict[str, PhotoText]:
     """What an update reads in its photos: metadata rows ``(path, info or None)`` → ``{path: PhotoText}`` for the
-    photos (not video moments). Empty without ``config`` (an index built without OCR); when the engine is missing
-    (an index built with OCR, updated on a machine without Tesseract), a warning and empty: the photos are indexed
-    by their names and folders only."""
+    photos (not video moments); a photo whose info carries what was read while it was embedded (``PhotoInfo.text``)
+    is not read again. Empty without ``config`` (an index built without OCR); when the engine is missing (an index
+    built with OCR, updated on a machine without Tesseract), a warning (:func:`start_reading`'s, once) and empty:
+    the photos are indexed by their names and folders only."""
     if config is None:
         return {}
     rows_info = [(str(row[0]), row[1] if len(row) > 1 else None) for row in rows]
     photos = [(path, info) for path, info in rows_info if getattr(info, "video_id", None) is None]
-    if not photos:
-        return {}
+    done: dict[str, PhotoText] = {path: text for path, info in photos
+                                  if (text := getattr(info, "text", None)) is not None}
+    rest = [(path, info) for path, info in photos if path not in done]
+    if not rest:
+        return done
     try:
         check_engine(config.lang)
     except OcrUnavailableError as err:
-        warnings.warn(f"photos indexed without reading their text: {err}", stacklevel=2)
-        return {}
-    paths = [path for path, _ in photos]
-    known = [getattr(info, "text_likelihood", None) for _, info in photos]   # taken while embedding (index/embed.py)
-    return dict(zip(paths, read_photos(paths, config, workers, known)))
+        _unavailable(err)
+        return done
+    paths = [path for path, _ in rest]
+    known = [getattr(info, "text_likelihood", None) for _, info in rest]   # taken while embedding (index/embed.py)
+    return {**done, **dict(zip(paths, read_photos(paths, config, workers, known)))}
 
 
 def store(meta, rows: Iterable[tuple], texts: dict[str, PhotoText], config: OcrConfig | None) -> None:

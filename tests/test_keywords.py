@@ -152,8 +152,8 @@ def test_a_build_takes_the_gate_from_the_photo_it_decoded(photos, model, tmp_pat
 
 def test_photos_are_read_while_the_others_are_embedded(photos, model, tmp_path, monkeypatch):
     """A build hands each decoded photo to OCR (index/ocr.py TextReading) as its batch comes, before the next
-    batch is embedded; nothing is read after the embedding (read_rows is not called), and the sign's words are
-    stored. An index update does the same."""
+    batch is embedded; nothing is read after the embedding (read_rows finds every photo's text in its info), and
+    the sign's words are stored. An index update does the same."""
     import index.ocr as ocr
     import training.inference.embedding as embedding
 
@@ -161,8 +161,7 @@ def test_photos_are_read_while_the_others_are_embedded(photos, model, tmp_path, 
     real_add, real_embed = ocr.TextReading.add, embedding.embed_pixels
     monkeypatch.setattr(ocr.TextReading, "add", lambda self, *a: order.append("read") or real_add(self, *a))
     monkeypatch.setattr(embedding, "embed_pixels", lambda *a, **k: order.append("embed") or real_embed(*a, **k))
-    monkeypatch.setattr(ocr, "read_rows", lambda *a, **k: pytest.fail("photos read after the embedding"))
-    monkeypatch.setattr("index.changes.read_rows", lambda *a, **k: pytest.fail("photos read after the embedding"))
+    monkeypatch.setattr(ocr, "read_photos", lambda *a, **k: pytest.fail("photos read after the embedding"))
     files = sorted(p for p in photos.iterdir())
     root = tmp_path / "index"
     build(root, model, files[:-1], options=BuildOptions(image_root=photos, ocr=OcrConfig()),
@@ -185,7 +184,9 @@ def test_an_index_that_reads_text_is_updated_without_tesseract_with_one_warning(
     build(root, model, [f for f in files if f.name != SIGN][:2], options=BuildOptions(image_root=photos, ocr=OcrConfig()),
           embedding=EmbedOptions(progress=False, workers=0))
     monkeypatch.setattr(ocr, "TESSERACT", str(tmp_path / "absent"))
+    monkeypatch.setattr(ocr, "_WARNED", set())              # warned once per process and reason
     with pytest.warns(UserWarning, match="photos indexed without reading their text") as caught:
+        add(root, model, [photos / SIGN], embedding=EmbedOptions(progress=False, workers=0))
         add(root, model, [photos / SIGN], embedding=EmbedOptions(progress=False, workers=0))
     assert len([w for w in caught if "without reading" in str(w.message)]) == 1
     hits, _ = _search(root, model, "sunset boulevard", "keyword")

@@ -352,10 +352,10 @@ def openvino() -> Any:
 class _OpenVINO:
     """An OpenVINO IR on the CPU, compiled two ways, each on its first use: ``LATENCY`` (one request on all
     threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams OpenVINO picks for the threads, one request
-    per stream) for a batch of several, run one row per request: on 2 cores two single-thread streams embed about
-    a quarter more views a second than one request of the whole batch on both threads, and one row on both threads
-    answers in about half the time of one stream (docs/benchmarks.md#inference-backends). Calls are serialised by
-    the :class:`Backend` that holds it."""
+    per stream) for a batch of several, run one row per request: on 2 cores two single-thread streams embed more
+    views a second than one request of the whole batch on both threads, while one row on both threads answers
+    sooner than on one stream (docs/benchmarks.md#the-tower-alone-and-torchcompile). Calls are serialised by the
+    :class:`Backend` that holds it."""
 
     def __init__(self, graph: Path, bf16: bool, cache: Path | None):
         ov = openvino()
@@ -370,6 +370,7 @@ class _OpenVINO:
                        **({"CACHE_DIR": str(cache)} if cache is not None else {})}
         self._request: Any = None
         self._queue: Any = None
+        self._dim = 0
         self._out: np.ndarray | None = None
 
     def _compile(self, hint: str) -> Any:
@@ -382,23 +383,22 @@ class _OpenVINO:
             return self._request.infer({0: pixels})[0]
         if self._queue is None:
             compiled = self._compile("THROUGHPUT")
+            self._dim = compiled.output(0).get_partial_shape()[1].get_length()
             self._queue = openvino().AsyncInferQueue(compiled, compiled.get_property(
                 "OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
             self._queue.set_callback(self._done)
-        self._out = None
-        for row in range(len(pixels)):
-            self._queue.start_async({0: pixels[row:row + 1]}, (row, len(pixels)))
-        self._queue.wait_all()
-        out, self._out = self._out, None
-        assert out is not None
+        out = self._out = np.empty((len(pixels), self._dim), np.float32)   # each request writes its own row
+        try:
+            for row in range(len(pixels)):
+                self._queue.start_async({0: pixels[row:row + 1]}, row)
+            self._queue.wait_all()
+        finally:
+            self._out = None
         return out
 
-    def _done(self, request: Any, where: tuple[int, int]) -> None:
-        row, rows = where
-        features = request.get_output_tensor(0).data
-        if self._out is None:             # the first row to finish sizes the output
-            self._out = np.empty((rows, features.shape[-1]), np.float32)
-        self._out[row] = features[0]
+    def _done(self, request: Any, row: int) -> None:
+        assert self._out is not None
+        self._out[row] = request.get_output_tensor(0).data[0]
 
 
 def _open_openvino(graph: Path, bf16: bool, cache: bool = True) -> Callable[[np.ndarray], np.ndarray]:

@@ -40,6 +40,10 @@ def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torc
     (and said)."""
     from training.inference.backend import ImageTower, backend_of, use_backend
 
+    def runner_core():
+        from training.inference import backend as backend_module
+        return backend_module._CORE
+
     tower = ImageTower(model).eval()
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
     for name in names:
@@ -53,7 +57,9 @@ def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torc
             if used != "openvino" or backend is None:
                 print(f"{name}: not loaded here (fell back to {used}); left out", flush=True)
                 continue
-            request = cast(Any, backend.run)._compile("LATENCY").create_infer_request()
+            runner = cast(Any, backend.run)                  # the backend's _OpenVINO, its config; its graph as stored
+            request = runner_core().compile_model(str(backend.path / "tower.xml"), "CPU", {
+                **runner.config, "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
             out[name] = lambda x, request=request: torch.from_numpy(
                 np.array(request.infer({0: np.ascontiguousarray(x.numpy())})[0]))
             use_backend(model, "eager")

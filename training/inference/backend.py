@@ -350,8 +350,8 @@ def openvino() -> Any:
 
 
 class _OpenVINO:
-    """An OpenVINO IR on the CPU, compiled two ways, each on its first use: ``LATENCY`` (one request on all
-    threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams OpenVINO picks for the threads, one request
+    """An OpenVINO IR on the CPU for one row a request (its batch dimension fixed at 1), compiled two ways, each on
+    its first use: ``LATENCY`` (one request on all threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams OpenVINO picks for the threads, one request
     per stream) for a batch of several, run one row per request: on 2 cores two single-thread streams embed more
     views a second than one request of the whole batch on both threads, while one row on both threads answers
     sooner than on one stream (docs/benchmarks.md#the-tower-alone-and-torchcompile). Calls are serialised by the
@@ -365,6 +365,9 @@ class _OpenVINO:
         if bf16 and "BF16" not in _CORE.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
             raise RuntimeError("this CPU has no native bf16 (AVX-512 BF16 or AMX)")
         self.graph = _CORE.read_model(str(graph))
+        # every request is one row (below): compiled for that static shape, which runs faster than a dynamic batch
+        shape = self.graph.inputs[0].get_partial_shape()
+        self.graph.reshape({self.graph.inputs[0]: ov.PartialShape([1, *list(shape)[1:]])})
         self.config = {"INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
                        "INFERENCE_NUM_THREADS": torch.get_num_threads(),
                        **({"CACHE_DIR": str(cache)} if cache is not None else {})}

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Sequence, cast
 
 import numpy as np
-
 import torch
 
 from training.data.preprocess import ZOOM, ImagePreprocess, MirroredViews, decode_image

@@ -351,11 +351,12 @@ def openvino() -> Any:
 
 class _OpenVINO:
     """An OpenVINO IR on the CPU for one row a request (its batch dimension fixed at 1), compiled two ways, each on
-    its first use: ``LATENCY`` (one request on all threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams OpenVINO picks for the threads, one request
-    per stream) for a batch of several, run one row per request: on 2 cores two single-thread streams embed more
-    views a second than one request of the whole batch on both threads, while one row on both threads answers
-    sooner than on one stream (docs/benchmarks.md#the-tower-alone-and-torchcompile). Calls are serialised by the
-    :class:`Backend` that holds it."""
+    its first use: ``LATENCY`` (one request on all threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams
+    OpenVINO picks for the threads, one request per stream) for a batch of several, run one row per request: on 2
+    cores two single-thread streams embed more views a second than one request of the whole batch on both threads,
+    while one row on both threads answers sooner than on one stream
+    (docs/benchmarks.md#the-tower-alone-and-torchcompile). Calls are serialised by the :class:`Backend` that holds
+    it."""
 
     def __init__(self, graph: Path, bf16: bool, cache: Path | None):
         ov = openvino()

@@ -1,6 +1,7 @@
 """Text in photos, read at index time: a cheap gate that tells which photos likely hold text, and Tesseract (Debian's
-``tesseract-ocr``, the program run directly: the photo piped in, its words out as TSV) run on those only. The words read, each with Tesseract's confidence,
-are stored per photo in the gallery's metadata and indexed as words (index/keywords.py).
+``tesseract-ocr``, the program run directly: the photo piped in, its words out as TSV) run on those only. The
+words read, each with Tesseract's confidence, are stored per photo in the gallery's metadata and indexed as words
+(index/keywords.py); the indexer reads a photo while it embeds the others (:class:`TextReading`).
 
 The gate (:func:`text_likelihood`) looks at a small grey thumbnail: text is many thin, high-contrast strokes, so it
 measures which share of the thumbnail's strong edges come in close opposite pairs (the two sides of a stroke). Its

@@ -38,11 +38,8 @@ RESULTS = REPO / "benchmarks" / "results" / "tower_throughput.json"
 def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """name → a function from uint8 views to backbone features; a backend that does not load is left out
     (and said)."""
+    from training.inference import backend as backend_module
     from training.inference.backend import ImageTower, backend_of, use_backend
-
-    def runner_core():
-        from training.inference import backend as backend_module
-        return backend_module._CORE
 
     tower = ImageTower(model).eval()
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
@@ -58,7 +55,7 @@ def variants(model, names: list[str]) -> dict[str, Callable[[torch.Tensor], torc
                 print(f"{name}: not loaded here (fell back to {used}); left out", flush=True)
                 continue
             runner = cast(Any, backend.run)                  # the backend's _OpenVINO, its config; its graph as stored
-            request = runner_core().compile_model(str(backend.path / "tower.xml"), "CPU", {
+            request = backend_module._CORE.compile_model(str(backend.path / "tower.xml"), "CPU", {
                 **runner.config, "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
             out[name] = lambda x, request=request: torch.from_numpy(
                 np.array(request.infer({0: np.ascontiguousarray(x.numpy())})[0]))

@@ -209,20 +209,6 @@ def read_photo(path: str | Path, config: OcrConfig, likelihood: float | None = N
         return PhotoText(0.0, False)
 
 
-def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None,
-                likelihoods: Sequence[float | None] | None = None) -> list[PhotoText]:
-    """:func:`read_photo` over files, in order, on ``workers`` threads (each Tesseract run is its own process;
-    default: the CPU count, at most 8). ``likelihoods``: the gate's score of each, where already known."""
-    known = list(likelihoods) if likelihoods is not None else [None] * len(paths)
-    if len(known) != len(paths):
-        raise ValueError(f"{len(paths)} photos but {len(known)} gate scores")
-    workers = workers or min(8, os.cpu_count() or 1)
-    if len(paths) <= 1 or workers <= 1:
-        return [read_photo(p, config, k) for p, k in zip(paths, known)]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda pk: read_photo(pk[0], config, pk[1]), zip(paths, known)))
-
-
 class TextReading:
     """:func:`read_photo` over photos as the indexer hands them over, on ``workers`` threads (default: the CPU
     count, at most 8), while it goes on embedding the others: Tesseract's runs share the cores with the embedding
@@ -248,6 +234,20 @@ class TextReading:
     def close(self) -> None:
         """Stops reading (photos not started are not read)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None,
+                likelihoods: Sequence[float | None] | None = None) -> list[PhotoText]:
+    """:func:`read_photo` over files, in order, on a :class:`TextReading`'s threads. ``likelihoods``: the gate's
+    score of each, where already known."""
+    known = list(likelihoods) if likelihoods is not None else [None] * len(paths)
+    if len(known) != len(paths):
+        raise ValueError(f"{len(paths)} photos but {len(known)} gate scores")
+    reading = TextReading(config, workers)
+    for path, likelihood in zip(paths, known):
+        reading.add(path, likelihood)
+    texts = reading.texts()
+    return [texts[str(path)] for path in paths]
 
 
 def start_reading(config: OcrConfig | None, workers: int | None = None) -> TextReading | None:

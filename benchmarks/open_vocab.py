@@ -214,7 +214,7 @@ class Arrays:
 
         from training.models.concepts import class_names, class_sentences
         from training.data.datasets import load_dataset
-        from training.data.features import extract_features
+        from training.data.features import Compute, extract_features
         from training.inference.embedding import embed_texts
         from training.inference.querybank import sample, sample_indices
 
@@ -246,7 +246,8 @@ class Arrays:
                      "bank_classes": texts("bank_classes", class_sentences(names, "a {}")),
                      "demo": texts("demo", [t for t, _ in truth])}
         self.features = {
-            "train": torch.from_numpy(np.array(extract_features(base, [r.path for r in train.images], workers=1))),
+            "train": torch.from_numpy(np.array(extract_features(base, [r.path for r in train.images],
+                                                             compute=Compute(workers=1)))),
             "dev": torch.from_numpy(features(base, "dev" if args.dev_tta else "dev-one-view",
                                              [r.path for r in dev.images], work, tta=args.dev_tta)),
             "imagenet": torch.from_numpy(features(base, "imagenet", [Path(args.imagenet) / "images" / f

@@ -175,7 +175,8 @@ class Engine:
         for width, rows in groups.items():
             index = torch.tensor(rows, device=vectors.device)
             results = caption_embeddings(self.model, vectors.index_select(0, index),
-                                         n=max(settings[r][0] for r in rows), beam_size=width, batch_size=len(rows),
+                                         n=max(settings[r][0] for r in rows),
+                                         settings=decode_settings(self.model, beam_size=width), batch_size=len(rows),
                                          exclude=[exclude[r] for r in rows] if exclude is not None else None)
             for row, result in zip(rows, results):
                 out[row] = result[:settings[row][0]]

@@ -11,12 +11,14 @@ from PIL import Image
 
 from conftest import tiny_config
 from training.config import build_config
-from training.data.features import extract_features
+from training.data.features import Compute, extract_features
 from training.data.preprocess import Preprocess
 from training.data.vocab import Vocabulary
 from training.models.backbones import efficientnet_lite_weights_file
 from training.models.factory import BACKBONES, build_backbone
 from training.models.model import build_model
+
+IN_PROCESS = Compute(workers=0, progress=False)     # decoded in this process, no progress bars
 
 
 @pytest.mark.parametrize("variant,tensors,size", [("efficientnet_lite0", 296, 224), ("efficientnet_lite1", 386, 240),
@@ -95,10 +97,10 @@ def test_feature_cache_is_reused_and_never_stale(tmp_path):
     model = build_model(cfg, Vocabulary.build(["a"])).eval()
     paths = _images(tmp_path / "img", 5)
     cache = tmp_path / "cache"
-    first = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False))
+    first = np.array(extract_features(model, paths, cache_dir=cache, compute=IN_PROCESS))
     files = sorted(os.listdir(cache))
     assert len(files) == 2 and any(f.endswith(".json") for f in files)     # array + manifest
-    again = extract_features(model, paths, cache_dir=cache, workers=0, progress=False)
+    again = extract_features(model, paths, cache_dir=cache, compute=IN_PROCESS)
     assert isinstance(again, np.memmap) and np.array_equal(first, again)
     assert sorted(os.listdir(cache)) == files                               # reused, nothing new written
 
@@ -107,19 +109,19 @@ def test_feature_cache_is_reused_and_never_stale(tmp_path):
     copies = [Path(shutil.copy(p, moved / p.name)) for p in paths]
     for c in copies:
         os.utime(c, ns=(10**18, 10**18))
-    assert np.array_equal(extract_features(model, copies, cache_dir=cache, workers=0, progress=False), first)
+    assert np.array_equal(extract_features(model, copies, cache_dir=cache, compute=IN_PROCESS), first)
     assert sorted(os.listdir(cache)) == files                               # ...still find their features
-    reordered = np.array(extract_features(model, copies[::-1], cache_dir=cache, workers=0, progress=False))
+    reordered = np.array(extract_features(model, copies[::-1], cache_dir=cache, compute=IN_PROCESS))
     assert np.allclose(reordered, first[::-1], atol=1e-6)                   # rows follow the order of paths
 
     stat = os.stat(paths[2])
     Image.new("RGB", (40, 40), (0, 0, 255)).save(paths[2])                 # an image changes, even with its
     os.utime(paths[2], ns=(stat.st_atime_ns, stat.st_mtime_ns))             # old mtime kept...
-    changed = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False))
+    changed = np.array(extract_features(model, paths, cache_dir=cache, compute=IN_PROCESS))
     assert not np.array_equal(changed[2], first[2]) and np.allclose(changed[0], first[0], atol=1e-6)
     torch.nn.init.zeros_(model.backbone.fc[1].weight)                       # ...or the backbone changes
     torch.nn.init.zeros_(model.backbone.fc[1].bias)
-    zeroed = extract_features(model, paths, cache_dir=cache, workers=0, progress=False)
+    zeroed = extract_features(model, paths, cache_dir=cache, compute=IN_PROCESS)
     assert np.allclose(zeroed, 0)
     assert not any(f.endswith(".tmp") for f in os.listdir(cache))
 
@@ -130,4 +132,4 @@ def test_unreadable_image_names_the_file(tmp_path):
     paths = _images(tmp_path / "img", 2)
     paths[1].write_bytes(b"not an image")
     with pytest.raises(RuntimeError, match="1.png"):
-        extract_features(model, paths, cache_dir=tmp_path / "c", workers=0, progress=False)
+        extract_features(model, paths, cache_dir=tmp_path / "c", compute=IN_PROCESS)

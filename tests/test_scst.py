@@ -99,7 +99,7 @@ def test_scst_teaches_a_decoder_the_rewarded_sentences():
 
 
 def test_scst_stage_trains_the_decoder_only_and_keeps_the_best_checkpoint(synth_small, tmp_path):
-    from training.evaluate import evaluate_model
+    from training.evaluate import EvalOptions, evaluate_model
     from training.models.checkpoint import load_model
     from training.train import train
 
@@ -126,8 +126,9 @@ def test_scst_stage_trains_the_decoder_only_and_keeps_the_best_checkpoint(synth_
         assert changed == {"decoder"}
     from training.data.datasets import load_dataset
     data = load_dataset(synth_small)
-    r_before = evaluate_model(before, data.split("val"), workers=0, generation=False, progress=False)
-    r_after = evaluate_model(after, data.split("val"), workers=0, generation=False, progress=False)
+    retrieval_only = EvalOptions(generation=False)
+    r_before = evaluate_model(before, data.split("val"), workers=0, progress=False, options=retrieval_only)
+    r_after = evaluate_model(after, data.split("val"), workers=0, progress=False, options=retrieval_only)
     assert r_before["rsum"] == r_after["rsum"]
 
 

@@ -1,6 +1,8 @@
-"""No function of index/ takes more than MAX_PARAMETERS parameters: options travel as typed objects
-(``index.changes.BuildOptions``, ``index.gallery.EmbedOptions``, ``index.ray_embed.RayOptions``, a
-``ChangeSet``), not as relays of keyword arguments handed from one function to the next."""
+"""No function of training/, index/ or service/ takes more than MAX_PARAMETERS parameters: options travel as typed
+objects (``index.changes.BuildOptions``, ``index.gallery.EmbedOptions``, ``index.ray_embed.RayOptions``, a
+``ChangeSet``; ``training.data.features.Compute``, ``training.evaluate.EvalOptions``,
+``training.inference.generate.DecodeSettings``), not as relays of keyword arguments handed from one function to the
+next."""
 import dataclasses
 import importlib
 import inspect
@@ -8,8 +10,15 @@ import pkgutil
 from pathlib import Path
 
 import index
+import service
+import training
 
 MAX_PARAMETERS = 8
+PACKAGES = (training, index, service)
+# over the limit in modules that other changes of issue 61 are rewriting at the same time (the GPU decode path,
+# the query bank, the text tower's state cache): grouped there, then taken off this list
+NOT_YET = {"training.inference.embedding.embed_image_files": 10, "training.inference.querybank.make_bank": 11,
+           "training.data.state_cache.build_state_cache": 9}
 
 
 def _functions(module) -> dict[str, object]:
@@ -40,18 +49,23 @@ def _too_many(modules) -> dict[str, int]:
             if (n := _parameters(f)) > MAX_PARAMETERS}
 
 
-def _index_modules():
-    return [importlib.import_module(f"index.{info.name}")
-            for info in pkgutil.iter_modules([str(Path(index.__file__).parent)])]
+def _modules():
+    """Every module of the three packages, subpackages' too (``training.models``, ``service.api``, ...)."""
+    return [importlib.import_module(info.name) for package in PACKAGES
+            for info in pkgutil.walk_packages([str(Path(package.__file__).parent)], f"{package.__name__}.")]
 
 
-def test_no_function_of_index_takes_more_than_eight_parameters():
-    modules = _index_modules()
+def test_no_function_takes_more_than_eight_parameters():
+    modules = _modules()
     seen = {f"{m.__name__}.{q}" for m in modules for q in _functions(m)}
-    # the walk reaches the update path and the methods and classmethods of the modules' classes
+    # the walk reaches the update path, the model library, the training application and the service, and the
+    # methods and classmethods of the modules' classes
     assert {"index.gallery.build", "index.gallery.sync", "index.changes.apply", "index.segments.SegmentedIndex.load",
-            "index.ray_embed.embed_with_ray", "index.video_embed.embed_videos"} <= seen
-    assert _too_many(modules) == {}
+            "index.ray_embed.embed_with_ray", "index.video_embed.embed_videos", "training.evaluate.evaluate_model",
+            "training.data.features.extract_features", "training.inference.generate.caption_embeddings",
+            "training.models.wordvec.train_skipgram", "training.trainer.Trainer.save_state",
+            "service.engine.Engine._decode", "service.app.create_app"} <= seen
+    assert _too_many(modules) == NOT_YET
 
 
 def test_the_check_catches_a_relay_of_parameters():

@@ -11,7 +11,8 @@ from training.config import ConfigError
 from training.data.datasets import load_dataset
 from training.data.vocab import Vocabulary, tokenize
 from training.inference.embedding import embed_texts
-from training.inference.generate import NoDecoderError, caption_embeddings, caption_images, paraphrase_texts
+from training.inference.generate import (NoDecoderError, caption_embeddings, caption_images, decode_settings,
+                                         paraphrase_texts)
 from training.models.attention import RegionWordAttention
 from training.models.model import build_model
 from training.models.checkpoint import load_model, save_model
@@ -100,7 +101,8 @@ def test_stt_training_saves_a_self_contained_model_with_decoder(synth_small, tmp
     again = load_model(tmp_path / "run" / "model.pt")
     assert model.decoder is not None and model.fingerprint == again.fingerprint
     z = embed_texts(model, ["a red circle left of a blue square"])
-    assert caption_embeddings(model, z, n=2, beam_size=2) == caption_embeddings(again, z, n=2, beam_size=2)
+    beam = decode_settings(model, beam_size=2)
+    assert caption_embeddings(model, z, n=2, settings=beam) == caption_embeddings(again, z, n=2, settings=beam)
 
 
 @pytest.mark.parametrize("select_on, best_epoch", [("nll", 4), ("rsum", 2)])
@@ -215,10 +217,10 @@ def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
     # evaluation reports every metric the other models report, scored with the attention similarity
     from training.data.datasets import load_dataset
     from training.data.sources import image_source
-    from training.evaluate import attention_retrieval, evaluate_model
+    from training.evaluate import EvalOptions, attention_retrieval, evaluate_model
 
     test = load_dataset(synth_small).split("test")
-    result = evaluate_model(model, test, progress=False, workers=0, generation=False)
+    result = evaluate_model(model, test, progress=False, workers=0, options=EvalOptions(generation=False))
     assert {"rk_variants", "rprecision5", "mir", "pooled", "rsum"} <= set(result)
     source = image_source(model, [r.path for r in test.images], workers=0, progress=False)
     assert result["rsum"] == pytest.approx(attention_retrieval(model, test, source)["rsum"])
@@ -277,7 +279,7 @@ def test_demo_stt_captions_beat_the_nearest_caption_baseline(tmp_path_factory):
     train_caps = [c for r in train_split.images for c in r.captions]
     nearest = model.score(img, train_caps_emb).argmax(1).tolist()
     refs = {r.image_id: list(r.captions) for r in test.images}
-    generated = caption_embeddings(model, img, n=1, beam_size=3)
+    generated = caption_embeddings(model, img, n=1, settings=decode_settings(model, beam_size=3))
     stt = coco_scores(refs, {i: g[0][0] for i, g in enumerate(generated)}, meteor=False)
     baseline = coco_scores(refs, {i: train_caps[j] for i, j in enumerate(nearest)}, meteor=False)
     assert stt["bleu4"] > baseline["bleu4"] + 0.02, (stt, baseline)
@@ -321,7 +323,7 @@ def test_evaluate_json_gains_captioning_and_paraphrasing(synth_small, tmp_path, 
 def test_decoder_trained_on_a_frozen_retrieval_space_keeps_its_retrieval(synth_small, tmp_path):
     """``train.init_from`` + ``train.freeze``: an STT decoder trained on the common space of a finished
     retrieval model leaves every retrieval tensor, and so the retrieval metrics, exactly as they were."""
-    from training.evaluate import evaluate_model
+    from training.evaluate import EvalOptions, evaluate_model
     from training.train import train
 
     train(tiny_config(train={"epochs": 1}), synth_small, tmp_path / "retrieval", progress=False, log=quiet)
@@ -337,8 +339,8 @@ def test_decoder_trained_on_a_frozen_retrieval_space_keeps_its_retrieval(synth_s
     fresh = build_model(cfg, stt.vocab, load_weights=False).decoder.state_dict()
     assert any(not torch.equal(fresh[k], v) for k, v in stt.decoder.state_dict().items())   # ... the decoder trained
     data = load_dataset(synth_small).split("val")
-    r0 = evaluate_model(base, data, progress=False, generation=False)
-    r1 = evaluate_model(stt, data, progress=False, generation=False)
+    r0 = evaluate_model(base, data, progress=False, options=EvalOptions(generation=False))
+    r1 = evaluate_model(stt, data, progress=False, options=EvalOptions(generation=False))
     assert (r1["i2t"], r1["t2i"], r1["rsum"]) == (r0["i2t"], r0["t2i"], r0["rsum"])
     log = [json.loads(line) for line in (tmp_path / "stt" / "log.jsonl").read_text().splitlines()]
     assert log[0]["val"]["nll"]["ic"] > log[-1]["val"]["nll"]["ic"]      # the captioner learns

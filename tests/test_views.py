@@ -55,23 +55,25 @@ def _noise_images(folder, n, side=48):
 def test_per_view_features_are_the_crops_that_multicrop_averages(tmp_path):
     from dataclasses import replace
 
-    from training.data.features import extract_features
+    from training.data.features import Compute, extract_features
     from training.data.vocab import Vocabulary
     from training.models.model import build_model
+
+    in_process = Compute(workers=0, progress=False)
 
     model = build_model(frozen_config(), Vocabulary.build(["a"])).eval()
     paths = _noise_images(tmp_path / "img", 5)
     cache = tmp_path / "cache"
     pre = replace(model.preprocess, crops=10, resize=40)
-    views = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False, preprocess=pre,
+    views = np.array(extract_features(model, paths, cache_dir=cache, compute=in_process, preprocess=pre,
                                       per_view=True))
     assert views.shape == (5, 10, 64)
-    pooled = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False, preprocess=pre))
+    pooled = np.array(extract_features(model, paths, cache_dir=cache, compute=in_process, preprocess=pre))
     assert pooled.shape == (5, 64) and np.allclose(views.mean(1), pooled, atol=1e-5)
     assert not np.allclose(views[:, 0], views[:, 1], atol=1e-3)          # the crops really differ
-    plain = np.array(extract_features(model, paths, cache_dir=cache, workers=0, progress=False))
+    plain = np.array(extract_features(model, paths, cache_dir=cache, compute=in_process))
     assert plain.shape == (5, 64) and not np.allclose(plain, pooled, atol=1e-3)   # three caches, three keys
-    again = extract_features(model, paths, cache_dir=cache, workers=0, progress=False, preprocess=pre, per_view=True)
+    again = extract_features(model, paths, cache_dir=cache, compute=in_process, preprocess=pre, per_view=True)
     assert isinstance(again, np.memmap) and np.array_equal(again, views)      # reused from the cache
 
 

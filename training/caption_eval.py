@@ -125,6 +125,7 @@ def coco_scores(references: dict[Hashable, list[str]], candidates: dict[Hashable
 
 
 TASKS = ("captioning", "paraphrasing")
+EXAMPLES = 5        # images whose caption and paraphrase a result shows under "examples"
 
 
 def score_generations(generations: dict, meteor: bool = True) -> dict:
@@ -172,17 +173,16 @@ def load_generations(path: str | Path) -> dict:
 
 
 def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
-                       cap_to_img: torch.Tensor, meteor: bool = True, examples: int = 5, progress: bool = True,
-                       **decode) -> dict:
+                       cap_to_img: torch.Tensor, meteor: bool = True, progress: bool = True, **decode) -> dict:
     """``captioning`` and ``paraphrasing`` scores of a split, from its embedded images and captions
     (``embed.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them). The scored
     sentences are under ``_generations`` (``{"captioning": [...], "paraphrasing": [...]}``, see
-    :func:`score_generations`)."""
+    :func:`score_generations`), the first :data:`EXAMPLES` images' under ``examples``."""
     from tqdm.auto import tqdm
 
     from training.inference.generate import caption_embeddings, decode_settings
 
-    settings = decode_settings(model, **decode).as_dict()
+    settings = decode_settings(model, **decode)
     captions = [c for r in dataset.images for c in r.captions]
     chunk = 256
 
@@ -190,7 +190,7 @@ def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, 
         out = []
         for s in tqdm(range(0, emb.shape[0], chunk), desc=desc, disable=not progress, unit="batch", leave=False):
             ex = exclude[s:s + chunk] if exclude is not None else None
-            out += caption_embeddings(model, emb[s:s + chunk], n=1, exclude=ex, **settings)
+            out += caption_embeddings(model, emb[s:s + chunk], n=1, settings=settings, exclude=ex)
         return [r[0][0] if r else "" for r in out]
 
     generated = decode_all(image_emb, "captioning")
@@ -213,8 +213,8 @@ def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, 
     scores = score_generations(generations, meteor=meteor)
     shown = [{"image": str(r.path), "caption": generated[i], "references": list(r.captions),
               "paraphrase_of": captions[by_image[r.image_id][0]], "paraphrase": paraphrases[by_image[r.image_id][0]]}
-             for i, r in enumerate(dataset.images[:examples]) if r.image_id in by_image]
-    return {**scores, "decoding": settings, "examples": shown, "_generations": generations}
+             for i, r in enumerate(dataset.images[:EXAMPLES]) if r.image_id in by_image]
+    return {**scores, "decoding": settings.as_dict(), "examples": shown, "_generations": generations}
 
 
 def format_generation(result: dict) -> str:

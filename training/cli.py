@@ -230,7 +230,7 @@ def cmd_evaluate(args) -> int:
     from training.inference.device import resolve_device
     from training.models.protocol import has_decoder
     from training.models.checkpoint import load_model
-    from .evaluate import evaluate_model, format_table, plot_recall, public
+    from .evaluate import EvalOptions, evaluate_model, format_table, plot_recall, public
 
     if args.generations and args.no_generation:
         print("error: --generations needs the captioning/paraphrasing run that --no-generation turns off",
@@ -253,12 +253,12 @@ def cmd_evaluate(args) -> int:
             print(f"error: --querybank-norm needs a train split of {args.data} other than the evaluated one",
                   file=sys.stderr)
             return 2
+    options = EvalOptions(generation=not args.no_generation, meteor=not args.no_meteor,
+                          decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty,
+                                  "no_repeat_ngram": args.no_repeat_ngram},
+                          querybank=bank, qb_beta=args.qb_beta)
     result = evaluate_model(model, dataset, device=device, workers=args.workers, progress=not args.quiet,
-                            querybank=bank, qb_beta=args.qb_beta,
-                            amp=device.type == "cuda", generation=not args.no_generation,
-                            meteor=not args.no_meteor,
-                            decode={"beam_size": args.beam_size, "length_penalty": args.length_penalty,
-                                    "no_repeat_ngram": args.no_repeat_ngram})
+                            amp=device.type == "cuda", options=options)
     print(format_table(result))
     out = public(result)
     out.update({"split": args.split, "data": str(args.data), "model": str(args.model),
@@ -449,7 +449,7 @@ def _no_model_file(path: str) -> bool:
 def cmd_concepts(args) -> int:
     import yaml
 
-    from training.concepts import fit_file
+    from training.concepts import Written, fit_file
 
     if _no_model_file(args.model):
         return 2
@@ -461,8 +461,8 @@ def cmd_concepts(args) -> int:
             return 2
         overrides[key.split(".", 1)[1]] = yaml.safe_load(value)
     try:
-        fit_file(args.model, _train_split(args.data), out=args.out, overrides=overrides,
-                 half=True if args.half else None, progress=True)
+        fit_file(args.model, _train_split(args.data), overrides=overrides,
+                 written=Written(out=args.out, half=True if args.half else None), progress=True)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,8 @@ and ``concepts.bank_template`` adds a sentence per class to the bank's captions.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence, cast
 
 import numpy as np
@@ -111,22 +113,30 @@ def with_concepts(model: JointEmbedding, overrides: dict | None = None) -> Joint
     return rebuilt.eval()
 
 
-def fit_file(model_file, train_set, out=None, overrides: dict | None = None, half: bool | None = None,
-             device="cpu", workers: int = 2, progress: bool = False, log: Callable[[str], None] = print) -> dict:
+@dataclass(frozen=True)
+class Written:
+    """Where :func:`fit_file` writes the fitted model: ``out`` (None: in place), slim when it was slim, ``half``:
+    in float16 (None: as it was)."""
+    out: str | Path | None = None
+    half: bool | None = None
+
+
+IN_PLACE = Written()
+
+
+def fit_file(model_file, train_set, overrides: dict | None = None, written: Written = IN_PLACE, device="cpu",
+             workers: int = 2, progress: bool = False, log: Callable[[str], None] = print) -> dict:
     """``jointspace concepts`` and ``jointspace train``: loads ``model_file``, gives it a concept head when it has
     none (or ``overrides`` change it), fits it on ``train_set``'s photos (features from the feature cache), draws
     the query bank again when the model carries one (its images are image embeddings; ``concepts.bank_template``
-    adds a sentence per class to its captions) and writes the model to ``out`` (default: in place), slim when it
-    was slim (``half``: float16, default as it was)."""
-    from pathlib import Path
-
-    from training.data.features import extract_features
+    adds a sentence per class to its captions) and writes the model as ``written`` says."""
+    from training.data.features import Compute, extract_features
     from training.inference.querybank import attach, carried, describe
     from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
     from training.inference.querybank import make_bank
 
     model_file = Path(model_file)
-    out = Path(out) if out else model_file
+    out = Path(written.out) if written.out else model_file
     loaded = load_model(model_file)
     if not isinstance(loaded, JointEmbedding):
         raise ValueError("an ensemble's members get their concept heads one by one (jointspace concepts on each "
@@ -134,8 +144,8 @@ def fit_file(model_file, train_set, out=None, overrides: dict | None = None, hal
     model = loaded if loaded.concepts is not None and not overrides else with_concepts(loaded, overrides)
     model.extra = dict(getattr(loaded, "extra", {}) or {})
     model.to(device)
-    feats = extract_features(model, [r.path for r in train_set.images], device=device, workers=workers,
-                             progress=progress)
+    feats = extract_features(model, [r.path for r in train_set.images],
+                             compute=Compute(device=device, workers=workers, progress=progress))
     report = fit(model, feats, log=log)
     model.cpu()
     model.extra["concepts"] = report
@@ -143,7 +153,7 @@ def fit_file(model_file, train_set, out=None, overrides: dict | None = None, hal
     bank = carried(loaded)
     model.extra.pop("querybank", None)
     if slim:
-        save_slim(model, out, half=bool(slim.get("half")) if half is None else half)
+        save_slim(model, out, half=bool(slim.get("half")) if written.half is None else written.half)
     else:
         save_model(model, out, extra=model.extra)
     if bank is not None:

@@ -12,6 +12,7 @@ the ground truth). With 5000 test images the COCO protocols are added: 5 folds o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,6 +24,7 @@ from training.models.protocol import EmbeddingModel, has_attention, has_decoder
 from .ranking import KS, mean_inverted_rank, ranks_from_scores, retrieval_metrics, summarize
 
 if TYPE_CHECKING:
+    from training.data.datasets import CaptionDataset
     from training.models.model import JointEmbedding
 
 __all__ = ["KS", "mean_inverted_rank", "ranks_from_scores", "retrieval_metrics", "summarize"]
@@ -209,16 +211,30 @@ def minimal_pairs_of(dataset) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """What :func:`evaluate_model` scores beside retrieval. A model with a decoder also gets ``captioning`` and
+    ``paraphrasing`` scores (STT §4.5): ``generation`` turns them off, ``meteor`` the METEOR column, ``decode``
+    overrides the model's decoding settings (e.g. ``{"beam_size": 5}``). ``querybank`` (a CaptionDataset, e.g.
+    the train split) adds the metrics under querybank normalisation with inverse temperature ``qb_beta``."""
+    generation: bool = True
+    meteor: bool = True
+    decode: dict | None = None
+    querybank: CaptionDataset | None = None
+    qb_beta: float = 20.0
+
+
+DEFAULT_EVAL = EvalOptions()
+
+
 def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None, workers: int = 2,
-                   progress: bool = True, amp: bool = False, generation: bool = True, meteor: bool = True,
-                   decode: dict | None = None, querybank=None, qb_beta: float = 20.0) -> dict:
+                   progress: bool = True, amp: bool = False, options: EvalOptions = DEFAULT_EVAL) -> dict:
     """Embeds a split with ``model`` and returns every metric (rank tensors under ``_ranks``).
 
-    A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (STT §4.5; the scored sentences
-    under ``_generations``; ``generation`` turns them off; ``decode`` overrides the model's decoding settings,
-    e.g. ``{"beam_size": 5}``); ``querybank`` (a CaptionDataset, e.g. the train split) adds the metrics under
-    querybank normalisation with inverse temperature ``qb_beta`` (``qbnorm``); an STT-ATT model is ranked with
-    its attention similarity (eqs. 13-17), the pooled vectors' metrics under ``pooled``."""
+    A model with a decoder also gets ``captioning`` and ``paraphrasing`` scores (the scored sentences under
+    ``_generations``), a query bank the metrics under ``qbnorm``, as ``options`` say (:class:`EvalOptions`); an
+    STT-ATT model is ranked with its attention similarity (eqs. 13-17), the pooled vectors' metrics under
+    ``pooled``."""
     from training.data.sources import image_source
     from training.inference.embedding import embed_split
 
@@ -246,18 +262,18 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
 
         result = {**full_evaluation(regions, packed, cap_to_img, attend),
                   **bir_metrics(regions, packed, cap_to_img, attend), "pooled": pooled}
-    if generation and has_decoder(model):
+    if options.generation and has_decoder(model):
         from .caption_eval import generation_metrics
 
-        result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=meteor, progress=progress,
-                                         **(decode or {})))
+        result.update(generation_metrics(model, dataset, img, cap, cap_to_img, meteor=options.meteor,
+                                         progress=progress, **(options.decode or {})))
     # QB-Norm (training/inference/querybank.py): the bank split's images and captions as query banks
-    if querybank is not None:
+    if options.querybank is not None:
         if model.cfg.model.similarity != "cosine":
             raise ValueError("querybank normalisation applies to cosine-similarity models")
-        bank_img, bank_cap, _ = embed_split(model, querybank, device=device, workers=workers, progress=progress,
-                                            amp=amp)
-        result["qbnorm"] = querybank_metrics(img, cap, cap_to_img, bank_img, bank_cap, qb_beta)
+        bank_img, bank_cap, _ = embed_split(model, options.querybank, device=device, workers=workers,
+                                            progress=progress, amp=amp)
+        result["qbnorm"] = querybank_metrics(img, cap, cap_to_img, bank_img, bank_cap, options.qb_beta)
     pairs = minimal_pairs_of(dataset)
     if pairs:
         result["minimal_pairs"] = minimal_pair_accuracy(img, cap, cap_to_img, pairs, model.similarity)

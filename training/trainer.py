@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from training.data.datasets import CaptionDataset, load_dataset
+from training.data.features import Compute
 from training.data.fileio import atomic_path, write_text
 from training.data.sources import ImageSource, image_source, view_source
 from training.data.vocab import SPECIALS, Vocabulary, pad_batch
@@ -113,6 +114,15 @@ class Stage:
     lr: float
     batch_size: int
     backbone_trainable: bool
+
+
+@dataclass
+class Stepping:
+    """What a stage steps with, kept in ``last.pt`` after every epoch so that a resumed run goes on as an unbroken
+    one: the optimiser, its learning-rate schedule and the sampler's random generator."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    generator: torch.Generator
 
 
 def plan_stages(cfg: RunConfig, backbone_pretrained: bool) -> list[Stage]:
@@ -218,11 +228,13 @@ class Trainer:
         views to precomputed features (not to a trainable backbone's pixels)."""
         train, image = self.cfg.train, self.cfg.image
         paths = [r.path for r in dataset.images]
-        common: dict[str, Any] = dict(cache_dir=image.cache_dir, device=self.device, workers=train.workers,
-                                      progress=self.progress, amp=self.amp)
-        source = image_source(self.model, paths, trainable=trainable, **common)
+        compute = Compute(device=self.device, workers=train.workers, progress=self.progress, amp=self.amp)
+        source = image_source(self.model, paths, trainable=trainable, cache_dir=image.cache_dir,
+                              device=compute.device, workers=compute.workers, progress=compute.progress,
+                              amp=compute.amp)
         if augment and image.train_crops and source.kind == "features":
-            source = view_source(self.model, paths, source, image.train_crops, image.train_resize, **common)
+            source = view_source(self.model, paths, source, image.train_crops, image.train_resize,
+                                 cache_dir=image.cache_dir, compute=compute)
         return source
 
     def selection_score(self, val: dict) -> float:
@@ -345,6 +357,7 @@ class Trainer:
         scheduler = build_scheduler(train, optimizer, stage.epochs * steps)
         per_step = train.lr_schedule == "cosine"
         average = WeightAverage(model, train.ema) if train.ema else None
+        stepping = Stepping(optimizer, scheduler, generator)
 
         def kept_weights():
             """With train.ema the averaged weights are validated and kept (training goes on from the raw ones)."""
@@ -420,7 +433,7 @@ class Trainer:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
             stop = bad_epochs >= train.patience
-            self.save_state(stage, index, epoch, optimizer, scheduler, generator, bad_epochs, stop, start,
+            self.save_state(stage, index, epoch, stepping, bad_epochs, stop, start,
                             weight_average=average.state_dict() if average is not None else None)
             val_txt = f" val R-sum {record['val']['rsum']:.1f}" if "val" in record else ""
             self.log(f"[{stage.name} {epoch}/{stage.epochs}] loss {record['loss']}{val_txt}"
@@ -430,18 +443,18 @@ class Trainer:
                 return False
         return True
 
-    def save_state(self, stage: Stage, index: int, epoch: int, optimizer, scheduler, generator, bad_epochs: int,
+    def save_state(self, stage: Stage, index: int, epoch: int, stepping: Stepping, bad_epochs: int,
                    stopped: bool, start: float, **extra) -> None:
         """``RUN_DIR/last.pt``: everything ``run(resume=True)`` needs to go on after this epoch (atomic write).
         A multi-process run keeps every rank's random states (``rng_ranks``); rank 0 writes the file while the
         others wait."""
-        rng = rng_state(generator)
+        rng = rng_state(stepping.generator)
         ranks = {} if self.dist is None else {"rng_ranks": self.dist.all_objects(rng),
                                               "world_size": self.dist.world_size}
         if self.is_main:
-            self.write_state(stage.name, index, epoch, time.time() - start, optimizer=optimizer.state_dict(),
-                             scheduler=scheduler.state_dict(), rng=rng, bad_epochs=bad_epochs, stopped=stopped,
-                             **ranks, **extra)
+            self.write_state(stage.name, index, epoch, time.time() - start,
+                             optimizer=stepping.optimizer.state_dict(), scheduler=stepping.scheduler.state_dict(),
+                             rng=rng, bad_epochs=bad_epochs, stopped=stopped, **ranks, **extra)
         if self.dist is not None:
             self.dist.barrier()
 

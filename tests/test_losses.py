@@ -78,7 +78,7 @@ def test_every_loss_is_differentiable_and_registered():
         sim = S.clone().requires_grad_(True)
         cfg = {"name": name, "margin": M, "lambda": 1.0, "reduction": "sum", "k": 2, "options": {}}
         loss_fn = build_loss(LossSection.model_validate(cfg))
-        if getattr(loss_fn, "on_pairs", False):    # W2VV's mse reads (prediction, target) pairs, not scores
+        if loss_fn.on_pairs:    # W2VV's mse reads (prediction, target) pairs, not scores
             loss_fn(sim, S + 1).backward()
         else:
             loss_fn(sim).backward()

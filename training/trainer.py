@@ -196,7 +196,7 @@ class Trainer:
                                                      dtype=train.cache_dtype, progress=progress, log=log)
         # every rank holds the global batch's embeddings when gathering negatives (DDP only)
         self.gather = self.dist is not None and train.gather_negatives
-        if self.gather and getattr(self.loss_fn, "on_pairs", False):
+        if self.gather and self.loss_fn.on_pairs:
             raise ValueError(f"train.gather_negatives: loss {cfg.loss.name} compares each pair on its own "
                              f"(no negatives to gather)")
         if self.dist is not None:
@@ -276,7 +276,7 @@ class Trainer:
     def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
         images, ids, lengths, img_idx = (x.to(self.device) for x in batch)
         model = self.model
-        if getattr(self.loss_fn, "on_pairs", False):
+        if self.loss_fn.on_pairs:
             # W2VV eqs. 8-9: the loss compares each caption's prediction with its image, un-normalised
             feats = batch_features(model, kind, images)
             loss = self.loss_fn(model.project_texts(ids, lengths), model.project_features(feats))

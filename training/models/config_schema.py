@@ -77,7 +77,7 @@ class LossSection(LossKeys, NamedSection):
 
     @model_validator(mode="after")
     def _memory_applies(self):
-        if self.memory and not getattr(LOSSES.get(self.name), "takes_memory", False):
+        if self.memory and not LOSSES.get(self.name).takes_memory:
             raise ValueError(f"loss.memory: loss {self.name!r} does not mine negatives from a cross-batch memory "
                              f"(set loss.memory: 0)")
         return self

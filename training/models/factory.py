@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from torch import nn
-
 from . import backbones, bir, losses, minilm, options, rcn, regions, text_encoders, w2vv
 from .backbones import Backbone
 from .registry import Entry, Pretrained, Registry
@@ -73,7 +71,7 @@ BACKBONES: Registry[Callable[[ImageKeys, bool], Backbone]] = Registry("image bac
           "a small CNN trained from scratch, keeping a 4 × 4 grid (the synthetic set)"),
 ])
 
-LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", "loss.name", [
+LOSSES: Registry[type[losses.Loss]] = Registry("loss", "loss.name", [
     Entry("sum", losses.SumOfHinges, None, "STT eq. 7: the sum of hinges over every negative"),
     Entry("max_violation", losses.MaxViolation, None, "RCN eqs. 11-13, VSE++: the hardest negative"),
     Entry("khardest", losses.KHardest, None, "two-branch §3.3: the k hardest negatives"),
@@ -156,7 +154,7 @@ def build_backbone(cfg_image: ImageKeys, load_weights: bool = True) -> Backbone:
     return backbones.concatenated(parts)
 
 
-def build_loss(cfg: LossKeys) -> nn.Module:
+def build_loss(cfg: LossKeys) -> losses.Loss:
     """``cfg`` is the config's ``loss`` section."""
     return LOSSES.get(cfg.name)(margin=cfg.margin, lam=cfg.lambda_, reduction=cfg.reduction, k=cfg.k,
                                 **cfg.options.model_dump(by_alias=False))

@@ -17,7 +17,7 @@ so the hardest negative is mined from more than one batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 
@@ -75,7 +75,16 @@ class CrossBatchMemory:
         self.images, self.captions, self.image_ids = (x[-self.size:] for x in new)
 
 
-class RankingLoss(torch.nn.Module):
+class Loss(torch.nn.Module):
+    """A loss of the ``loss.name`` table (``factory.LOSSES``) and what the trainer asks of it. ``on_pairs``: it
+    compares each caption's prediction with its own image's features, ``forward(predicted, target)`` (W2VV
+    eqs. 8-9), instead of scoring a batch's similarity matrix, ``forward(sim, image_ids, memory)``;
+    ``takes_memory``: that ``forward`` accepts the scores against a :class:`CrossBatchMemory` (``loss.memory``)."""
+    on_pairs: ClassVar[bool] = False
+    takes_memory: ClassVar[bool] = False
+
+
+class RankingLoss(Loss):
     takes_memory = True      # forward accepts the scores against a CrossBatchMemory
 
     def __init__(self, margin: float = 0.2, lam: float = 1.0, reduction: str = "sum", k: int = 10, **options):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .losses import Loss
 from .options import W2VVOptions, options_as
 from .sections import TextKeys
 from .text_encoders import GRUEncoder, MeanWordVectors
@@ -79,7 +80,7 @@ def build_w2vv(cfg_text: TextKeys, vocab_size: int) -> TextEncoderBase:
     return Word2VisualVec(vocab_size, cfg_text)
 
 
-class PredictionMSE(nn.Module):
+class PredictionMSE(Loss):
     """W2VV eqs. 8–9: l_mse(x, q) = (r(q) − φ(x))², averaged over the batch and the feature dimensions (as
     Keras' ``mse``, which the authors' code used). The ranking arguments of the config are ignored."""
 

@@ -109,7 +109,7 @@ def with_concepts(model: JointEmbedding, overrides: dict | None = None) -> Joint
         raise ValueError(f"the model's tensors do not fit its rebuilt self: {stray[:5]}")
     if model.concepts is not None:      # a fitted head is refitted from scratch, keeping nothing of it
         cast(ConceptHead, rebuilt.concepts).fitted.fill_(False)
-    rebuilt.extra = dict(getattr(model, "extra", {}) or {})
+    rebuilt.extra = dict(model.extra or {})
     return rebuilt.eval()
 
 
@@ -142,7 +142,7 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
         raise ValueError("an ensemble's members get their concept heads one by one (jointspace concepts on each "
                          "member, then jointspace ensemble)")
     model = loaded if loaded.concepts is not None and not overrides else with_concepts(loaded, overrides)
-    model.extra = dict(getattr(loaded, "extra", {}) or {})
+    model.extra = dict(loaded.extra or {})
     model.to(device)
     feats = extract_features(model, [r.path for r in train_set.images],
                              compute=Compute(device=device, workers=workers, progress=progress))

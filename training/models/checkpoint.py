@@ -110,7 +110,7 @@ def save_slim(model: JointEmbedding | EnsembleEmbedding, path: str | Path, half:
                "config": model.cfg.model_dump(), "vocab": model.vocab.to_dict(),
                "backbone": {"name": model.backbone_name, "dim": model.feature_dim,
                             "pretrained": model.backbone_pretrained, "preprocess": model.preprocess.to_dict()},
-               "state_dict": kept, "fingerprint": fp, "extra": getattr(model, "extra", {}) or {}}
+               "state_dict": kept, "fingerprint": fp, "extra": model.extra or {}}
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
     return {"kept": len(kept), "omitted": len(omitted), "fingerprint": fp,

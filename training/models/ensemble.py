@@ -56,7 +56,11 @@ class CommonSpace(nn.Module):
     through ``training.inference.embedding.embed_texts``, the one text inference path.)"""
     similarity: Similarity
     fingerprint: str          # set by model.load_model: the fingerprint of the file it was read from
-    extra: dict               # set by model.load_model: what the file carries beside the weights (a query bank)
+    extra: dict               # what the file carries beside the weights (a query bank): set by model.load_model
+
+    def __init__(self):
+        super().__init__()
+        self.extra = {}       # a model not read from a file carries nothing
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

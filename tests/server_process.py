@@ -15,10 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def wait_ready(client, timeout: float = 60.0, poll: float = 0.05):
     """Polls ``/readyz`` through ``client`` (an in-process TestClient, or any client with ``get``) until it
-    answers 200 or ``timeout`` seconds have passed; returns the client (the caller's assertions then say what is
-    not ready)."""
+    answers 200, and returns the client: the one wait for readiness of the tests that run the app in process.
+    AssertionError with ``/readyz``'s answer when ``timeout`` seconds pass first."""
     deadline = time.monotonic() + timeout
-    while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+    while (r := client.get("/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, f"not ready after {timeout:g} s: {r.status_code} {r.text}"
         time.sleep(poll)
     return client
 

@@ -1,6 +1,5 @@
 """Ensembles that serve as one model: build → save → load → evaluate → index → serve, ranking by the weighted
 concatenation of the members' normalised embeddings."""
-import time
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import torch.nn.functional as F
 from fastapi.testclient import TestClient
 
 from conftest import build_index, tiny_config
+from server_process import wait_ready
 from index.embed import embed_texts
 from index.gallery import Gallery
 from service.app import create_app
@@ -86,9 +86,7 @@ def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensembl
 
     app = create_app(Settings(model=str(ensemble_path), index=str(index_dir), reload_interval_s=0))
     with TestClient(app) as client:
-        deadline = time.monotonic() + 120
-        while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_ready(client, timeout=120, poll=0.1)
         r = client.post("/v1/search/images", json={"text": QUERIES[0], "k": 5})
         assert r.status_code == 200
         assert [x["id"] for x in r.json()["results"]] == torch.argsort(-expected[:, 0])[:5].tolist()

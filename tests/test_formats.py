@@ -20,6 +20,7 @@ from index.scan import find_images
 from service.cli import main as cli_main
 from training.data.preprocess import open_image
 from training.models.checkpoint import load_model
+from server_process import wait_ready
 
 TAKEN = dt.datetime(2021, 7, 14, 9, 30, 0, tzinfo=dt.timezone.utc)
 MTIME = dt.datetime(2019, 3, 2, 12, 0, 0, tzinfo=dt.timezone.utc).timestamp()
@@ -196,8 +197,6 @@ def test_an_index_without_the_photo_columns_loads_and_is_migrated(model, tiny_mo
 
 
 def test_service_serves_upright_thumbnails_and_reads_heic_and_avif_uploads(model, tiny_model_path, tmp_path):
-    import time
-
     from fastapi.testclient import TestClient
 
     from service.app import create_app
@@ -212,8 +211,7 @@ def test_service_serves_upright_thumbnails_and_reads_heic_and_avif_uploads(model
     gallery.close()
     app = create_app(Settings(model=str(tiny_model_path), index=str(out), reload_interval_s=0))
     with TestClient(app) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         r = c.get(f"/v1/images/{ids['b.heic']}")
         assert r.status_code == 200 and r.headers["content-type"] == "image/heic"
         assert c.get(f"/v1/images/{ids['c.avif']}").headers["content-type"] == "image/avif"

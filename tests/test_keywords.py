@@ -22,6 +22,7 @@ from index.keywords import folder_text, name_text, query_words
 from index.ocr import GATE, OcrConfig, OcrUnavailableError, check_engine, likelihood_of, read_photo
 from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
+from server_process import wait_ready
 
 SIGN = "DSC_0007.jpg"          # the photo of the sign: its name says nothing of its words
 CAMERA = "IMG_2041.jpg"        # a synthetic photo under a camera's file name
@@ -328,9 +329,7 @@ def test_api_modes(ocr_index, tiny_model_path):
 
     app = create_app(Settings(model=str(tiny_model_path), index=str(ocr_index), reload_interval_s=0))
     with TestClient(app) as client:
-        for _ in range(600):
-            if client.get("/readyz").status_code == 200:
-                break
+        wait_ready(client)
         r = client.post("/v1/search/images", json={"text": "sunset boulevard", "k": 3, "mode": "hybrid"})
         assert r.status_code == 200, r.text
         first = r.json()["results"][0]

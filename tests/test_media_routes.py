@@ -17,6 +17,7 @@ from PIL import Image
 
 from conftest import serve_app
 from hostile_media import png, video
+from server_process import wait_ready
 from index.gallery import EmbedOptions, Gallery, build
 from service.app import create_app
 from service.apidocs import CSP
@@ -60,11 +61,7 @@ def _settings(model, index, **extra) -> Settings:
 @pytest.fixture(scope="module")
 def client(tiny_model_path, gallery):
     with TestClient(create_app(_settings(tiny_model_path, gallery[0]))) as c:
-        for _ in range(1200):
-            if c.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c)
 
 
 # --- validators and conditional requests ------------------------------------------------------------------------
@@ -180,8 +177,7 @@ def test_files_that_became_unreadable_or_hostile_are_4xx_without_a_server_path(t
         with open(victim_photo.path, "wb") as fh:
             fh.write(png(20_000, 2))
         with TestClient(create_app(_settings(tiny_model_path, index))) as c:
-            while c.get("/readyz").status_code != 200:
-                time.sleep(0.05)
+            wait_ready(c)
             moment = moments["victim.mp4"]
             answers = [c.get(f"/v1/videos/{victim_video.id}/frame"), c.get(f"/v1/images/{moment.id}?size=64"),
                        c.get(f"/v1/images/{moment.id}"),
@@ -234,8 +230,7 @@ def test_heavy_frames_are_bounded_and_a_small_thumbnail_still_answers(tiny_model
 def test_a_frame_without_size_is_scaled_to_the_frame_limit(tiny_model_path, gallery):
     index, _, _, videos = gallery
     with TestClient(create_app(_settings(tiny_model_path, index, max_frame_pixels=640 * 360))) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         r = c.get(f"/v1/videos/{videos['large.mp4'].id}/frame")
         assert r.status_code == 200 and Image.open(io.BytesIO(r.content)).size == (640, 360)
         small = c.get(f"/v1/videos/{videos['large.mp4'].id}/frame", params={"size": 128})

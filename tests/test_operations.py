@@ -5,13 +5,13 @@ its engine method."""
 import asyncio
 import re
 import threading
-import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from conftest import batch_stats, serve_app
+from server_process import wait_ready
 from service.api.routing import Call, Operation, Route
 from service.app import create_app
 from service.contract import Json
@@ -78,8 +78,7 @@ def test_a_new_operation_is_served_documented_and_batched(tiny_model_path, tiny_
         assert decode["x-requires-decoder"] is True and "409" in decode["responses"]
         assert "/v1/search/images" in doc["paths"]                          # the table's own routes are still there
 
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         r = c.post("/v1/toy/echo", json={"text": "a red circle"})
         assert r.status_code == 200, r.text
         dims = c.app.state.service.loaded.engine.embed_texts(["a red circle"]).shape[1]

@@ -4,7 +4,6 @@ training package's inference API, batched decoding across concurrent requests, v
 decoder."""
 import asyncio
 import io
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ from PIL import Image
 
 import service.engine
 from conftest import batch_stats, serve_app
+from server_process import wait_ready
 from index.gallery import Gallery
 from service.app import create_app
 from service.settings import Settings
@@ -37,14 +37,6 @@ def _settings(model_path, index_dir, **extra):
                     max_pixels=1_000_000, **extra)
 
 
-def _wait_ready(client):
-    for _ in range(1200):
-        if client.get("/readyz").status_code == 200:
-            return client.get("/readyz").json()
-        time.sleep(0.05)
-    raise AssertionError(client.get("/readyz").json())
-
-
 @pytest.fixture(scope="module")
 def model(tiny_stt_model_path):
     return load_model(tiny_stt_model_path)
@@ -59,7 +51,7 @@ def gallery_paths(tiny_stt_index_dir):
 @pytest.fixture(scope="module")
 def client(tiny_stt_model_path, tiny_stt_index_dir):
     with TestClient(create_app(_settings(tiny_stt_model_path, tiny_stt_index_dir))) as c:
-        assert _wait_ready(c)["decoder"] is True
+        assert wait_ready(c).get("/readyz").json()["decoder"] is True
         yield c
 
 
@@ -157,7 +149,7 @@ def test_bad_requests_are_clear_4xx(client, url, kwargs, status, message):
 
 def test_a_model_without_decoder_answers_409(tiny_model_path, tiny_index_dir):
     with TestClient(create_app(_settings(tiny_model_path, tiny_index_dir))) as c:
-        assert _wait_ready(c)["decoder"] is False
+        assert wait_ready(c).get("/readyz").json()["decoder"] is False
         assert "caption" not in c.app.state.service.batchers and "paraphrase" not in c.app.state.service.batchers
         for r in (c.post("/v1/captions", files={"image": ("a.png", _png(), "image/png")}, data={"n": "2"}),
                   c.post("/v1/paraphrases", json={"text": "a red circle", "n": 2})):

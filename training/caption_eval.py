@@ -175,7 +175,7 @@ def load_generations(path: str | Path) -> dict:
 def generation_metrics(model: EmbeddingModel, dataset, image_emb: torch.Tensor, caption_emb: torch.Tensor,
                        cap_to_img: torch.Tensor, meteor: bool = True, progress: bool = True, **decode) -> dict:
     """``captioning`` and ``paraphrasing`` scores of a split, from its embedded images and captions
-    (``embed.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them). The scored
+    (``embedding.embed_split``), decoded with the model's decoding defaults (``decode`` overrides them). The scored
     sentences are under ``_generations`` (``{"captioning": [...], "paraphrasing": [...]}``, see
     :func:`score_generations`), the first :data:`EXAMPLES` images' under ``examples``."""
     from tqdm.auto import tqdm

@@ -92,7 +92,7 @@ def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int =
     out: list[Result] = []
     for start in range(0, embeddings.shape[0], batch_size):
         z = embeddings[start:start + batch_size].to(device)
-        with inference_autocast(model, device):        # the inference policy (embed.py)
+        with inference_autocast(model, device):        # the inference policy (embedding.py)
             hyps = decoder.generate(z, beam_size=beam, n=want, max_len=opts.max_len,
                                     length_penalty=opts.length_penalty, no_repeat=opts.no_repeat,
                                     no_repeat_ngram=opts.no_repeat_ngram)
@@ -107,7 +107,7 @@ def caption_embeddings(model: EmbeddingModel, embeddings: torch.Tensor, n: int =
 @torch.no_grad()
 def embed_image_inputs(model: EmbeddingModel,
                        images: Sequence[str | Path | Image.Image], batch_size: int = 32) -> torch.Tensor:
-    """Image files or PIL images → common-space vectors, preprocessed as in training (``embed.embed_pixels``)."""
+    """Image files or PIL images → common-space vectors, preprocessed as in training (``embedding.embed_pixels``)."""
     out = []
     for start in range(0, len(images), batch_size):
         batch = [im if isinstance(im, Image.Image) else open_image(im, embed_side(model.preprocess))

@@ -11,7 +11,7 @@ on each of them. Instead a batch of ``n`` requests is run as
   so padding would waste work that splitting does not).
 
 Buckets are powers of two up to ``max_batch`` (and ``max_batch`` itself) unless configured. The inference path
-(embed.py) takes a :class:`Shapes` and runs every forward pass at one of its sizes; the service chooses it from its
+(embedding.py) takes a :class:`Shapes` and runs every forward pass at one of its sizes; the service chooses it from its
 settings (:func:`resolve`) and warms each size before it says ready.
 """
 from __future__ import annotations

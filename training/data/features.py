@@ -160,7 +160,9 @@ DEFAULT_COMPUTE = Compute()
 def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path | None = None,
                      batch_size: int = 64, compute: Compute = DEFAULT_COMPUTE,
                      preprocess: ImagePreprocess | None = None, per_view: bool = False) -> np.ndarray:
-    """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding) for ``paths``, from the cache when valid.
+    """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding or an EnsembleEmbedding: both have the
+    ``image_split``, None for a whole backbone, and the ``cached_dim`` read here) for ``paths``, from the cache
+    when valid.
 
     ``compute``: where and how the images are decoded and run through the backbone; ``preprocess`` replaces the
     model's own (e.g. other crops); ``per_view`` keeps each crop's feature, ``(N, crops, D)``, instead of their
@@ -168,12 +170,12 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     pre = preprocess or model.preprocess
     manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view)
-    split = getattr(model, "image_split", None)
+    split = model.image_split
     if split is not None:       # the activations entering the trained top units (image.train_blocks)
         manifest["bottom"] = {"cut": split.cut, "shape": list(model.bottom_shape)}
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
     array_path, manifest_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
-    dim = getattr(model, "cached_dim", model.feature_dim)
+    dim = model.cached_dim
     shape = (len(paths), pre.crops, dim) if per_view else (len(paths), dim)
     if manifest_path.exists() and array_path.exists():
         stored = json.loads(manifest_path.read_text())

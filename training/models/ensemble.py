@@ -112,6 +112,7 @@ class EnsembleEmbedding(CommonSpace):
         self.backbone = nn.ModuleList(m.backbone for m in models)
         self.backbone_pretrained = all(m.backbone_pretrained for m in models)
         self.feature_dim = sum(m.cached_dim for m in models)
+        self.image_split = None     # no frozen bottom of its own: its cached features are its members' whole
         self.decoder = None
         self.attention = None
 

@@ -189,18 +189,19 @@ class MiniLMBert(nn.Module):
         (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to. Positions outside
         ``valid`` come back as 0.
 
-        ``packed`` (None: :attr:`packed`, else on a CPU): the layers run on the valid tokens alone (padding and
-        dropped tokens are neither keys nor pooled, so their states never matter): in a batch of captions about
-        half the positions are padding, and the dense layers' cost follows the tokens computed. Finding them
-        (``nonzero``) waits for the device, so on a GPU the layers run over every position instead, the padding
-        masked out of attention (a mask, no host sync: the batch stays queued on the device)."""
+        ``packed`` (None: :attr:`packed`, else on a CPU and with gradients): the layers run on the valid tokens
+        alone (padding and dropped tokens are neither keys nor pooled, so their states never matter): in a batch
+        of captions about half the positions are padding, and the dense layers' cost follows the tokens computed.
+        Finding them (``nonzero``) waits for the device, so on a GPU inference runs the layers over every position
+        instead, the padding masked out of attention (a mask, no host sync: the batch stays queued on the
+        device); training keeps the packed layers, whose backward pass costs follow the tokens too."""
         layers = self.encoder.layer[first:last]
         if len(layers) == 0:
             return x
         b, t, h = x.shape
         keep = valid[:, None, None, :]
         if packed is None:
-            packed = self.packed if self.packed is not None else x.device.type == "cpu"
+            packed = self.packed if self.packed is not None else x.device.type == "cpu" or torch.is_grad_enabled()
         if not packed:
             flat = x.reshape(b * t, h)
             for layer in layers:
@@ -309,8 +310,9 @@ class MiniLMEncoder(TextEncoderBase):
         if not parallel or len(texts) < 2:
             return [self.encode_text(t) for t in texts]
         cut = self.max_tokens
-        return [ids if len(ids) <= cut else ids[:cut - 1] + ids[-1:]
-                for ids in (e.ids for e in self.tokenizer().encode_batch_fast(list(texts)))]
+        tokenizer = self.tokenizer()
+        batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)     # _fast: no offsets (≥ 0.20)
+        return [ids if len(ids) <= cut else ids[:cut - 1] + ids[-1:] for ids in (e.ids for e in batch(list(texts)))]
 
     def train(self, mode: bool = True):
         super().train(mode)

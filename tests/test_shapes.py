@@ -118,12 +118,15 @@ def test_only_bucket_shapes_reach_the_encoders_and_results_equal_the_unpadded(lo
     assert rec.texts == ([8] if mode == "pad" else [4, 2])
 
 
-def test_warm_up_runs_every_size_of_both_searches(loaded):
+def test_warm_up_runs_every_image_size_and_the_text_extremes(loaded):
     model, gallery = loaded
     engine = Engine(model, gallery, resolve("1,2,4", 4, "pad", "cpu"))
     rec = _Recorder(model)
     seconds = engine.warm_up((1, 2, 4))
-    assert rec.texts == [1, 2, 4] and rec.images == [1, 2, 4] and seconds > 0
+    assert rec.texts == [1, 4] and rec.images == [1, 2, 4] and seconds > 0
+    assert [(route, size) for route, size, _ in engine.warmup_steps] == [
+        ("text search", 1), ("text search", 4), ("image search", 1), ("image search", 2), ("image search", 4)]
+    assert seconds >= sum(s for *_, s in engine.warmup_steps) > 0
 
 
 def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vectors(tiny_model_path, synth_small,

@@ -114,3 +114,52 @@ def test_segments_with_tombstones_search_alike_on_both_backends(tmp_path):
     got = torch_side.search_images(q, 20, allowed=allowed, offset=5)
     _same_hits(got, faiss_side.search_images(q, 20, allowed=allowed, offset=5))
     assert all(i % 29 and i % 2 for hits in got for i, _ in hits)
+
+
+def test_float16_search_keeps_recall_against_faiss_flat_at_an_unaligned_dimension():
+    import faiss
+
+    dim = 1000                                              # stored as 1008 columns, the last 8 zero
+    vectors = _unit(20_000, 8, dim=dim)
+    queries = vectors[:200] + 0.05 * _unit(200, 9, dim=dim)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    flat = faiss.IndexFlatIP(dim)
+    flat.add(vectors)
+    truth_s, truth = flat.search(queries, 10)
+    half = TorchFlatSearch(vectors, np.arange(len(vectors)), "cpu", dtype=torch.float16)
+    assert half.vectors.shape == (20_000, 1008) and not half.vectors[:, dim:].any()
+    scores, found = half.search(queries, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)])
+    assert recall >= 0.99
+    # the candidates are scored again in float32: closer to FAISS than a float16 score's rounding (~5e-4 at 1)
+    same = found == truth
+    assert np.abs(scores[same] - truth_s[same]).max() <= 2e-4 and (np.diff(scores, axis=1) <= 0).all()
+    one = half.search(queries[:1], 10)                      # batch 1 (a CUDA graph on a GPU): the same rows
+    assert (one[1] == found[:1]).all() and np.allclose(one[0], scores[:1])
+    full = TorchFlatSearch(vectors, np.arange(len(vectors)), "cpu")
+    assert full.width == 1008
+    _same(full.search(queries, 10), (truth_s, truth), atol=1e-5)
+
+
+def test_results_come_back_packed_in_one_tensor():
+    from index.torch_search import pack, unpack
+
+    scores = torch.tensor([[0.5, -float("inf")], [1e-8, -3.25]])
+    ids = torch.tensor([[2 ** 40 + 7, -1], [0, 123_456]])
+    packed = pack(scores, ids)
+    assert packed.dtype == torch.int32 and packed.shape == (2, 2, 3)
+    back_s, back_i = unpack(packed.numpy())
+    assert back_s.dtype == np.float32 and back_i.dtype == np.int64
+    assert (back_i == ids.numpy()).all() and (back_s == scores.numpy()).all()
+
+
+def test_float16_filtered_search_pads_as_faiss_does():
+    vectors, ids = _unit(3000, 4), np.arange(3000) * 5
+    half = TorchFlatSearch(vectors, ids, "cpu", dtype=torch.float16)
+    full = TorchFlatSearch(vectors, ids, "cpu")
+    q = _unit(3, 6)
+    scores, found = half.search(q, 8, only=ids[:4])
+    assert (found[:, :4] >= 0).all() and (found[:, 4:] == -1).all() and np.isneginf(scores[:, 4:]).all()
+    assert (np.sort(found[:, :4], axis=1) == np.sort(full.search(q, 8, only=ids[:4])[1][:, :4], axis=1)).all()
+    excl = half.search(q, 20, exclude=ids[::2])[1]
+    assert not np.isin(excl, ids[::2]).any()

@@ -162,6 +162,7 @@ def test_build_and_search_return_photos_and_moments_in_one_ranking(tmp_path, tin
                    "--quiet", "--workers", "0", "--video-window", "2"])
     captured = capsys.readouterr()
     assert rc == 0 and "indexed 3 images, 2 videos (3 moments)" in captured.out
+    assert "timing: start-up " in captured.out and " photos, one batch, no steady rate; " in captured.out
     assert "skipped unreadable video" in captured.err and "broken.avi" in captured.err
     gallery = Gallery.load(out)
     try:

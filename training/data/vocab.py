@@ -18,6 +18,7 @@ import unicodedata
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
@@ -128,9 +129,9 @@ def pad_batch(seqs: list[list[int]], pad_id: int = PAD_ID) -> tuple[torch.Tensor
     """
     if not seqs:
         raise ValueError("pad_batch needs at least one sequence")
-    rows = [list(s) if len(s) else [UNK_ID] for s in seqs]
-    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    ids = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, :len(row)] = torch.tensor(row, dtype=torch.long)
+    counts = np.fromiter((max(len(s), 1) for s in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter((t for s in seqs for t in (s if len(s) else (UNK_ID,))), dtype=np.int64, count=int(counts.sum()))
+    out = np.full((len(seqs), int(counts.max())), pad_id, dtype=np.int64)
+    out[np.arange(out.shape[1]) < counts[:, None]] = flat          # row-major: each row's ids, then its padding
+    ids, lengths = torch.from_numpy(out), torch.from_numpy(counts)
     return ids, lengths

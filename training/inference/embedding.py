@@ -44,6 +44,7 @@ from training.models.config_schema import RunConfig
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .backend import tower_features
+from .overlap import Overlap, Timeline
 from .shapes import Shapes, plan
 
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
@@ -191,6 +192,7 @@ class FileEmbeddings:
     info: list[Any] = field(default_factory=list)
     # positions ``read`` found nothing to embed in (the index's reader: files whose bytes are the indexed ones)
     passed: list[int] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)    # when each batch's vectors were in hand (overlap.py)
 
 
 class _Decoded(Dataset):
@@ -290,6 +292,14 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         raise ValueError("the decoding started preprocesses the images otherwise than the model does")
     shapes = fixed_batches(decoding.batch_size, device_of(model), pad)
     vectors, kept, skipped, info, passed = [], [], [], [], []
+    # double-buffered on a GPU: a batch's upload and download overlap the next one's forward pass (overlap.py)
+    flight = Overlap(lambda batch: embed_pixels(model, batch, shapes), device_of(model))
+
+    def done(finished) -> None:
+        for (idx, extra), rows in finished:
+            vectors.append(rows)
+            kept.extend(idx)
+            info.extend(extra)
     for idx, pixels, bad, extra, nothing in tqdm(decoding, total=len(decoding), desc="embedding images",
                                                  unit="batch", disable=not progress):
         skipped += [(str(paths[i]), reason) for i, reason in bad]
@@ -298,11 +308,11 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
             continue
         if on_batch is not None:
             on_batch(idx, extra)
-        vectors.append(embed_pixels(model, pixels, shapes).cpu().numpy())
-        kept += idx
-        info += extra
+        done(flight.push(pixels, (idx, extra)))
+    done(flight.drain())
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed)
+    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed,
+                          flight.timeline)
 
 
 @torch.no_grad()

@@ -130,19 +130,21 @@ class _Attention(nn.Module):
         self.output = _DenseNorm(h, h)
         self.heads = ARCH["num_attention_heads"]
 
-    def forward(self, x: torch.Tensor, at: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, at: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
         """``x (N, H)``: the states of the N tokens kept, at flat positions ``at`` of the ``(B, T)`` batch
-        that ``keep (B, 1, 1, T)`` masks. Only attention needs the padded layout."""
+        that ``keep (B, 1, 1, T)`` masks (``at`` None: every position, N = B·T, the padding masked out as keys).
+        Only attention needs the padded layout."""
         b, t, h = keep.shape[0], keep.shape[-1], x.shape[-1]
 
         def split(linear):
             y = linear(x)                     # its own dtype (bf16 under autocast)
-            padded = y.new_zeros(b * t, h).index_copy(0, at, y)
+            padded = y if at is None else y.new_zeros(b * t, h).index_copy(0, at, y)
             return padded.view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
         ctx = F.scaled_dot_product_attention(split(self.self.query), split(self.self.key), split(self.self.value),
                                              attn_mask=keep, dropout_p=0.1 if self.training else 0.0)
-        return self.output(ctx.transpose(1, 2).reshape(b * t, h)[at], x)
+        ctx = ctx.transpose(1, 2).reshape(b * t, h)
+        return self.output(ctx if at is None else ctx[at], x)
 
 
 class _Intermediate(nn.Module):
@@ -161,7 +163,7 @@ class _Layer(nn.Module):
         self.intermediate = _Intermediate()
         self.output = _DenseNorm(ARCH["intermediate_size"], ARCH["hidden_size"])
 
-    def forward(self, x: torch.Tensor, at: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, at: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
         x = self.attention(x, at, keep)
         return self.output(self.intermediate(x), x)
 
@@ -179,24 +181,37 @@ class MiniLMBert(nn.Module):
         super().__init__()
         self.embeddings = _Embeddings()
         self.encoder = _Encoder()
+        self.packed: bool | None = None     # layers()'s default: None, packed on a CPU and masked elsewhere
 
-    def layers(self, x: torch.Tensor, valid: torch.Tensor, first: int = 0, last: int | None = None) -> torch.Tensor:
+    def layers(self, x: torch.Tensor, valid: torch.Tensor, first: int = 0, last: int | None = None,
+               packed: bool | None = None) -> torch.Tensor:
         """Hidden states after layers ``first..last-1`` from the states ``x`` entering layer ``first``
-        (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to.
+        (``first = 0``: the embedding output); ``valid (B, T)`` marks the tokens attended to. Positions outside
+        ``valid`` come back as 0.
 
-        The layers run on the valid tokens alone, packed (padding and dropped tokens are neither keys nor
-        pooled, so their states never matter): in a batch of captions about half the positions are padding,
-        and the dense layers' cost follows the tokens computed. Positions outside ``valid`` come back as 0."""
+        ``packed`` (None: :attr:`packed`, else on a CPU and with gradients): the layers run on the valid tokens
+        alone (padding and dropped tokens are neither keys nor pooled, so their states never matter): in a batch
+        of captions about half the positions are padding, and the dense layers' cost follows the tokens computed.
+        Finding them (``nonzero``) waits for the device, so on a GPU inference runs the layers over every position
+        instead, the padding masked out of attention (a mask, no host sync: the batch stays queued on the
+        device); training keeps the packed layers, whose backward pass costs follow the tokens too."""
         layers = self.encoder.layer[first:last]
         if len(layers) == 0:
             return x
         b, t, h = x.shape
-        at = valid.reshape(-1).nonzero().squeeze(1)
         keep = valid[:, None, None, :]
-        packed = x.reshape(b * t, h)[at]
+        if packed is None:
+            packed = self.packed if self.packed is not None else x.device.type == "cpu" or torch.is_grad_enabled()
+        if not packed:
+            flat = x.reshape(b * t, h)
+            for layer in layers:
+                flat = layer(flat, None, keep)
+            return torch.where(valid.unsqueeze(-1), flat.view(b, t, h), 0.0)
+        at = valid.reshape(-1).nonzero().squeeze(1)
+        rows = x.reshape(b * t, h)[at]
         for layer in layers:
-            packed = layer(packed, at, keep)
-        return packed.new_zeros(b * t, h).index_copy(0, at, packed).view(b, t, h)
+            rows = layer(rows, at, keep)
+        return rows.new_zeros(b * t, h).index_copy(0, at, rows).view(b, t, h)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.layers(self.embeddings(ids), valid_mask(lengths, ids.shape[1]))
@@ -283,6 +298,21 @@ class MiniLMEncoder(TextEncoderBase):
         if len(ids) > self.max_tokens:
             ids = ids[:self.max_tokens - 1] + ids[-1:]
         return ids
+
+    def encode_texts(self, texts, vocab=None, max_len: int | None = None,
+                     parallel: bool | None = None) -> list[list[int]]:
+        """:meth:`encode_text` of each of ``texts``. ``parallel`` (None: when the encoder is on a GPU): one
+        ``encode_batch`` call, the tokenizer's threads sharing the sentences (``TOKENIZERS_PARALLELISM``), the
+        interpreter released meanwhile; else one sentence at a time, which on a CPU host leaves the cores to the
+        model and the tokenizer's thread pool unstarted (a pool started before a ``fork`` makes the child warn)."""
+        if parallel is None:
+            parallel = next(self.parameters()).device.type != "cpu"
+        if not parallel or len(texts) < 2:
+            return [self.encode_text(t) for t in texts]
+        cut = self.max_tokens
+        tokenizer = self.tokenizer()
+        batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)     # _fast: no offsets (≥ 0.20)
+        return [ids if len(ids) <= cut else ids[:cut - 1] + ids[-1:] for ids in (e.ids for e in batch(list(texts)))]
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -129,7 +129,7 @@ class JointEmbedding(CommonSpace):
         """Texts → the id lists the text encoder reads (its ``encode_text``): word ids of ``vocab``, unless the
         encoder tokenises itself (n-gram features, WordPiece; see text_encoders.py)."""
         encoder, max_len = self.text_encoder, self.cfg.data.max_caption_len
-        return [encoder.encode_text(t, self.vocab, max_len) for t in texts]
+        return encoder.encode_texts(list(texts), self.vocab, max_len)
 
     def encode_word_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts → word ids of ``vocab``: what the sentence decoder writes, whatever the text encoder reads."""

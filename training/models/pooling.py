@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 POOLINGS = ("mean", "gpo")
+TABLE_STEPS = 64            # GPO.table's least size: lengths 1..64 (a caption's word pieces, a 7×7 grid)
 
 
 def valid_mask(lengths: torch.Tensor, steps: int) -> torch.Tensor:
@@ -48,18 +49,44 @@ class GPO(nn.Module):
         self.pe_dim, self.temperature = pe_dim, temperature
         self.gru = nn.GRU(pe_dim, hidden, batch_first=True, bidirectional=True)
         self.score = nn.Linear(hidden, 1, bias=False)
+        self._table: tuple[tuple, torch.Tensor] | None = None      # (weight versions, θ by length): table()
 
-    def weights(self, lengths: torch.Tensor, steps: int) -> torch.Tensor:
-        """θ ``(B, T)``: eq. 4, zero beyond each row's length. θ depends on the length alone, so the generator
-        runs once per distinct length (once for a batch of 7×7 grids)."""
-        distinct, row_of = lengths.clamp(min=1).unique(return_inverse=True)
-        pe = position_encoding(steps, self.pe_dim, lengths.device).expand(len(distinct), steps, self.pe_dim)
+    def _generate(self, distinct: torch.Tensor, steps: int) -> torch.Tensor:
+        """θ ``(len(distinct), steps)`` for the lengths ``distinct`` (on the CPU, or on the device at the cost of a
+        host sync): eq. 5's encodings through the GRU, eq. 4's scores and softmax, zero beyond each length."""
+        device = self.score.weight.device
+        pe = position_encoding(steps, self.pe_dim, device).expand(len(distinct), steps, self.pe_dim)
         packed = pack_padded_sequence(pe, distinct.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=steps)
         half = out.shape[-1] // 2
         scores = self.score((out[..., :half] + out[..., half:]) / 2).squeeze(-1)     # the two directions averaged
-        scores = scores.masked_fill(~valid_mask(distinct, steps), float("-inf"))
-        return torch.softmax(scores.float() / self.temperature, dim=1)[row_of]
+        scores = scores.masked_fill(~valid_mask(distinct.to(device), steps), float("-inf"))
+        return torch.softmax(scores.float() / self.temperature, dim=1)
+
+    def table(self, steps: int) -> torch.Tensor:
+        """θ of eq. 4 for every length 1..S (S ≥ ``steps``) as a ``(S, S)`` table, row n-1 for length n: computed
+        once (the generator reads positions alone) and again only when the weights change (their versions),
+        grown when a longer input comes. Used when nothing trains: a lookup ``table[lengths - 1]`` replaces
+        the generator, with no host sync."""
+        params = (self.score.weight, *self.gru.parameters())
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        cached = self._table
+        if cached is None or cached[0] != key or cached[1].shape[0] < steps or cached[1].device != params[0].device:
+            size = max(steps, TABLE_STEPS, 0 if cached is None else cached[1].shape[0])
+            with torch.no_grad(), torch.autocast(params[0].device.type, enabled=False):
+                table = self._generate(torch.arange(1, size + 1), size)
+            self._table = cached = (key, table)
+        return cached[1]
+
+    def weights(self, lengths: torch.Tensor, steps: int) -> torch.Tensor:
+        """θ ``(B, T)``: eq. 4, zero beyond each row's length. θ depends on the length alone: in training the
+        generator runs once per distinct length (once for a batch of 7×7 grids); otherwise the rows come from
+        :meth:`table`, gathered on the device."""
+        lengths = lengths.clamp(min=1)
+        if self.training or torch.is_grad_enabled():
+            distinct, row_of = lengths.unique(return_inverse=True)
+            return self._generate(distinct, steps).to(lengths.device)[row_of]
+        return self.table(steps).to(lengths.device)[lengths - 1, :steps]
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``features (B, T, D)``, ``mask (B, T)`` True where valid (any positions) → ``(B, D)``."""

@@ -65,8 +65,27 @@ class GRUEncoder(TextEncoderBase):
 
             init_embedding(self.embed.weight, vocab, self.cfg_text, texts, log=log)
 
+    packed: bool | None = None      # forward's way: None: packed on a CPU, with gradients and when bidirectional
+
+    def _padded(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """A one-way GRU over the padded batch, no packing: its state at a sentence's last word (and at every word
+        before) is the packed run's, since no step sees a later one; packing needs the lengths on the host, which
+        on a GPU waits for the device."""
+        out, _ = self.rnn(x)                                              # (B, T, hidden)
+        last = lengths.clamp(min=1) - 1
+        if self.pooling == "last":
+            return out[torch.arange(len(out), device=out.device), last]
+        valid = (torch.arange(out.shape[1], device=out.device).view(1, -1) <= last.view(-1, 1)).unsqueeze(-1)
+        if self.pooling == "max":
+            return out.masked_fill(~valid, float("-inf")).max(1).values
+        return (out * valid).sum(1) / valid.sum(1)
+
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed(ids))
+        packed_way = self.packed if self.packed is not None else (
+            ids.device.type == "cpu" or torch.is_grad_enabled() or self.bidirectional)
+        if not packed_way and not self.bidirectional:
+            return self._padded(x, lengths.to(x.device))
         packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
         out, h = self.rnn(packed)                     # h: (layers * directions, B, hidden)
         if self.pooling == "last":

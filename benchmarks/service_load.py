@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -512,8 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "baseline_commit": commit_of(args.baseline) if args.baseline else None,
                                         "hardware": args.hardware, "date": time.strftime("%Y-%m-%d", time.gmtime()),
                                         "commit": commit_of(REPO),
-                                        "command": " ".join(["python", "benchmarks/service_load.py",
-                                                             *(argv if argv is not None else sys.argv[1:])])},
+                                        "command": shlex.join(["python", "benchmarks/service_load.py",
+                                                               *(argv if argv is not None else sys.argv[1:])])},
                                        indent=2))
     tmp.cleanup()
     return 0

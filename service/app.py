@@ -59,6 +59,8 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     async def lifespan(app: FastAPI):
         await state.start()
         try:
+            if worker is not None:      # one of several workers takes connections only once it can answer them
+                await state.until_loaded()
             yield
         finally:
             await state.stop()

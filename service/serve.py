@@ -153,14 +153,19 @@ def _serve(settings: Settings, listening: socket.socket, log_level: str, worker:
         workers = "" if worker is None else f"; {worker.count} workers"
         print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
               f"{gallery.captions.ntotal} captions; API docs: /docs{workers})", flush=True)
-    config = uvicorn.Config(create_app(settings, model=model, gallery=gallery, worker=worker), host=settings.host,
-                            port=settings.port, log_level=log_level, access_log=False,
+    app = create_app(settings, model=model, gallery=gallery, worker=worker)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
                             http=http_protocol(settings.header_timeout_s))
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[listening])
     except KeyboardInterrupt:
         pass
+    except SystemExit:                  # uvicorn's answer to a failed start-up: a worker's loading failed
+        if worker is None:
+            raise
+    if worker is not None and not server.started and app.state.service.error is not None:
+        raise RuntimeError(app.state.service.error)      # a worker that could not load: not worth a restart
     return 0 if server.started else 1
 
 

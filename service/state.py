@@ -191,6 +191,14 @@ class ServiceState:
             await batcher.start()
         self._tasks.append(asyncio.create_task(self._load(), name="jointspace-load"))
 
+    async def until_loaded(self) -> None:
+        """Returns once the model and the index are loaded and warmed up; RuntimeError saying why when loading
+        failed. (A worker of ``serve --workers`` starts taking connections only then, so that its siblings answer
+        them meanwhile.)"""
+        await self._tasks[0]
+        if self.error is not None:
+            raise RuntimeError(f"loading failed: {self.error}")
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

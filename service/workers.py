@@ -16,6 +16,8 @@ processes one service:
   removes at exit): every worker's ``/metrics`` reports the service — counters and histograms summed over the
   workers, the in-flight, queue and receiving gauges summed over the live ones, and ``jointspace_index_vectors`` one
   series per live worker (label ``pid``), so that each worker's generation can be seen.
+* **start-up**: a worker takes connections only once its model and index are loaded and warmed up (its app's
+  start-up waits for that), so that a sibling answers them meanwhile.
 * **reload**: every worker watches the index's ``CURRENT`` (``reload_interval_s``) and swaps in a new generation
   itself; /readyz says which worker answered (``worker``).
 * **API key** and every other setting: the same in every worker.

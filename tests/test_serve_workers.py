@@ -18,7 +18,7 @@ import pytest
 
 from index.gallery import EmbedOptions, add
 from service.cli import main as cli_main
-from service.workers import SharedAdmission, auto_workers, worker_settings
+from service.workers import SharedAdmission, Worker, auto_workers, worker_settings
 from service.settings import Settings
 from server_process import REPO, free_port, spawn
 from training.data.datasets import load_dataset
@@ -239,3 +239,23 @@ def test_a_request_held_by_one_worker_counts_against_the_limit_in_another():
         assert sent[1][0]["status"] == 200 and list(slots) == [0, 0]
 
     asyncio.run(scenario())
+
+
+def test_a_worker_starts_taking_connections_only_once_loaded(tiny_model_path, tiny_index_dir, tmp_path):
+    """A worker's start-up (the lifespan, after which uvicorn accepts) ends once the model and index are loaded
+    and warmed up, so that its siblings answer meanwhile; when loading fails it fails, saying why."""
+    import asyncio
+
+    from service.app import create_app
+
+    slots = multiprocessing.get_context("spawn").RawArray("q", 2)
+
+    async def start(index: Path):
+        app = create_app(Settings(model=str(tiny_model_path), index=str(index)),
+                         worker=Worker(1, 2, SharedAdmission(slots, 1)))
+        async with app.router.lifespan_context(app):
+            return app.state.service.ready, app.state.service.phase
+
+    assert asyncio.run(start(tiny_index_dir)) == (True, "ready")
+    with pytest.raises(RuntimeError, match="loading failed: .*no jointspace index"):
+        asyncio.run(start(tmp_path / "missing"))

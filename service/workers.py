@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -193,7 +194,8 @@ class Supervisor:
                     log.error("worker %d exited (code %s) %d times within %.0f s: stopping the service", i,
                               proc.exitcode, RESTARTS, RESTART_WINDOW_S)
                     print(f"jointspace serve: worker {i} exited (code {proc.exitcode}) {RESTARTS} times within "
-                          f"{RESTART_WINDOW_S:.0f} s; stopping every worker (its log above says why)", flush=True)
+                          f"{RESTART_WINDOW_S:.0f} s; stopping every worker (its log above says why)",
+                          file=sys.stderr, flush=True)
                     return 1
                 log.warning("worker %d (pid %d) exited (code %s): restarting it", i, proc.pid, proc.exitcode)
                 self._start(i)

@@ -259,3 +259,33 @@ def test_a_worker_starts_taking_connections_only_once_loaded(tiny_model_path, ti
     assert asyncio.run(start(tiny_index_dir)) == (True, "ready")
     with pytest.raises(RuntimeError, match="loading failed: .*no jointspace index"):
         asyncio.run(start(tmp_path / "missing"))
+
+
+def test_a_worker_that_keeps_dying_stops_the_service(tiny_model_path, tiny_index_dir):
+    """The same worker killed three times within a minute (each time its replacement): the service stops every
+    worker and exits 1 saying why, instead of restarting it forever."""
+    proc, port = spawn(["--model", str(tiny_model_path), "--index", str(tiny_index_dir), "--workers", "2",
+                        "--log-level", "warning"], capture=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        pids = _until(lambda: (lambda v: len(v) == 2 and set(v))(_index_vectors(httpx.get(f"{base}/metrics").text)))
+        assert pids
+        seen = set(pids)
+        victim = min(int(p) for p in pids)
+        for kill in range(3):
+            os.kill(victim, signal.SIGKILL)
+            if kill == 2:
+                break
+            # its replacement: the new pid in /metrics (answered by the other worker meanwhile)
+            new = _until(lambda known=frozenset(seen): set(_index_vectors(httpx.get(f"{base}/metrics").text))
+                         - known, timeout=90)
+            assert len(new) == 1, new
+            seen |= new
+            victim = int(next(iter(new)))
+        assert proc.wait(timeout=90) == 1
+        output = proc.stdout.read()
+        assert "exited (code -9) 3 times within 60 s" in output, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [p for p in seen if _alive(int(p))]

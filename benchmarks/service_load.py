@@ -12,7 +12,14 @@ gallery's photos, or a frame of each moment when it holds videos only), with or 
 fixed sentences are the text queries). ``--backend`` picks what runs the image backbones, in the servers and the
 raw limit alike (default: the service's own choice, training/inference/backend.py).
 
-It starts two ``jointspace serve`` subprocesses, batching on and off, and drives them with C concurrent keep-alive
+Worker processes (``serve --workers``): ``--workers 1 2 --batching on`` runs one server per count (batching on)
+instead of the on/off pair, and ``--baseline DIR`` one more server from another checkout's code (batching on, one
+process), so that a change is compared with the code before it in one run:
+
+    python benchmarks/service_load.py --workers 1 2 --batching on --baseline /path/to/main --concurrency 1 32 \
+        --overload 0 --out benchmarks/results/serve_workers_cpu.json
+
+By default it starts two ``jointspace serve`` subprocesses, batching on and off, and drives them with C concurrent keep-alive
 clients (C = 1, 8, 32, 128), for text search (``POST /v1/search/images``) and image search (``POST
 /v1/search/captions`` with an uploaded image); each cell alternates on/off ``--repeats`` times for ``--seconds``
 (median throughput; pooled latencies), so that a drifting background load on a shared machine hits both alike.
@@ -36,6 +43,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -272,11 +280,36 @@ def ratio(a: float, b: float, fmt: str) -> str:
 
 
 def start_server(model: Path, index: Path, batching: bool, max_batch: int, max_wait_ms: float,
-                 backend: str | None = None) -> tuple:
+                 backend: str | None = None, workers: int = 1, checkout: Path | None = None) -> tuple:
+    """``jointspace serve`` with these settings; ``workers``: ``serve --workers`` (1: one process, the flag not
+    passed, so that a checkout without it runs too); ``checkout``: another checkout's code (default this one)."""
     args = ["--model", str(model), "--index", str(index), "--max-batch", str(max_batch), "--max-wait-ms",
             str(max_wait_ms), "--log-level", "warning"] + ([] if batching else ["--no-batching"]) + \
-        (["--backend", backend] if backend else [])
-    return spawn(args)
+        (["--backend", backend] if backend else []) + (["--workers", str(workers)] if workers != 1 else [])
+    return spawn(args, repo=checkout or REPO)
+
+
+def server_configs(args) -> list[dict]:
+    """The servers the cells alternate between: one per ``--workers`` count and ``--batching`` mode, and with
+    ``--baseline`` one more from that checkout (batching on, one process)."""
+    configs = [{"batching": on == "on", "workers": w, "checkout": None}
+               for w in args.workers for on in args.batching]
+    if args.baseline is not None:
+        configs.append({"batching": True, "workers": 1, "checkout": str(args.baseline)})
+    return configs
+
+
+def label(config: dict) -> str:
+    return (f"{'baseline ' if config['checkout'] else ''}workers={config['workers']} "
+            f"batching={'on' if config['batching'] else 'off'}")
+
+
+def commit_of(checkout: Path) -> str | None:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True)
+    return done.stdout.strip() or None
 
 
 def overload_cell(args, server: tuple, requests: list[bytes], rows: list[dict], policy: str) -> dict:
@@ -358,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["retry-after", "backoff"], help="how the overload cell's clients retry after a 503: "
                     "wait exactly Retry-After, or exponential backoff with jitter from Retry-After (one cell each)")
     ap.add_argument("--out", type=Path, help="write all numbers as JSON here")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1],
+                    help="serve --workers counts to run a server with, each (default: 1, one process)")
+    ap.add_argument("--batching", nargs="+", default=["on", "off"], choices=["on", "off"],
+                    help="batching modes to run a server with, each (default: both)")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. the main branch's): one more server, "
+                                                  "batching on, one process, runs its code beside these")
+    ap.add_argument("--hardware", help="the machine, in words, recorded in the --out file with the date and commit")
     ap.add_argument("--backend", choices=BACKENDS,
                     help="what runs the image backbones, in the servers and the raw limit (default: the service's, "
                          "auto or JOINTSPACE_BACKEND; training/inference/backend.py)")
@@ -403,56 +443,85 @@ def main(argv: list[str] | None = None) -> int:
     # Both servers run side by side and the cells alternate on/off, each repeated ``--repeats`` times: on a shared
     # machine the background load drifts, and this way both modes see the same drift. Throughput is the median
     # over the repeats; latency percentiles pool every request of the cell.
-    servers = {on: start_server(args.model, args.index, on, args.max_batch, args.max_wait_ms, args.backend)
-               for on in (True, False)}
+    configs = server_configs(args)
+    servers = [start_server(args.model, args.index, c["batching"], args.max_batch, args.max_wait_ms, args.backend,
+                            c["workers"], Path(c["checkout"]) if c["checkout"] else None) for c in configs]
     rows = []
     ceiling = {}
     overload = None
     try:
-        port_on = servers[True][1]
+        port_on = servers[0][1]
         health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
         for c in args.concurrency:     # the HTTP stack's own ceiling: GET /healthz does no work at all
             ceiling[c] = float(np.median([asyncio.run(drive(port_on, health, c, 1.0))[0]
                                           for _ in range(args.repeats)]))
         print("HTTP ceiling (GET /healthz): " + ", ".join(f"c={c} {v:.0f}/s" for c, v in ceiling.items()), flush=True)
         for route in args.routes:      # warm-up, not measured: a server's first requests of a route pay for lazy
-            for on in (True, False):   # initialisation (on CUDA, kernel selection took seconds: cells with 0 answers)
-                asyncio.run(drive(servers[on][1], payloads[route], 4, args.warmup_seconds))
+            for _, port in servers:    # initialisation (on CUDA, kernel selection took seconds: cells with 0 answers)
+                asyncio.run(drive(port, payloads[route], 4, args.warmup_seconds))
         for route in args.routes:
             for c in args.concurrency:
-                cell = {on: {"rps": [], "lat": [], "errors": 0, "batches": [0.0, 0.0]} for on in (True, False)}
+                cell = [{"rps": [], "lat": [], "errors": 0, "batches": [0.0, 0.0]} for _ in configs]
                 for _ in range(args.repeats):
-                    for on in (True, False):
-                        port = servers[on][1]
+                    for i, (_, port) in enumerate(servers):
                         before = batch_counts(port)[route]
                         rps, lat, errors = asyncio.run(drive(port, payloads[route], c, args.seconds))
                         after = batch_counts(port)[route]
-                        cell[on]["rps"].append(rps)
-                        cell[on]["lat"].append(lat)
-                        cell[on]["errors"] += int(errors)
-                        cell[on]["batches"][0] += after[0] - before[0]
-                        cell[on]["batches"][1] += after[1] - before[1]
-                for on in (True, False):
-                    lat = np.concatenate(cell[on]["lat"])
+                        cell[i]["rps"].append(rps)
+                        cell[i]["lat"].append(lat)
+                        cell[i]["errors"] += int(errors)
+                        cell[i]["batches"][0] += after[0] - before[0]
+                        cell[i]["batches"][1] += after[1] - before[1]
+                for i, config in enumerate(configs):
+                    lat = np.concatenate(cell[i]["lat"])
                     pct = (lambda q: float(np.percentile(lat, q) * 1e3)) if lat.size else (lambda q: float("nan"))
-                    row = {"route": route, "concurrency": c, "batching": on, "rps": float(np.median(cell[on]["rps"])),
-                           "rps_repeats": cell[on]["rps"], "p50_ms": pct(50), "p99_ms": pct(99),
-                           "mean_batch": cell[on]["batches"][1] / max(cell[on]["batches"][0], 1),
-                           "errors": cell[on]["errors"], "raw_limit": raw[route][c]}
+                    row = {"route": route, "concurrency": c, **config, "rps": float(np.median(cell[i]["rps"])),
+                           "rps_repeats": cell[i]["rps"], "p50_ms": pct(50), "p99_ms": pct(99),
+                           "mean_batch": cell[i]["batches"][1] / max(cell[i]["batches"][0], 1),
+                           "errors": cell[i]["errors"], "raw_limit": raw[route][c]}
                     rows.append(row)
-                    print(f"{route:5s} c={c:<4d} batching={'on ' if on else 'off'} {row['rps']:8.1f} req/s "
+                    name = (f"batching={'on ' if config['batching'] else 'off'}" if len(args.workers) == 1
+                            and args.baseline is None else label(config))
+                    print(f"{route:5s} c={c:<4d} {name} {row['rps']:8.1f} req/s "
                           f"(repeats {', '.join(f'{x:.0f}' for x in row['rps_repeats'])})  p50 {row['p50_ms']:7.1f} ms"
                           f"  p99 {row['p99_ms']:7.1f} ms  mean batch {row['mean_batch']:5.1f}  errors {row['errors']}",
                           flush=True)
-        if args.overload and "text" in args.routes:
-            overload = [overload_cell(args, servers[True], payloads["text"], rows, policy)
+        on = next((i for i, c in enumerate(configs) if c["batching"] and not c["checkout"]), None)
+        if args.overload and "text" in args.routes and on is not None:
+            overload = [overload_cell(args, servers[on], payloads["text"], rows, policy)
                         for policy in args.overload_clients]
     finally:
-        for proc, _ in servers.values():
+        for proc, _ in servers:
             proc.terminate()
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
 
     print()
+    if [(c["workers"], c["batching"], c["checkout"]) for c in configs] != [(1, True, None), (1, False, None)]:
+        print("| route | concurrency | server | req/s | p50 ms | p99 ms | mean batch | raw limit |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['route']} | {r['concurrency']} | {label(r)} | {r['rps']:.0f} | {r['p50_ms']:.1f} | "
+                  f"{r['p99_ms']:.1f} | {r['mean_batch']:.1f} | {r['raw_limit']:.0f} |")
+    else:
+        on_off_table(args, rows, ceiling)
+    print_overload(overload)
+    if any(r["errors"] for r in rows):
+        print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
+                                        "backend": attached(model), "cpus": os.cpu_count(), "overload": overload,
+                                        "baseline_commit": commit_of(args.baseline) if args.baseline else None,
+                                        "hardware": args.hardware, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                        "commit": commit_of(REPO),
+                                        "command": shlex.join(["python", "benchmarks/service_load.py",
+                                                               *(argv if argv is not None else sys.argv[1:])])},
+                                       indent=2))
+    tmp.cleanup()
+    return 0
+
+
+def on_off_table(args, rows: list[dict], ceiling: dict) -> None:
+    """The table of batching on against off (one process each)."""
     print("| route | concurrency | batching on: req/s | p50 ms | p99 ms | mean batch | batching off: req/s | p50 ms "
           "| p99 ms | on/off | raw limit (items/s, batch = concurrency) | on/raw | HTTP ceiling (GET /healthz, req/s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -465,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ratio(on['rps'], off['rps'], '.2f')}× | {on['raw_limit']:.0f} | "
                   f"{ratio(on['rps'], on['raw_limit'], '.0%')} | "
                   f"{ceiling[c]:.0f} |")
+
+
+def print_overload(overload: list[dict] | None) -> None:
     for o in overload or []:
         print(f"\noverload: {o['concurrency']} clients ({o['factor']}× {o['base_concurrency']}; retrying by "
               f"{o['client_retry']}), text search, "
@@ -474,14 +546,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{o['connection_resets']}; shed by the server "
               f"{o['shed']}; RSS before {o['rss_before_mb']:.0f} MB, peak {o['rss_peak_mb']:.0f} MB, after "
               f"{o['rss_after_mb']:.0f} MB")
-    if any(r["errors"] for r in rows):
-        print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
-    if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
-                                        "backend": attached(model),
-                                        "cpus": os.cpu_count(), "overload": overload}, indent=2))
-    tmp.cleanup()
-    return 0
 
 
 if __name__ == "__main__":

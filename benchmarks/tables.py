@@ -403,6 +403,35 @@ def t_service_load_cpu(file: str = "service_load_cpu.json") -> str:
                            right=set(range(1, len(headers))))
 
 
+def t_serve_workers_cpu(file: str = "serve_workers_cpu.json") -> str:
+    """service_load.py --workers 1 2 --batching on --baseline MAIN: per route and concurrency, the baseline
+    checkout's one process, this code's ``--workers 1`` and ``--workers 2`` (one run, alternating), and the
+    batching-on number recorded in service_load_cpu.json."""
+    data = load(file)
+    recorded = {(r["route"], r["concurrency"]): r["rps"] for r in load("service_load_cpu.json")["rows"]
+                if r["batching"]}
+    cells: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in data["rows"]:
+        key = "baseline" if r.get("checkout") else f"w{r['workers']}"
+        cells.setdefault((r["route"], r["concurrency"]), {})[key] = r
+
+    def cell(r: dict | None) -> list[str]:
+        return [f(r["rps"], 0), f(r["p50_ms"]), f(r["p99_ms"])] if r else ["—"] * 3
+
+    def ratio(a: dict | None, b: dict | None) -> str:
+        return f"{a['rps'] / b['rps']:.2f}×" if a and b and b["rps"] else "—"
+
+    out = []
+    for (route, c), row in cells.items():
+        base, one, two = row.get("baseline"), row.get("w1"), row.get("w2")
+        out.append([route, str(c), *cell(base), *cell(one), ratio(one, base), *cell(two), ratio(two, one),
+                    f(recorded.get((route, c)), 0)])
+    headers = ["route", "concurrency", f"main ({data.get('baseline_commit') or '?'}): req/s", "p50 ms", "p99 ms",
+               "--workers 1: req/s", "p50 ms", "p99 ms", "workers 1 / main", "--workers 2: req/s", "p50 ms",
+               "p99 ms", "workers 2 / 1", "service_load_cpu.json: req/s"]
+    return with_provenance(headers, out, [{}] * len(out), data, file=file, right=set(range(1, len(headers))))
+
+
 def gpu_host_table(file: str) -> str:
     """benchmarks/gpu_host.py's results: one row per measurement."""
     data = load(file)
@@ -874,6 +903,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_cpu_nll_curve": t_stt_cpu_nll_curve,
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
+    "serve_workers_cpu": t_serve_workers_cpu,
     "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
     "demo_ready": t_demo_ready,
     "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),

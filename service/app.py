@@ -38,25 +38,29 @@ from .operations import OPERATIONS
 from .settings import Settings
 from .state import ServiceState
 from .trust import TrustedHostMiddleware, allowed_hosts, cors_origins
+from .workers import Worker
 
 log = logging.getLogger("jointspace.service")
 BODY_SLACK = 1024 * 1024        # multipart framing and form fields on top of the image bytes
 
 
 def create_app(settings: Settings | None = None, model=None, gallery=None,
-               operations: Sequence[Route] = OPERATIONS) -> FastAPI:
+               operations: Sequence[Route] = OPERATIONS, worker: Worker | None = None) -> FastAPI:
     """The app. ``model``/``gallery`` already loaded are used as they are; otherwise ``settings.model`` and
     ``settings.index`` are loaded in the background after start-up (``/readyz`` says when). ``operations``: the
-    table of the model's routes (service/operations.py)."""
+    table of the model's routes (service/operations.py). ``worker``: this app is one worker of ``serve --workers
+    N`` (service/workers.py), its admission counted for the whole service."""
     settings = settings or Settings()
     metrics = Metrics()
-    state = ServiceState(settings, metrics, model=model, gallery=gallery, queues=queues(operations))
+    state = ServiceState(settings, metrics, model=model, gallery=gallery, queues=queues(operations), worker=worker)
     table = ServedTable(operations, settings, state.similarity)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.start()
         try:
+            if worker is not None:      # one of several workers takes connections only once it can answer them
+                await state.until_loaded()
             yield
         finally:
             await state.stop()
@@ -78,7 +82,8 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     _add_error_handlers(app)
     # outermost last: metrics see every request; a body is received whole before admission counts its request
     app.add_middleware(InFlightMiddleware, counts=state.inflight, admission=table.admission, limit=settings.max_queue,
-                       retry_after_s=settings.retry_after_s, metrics=metrics)
+                       retry_after_s=settings.retry_after_s, metrics=metrics,
+                       shared=worker.admission if worker is not None else None)
     app.add_middleware(BodyMiddleware, limit=settings.max_upload_bytes + BODY_SLACK, timeout_s=settings.body_timeout_s,
                        min_rate=settings.body_min_rate, buffer_bytes=settings.upload_buffer_bytes,
                        peer_bytes=settings.upload_peer_bytes, retry_after_s=settings.retry_after_s, metrics=metrics)

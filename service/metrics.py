@@ -15,12 +15,20 @@
 * ``jointspace_bodies_receiving`` — request bodies being received now (not yet admitted);
 * ``jointspace_body_timeouts_total`` — requests answered 408 because their body arrived too slowly;
 * ``jointspace_index_vectors{side}`` — vectors in the live index generation.
+
+With ``serve --workers N`` (service/workers.py) the metrics are prometheus_client's multiprocess ones
+(``PROMETHEUS_MULTIPROC_DIR`` set by the parent before the workers start) and every worker's ``/metrics`` reports
+the whole service: counters and histograms summed over the workers, the gauges of requests in flight, queued and
+being received summed over the live workers, and ``jointspace_index_vectors`` one series per live worker, labelled
+``pid``.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -40,20 +48,28 @@ class Metrics:
                                     ["batcher"], buckets=BATCH_BUCKETS, registry=self.registry)
         self.batch_seconds = Histogram("jointspace_batch_seconds", "forward pass + index search per batch",
                                        ["batcher"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # multiprocess_mode: how the workers' values add up under serve --workers (ignored with one process)
         self.queue_depth = Gauge("jointspace_queue_depth", "requests waiting for a batch", ["batcher"],
-                                 registry=self.registry)
+                                 registry=self.registry, multiprocess_mode="livesum")
         self.in_flight = Gauge("jointspace_in_flight", "requests admitted to the model and not yet answered",
-                               registry=self.registry)
+                               registry=self.registry, multiprocess_mode="livesum")
         self.shed = Counter("jointspace_shed", "requests answered 503 without being computed",
                             ["batcher", "reason"], registry=self.registry)
         self.bodies_receiving = Gauge("jointspace_bodies_receiving", "request bodies being received (not yet "
-                                                                     "admitted)", registry=self.registry)
+                                                                     "admitted)", registry=self.registry,
+                                      multiprocess_mode="livesum")
         self.body_timeouts = Counter("jointspace_body_timeouts", "requests answered 408: body too slow",
                                      registry=self.registry)
         self.index_vectors = Gauge("jointspace_index_vectors", "vectors in the live index", ["side"],
-                                   registry=self.registry)
+                                   registry=self.registry, multiprocess_mode="liveall")
 
     def render(self) -> bytes:
+        """The Prometheus text of this app's metrics; of every worker's together under ``serve --workers``."""
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=directory)
+            return generate_latest(registry)
         return generate_latest(self.registry)
 
 

@@ -230,8 +230,12 @@ class InFlightMiddleware:
 
     def __init__(self, app: ASGIApp, counts: dict[str, int],
                  admission: Callable[[str, str], Callable[[bool], str] | None],
-                 limit: int | None = None, retry_after_s: int = 1, metrics=None):
+                 limit: int | None = None, retry_after_s: int = 1, metrics=None, shared=None):
+        """``shared``: the admission count of the whole service when this app is one of several worker
+        processes (service/workers.py ``SharedAdmission``): ``limit`` then bounds the requests in every worker
+        together; ``counts`` stays this worker's (its batchers' ``pending``)."""
         self.app, self.counts, self.admission, self.limit, self.metrics = app, counts, admission, limit, metrics
+        self.shared = shared
         # the refusal is rendered once: under overload it is most of what the server sends, and it must cost as
         # little event-loop time as possible (every refusal is time not spent answering admitted requests)
         self._busy = _response(503, f"the service is at capacity: {limit} requests are in already; retry after "
@@ -250,7 +254,9 @@ class InFlightMiddleware:
         if name is None:
             await self.app(scope, receive, send)
             return
-        if self.limit is not None and sum(self.counts.values()) >= self.limit:
+        shared = self.shared
+        if self.limit is not None and (sum(self.counts.values()) >= self.limit if shared is None
+                                       else not shared.enter(self.limit)):
             if self.metrics is not None:
                 self.metrics.shed.labels("admission", "queue_full").inc()
             await _answer(send, self._busy)
@@ -265,6 +271,8 @@ class InFlightMiddleware:
             if counted:
                 counted = False
                 self.counts[name] -= 1
+                if shared is not None and self.limit is not None:
+                    shared.leave()
                 self._gauge()
 
         async def send_wrapper(message) -> None:

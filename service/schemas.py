@@ -265,6 +265,9 @@ class Ready(BaseModel):
     strong_relevance: float | None = Field(
         None, description="the relevance at which a search hit is a strong match (`strong_match` of the search "
                           "answers); null when the index has no reference set, and its hits no relevance")
+    worker: int | None = Field(None, description="which worker process answered, 0 to workers - 1 (jointspace serve "
+                                                 "--workers N, N > 1); null with one process")
+    workers: int | None = Field(None, description="the worker processes serving this port as one service")
     hubness_correction: dict | None = Field(
         None, description="whether the index's scores are hubness-corrected (QB-Norm, docs/index.md): "
                           "text_to_image and image_to_text (booleans), the bank's origin ('model': the one the "

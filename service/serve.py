@@ -6,10 +6,12 @@ import errno
 import logging
 import os
 import socket
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .settings import Settings
+    from .workers import Worker
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +25,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="bind address (env JOINTSPACE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env JOINTSPACE_PORT, default 8000)")
     p.add_argument("--device", help="auto | cpu | cuda (env JOINTSPACE_DEVICE)")
+    p.add_argument("--workers", type=int, help="processes serving the one port, each with the model, as one service "
+                                               "(shared admission count, metrics of the whole service); 0 = what "
+                                               "the device wants: 1 on a CPU, one a core up to 8 on CUDA (env "
+                                               "JOINTSPACE_WORKERS, default 0)")
     p.add_argument("--backend", choices=BACKENDS, help="what runs the image backbones: auto (OpenVINO, else ONNX "
                                                        "Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
                                                        "openvino-bf16 or onnxruntime (env JOINTSPACE_BACKEND)")
@@ -78,11 +84,54 @@ def cmd_serve(args) -> int:
     settings.model = str(model_file(settings.model))
     read_index(settings.index)
     with bind(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
-        return _serve(settings, listening, args.log_level)
+        workers = _workers(settings)
+        if workers == 1:
+            return _serve(settings, listening, args.log_level)
+        from .workers import Supervisor
+
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return Supervisor(settings, listening, args.log_level, workers, _worker_main).run()
 
 
-def _serve(settings: Settings, listening: socket.socket, log_level: str) -> int:
-    """Loads the model and the index, then serves them on the bound socket ``listening`` until stopped."""
+def _workers(settings: Settings) -> int:
+    """The worker processes to run: ``settings.workers``, or for 0 what the device wants
+    (service/workers.py ``auto_workers``)."""
+    if settings.workers:
+        return settings.workers
+    from training.data.features import usable_cores
+    from training.inference.device import resolve_device
+
+    from .workers import auto_workers
+
+    return auto_workers(resolve_device(settings.device).type, usable_cores())
+
+
+def _worker_main(index: int, count: int, settings: Settings, listening: socket.socket, log_level: str, slots,
+                 parent: int) -> None:
+    """One worker process of ``serve --workers`` (service/workers.py): serves ``settings`` on the inherited socket
+    ``listening`` until stopped, or until its parent is gone."""
+    import threading
+
+    from tqdm import tqdm
+
+    from .workers import START_FAILED, SharedAdmission, Worker, watch_parent, worker_device
+
+    threading.Thread(target=watch_parent, args=(parent,), daemon=True, name="jointspace-parent").start()
+    # tqdm's default lock is a multiprocessing semaphore, which a worker (ended by os._exit, as multiprocessing ends
+    # its processes) never unlinks: the resource tracker would warn of it at every stop. A thread lock is enough.
+    tqdm.set_lock(threading.RLock())
+    settings = settings.model_copy(update={"device": worker_device(settings.device, index)})
+    try:
+        code = _serve(settings, listening, log_level, worker=Worker(index, count, SharedAdmission(slots, index)))
+    except (ValueError, OSError, KeyError, RuntimeError) as err:    # loading failed: it would fail again
+        print(f"jointspace serve: worker {index}: error: {err}", file=sys.stderr, flush=True)
+        code = START_FAILED
+    raise SystemExit(code)
+
+
+def _serve(settings: Settings, listening: socket.socket, log_level: str, worker: Worker | None = None) -> int:
+    """Loads the model and the index, then serves them on the bound socket ``listening`` until stopped;
+    ``worker``: this process is one of ``serve --workers N``'s (service/workers.py)."""
     import uvicorn
 
     from index.gallery import Gallery
@@ -92,23 +141,31 @@ def _serve(settings: Settings, listening: socket.socket, log_level: str) -> int:
     from .app import create_app
     from .protocol import http_protocol
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = "%(name)s" if worker is None else f"%(name)s[worker {worker.index}]"
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s {name}: %(message)s")
     device = resolve_device(settings.device)
     model = load_model(settings.model, device)
     gallery = Gallery.load(settings.index, model=model, device=device,     # refuses another model's index
                            mmap=settings.index_mmap, backend=settings.search_backend)
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     host = f"[{host}]" if ":" in host else host
-    print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
-          f"{gallery.captions.ntotal} captions; API docs: /docs)", flush=True)
-    config = uvicorn.Config(create_app(settings, model=model, gallery=gallery), host=settings.host,
-                            port=settings.port, log_level=log_level, access_log=False,
+    if worker is None or worker.index == 0:
+        workers = "" if worker is None else f"; {worker.count} workers"
+        print(f"search page: http://{host}:{settings.port}/  ({gallery.images.ntotal} images, "
+              f"{gallery.captions.ntotal} captions; API docs: /docs{workers})", flush=True)
+    app = create_app(settings, model=model, gallery=gallery, worker=worker)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
                             http=http_protocol(settings.header_timeout_s))
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[listening])
     except KeyboardInterrupt:
         pass
+    except SystemExit:                  # uvicorn's answer to a failed start-up: a worker's loading failed
+        if worker is None:
+            raise
+    if worker is not None and not server.started and app.state.service.error is not None:
+        raise RuntimeError(app.state.service.error)      # a worker that could not load: not worth a restart
     return 0 if server.started else 1
 
 

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
                          description="what runs the image backbones (training/inference/backend.py): auto (OpenVINO, "
                                      "else ONNX Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
                                      "openvino-bf16 or onnxruntime; one that fails to load falls back to eager")
+    workers: int = Field(0, ge=0, le=64, description="processes serving the one port as one service (jointspace serve "
+                                                     "--workers; service/workers.py): 0 = what the device wants, 1 on "
+                                                     "a CPU, one a core up to 8 on CUDA")
     # dynamic batching
     batching: bool = Field(True, description="false: every request is its own forward pass (max_batch = 1)")
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")

@@ -37,27 +37,28 @@ from .decoding import MediaDecoder
 from .engine import Engine
 from .metrics import Metrics
 from .settings import Settings
+from .workers import Worker
 
 log = logging.getLogger("jointspace.service")
 # an absolute path (POSIX or Windows) not inside a word or URL: group 1 is its last name
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
 
 
-def cpu_threads(setting: int) -> int:
+def cpu_threads(setting: int, workers: int = 1) -> int:
     """torch intra-op threads for CPU inference: the setting, or by default every core but one — the event
     loop, HTTP parsing and image decoding need a core too, and an oversubscribed CPU makes torch's spinning
-    worker threads many times slower."""
-    return setting or max(1, usable_cores() - 1)
+    worker threads many times slower — shared among ``workers`` processes (``serve --workers``), at least one."""
+    return setting or max(1, (usable_cores() - 1) // max(1, workers))
 
 
-def decode_threads(setting: int, device: torch.device) -> int:
+def decode_threads(setting: int, device: torch.device, workers: int = 1) -> int:
     """Threads that decode and preprocess uploads: the setting, or by default 2 where the model runs on the CPU
     (its forward passes take the other cores) and every core, 2 to 32, where it runs on a GPU — there decoding is
     the CPUs' main work, and two threads would hold the image route far below the model's pace (docs/benchmarks.md,
-    the GPU host's rows)."""
+    the GPU host's rows) — the cores shared among ``workers`` processes (``serve --workers``)."""
     if setting:
         return setting
-    return 2 if device.type == "cpu" else min(32, max(2, usable_cores()))
+    return 2 if device.type == "cpu" else min(32, max(2, usable_cores() // max(1, workers)))
 
 
 def _import_decoders() -> None:
@@ -91,9 +92,11 @@ class Loaded:
 
 class ServiceState:
     def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None,
-                 queues: Sequence[Queue] = ()):
-        """``queues``: the batchers of the table of operations (``service.api.routing.queues``)."""
-        self.settings, self.metrics = settings, metrics
+                 queues: Sequence[Queue] = (), worker: Worker | None = None):
+        """``queues``: the batchers of the table of operations (``service.api.routing.queues``); ``worker``: this
+        state is one worker's of ``serve --workers N`` (service/workers.py)."""
+        self.settings, self.metrics, self.worker = settings, metrics, worker
+        workers = worker.count if worker is not None else 1
         self.model, self.gallery = model, gallery
         self.engine: Engine | None = None
         self.error: str | None = None
@@ -106,7 +109,7 @@ class ServiceState:
                                                     settings.bucket_mode, self.device.type)
         # one compute thread: forward passes and index searches run one batch at a time, as on a GPU stream
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
-        self.decode_pool = ThreadPoolExecutor(decode_threads(settings.decode_workers, self.device),
+        self.decode_pool = ThreadPoolExecutor(decode_threads(settings.decode_workers, self.device, workers),
                                               thread_name_prefix="jointspace-decode")
         # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
         self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
@@ -182,10 +185,19 @@ class ServiceState:
     async def start(self) -> None:
         self._torch_threads = torch.get_num_threads()
         if self.device.type == "cpu":
-            torch.set_num_threads(cpu_threads(self.settings.torch_threads))
+            torch.set_num_threads(cpu_threads(self.settings.torch_threads,
+                                              self.worker.count if self.worker is not None else 1))
         for batcher in self.batchers.values():
             await batcher.start()
         self._tasks.append(asyncio.create_task(self._load(), name="jointspace-load"))
+
+    async def until_loaded(self) -> None:
+        """Returns once the model and the index are loaded and warmed up; RuntimeError saying why when loading
+        failed. (A worker of ``serve --workers`` starts taking connections only then, so that its siblings answer
+        them meanwhile.)"""
+        await self._tasks[0]
+        if self.error is not None:
+            raise RuntimeError(f"loading failed: {self.error}")
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -31,17 +31,18 @@ def free_port() -> int:
 
 
 def spawn(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 120.0,
-          capture: bool = False) -> tuple[subprocess.Popen, int]:
-    """Runs ``jointspace serve ARGS`` on a free port of 127.0.0.1 in a subprocess (this checkout's code first on
-    its PYTHONPATH, ``env`` on top of this process's environment) and waits until ``/readyz`` answers 200:
-    ``(the process, its port)``. ``capture``: the server's output goes to a pipe, read into the error when it
-    exits during start-up. RuntimeError when it exits or is not ready within ``timeout`` seconds (it is killed)."""
+          capture: bool = False, repo: Path = REPO) -> tuple[subprocess.Popen, int]:
+    """Runs ``jointspace serve ARGS`` on a free port of 127.0.0.1 in a subprocess (the code of the checkout
+    ``repo``, by default this one, first on its PYTHONPATH, ``env`` on top of this process's environment) and waits
+    until ``/readyz`` answers 200: ``(the process, its port)``. ``capture``: the server's output goes to a pipe, read
+    into the error when it exits during start-up. RuntimeError when it exits or is not ready within ``timeout``
+    seconds (it is killed)."""
     import httpx
 
     port = free_port()
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)   # keep the caller's
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)   # keep the caller's
     out = subprocess.PIPE if capture else None
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args, "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args, "--port", str(port)], cwd=repo,
                             env={**os.environ, **(env or {}), "PYTHONPATH": path}, stdout=out,
                             stderr=subprocess.STDOUT if capture else None, text=True)
     deadline = time.time() + timeout

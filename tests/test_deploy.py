@@ -105,6 +105,8 @@ def test_compose_file_is_valid_and_reserves_a_gpu():
     assert any(p["target"] == 8000 for p in service["ports"])
     env = service["environment"]
     assert env["JOINTSPACE_MODEL"].startswith("/models/") and env["JOINTSPACE_INDEX"].startswith("/indexes/")
+    # the GPU host's service runs the worker processes its device wants (serve --workers 0: several on CUDA)
+    assert service["command"] == ["serve", "--workers", "0"] and Settings(workers=0).workers == 0
     # an unset JOINTSPACE_API_KEY reaches the container as "" — which must mean "no key", not "the empty key"
     assert env["JOINTSPACE_API_KEY"] == "" and Settings(api_key=env["JOINTSPACE_API_KEY"]).api_key is None
     # the Host names the deployment's own clients send are served with the container's settings (bound to

@@ -42,7 +42,9 @@ async def readyz(request: Request):
                  batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
                  warmup_seconds=state.warmup_seconds,
                  strong_relevance=STRONG if loaded.gallery.references else None,
-                 hubness_correction=correction(loaded.gallery.manifest))
+                 hubness_correction=correction(loaded.gallery.manifest),
+                 worker=state.worker.index if state.worker is not None else None,
+                 workers=state.worker.count if state.worker is not None else 1)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -21,8 +21,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from training.data.media import decoder_error, file_head, sniff_image
-from training.data.preprocess import (RAW_SUFFIXES, ImageGeometryError, check_geometry, dct_scale, decode_image, draft,
-                                      embed_side, reduce_to, register_heif)
+from training.data.preprocess import (RAW_SUFFIXES, ImageGeometryError, check_geometry, check_scans, dct_scale,
+                                      decode_image, draft, embed_side, reduce_to, register_heif)
 
 SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF"
 
@@ -60,6 +60,7 @@ def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | No
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             check_geometry(im.size, resize_side, max_pixels)
+            check_scans(im, data)
             if min_side is not None:
                 draft(im, min_side)
             im.load()

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
                                     description="most memory the frames and thumbnails being made may take at once, "
                                                 "each estimated from its file's size before it is decoded (one "
                                                 "larger than this runs alone)")
+    decode_memory_bytes: int = Field(512 * 1024 * 1024, ge=1,
+                                     description="most memory the uploaded images being decoded at once may take, "
+                                                 "each estimated from its header by format and mode before it is "
+                                                 "decoded: an image estimated above it alone is answered 413, one "
+                                                 "that does not fit beside those being decoded 503 + Retry-After")
     max_frame_pixels: int = Field(8 * 1024 * 1024, ge=16 * 16,
                                   description="largest video frame served without ?size=, width × height: a larger "
                                               "frame is scaled down to it while it is decoded")

@@ -33,6 +33,8 @@ from training.inference.shapes import resolve as resolve_shapes
 from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher
+from training.data.decode_cost import MemoryBudget
+
 from .decoding import MediaDecoder
 from .engine import Engine
 from .metrics import Metrics
@@ -108,6 +110,9 @@ class ServiceState:
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(decode_threads(settings.decode_workers, self.device),
                                               thread_name_prefix="jointspace-decode")
+        # the memory the upload decodings running at once may hold, each estimated from its header
+        # (training/data/decode_cost.py)
+        self.decode_budget = MemoryBudget(settings.decode_memory_bytes)
         # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
         self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
                                   metrics)

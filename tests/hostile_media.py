@@ -110,6 +110,23 @@ def scan_bomb(width: int = 7000, height: int = 7000, scans: int = 6000) -> bytes
     return data[:eoi] + repeat * max(0, scans - len(sos)) + data[eoi:]
 
 
+DECODE_BOMBS = ("lossless WebP", "lossy WebP", "AVIF", "float TIFF", "16-bit PNG")
+
+
+def decode_bomb(kind: str, side: int = 7000) -> bytes:
+    """A small file of ``side`` × ``side`` black pixels whose decoder needs far more memory than its pixels' count
+    suggests — one of :data:`DECODE_BOMBS`: a lossless WebP (about 2 KB at 7000²), a lossy one, an AVIF (about 1
+    KB), a 32-bit float TIFF (deflate) and a 16-bit grey PNG."""
+    mode, fmt, save = {"lossless WebP": ("RGB", "WEBP", {"lossless": True}),
+                       "lossy WebP": ("RGB", "WEBP", {"quality": 10}),
+                       "AVIF": ("RGB", "AVIF", {"quality": 10, "speed": 10}),
+                       "float TIFF": ("F", "TIFF", {"compression": "tiff_adobe_deflate"}),
+                       "16-bit PNG": ("I;16", "PNG", {})}[kind]
+    out = io.BytesIO()
+    Image.new(mode, (side, side)).save(out, fmt, **save)
+    return out.getvalue()
+
+
 def _declaring_jpeg(width: int, height: int) -> bytes:
     """A small JPEG whose frame header (SOF0) claims ``width`` × ``height``."""
     data = bytearray(jpeg((16, 16)))

@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from index.metadata import ImageRow
+from training.data.decode_cost import DecodeBusy
 from index.video_decode import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
@@ -100,9 +101,17 @@ async def upload_pixels(data: bytes, state: ServiceState, request: Request, name
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, data, state.settings.max_pixels,
-                                          state.loaded.model.preprocess)
+                                          state.loaded.model.preprocess, state.decode_budget)
     except ImageError as err:
         raise HTTPException(err.status, err.detail) from None
+    except DecodeBusy as err:
+        raise _decode_busy(err, state, name) from None
+
+
+def _decode_busy(err: DecodeBusy, state: ServiceState, name: str) -> HTTPException:
+    state.metrics.shed.labels(name, "decode_memory").inc()
+    return HTTPException(503, f"{err}; retry after {state.settings.retry_after_s} s",
+                         headers={"Retry-After": str(state.settings.retry_after_s)})
 
 
 def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
@@ -151,10 +160,12 @@ async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -
         return state.loaded.model.preprocess.pixels(image)
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
-                                          state.loaded.model.preprocess)
+                                          state.loaded.model.preprocess, state.decode_budget)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status,
                             f"gallery image {image_id}: {err.detail}") from None
+    except DecodeBusy as err:
+        raise _decode_busy(err, state, "compose") from None
 
 
 def private_headers(state: ServiceState) -> dict[str, str]:

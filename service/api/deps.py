@@ -43,26 +43,39 @@ async def service(request: Request) -> ServiceState:
     return state
 
 
-def _given_keys(request: Request) -> list[str | None]:
-    """Every credential the request carries: each X-API-Key header, each Authorization header's Bearer token
-    (None for an Authorization header of another scheme)."""
-    given: list[str | None] = list(request.headers.getlist("x-api-key"))
+def _given_keys(request: Request) -> list[str]:
+    """Every key the request carries: each X-API-Key header, each Authorization header's Bearer token (an
+    Authorization header of another scheme carries none)."""
+    given = list(request.headers.getlist("x-api-key"))
     for value in request.headers.getlist("authorization"):
         scheme, _, token = value.strip().partition(" ")
-        given.append(token.strip() if scheme.lower() == "bearer" and token.strip() else None)
+        if scheme.lower() == "bearer" and token.strip():
+            given.append(token.strip())
     return given
 
 
 async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
                           bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     """With ``JOINTSPACE_API_KEY`` set (the app then adds this dependency to ``/v1``): the key as ``X-API-Key``
-    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say."""
-    expected = request.app.state.service.settings.api_key
+    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say, and
+    one key a request (400 for more: one request must not try many). A client address that sent too many wrong
+    keys is answered 429 + Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
+    state: ServiceState = request.app.state.service
+    expected = state.settings.api_key
     if expected is None:
         return
-    want = expected.get_secret_value().encode()
-    matches = [secrets.compare_digest(g.encode(), want) for g in _given_keys(request) if g is not None]
-    if not any(matches):
+    given = _given_keys(request)
+    if len(given) > 1:
+        raise HTTPException(400, f"the request carries {len(given)} API keys (X-API-Key headers and Bearer "
+                                 f"tokens); send exactly one")
+    client = request.client.host if request.client else ""
+    wait = state.auth_failures.wait(client)
+    if wait:
+        raise HTTPException(429, f"too many wrong API keys from this client address; retry after {wait} s",
+                            headers={"Retry-After": str(wait)})
+    if not given or not secrets.compare_digest(given[0].encode(), expected.get_secret_value().encode()):
+        if given:
+            state.auth_failures.failed(client)
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})
 

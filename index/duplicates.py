@@ -71,11 +71,12 @@ def check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """``vectors`` as float32 rows of length 1 (a zero row stays zero)."""
+def unit_rows(vectors: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """``vectors`` as float32 rows of length 1 (a zero row stays zero); ``in_place``: a float32 C-contiguous array
+    is scaled itself instead of copied."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms > 0, norms, 1)
+    return np.divide(vectors, np.where(norms > 0, norms, 1), out=vectors if in_place else None)
 
 
 @dataclass
@@ -100,16 +101,17 @@ def _search(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     return np.concatenate(scores), np.concatenate(found)
 
 
-def nearest(vectors: np.ndarray, k: int = NEIGHBOURS, floor: float = FLOOR) -> Neighbours:
+def nearest(vectors: np.ndarray, k: int = NEIGHBOURS, floor: float = FLOOR, in_place: bool = False) -> Neighbours:
     """The :class:`Neighbours` of the rows of ``vectors``: each row's ``k`` nearest other rows by cosine, kept at
     or above ``floor``. Up to :data:`EXACT_UP_TO` rows, an exact inner-product search (FAISS Flat) over the unit
     rows; beyond, the ``k`` nearest in a seeded random orthonormal projection to :data:`PROJECTED` dimensions
     (Johnson–Lindenstrauss: inner products kept within about ``1/√PROJECTED``), exact search there, then those
     candidates scored again in the full dimension — candidates more than :data:`MARGIN` below ``floor`` in the
-    projection skipped — and the best ``k`` kept. :data:`BATCH` rows at a time."""
+    projection skipped — and the best ``k`` kept. :data:`BATCH` rows at a time. ``in_place``: ``vectors`` (float32,
+    C-contiguous) may be scaled to unit length itself rather than copied."""
     import faiss
 
-    unit = unit_rows(vectors)
+    unit = unit_rows(vectors, in_place)
     n, dim = unit.shape
     empty = np.zeros(0, np.int64)
     if n < 2:
@@ -128,8 +130,8 @@ def nearest(vectors: np.ndarray, k: int = NEIGHBOURS, floor: float = FLOOR) -> N
         rough, found = _search(index, projected, want)
         del projected, index
         scores = np.full(found.shape, -np.inf, np.float32)
-        for start in range(0, n, BATCH // 4):                 # the candidates' full vectors, a block at a time
-            block = slice(start, start + BATCH // 4)
+        for start in range(0, n, BATCH // 8):                 # the candidates' full vectors, a block at a time
+            block = slice(start, start + BATCH // 8)
             near = rough[block] >= floor - MARGIN
             rows, cols = np.nonzero(near)
             scores[block][rows, cols] = np.einsum("ij,ij->i", unit[block][rows], unit[found[block][rows, cols]])
@@ -244,15 +246,16 @@ class GalleryNeighbours:
         self.paths = [r.path for r in rows]
         manifest = gallery.manifest
         self._unfold = lambda v: unfold(manifest, "images", v)
-        self.neighbours = nearest(self.vectors(np.arange(len(rows))))
+        self.neighbours = nearest(self.vectors(np.arange(len(rows))), in_place=True)
         self._computed: dict[int, int | None] = {}
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
-        """The stored vectors (without a querybank offset) of photos at ``rows``, into one array."""
-        out = np.zeros((len(rows), self.images.dim), np.float32)
+        """The stored vectors (without a querybank offset) of photos at ``rows``, read into one array."""
+        first = self._unfold(self.images.reconstruct(int(self.ids[rows[0]]))) if len(rows) else np.zeros(0)
+        out = np.empty((len(rows), len(first)), np.float32)
         for n, row in enumerate(rows):
-            out[n] = self.images.reconstruct(int(self.ids[row]))
-        return np.ascontiguousarray(self._unfold(out))
+            out[n] = self._unfold(self.images.reconstruct(int(self.ids[row])))
+        return out
 
     def _hash(self, row: int) -> int | None:
         if self.phash[row] is not None:

@@ -206,9 +206,9 @@ def _planted(n: int, dim: int = 32, copies: int = 3, seed: int = 0) -> tuple[np.
 
 @pytest.mark.parametrize("n", [400, EXACT_UP_TO + 1000])
 def test_neighbour_search_finds_planted_copies_and_is_bounded(n):
-    """Exact (Flat) for a small gallery, an IVF index beyond EXACT_UP_TO: the planted copies are grouped exactly,
+    """Exact (Flat) for a small gallery, a random projection beyond EXACT_UP_TO: the planted copies are grouped exactly,
     and the pairs are at most NEIGHBOURS a photo whatever the threshold — even when every photo is alike."""
-    vectors, truth = _planted(n)
+    vectors, truth = _planted(n, dim=160)                    # above PROJECTED: the projection is used beyond
     found = find_groups(np.arange(len(vectors)), vectors, threshold=0.8)
     assert sorted(map(set, (g.ids for g in found.groups)), key=min) == truth
     assert nearest(vectors).exact == (len(vectors) <= EXACT_UP_TO)

@@ -355,7 +355,7 @@ class Error(BaseModel):
 
 ERROR_MEANINGS = {
     400: "the body cannot be parsed (malformed multipart or JSON bytes), or the image is empty, corrupt or "
-         "truncated, or the request carries more than one API key",
+         "truncated, or the request carries two X-API-Key headers or two Bearer tokens",
     401: "missing or wrong API key",
     404: "no such gallery image",
     408: "the request body arrived too slowly (JOINTSPACE_BODY_TIMEOUT_S plus 1 s per JOINTSPACE_BODY_MIN_RATE "

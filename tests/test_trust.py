@@ -265,12 +265,16 @@ def test_origins_parse():
 def test_one_key_a_request_and_wrong_keys_are_rate_limited(tiny_model_path, tiny_index_dir):
     with _ready(_client(tiny_model_path, tiny_index_dir, api_key="s3cret", auth_failures_per_minute=3)) as c:
         two = [[("X-API-Key", "guess"), ("X-API-Key", "s3cret")],
-               [("X-API-Key", "s3cret"), ("Authorization", "Bearer s3cret")]]
+               [("Authorization", "Bearer guess"), ("Authorization", "Bearer s3cret")]]
         for headers in two:                                   # never tried: 400 whatever the keys
             r = c.get("/v1/folders", headers=headers)
-            assert r.status_code == 400 and "send exactly one" in r.json()["detail"]
+            assert r.status_code == 400 and "send one key" in r.json()["detail"]
+        # both schemes: the X-API-Key header is the one key tried, the Bearer token is not
+        assert c.get("/v1/folders", headers={"X-API-Key": "s3cret", "Authorization": "Bearer x"}).status_code == 200
         assert c.get("/v1/folders").status_code == 401        # no key: no guess, not counted
-        for _ in range(3):
+        r = c.get("/v1/folders", headers={"X-API-Key": "guess", "Authorization": "Bearer s3cret"})
+        assert r.status_code == 401                            # one guess, counted
+        for _ in range(2):
             assert c.get("/v1/folders", headers={"X-API-Key": "guess"}).status_code == 401
         for key in ("guess", "s3cret"):                       # the right key too: the answer must not tell
             r = c.get("/v1/folders", headers={"X-API-Key": key})

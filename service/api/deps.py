@@ -43,38 +43,40 @@ async def service(request: Request) -> ServiceState:
     return state
 
 
-def _given_keys(request: Request) -> list[str]:
-    """Every key the request carries: each X-API-Key header, each Authorization header's Bearer token (an
-    Authorization header of another scheme carries none)."""
-    given = list(request.headers.getlist("x-api-key"))
+def _given_key(request: Request) -> str | None:
+    """The one key a request's credentials are checked with: its X-API-Key header, else its Authorization
+    header's Bearer token (an Authorization header of another scheme carries none). HTTPException 400 for two
+    X-API-Key headers or two Bearer tokens: one request must not try many keys."""
+    keys = request.headers.getlist("x-api-key")
+    tokens = []
     for value in request.headers.getlist("authorization"):
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
-            given.append(token.strip())
-    return given
+            tokens.append(token.strip())
+    if len(keys) > 1 or len(tokens) > 1:
+        raise HTTPException(400, f"the request carries {max(len(keys), len(tokens))} "
+                                 f"{'X-API-Key headers' if len(keys) > 1 else 'Bearer tokens'}; send one key")
+    return keys[0] if keys else tokens[0] if tokens else None
 
 
 async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
                           bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     """With ``JOINTSPACE_API_KEY`` set (the app then adds this dependency to ``/v1``): the key as ``X-API-Key``
-    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say, and
-    one key a request (400 for more: one request must not try many). A client address that sent too many wrong
-    keys is answered 429 + Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
+    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say, one
+    key tried a request (``_given_key``). A client address that sent too many wrong keys is answered 429 +
+    Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
     state: ServiceState = request.app.state.service
     expected = state.settings.api_key
     if expected is None:
         return
-    given = _given_keys(request)
-    if len(given) > 1:
-        raise HTTPException(400, f"the request carries {len(given)} API keys (X-API-Key headers and Bearer "
-                                 f"tokens); send exactly one")
+    given = _given_key(request)
     client = request.client.host if request.client else ""
     wait = state.auth_failures.wait(client)
     if wait:
         raise HTTPException(429, f"too many wrong API keys from this client address; retry after {wait} s",
                             headers={"Retry-After": str(wait)})
-    if not given or not secrets.compare_digest(given[0].encode(), expected.get_secret_value().encode()):
-        if given:
+    if given is None or not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+        if given is not None:
             state.auth_failures.failed(client)
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -316,7 +316,8 @@ def check_scans(image: Image.Image, data: bytes | None = None) -> None:
     if image.format not in ("JPEG", "MPO"):
         return
     if data is None:
-        data = Path(image.filename).read_bytes() if getattr(image, "filename", "") else b""
+        filename = getattr(image, "filename", "")          # an ImageFile opened from a path has it
+        data = Path(filename).read_bytes() if filename else b""
     scans = count_scans(data, MAX_SCANS)
     if scans > MAX_SCANS:
         raise ImageGeometryError(f"the JPEG has more than {MAX_SCANS} scans, each a pass over the whole image (a "

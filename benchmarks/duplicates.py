@@ -17,7 +17,7 @@ The whole set is indexed as a user indexes a folder (``jointspace index build`` 
   distinct photos are grouped with another, the groups' kinds — and the perceptual-hash distance of each edit kind
   to its photo (index/phash.py; ``HASH_DISTANCE`` separates re-encodes from near shots);
 * the time to group: the built index (``gallery_groups``: vectors read from the index, pairs, components, kinds)
-  and random vectors of the model's dimension at larger sizes (``find_groups``: the blocked matrix product).
+  and random vectors of the model's dimension at larger sizes (``find_groups``: the neighbour search).
 """
 from __future__ import annotations
 

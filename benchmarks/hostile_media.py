@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.soak import photo  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
-from tests.hostile_media import png, video  # noqa: E402
+from tests.hostile_media import png, scan_bomb, video  # noqa: E402
 from tests.server_process import spawn  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 
@@ -91,21 +91,24 @@ def gallery(work: Path) -> Path:
 
 # --- index time -------------------------------------------------------------------------------------------------
 
-def index_time(work: Path, photos: Path, files: dict[str, bytes]) -> list[dict]:
+def index_time(work: Path, photos: Path, files: dict[str, bytes], label: str = "8 photos",
+               tag: str = "") -> list[dict]:
+    """``index build`` of ``photos`` alone, then with each file added (named ``extra`` with its format's suffix)."""
     rows = []
-    base_s, base_mb, _ = _jointspace("index", "build", "--images", str(photos), "--out", str(work / "i0"),
+    base_s, base_mb, _ = _jointspace("index", "build", "--images", str(photos), "--out", str(work / f"i0{tag}"),
                                      "--model", str(MODEL), "--quiet", "--workers", "0", "--no-videos", "--tta",
                                      "none")
-    rows.append({"file": "8 photos alone", "wall_s": round(base_s, 2), "peak_rss_mb": round(base_mb)})
+    rows.append({"file": f"{label} alone", "wall_s": round(base_s, 2), "peak_rss_mb": round(base_mb)})
     for n, (name, data) in enumerate(files.items(), 1):
-        folder = work / f"photos_{n}"
+        folder = work / f"photos{tag}_{n}"
         shutil.copytree(photos, folder)
-        (folder / "extra.png").write_bytes(data)
-        wall, peak, err = _jointspace("index", "build", "--images", str(folder), "--out", str(work / f"i{n}"),
+        extra = "extra.jpg" if data.startswith(b"\xff\xd8") else "extra.png"
+        (folder / extra).write_bytes(data)
+        wall, peak, err = _jointspace("index", "build", "--images", str(folder), "--out", str(work / f"i{tag}{n}"),
                                       "--model", str(MODEL), "--quiet", "--workers", "0", "--no-videos", "--tta",
-                                     "none")
-        reason = next((line.split(": ", 1)[1] for line in err.splitlines() if "extra.png" in line), "")
-        rows.append({"file": f"8 photos + {name}", "wall_s": round(wall, 2), "peak_rss_mb": round(peak),
+                                      "none")
+        reason = next((line.split(": ", 1)[1] for line in err.splitlines() if extra in line), "")
+        rows.append({"file": f"{label} + {name}", "wall_s": round(wall, 2), "peak_rss_mb": round(peak),
                      "extra_s": round(wall - base_s, 2), "extra_rss_mb": round(peak - base_mb),
                      "skip_reason": reason})
     return rows
@@ -120,7 +123,7 @@ def reader_alone(work: Path, files: dict[str, bytes]) -> list[dict]:
     model = load_model(MODEL)
     rows = []
     for name, data in files.items():
-        path = work / "alone.png"
+        path = work / ("alone.jpg" if data.startswith(b"\xff\xd8") else "alone.png")
         path.write_bytes(data)
         item = _Decoded([path], model.preprocess, read_photo)
         item[0]                                                           # warm the code path
@@ -273,10 +276,219 @@ def frames(work: Path, photos: Path, clients: int, seconds: float) -> dict:
                          "max_frame_pixels": settings.max_frame_pixels}}
 
 
+# --- round 3: scan bombs and decode bombs at upload; near-duplicates of 20,000 photos ----------------------------
+
+async def _beside(base: str, bomb: bytes, control: bytes, thumb_ids: list[int], seconds: float) -> dict:
+    """Two clients upload ``bomb`` without pause for ``seconds`` while one asks for a 128-px thumbnail every
+    0.25 s and one uploads ``control`` every 0.5 s."""
+    import httpx
+
+    bombs: list[tuple[int, float]] = []
+    thumbs: list[tuple[int, float]] = []
+    normal: list[tuple[int, float]] = []
+    stop = asyncio.Event()
+
+    async def bomber(c):
+        while not stop.is_set():
+            start = time.perf_counter()
+            r = await c.post("/v1/search/captions", files={"image": ("x.jpg", bomb, "image/jpeg")})
+            bombs.append((r.status_code, time.perf_counter() - start))
+
+    async def every(period, fn, out):
+        n = 0
+        while not stop.is_set():
+            start = time.perf_counter()
+            r = await fn(n)
+            n += 1
+            out.append((r.status_code, time.perf_counter() - start))
+            await asyncio.sleep(max(0.0, period - (time.perf_counter() - start)))
+
+    async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+        tasks = [asyncio.create_task(bomber(c)) for _ in range(2)]
+        tasks += [asyncio.create_task(every(0.25, lambda n: c.get(f"/v1/images/{thumb_ids[n % len(thumb_ids)]}",
+                                                                   params={"size": 128}), thumbs)),
+                  asyncio.create_task(every(0.5, lambda n: c.post("/v1/search/captions", files={
+                      "image": ("c.jpg", control, "image/jpeg")}), normal))]
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    def summary(answers):
+        statuses: dict[str, int] = {}
+        for st, _ in answers:
+            statuses[str(st)] = statuses.get(str(st), 0) + 1
+        times = [s for _, s in answers]
+        return {"statuses": statuses, "p50_s": round(float(np.percentile(times, 50)), 3) if times else None,
+                "max_s": round(max(times), 3) if times else None}
+
+    return {"seconds": seconds, "two_scan_bomb_clients": summary(bombs), "thumbnails_128px": summary(thumbs),
+            "normal_uploads": summary(normal)}
+
+
+def _concurrently(url: str, pid: int, files: list[bytes]) -> dict:
+    """``files`` uploaded at once, one connection each: their statuses and the server's peak RSS growth."""
+    import httpx
+
+    async def run():
+        async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=len(files) + 2)) as c:
+            return await asyncio.gather(*(c.post(url, files={"image": ("x", data, "application/octet-stream")})
+                                          for data in files))
+
+    _reset_peak(pid)
+    before = _status(pid, "VmRSS")
+    start = time.perf_counter()
+    answers = asyncio.run(run())
+    statuses: dict[str, int] = {}
+    for r in answers:
+        statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+    return {"statuses": statuses, "wall_s": round(time.perf_counter() - start, 2),
+            "peak_rss_growth_mb": round(_status(pid, "VmHWM") - before), "detail": sorted(
+                {r.json().get("detail", "")[:160] for r in answers if r.status_code != 200})}
+
+
+def round3_uploads(index: Path, control: bytes, bomb: bytes, side: int, seconds: float) -> dict:
+    """The scan bomb and the decode bombs sent to ``jointspace serve`` over the 8 photos."""
+    import httpx
+
+    from tests.hostile_media import DECODE_BOMBS, decode_bomb
+
+    bombs = {kind: decode_bomb(kind, side) for kind in DECODE_BOMBS}
+    proc, port = spawn(["--model", str(MODEL), "--index", str(index), "--log-level", "warning"],
+                       env={"JOINTSPACE_RELOAD_INTERVAL_S": "0"}, timeout=300)
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/v1/search/captions"
+    try:
+        with httpx.Client(base_url=base, timeout=300) as c:
+            c.post(url, files={"image": ("w.jpg", control, "image/jpeg")})                      # warm
+            hits = c.post("/v1/search/images", json={"text": "a photo", "k": 8}).json()["results"]
+            thumb_ids = [h["id"] for h in hits]
+            for i in thumb_ids[:2]:
+                c.get(f"/v1/images/{i}", params={"size": 128})
+            alone = []
+            named = {"scan bomb": bomb, **bombs}
+            for name, data in named.items():
+                _reset_peak(proc.pid)
+                before = _status(proc.pid, "VmRSS")
+                start = time.perf_counter()
+                r = c.post(url, files={"image": ("x", data, "application/octet-stream")})
+                alone.append({"file": name, "bytes": len(data), "status": r.status_code,
+                              "seconds": round(time.perf_counter() - start, 3),
+                              "rss_growth_mb": round(_status(proc.pid, "VmHWM") - before, 1),
+                              "detail": r.json().get("detail", "") if r.status_code != 200 else ""})
+        beside = asyncio.run(_beside(base, bomb, control, thumb_ids, seconds))
+        eight = [bombs[k] for k in ("lossless WebP", "lossy WebP", "AVIF", "float TIFF")] * 2
+        concurrent = {"eight WebP/AVIF/TIFF bombs (2 lossless WebP, 2 lossy WebP, 2 AVIF, 2 float TIFF)":
+                      _concurrently(url, proc.pid, eight),
+                      "eight 16-bit PNG bombs": _concurrently(url, proc.pid, [bombs["16-bit PNG"]] * 8)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"side": side, "alone": alone, "beside_two_scan_bombs": beside, "concurrent": concurrent}
+
+
+def _vectors(kind: str, n: int, dim: int) -> np.ndarray:
+    """``n`` unit vectors: ``clustered`` (benchmarks/scale_index.py's distribution, 1000 centres) with 500 planted
+    groups of 4 near-copies (cosine about 0.97), or ``alike`` (every photo within cosine 0.999 of one vector: one
+    group of all of them at any threshold)."""
+    rng = np.random.default_rng(0)
+    if kind == "alike":
+        x = np.ones((n, dim), np.float32) + 0.03 * rng.standard_normal((n, dim), np.float32)
+    else:
+        centres = rng.standard_normal((1000, dim)).astype(np.float32)
+        x = centres[rng.integers(0, 1000, n)] + 0.35 * np.sqrt(2.0) * rng.standard_normal((n, dim), np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        for g in range(500):                                     # rows 4g+1 .. 4g+3 become copies of row 4g
+            noise = 0.25 * rng.standard_normal((3, dim), np.float32) / np.sqrt(dim)
+            x[4 * g + 1:4 * g + 4] = x[4 * g] + noise
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _recall(x: np.ndarray, queries: int = 500) -> dict:
+    """The pairs :func:`index.duplicates.nearest` finds against exact search: of each sampled photo's exact
+    ``NEIGHBOURS`` nearest at or above a threshold, the share found."""
+    from index.duplicates import FLOOR, NEIGHBOURS, nearest
+
+    found = nearest(x)
+    pairs = set(zip(found.left.tolist(), found.right.tolist()))
+    rows = np.random.default_rng(1).choice(len(x), queries, replace=False)
+    sims = x[rows] @ x.T
+    sims[np.arange(queries), rows] = -2
+    top = np.argsort(-sims, axis=1)[:, :NEIGHBOURS]
+    out = {}
+    for t in (FLOOR, 0.85):
+        want = [(int(r), int(j)) for r, row, s in zip(rows, top, sims) for j in row if s[j] >= t]
+        hit = sum((min(r, j), max(r, j)) in pairs for r, j in want)
+        out[f"{t:g}"] = {"exact_pairs": len(want), "found": round(hit / len(want), 4) if want else None}
+    return {"exact_method": found.exact, "sampled_photos": queries, "recall": out}
+
+
+def duplicates(work: Path, n: int) -> list[dict]:
+    """``GET /v1/duplicates`` of ``jointspace serve`` over an index of ``n`` synthetic photo vectors (the shipped
+    model's dimension and fingerprint; no files), at the floor, the default and the top threshold: each answer's
+    time, and the server's peak RSS over its RSS once the index is served (before the first request)."""
+    import httpx
+
+    from index.changes import ChangeSet, ModelFacts
+    from index.duplicates import DEFAULT_THRESHOLD, FLOOR
+    from index.gallery import build_from_vectors
+    from training.models.checkpoint import load_model
+
+    model = load_model(MODEL)
+    fingerprint, dim = model.fingerprint, model.cfg.model.embed_dim
+    del model
+    rows = []
+    for kind in ("clustered", "alike"):
+        x = _vectors(kind, n, dim)
+        index = work / f"dup_{kind}"
+        paths = [(f"/gallery/{i // 1000:03d}/{i}.jpg", None) for i in range(n)]
+        build_from_vectors(index, ModelFacts(fingerprint, "cosine"),
+                           ChangeSet(image_vectors=x, image_ids=np.arange(n), image_rows=paths))
+        proc, port = spawn(["--model", str(MODEL), "--index", str(index), "--log-level", "warning"],
+                           env={"JOINTSPACE_RELOAD_INTERVAL_S": "0"}, timeout=300)
+        answers = []
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as c:
+                _reset_peak(proc.pid)
+                before = _status(proc.pid, "VmRSS")
+                for t in (FLOOR, DEFAULT_THRESHOLD, 1.0, FLOOR):
+                    start = time.perf_counter()
+                    r = c.get("/v1/duplicates", params={"threshold": t, "limit": 20})
+                    body = r.json()
+                    answers.append({"threshold": t, "status": r.status_code,
+                                    "seconds": round(time.perf_counter() - start, 3), "groups": body.get("total"),
+                                    "largest": max((len(g["images"]) for g in body.get("groups", [])), default=0)})
+                growth = _status(proc.pid, "VmHWM") - before
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        row = {"photos": n, "vectors": kind, "dim": dim, "rss_served_mb": round(before),
+               "peak_growth_mb": round(growth), "answers": answers}
+        if kind == "clustered":
+            row["neighbours"] = _recall(x)
+        rows.append(row)
+    return rows
+
+
+def _limits() -> dict:
+    from index.duplicates import EXACT_UP_TO, FLOOR, NEIGHBOURS
+    from service.settings import Settings
+    from training.data.jpeg_scans import MAX_SCANS
+
+    settings = Settings()
+    return {"max_scans": MAX_SCANS, "decode_memory_mb": settings.decode_memory_bytes // 2 ** 20,
+            "duplicate_floor": FLOOR, "duplicate_neighbours": NEIGHBOURS, "duplicate_exact_up_to": EXACT_UP_TO}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frame-clients", type=int, default=40)
     ap.add_argument("--frame-seconds", type=float, default=20.0)
+    ap.add_argument("--bomb-seconds", type=float, default=10.0, help="how long two clients send scan bombs")
+    ap.add_argument("--bomb-side", type=int, default=7000, help="side of the decode bombs")
+    ap.add_argument("--scans", type=int, default=6000, help="scans of the scan bomb (7000 × 7000)")
+    ap.add_argument("--duplicate-photos", type=int, default=20_000)
+    ap.add_argument("--demo-photos", type=Path, default=Path("/work/main/demo/samples/photos"),
+                    help="the demo's photos, indexed alone and with the scan bomb")
     ap.add_argument("--hardware", default="CPU, 2 cores (shared machine, run under the exclusive lock)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hostile_media_cpu.json")
     args = ap.parse_args()
@@ -284,22 +496,39 @@ def main() -> int:
         work = Path(tmp)
         photos = gallery(work)
         files = {name: png(*size) for name, size in PNGS.items()}
+        bomb = scan_bomb(7000, 7000, args.scans)
+        bomb_name = f"7000² progressive JPEG of {args.scans:,} scans"
         control = {"a 1024×768 JPEG (control)": (photos / "photo_0.jpg").read_bytes()}
         print("index time ...", flush=True)
-        indexing = index_time(work, photos, files)
-        reader = reader_alone(work, files)
+        indexing = index_time(work, photos, {**files, bomb_name: bomb})
+        demo = index_time(work, args.demo_photos, {bomb_name: bomb}, label="the demo's photos", tag="demo") \
+            if args.demo_photos.is_dir() else []
+        reader = reader_alone(work, {**files, bomb_name: bomb})
         print("uploads ...", flush=True)
-        upload = uploads(work / "i0", {**control, **files})
+        upload = uploads(work / "i0", {**control, **files, bomb_name: bomb})
+        print("round 3 uploads ...", flush=True)
+        round3 = round3_uploads(work / "i0", control["a 1024×768 JPEG (control)"], bomb, args.bomb_side,
+                                args.bomb_seconds)
+        print("duplicates ...", flush=True)
+        dups = duplicates(work, args.duplicate_photos)
         print("frames ...", flush=True)
         flood = frames(work, photos, args.frame_clients, args.frame_seconds)
     result = {"description": "python benchmarks/hostile_media.py: the aspect-extreme PNGs at upload and at index "
                              "time, and full-size frames of an 8192² video under load",
               "hardware": args.hardware, "date": date.today().isoformat(), "commit": current_commit(),
               "python": platform.python_version(), "model": str(MODEL.relative_to(ROOT)),
-              "upload": upload, "index": indexing, "index_reader": reader, "frames": flood}
+              "upload": upload, "index": indexing, "index_demo": demo, "index_reader": reader,
+              "round3": round3, "duplicates": dups, "frames": flood,
+              "limits": _limits()}
     write_json(args.out, result)
     for row in upload:
         print(f"upload {row['file']:28s} {row['statuses']} {row['max_s']:.3f} s  +{row['max_rss_growth_mb']} MB")
+    for row in round3["alone"]:
+        print(f"round3 {row['file']:28s} {row['status']} {row['seconds']:.3f} s  +{row['rss_growth_mb']} MB")
+    print(round3["beside_two_scan_bombs"])
+    print(round3["concurrent"])
+    for row in dups:
+        print(f"duplicates {row['vectors']}: +{row['peak_growth_mb']} MB", row["answers"], row.get("neighbours"))
     for row in reader:
         print(f"reader {row['file']:28s} {row['seconds']:.4f} s  +{row['rss_growth_mb']} MB  {row['skip_reason']}")
     for row in indexing:

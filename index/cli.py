@@ -144,12 +144,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d = isub.add_parser("duplicates", help="group near-duplicate photos (re-saved, resized, cropped copies, "
                                            "bursts); print a table (or JSON)",
                         description="Groups the index's photos whose embeddings' cosine similarity is at least "
-                                    "--threshold (connected components), each labelled identical (the same bytes), "
+                                    "--threshold, each photo paired with its nearest (k-nearest-neighbour search, "
+                                    "never all pairs; connected components), each labelled identical (the same bytes), "
                                     "re-encode (the same picture re-saved, resized or recoloured: perceptual hashes "
                                     "within a few bits) or near (crops, edits, bursts). docs/index.md")
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("--threshold", type=float, default=DUPLICATE_THRESHOLD,
-                   help=f"cosine similarity from which two photos are near-duplicates, above 0 and at most 1 "
+                   help=f"cosine similarity from which two photos are near-duplicates, from 0.5 to 1 "
                         f"(default {DUPLICATE_THRESHOLD:g}, measured for the shipped model: docs/index.md)")
     d.add_argument("--json", action="store_true", help="print the groups as JSON (ids, absolute paths, kinds)")
     d.set_defaults(func=cmd_duplicates)

@@ -1,10 +1,16 @@
 """Near-duplicate photos of a gallery: bursts, edits, re-saved and resized copies, grouped for review.
 
-Two photos are *pairs* when their embeddings' cosine similarity is at least the threshold (default
-:data:`DEFAULT_THRESHOLD`, chosen on generated edits of real photos against distinct ones:
-benchmarks/duplicates.py, docs/index.md); the *groups* are the connected components of the pairs (a photo near
-one that is near a third joins both). The pairs come from an exact blocked matrix product over the photos'
-stored vectors (a querybank offset left out; video moments are not photos and take no part).
+Two photos are *pairs* when one is among the other's :data:`NEIGHBOURS` nearest photos and their embeddings'
+cosine similarity is at least the threshold (default :data:`DEFAULT_THRESHOLD`, chosen on generated edits of real
+photos against distinct ones: benchmarks/duplicates.py, docs/index.md; never below :data:`FLOOR`); the *groups*
+are the connected components of the pairs (a photo near one that is near a third joins both). Nothing is
+quadratic: the neighbours are a k-nearest-neighbour search over the photos' stored vectors (a querybank offset left
+out; video moments are not photos and take no part), exact (a FAISS Flat index) up to :data:`EXACT_UP_TO` photos,
+beyond that candidates found exactly in a random projection to :data:`PROJECTED` dimensions and scored again in
+the full one (:func:`nearest`; measured against exact search: benchmarks/hostile_media.py), in batches of
+:data:`BATCH` queries. The neighbours at or above the
+floor are found once (:func:`nearest`; a service keeps them per generation); a threshold then only filters them,
+so memory and time are bounded by ``photos × NEIGHBOURS`` pairs whatever the threshold.
 
 Each group has a kind, from the members' content hashes and perceptual hashes (index/phash.py):
 
@@ -26,9 +32,17 @@ import numpy as np
 from .phash import distances, hash_file
 
 DEFAULT_THRESHOLD = 0.85     # cosine; measured on the shipped model: benchmarks/results/duplicates.json
+# the lowest threshold asked for: at 0.70 one pair in ten is already two distinct photos (the sweep of
+# benchmarks/duplicates.py); below 0.5 a threshold groups what the model merely finds alike, not copies
+FLOOR = 0.5
+NEIGHBOURS = 32              # nearest photos kept per photo: a burst of 33 shots is still all pairs
+EXACT_UP_TO = 5_000          # photos: exact k-NN (5,000² dot products); beyond, candidates from a projection
+PROJECTED = 128              # dimensions of the projection the candidates are found in
+MARGIN = 0.3                 # projected cosine below the floor by more than this: not a candidate (~3 × 1/√128)
+BATCH = 1024                 # photos searched at a time
+EXACT_GROUP = 512            # groups up to this size get their exact lowest similarity (all pairs)
 HASH_DISTANCE = 8            # perceptual-hash bits (of 63) within which two photos are one picture re-encoded
 KINDS = ("identical", "re-encode", "near")
-BLOCK = 2048                 # rows of the similarity matrix computed at a time
 
 
 @dataclass(frozen=True)
@@ -51,82 +65,149 @@ class Groups:
 
 
 def check_threshold(threshold: float) -> float:
-    """A cosine threshold: above 0 and at most 1 (ValueError saying so)."""
-    if not isinstance(threshold, (int, float)) or threshold != threshold or not 0 < threshold <= 1:
-        raise ValueError(f"the duplicate threshold is a cosine similarity above 0 and at most 1, not {threshold!r}")
+    """A cosine threshold: from :data:`FLOOR` to 1 (ValueError saying so)."""
+    if not isinstance(threshold, (int, float)) or threshold != threshold or not FLOOR <= threshold <= 1:
+        raise ValueError(f"the duplicate threshold is a cosine similarity from {FLOOR} to 1, not {threshold!r}")
     return float(threshold)
 
 
-def pairs_above(vectors: np.ndarray, threshold: float, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
-    """Row pairs ``(i, j)``, ``i < j``, of the L2-normalised ``vectors`` whose cosine is at least ``threshold``:
-    the upper triangle of ``V Vᵀ``, ``block`` rows at a time (memory ``block × n``)."""
+def unit_rows(vectors: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """``vectors`` as float32 rows of length 1 (a zero row stays zero); ``in_place``: a float32 C-contiguous array
+    is scaled itself instead of copied."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.where(norms > 0, norms, 1)
-    left, right = [], []
-    for start in range(0, len(unit), block):
-        sims = unit[start:start + block] @ unit[start:].T           # rows start.., columns start..
-        rows, cols = np.nonzero(sims >= threshold)
-        keep = cols > rows                                           # columns are offset by start as rows are
-        left.append(rows[keep] + start)
-        right.append(cols[keep] + start)
-    if not left:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(left).astype(np.int64), np.concatenate(right).astype(np.int64)
+    return np.divide(vectors, np.where(norms > 0, norms, 1), out=vectors if in_place else None)
+
+
+@dataclass
+class Neighbours:
+    """Each photo's nearest photos at or above :data:`FLOOR`: row pairs ``left < right`` (each pair once) and their
+    cosine ``scores``; ``exact`` when found by exhaustive search."""
+    photos: int
+    left: np.ndarray
+    right: np.ndarray
+    scores: np.ndarray
+    exact: bool
+
+    def above(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pairs at or above ``threshold``, within float32 rounding (two copies of one file score 1)."""
+        keep = self.scores >= threshold - 1e-6
+        return self.left[keep], self.right[keep], self.scores[keep]
+
+
+def _search(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``index.search`` of ``queries`` :data:`BATCH` at a time."""
+    scores, found = zip(*(index.search(queries[i:i + BATCH], k) for i in range(0, len(queries), BATCH)))
+    return np.concatenate(scores), np.concatenate(found)
+
+
+def nearest(vectors: np.ndarray, k: int = NEIGHBOURS, floor: float = FLOOR, in_place: bool = False) -> Neighbours:
+    """The :class:`Neighbours` of the rows of ``vectors``: each row's ``k`` nearest other rows by cosine, kept at
+    or above ``floor``. Up to :data:`EXACT_UP_TO` rows, an exact inner-product search (FAISS Flat) over the unit
+    rows; beyond, the ``k`` nearest in a seeded random orthonormal projection to :data:`PROJECTED` dimensions
+    (Johnson–Lindenstrauss: inner products kept within about ``1/√PROJECTED``), exact search there, then those
+    candidates scored again in the full dimension — candidates more than :data:`MARGIN` below ``floor`` in the
+    projection skipped — and the best ``k`` kept. :data:`BATCH` rows at a time. ``in_place``: ``vectors`` (float32,
+    C-contiguous) may be scaled to unit length itself rather than copied."""
+    import faiss
+
+    unit = unit_rows(vectors, in_place)
+    n, dim = unit.shape
+    empty = np.zeros(0, np.int64)
+    if n < 2:
+        return Neighbours(n, empty, empty, np.zeros(0, np.float32), True)
+    exact = n <= EXACT_UP_TO or dim <= PROJECTED
+    want = min(k + 1, n)                                   # the photo itself comes back too
+    if exact:
+        index = faiss.IndexFlatIP(dim)
+        index.add(unit)
+        scores, found = _search(index, unit, want)
+    else:
+        basis, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((dim, PROJECTED)).astype(np.float32))
+        projected = unit_rows(unit @ basis)
+        index = faiss.IndexFlatIP(PROJECTED)
+        index.add(projected)
+        rough, found = _search(index, projected, want)
+        del projected, index
+        scores = np.full(found.shape, -np.inf, np.float32)
+        for start in range(0, n, BATCH // 8):                 # the candidates' full vectors, a block at a time
+            block = slice(start, start + BATCH // 8)
+            near = rough[block] >= floor - MARGIN
+            rows, cols = np.nonzero(near)
+            scores[block][rows, cols] = np.einsum("ij,ij->i", unit[block][rows], unit[found[block][rows, cols]])
+        order = np.argsort(-scores, axis=1)[:, :want]
+        scores, found = np.take_along_axis(scores, order, 1), np.take_along_axis(found, order, 1)
+    rows = np.repeat(np.arange(n), found.shape[1])
+    cols, sims = found.ravel(), scores.ravel()
+    keep = (cols >= 0) & (cols != rows) & (sims >= floor)
+    rows, cols, sims = rows[keep], cols[keep], sims[keep]
+    a, b = np.minimum(rows, cols), np.maximum(rows, cols)
+    _, first = np.unique(a * n + b, return_index=True)         # a pair found from both sides, once
+    return Neighbours(n, a[first], b[first], np.minimum(sims[first], 1.0).astype(np.float32), exact)
 
 
 def components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """The connected component of each of ``n`` nodes given undirected edges: a label per node, the smallest node
-    of its component (union–find with path halving)."""
-    parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in zip(left.tolist(), right.tolist()):
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return np.asarray([root(x) for x in range(n)], dtype=np.int64)
+    of its component (vectorised hooking of the larger root under the smaller, then pointer jumping, until no edge
+    joins two roots)."""
+    parent = np.arange(n, dtype=np.int64)
+    left, right = np.asarray(left, np.int64), np.asarray(right, np.int64)
+    while True:
+        a, b = parent[left], parent[right]
+        differ = a != b
+        if not differ.any():
+            return parent
+        np.minimum.at(parent, np.maximum(a, b)[differ], np.minimum(a, b)[differ])
+        while True:                                            # every node straight under its root
+            up = parent[parent]
+            if np.array_equal(up, parent):
+                break
+            parent = up
 
 
 def kind_of(sha256: Sequence[str | None], hashes: Sequence[int | None]) -> str:
-    """A group's kind from its members' content hashes and perceptual hashes (:data:`KINDS`)."""
+    """A group's kind from its members' content hashes and perceptual hashes (:data:`KINDS`); the hashes'
+    distances are compared a block of members at a time (memory ``256 × members``)."""
     if all(s is not None for s in sha256) and len(set(sha256)) == 1:
         return "identical"
     if all(h is not None for h in hashes):
         h = np.asarray(hashes, dtype=np.int64)
-        if int(distances(h[:, None], h[None, :]).max()) <= HASH_DISTANCE:
+        if all(int(distances(h[i:i + 256, None], h[None, :]).max()) <= HASH_DISTANCE
+               for i in range(0, len(h), 256)):
             return "re-encode"
     return "near"
 
 
-def find_groups(ids: np.ndarray, vectors: np.ndarray, threshold: float = DEFAULT_THRESHOLD,
-                sha256: Sequence[str | None] | None = None,
-                hashes: Callable[[int], int | None] | None = None) -> Groups:
-    """The near-duplicate groups of photos ``ids`` (their ``vectors`` row by row): :class:`Groups`. ``sha256``:
-    their content hashes, row by row; ``hashes``: row → perceptual hash (asked only for the members of groups)."""
+def group(neighbours: Neighbours, ids: np.ndarray, threshold: float,
+          vectors: Callable[[np.ndarray], np.ndarray], sha256: Sequence[str | None] | None = None,
+          hashes: Callable[[int], int | None] | None = None) -> Groups:
+    """The groups of the pairs of ``neighbours`` at or above ``threshold`` (photos ``ids``, row by row).
+    ``vectors``: rows → their vectors, asked only for the members of a group of at most :data:`EXACT_GROUP`
+    photos, whose lowest similarity is then exact (a larger group's is the lowest of the pairs that joined it);
+    ``sha256``: content hashes row by row; ``hashes``: row → perceptual hash (asked only for groups' members)."""
     threshold = check_threshold(threshold)
     ids = np.asarray(ids, dtype=np.int64)
     out = Groups(threshold, len(ids))
-    if len(ids) < 2:
-        return out
-    left, right = pairs_above(vectors, threshold)
+    left, right, scores = neighbours.above(threshold)
     if not len(left):
         return out
     labels = components(len(ids), left, right)
-    sizes = np.bincount(labels)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = np.asarray(vectors, np.float32) / np.where(norms > 0, norms, 1)
+    order = np.argsort(labels, kind="stable")
+    starts = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1]])
+    bounds = np.r_[starts, len(order)]
+    pair_label = labels[left]
+    lowest = np.full(len(ids), np.inf, np.float32)
+    np.minimum.at(lowest, pair_label, scores)                 # the lowest pair of each component
     groups = []
-    for label in np.nonzero(sizes > 1)[0]:
-        rows = np.sort(np.nonzero(labels == label)[0])
-        members = unit[rows]
-        sims = members @ members.T
-        low = float(sims[np.triu_indices(len(rows), 1)].min())
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        if end - begin < 2:
+            continue
+        rows = np.sort(order[begin:end])
+        if len(rows) <= EXACT_GROUP:
+            members = unit_rows(vectors(rows))
+            low = float((members @ members.T)[np.triu_indices(len(rows), 1)].min())
+        else:
+            low = float(lowest[labels[rows[0]]])
         shas = [sha256[r] for r in rows] if sha256 is not None else [None] * len(rows)
         identical = None not in shas and len(set(shas)) == 1        # no perceptual hash needed
         phashes = [hashes(int(r)) for r in rows] if hashes is not None and not identical else [None] * len(rows)
@@ -136,29 +217,60 @@ def find_groups(ids: np.ndarray, vectors: np.ndarray, threshold: float = DEFAULT
     return out
 
 
-def gallery_groups(gallery, threshold: float = DEFAULT_THRESHOLD) -> Groups:
-    """The near-duplicate groups of a loaded :class:`~index.gallery.Gallery`'s photos. A member's perceptual
-    hash is the metadata's, or for a photo indexed before hashes were kept, computed from its file (counted in
-    ``hashed``)."""
-    from .querybank import unfold
-
+def find_groups(ids: np.ndarray, vectors: np.ndarray, threshold: float = DEFAULT_THRESHOLD,
+                sha256: Sequence[str | None] | None = None,
+                hashes: Callable[[int], int | None] | None = None) -> Groups:
+    """The near-duplicate groups of photos ``ids`` (their ``vectors`` row by row): :func:`nearest`, then
+    :func:`group`. ``sha256``: their content hashes, row by row; ``hashes``: row → perceptual hash (asked only for
+    the members of groups)."""
     threshold = check_threshold(threshold)
-    rows = [r for r in gallery.meta.all_images() if r.video_id is None]
-    stored = set(gallery.images.ids().tolist())
-    rows = [r for r in rows if r.id in stored]
-    if not rows:
-        return Groups(threshold, 0)
-    vectors = np.stack([unfold(gallery.manifest, "images", gallery.images.reconstruct(r.id)) for r in rows])
-    computed: dict[int, int | None] = {}
+    vectors = np.asarray(vectors, np.float32)
+    return group(nearest(vectors), ids, threshold, lambda rows: vectors[rows], sha256, hashes)
 
-    def phash(row: int) -> int | None:
-        r = rows[row]
-        if r.phash is not None:
-            return r.phash
-        if row not in computed:
-            computed[row] = hash_file(r.path)
-        return computed[row]
 
-    out = find_groups(np.asarray([r.id for r in rows]), vectors, threshold, [r.sha256 for r in rows], phash)
-    out.hashed = sum(1 for h in computed.values() if h is not None)
-    return out
+class GalleryNeighbours:
+    """A loaded :class:`~index.gallery.Gallery`'s photos (not video moments) and their :class:`Neighbours`: found
+    once (the vectors read from the index, searched, then dropped), grouped at any threshold after
+    (:meth:`groups`). A member's perceptual hash is the metadata's, or for a photo indexed before hashes were
+    kept, computed from its file when its group is labelled (counted in ``Groups.hashed``)."""
+
+    def __init__(self, gallery):
+        from .querybank import unfold
+
+        stored = set(gallery.images.ids().tolist())
+        rows = [r for r in gallery.meta.all_images() if r.video_id is None and r.id in stored]
+        self.images = gallery.images               # not the gallery: a cache keyed by it must not keep it alive
+        self.ids = np.asarray([r.id for r in rows], dtype=np.int64)
+        self.sha256 = [r.sha256 for r in rows]
+        self.phash = [r.phash for r in rows]
+        self.paths = [r.path for r in rows]
+        manifest = gallery.manifest
+        self._unfold = lambda v: unfold(manifest, "images", v)
+        self.neighbours = nearest(self.vectors(np.arange(len(rows))), in_place=True)
+        self._computed: dict[int, int | None] = {}
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors (without a querybank offset) of photos at ``rows``, read into one array."""
+        first = self._unfold(self.images.reconstruct(int(self.ids[rows[0]]))) if len(rows) else np.zeros(0)
+        out = np.empty((len(rows), len(first)), np.float32)
+        for n, row in enumerate(rows):
+            out[n] = self._unfold(self.images.reconstruct(int(self.ids[row])))
+        return out
+
+    def _hash(self, row: int) -> int | None:
+        if self.phash[row] is not None:
+            return self.phash[row]
+        if row not in self._computed:
+            self._computed[row] = hash_file(self.paths[row])
+        return self._computed[row]
+
+    def groups(self, threshold: float = DEFAULT_THRESHOLD) -> Groups:
+        out = group(self.neighbours, self.ids, threshold, self.vectors, self.sha256, self._hash)
+        out.hashed = sum(1 for h in self._computed.values() if h is not None)
+        return out
+
+
+def gallery_groups(gallery, threshold: float = DEFAULT_THRESHOLD) -> Groups:
+    """The near-duplicate groups of a loaded :class:`~index.gallery.Gallery`'s photos at ``threshold``
+    (:class:`GalleryNeighbours`; ``jointspace index duplicates`` and ``GET /v1/duplicates`` alike)."""
+    return GalleryNeighbours(gallery).groups(check_threshold(threshold))

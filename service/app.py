@@ -37,7 +37,7 @@ from .api.routing import Route, ServedTable, queues
 from .operations import OPERATIONS
 from .settings import Settings
 from .state import ServiceState
-from .trust import TrustedHostMiddleware, allowed_hosts, cors_origins
+from .trust import OriginMiddleware, TrustedHostMiddleware, allowed_hosts, cors_origins, split_names
 from .workers import Worker
 
 log = logging.getLogger("jointspace.service")
@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     keyed = settings.api_key is not None
     for router in (table.router(), gallery_api.router, videos_api.router, duplicates_api.router):
         app.include_router(router, dependencies=[Depends(require_api_key)] if keyed else None,
-                           responses=error_responses(401) if keyed else None)
+                           responses=error_responses(400, 401, 429) if keyed else None)
     app.include_router(health_api.router)
     add_page(app)
     add_docs(app)
@@ -92,6 +92,8 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
                            allow_headers=["content-type", "x-api-key", "authorization"],
                            expose_headers=["etag", "retry-after"], max_age=600)
+    # a cross-site POST is refused before its body is read (trust.py: a page elsewhere cannot post to this service)
+    app.add_middleware(OriginMiddleware, origins=[*split_names(settings.allowed_origins), *origins])
     app.add_middleware(TrustedHostMiddleware, hosts=allowed_hosts(settings.allowed_hosts, settings.host))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -355,7 +355,7 @@ class Error(BaseModel):
 
 ERROR_MEANINGS = {
     400: "the body cannot be parsed (malformed multipart or JSON bytes), or the image is empty, corrupt or "
-         "truncated",
+         "truncated, or the request carries two X-API-Key headers or two Bearer tokens",
     401: "missing or wrong API key",
     404: "no such gallery image",
     408: "the request body arrived too slowly (JOINTSPACE_BODY_TIMEOUT_S plus 1 s per JOINTSPACE_BODY_MIN_RATE "
@@ -364,6 +364,7 @@ ERROR_MEANINGS = {
     413: "the request body or the image is too large (bytes or pixels)",
     415: "an unsupported content type, or an upload that is not an image this service reads",
     422: "a field is missing, of the wrong type, out of range, unknown or blank",
+    429: "too many wrong API keys from this client address: retry after Retry-After seconds",
     503: "not ready yet, or overloaded: the request was shed (the queue, the upload buffer or the thumbnail slots "
          "were full, or its deadline passed before work began); retry after Retry-After seconds",
 }
@@ -375,6 +376,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         out[code] = {"model": Error, "description": ERROR_MEANINGS[code]}
-        if code == 503:
+        if code in (429, 503):
             out[code]["headers"] = RETRY_AFTER
     return out

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import io
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from training.data.decode_cost import DecodeBusy, DecodeTooLarge, MemoryBudget, decode_bytes
 from training.data.media import decoder_error, file_head, sniff_image
-from training.data.preprocess import (RAW_SUFFIXES, ImageGeometryError, check_geometry, dct_scale, decode_image, draft,
-                                      embed_side, reduce_to, register_heif)
+from training.data.preprocess import (RAW_SUFFIXES, ImageGeometryError, check_geometry, check_scans, dct_scale,
+                                      decode_image, draft, embed_side, reduce_to, register_heif)
 
 SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF"
 
@@ -36,14 +38,16 @@ class ImageError(Exception):
 
 
 def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | None = None,
-                 resize_side: int | None = None) -> Image.Image:
+                 resize_side: int | None = None, budget: MemoryBudget | None = None) -> Image.Image:
     """Sniffs, checks the size in the header (pixels, aspect ratio and — with ``resize_side``, the side the
     preprocessing resizes the shorter side to — the size once resized), then decodes fully; returns an upright RGB
     image (EXIF orientation applied). A gallery file (a path) may also be camera RAW, read with rawpy when it is
     installed. ``min_side``: the image may be shrunk while decoding, never to a shorter side below this.
+    ``budget``: the decoding holds its estimated memory (``training.data.decode_cost``) of it while it runs.
 
-    Raises :class:`ImageError` 415 (not an image), 413 (too many pixels, too elongated, too large once resized),
-    400 (corrupt or truncated)."""
+    Raises :class:`ImageError` 415 (not an image), 413 (too many pixels, too elongated, too large once resized, a
+    JPEG of too many scans, more memory to decode than the whole ``budget``), 400 (corrupt or truncated);
+    :class:`DecodeBusy` when the budget cannot hold it now."""
     if isinstance(source, (str, Path)):
         if Path(source).suffix.lower() in RAW_SUFFIXES:
             return _open_raw_file(Path(source), max_pixels, min_side)
@@ -60,13 +64,19 @@ def open_checked(source: bytes | str | Path, max_pixels: int, min_side: int | No
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             check_geometry(im.size, resize_side, max_pixels)
-            if min_side is not None:
-                draft(im, min_side)
-            im.load()
-            upright = ImageOps.exif_transpose(im).convert("RGB")
-            return upright if min_side is None else reduce_to(upright, min_side)
+            check_scans(im, data)
+            with budget.hold(decode_bytes(im, min_side)) if budget is not None else nullcontext():
+                if min_side is not None:
+                    draft(im, min_side)
+                im.load()
+                upright = ImageOps.exif_transpose(im).convert("RGB")
+                return upright if min_side is None else reduce_to(upright, min_side)
     except ImageGeometryError as err:
         raise ImageError(413, str(err)) from None
+    except DecodeTooLarge as err:
+        raise ImageError(413, f"{err} (JOINTSPACE_DECODE_MEMORY_BYTES)") from None
+    except DecodeBusy:
+        raise
     except Image.DecompressionBombError:            # Pillow's own bound (twice its warning's), met while opening
         raise ImageError(413, f"image has more pixels than its decoder accepts; the limit is {max_pixels:,}") \
             from None
@@ -88,11 +98,12 @@ def _open_raw_file(path: Path, max_pixels: int, min_side: int | None) -> Image.I
         raise ImageError(400, f"unreadable camera RAW file: {decoder_error(err)}") from None
 
 
-def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess) -> torch.Tensor:
+def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess,
+                     budget: MemoryBudget | None = None) -> torch.Tensor:
     """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels: its size checked for the
-    preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``), then preprocessed as in
-    training."""
-    return preprocess.pixels(open_checked(data, max_pixels, embed_side(preprocess), preprocess.min_side))
+    preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``) under ``budget``, then
+    preprocessed as in training."""
+    return preprocess.pixels(open_checked(data, max_pixels, embed_side(preprocess), preprocess.min_side, budget))
 
 
 # bytes a decoded pixel may take while a thumbnail is made: Pillow keeps RGB in 4 bytes, and the decoded image,

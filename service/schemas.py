@@ -54,8 +54,9 @@ class Paging(Request):
 class Filters(Request):
     """Which gallery images a search considers (applied inside the index search)."""
     folder: OptionalText = Field(None, description="only images in this folder or below it: a path relative to the "
-                                             "gallery's root folder (GET /v1/folders lists them) or absolute; a "
-                                             "folder without images is 404", examples=["2024/summer"])
+                                             "gallery's root folder (GET /v1/folders lists them); a folder without "
+                                             "images, an absolute path or one climbing out of the root is 404",
+                                 examples=["2024/summer"])
     taken_after: Time | None = Field(None, description="only photos taken at or after this date (00:00 UTC) or "
                                                        "RFC 3339 date-time; the capture time is EXIF "
                                                        "DateTimeOriginal, else the file's modification time",

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
                                     description="most memory the frames and thumbnails being made may take at once, "
                                                 "each estimated from its file's size before it is decoded (one "
                                                 "larger than this runs alone)")
+    decode_memory_bytes: int = Field(512 * 1024 * 1024, ge=1,
+                                     description="most memory the uploaded images being decoded at once may take, "
+                                                 "each estimated from its header by format and mode before it is "
+                                                 "decoded: an image estimated above it alone is answered 413, one "
+                                                 "that does not fit beside those being decoded 503 + Retry-After")
     max_frame_pixels: int = Field(8 * 1024 * 1024, ge=16 * 16,
                                   description="largest video frame served without ?size=, width × height: a larger "
                                               "frame is scaled down to it while it is decoded")
@@ -110,6 +115,15 @@ class Settings(BaseSettings):
     cors_origins: str = Field("", description="origins whose web pages may read the API (CORS), comma-separated "
                                               "(e.g. https://photos.example; '*' = any); empty: none, no CORS "
                                               "headers are sent")
+    allowed_origins: str = Field("", description="origins (scheme://host[:port]) besides the service's own whose web "
+                                                 "pages may send it POSTs, comma-separated ('*' = any); the "
+                                                 "cors_origins are allowed too. A POST (any method but GET, HEAD, "
+                                                 "OPTIONS) whose Origin header names another origin is answered "
+                                                 "403; one without Origin (not from a browser) passes")
+    auth_failures_per_minute: int = Field(10, ge=0, description="wrong API keys one client address may send a "
+                                                                "minute, in a burst of as many; beyond, its /v1 "
+                                                                "requests are answered 429 + Retry-After, right key "
+                                                                "or not, until it has waited (0 = no limit)")
     index_mmap: bool = Field(False, description="memory-map the index's FAISS files (IVF inverted lists, Flat "
                                                 "vectors) instead of reading them into RAM: start-up reads no "
                                                 "vectors, searches read pages from disk or the page cache")

@@ -33,7 +33,10 @@ from training.inference.shapes import resolve as resolve_shapes
 from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher
+from training.data.decode_cost import MemoryBudget
+
 from .decoding import MediaDecoder
+from .trust import FailureLimiter
 from .engine import Engine
 from .metrics import Metrics
 from .settings import Settings
@@ -111,6 +114,10 @@ class ServiceState:
         self.compute_pool = ThreadPoolExecutor(1, thread_name_prefix="jointspace-compute")
         self.decode_pool = ThreadPoolExecutor(decode_threads(settings.decode_workers, self.device, workers),
                                               thread_name_prefix="jointspace-decode")
+        # the memory the upload decodings running at once may hold, each estimated from its header
+        # (training/data/decode_cost.py)
+        self.decode_budget = MemoryBudget(settings.decode_memory_bytes)
+        self.auth_failures = FailureLimiter(settings.auth_failures_per_minute)     # wrong API keys per address
         # thumbnails and video frames: one admission, threads of their own, a memory budget (service/decoding.py)
         self.media = MediaDecoder(settings.thumbnail_workers, settings.max_thumbnails, settings.media_memory_bytes,
                                   metrics)

@@ -1,5 +1,6 @@
-"""Who may talk to the service from a browser: the ``Host`` names it answers (against DNS rebinding) and the
-origins allowed to read it cross-site (CORS, off unless configured).
+"""Who may talk to the service: the ``Host`` names it answers (against DNS rebinding), the origins allowed to read
+it cross-site (CORS, off unless configured) and to post to it (:class:`OriginMiddleware`: its own, and those
+configured), and how fast one client address may guess API keys (:class:`FailureLimiter`).
 
 DNS rebinding: a web page on ``evil.example`` makes its name resolve to 127.0.0.1, and its scripts then read the
 local service as *same-origin* — the browser sends ``Host: evil.example``. The service answers only the ``Host``
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+import time
+from collections import OrderedDict
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -117,3 +121,104 @@ class TrustedHostMiddleware:
 def cors_origins(configured: str | None) -> list[str]:
     """The origins of ``JOINTSPACE_CORS_ORIGINS``, without a trailing slash (a browser's ``Origin`` has none)."""
     return [o.rstrip("/") for o in split_names(configured)]
+
+
+# --- cross-site requests ------------------------------------------------------------------------------------------
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def origin_key(origin: str) -> tuple[str, str, str] | None:
+    """``scheme://host[:port]`` → ``(scheme, host, port)`` (lower-case; the scheme's default port when none is
+    given); None when it is not an origin (``null``, no scheme, a path)."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if not sep or scheme not in _DEFAULT_PORTS or not rest or "/" in rest:
+        return None
+    name, port = _host_port(rest)
+    if name is None:
+        return None
+    return scheme, name, port or _DEFAULT_PORTS[scheme]
+
+
+def _host_port(value: str) -> tuple[str | None, str]:
+    """A ``Host`` value's name (:func:`host_name`) and port ('' when none)."""
+    value = value.strip().lower()
+    tail = value[value.find("]") + 1:] if value.startswith("[") else value
+    port = tail.rpartition(":")[2] if ":" in tail else ""
+    return host_name(value), port
+
+
+class OriginMiddleware:
+    """Answers 403 to a request of an unsafe method (POST, PUT, PATCH, DELETE: anything but :data:`SAFE_METHODS`)
+    whose ``Origin`` header names another origin than the service's own — the ``Host`` it was sent to — or one of
+    ``origins`` (``*``: any). A web page anywhere can make its visitor's browser POST a form or a file to
+    ``http://localhost:8000`` without a CORS preflight (a *simple* request); the browser says where the page came
+    from in ``Origin``, and the service refuses it, as Ollama-class local services do. A request without ``Origin``
+    (curl, scripts, a browser's same-origin GET) passes; ``Origin: null`` (a sandboxed or file:// page) does not.
+    The check runs before the body is read."""
+
+    def __init__(self, app: ASGIApp, origins: list[str]):
+        self.app = app
+        self.any = "*" in origins
+        self.allowed = {k for k in (origin_key(o) for o in origins if o != "*") if k is not None}
+
+    def same_origin(self, origin: tuple[str, str, str], host: str) -> bool:
+        name, port = _host_port(host)
+        return name is not None and (origin[1], origin[2]) == (name, port or _DEFAULT_PORTS[origin[0]])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in SAFE_METHODS or self.any:
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", ())
+        origins = [v.decode("latin-1") for k, v in headers if k == b"origin"]
+        if not origins:
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
+        key = origin_key(origins[0]) if len(origins) == 1 else None
+        if key is not None and (key in self.allowed or (len(hosts) == 1 and self.same_origin(key, hosts[0]))):
+            await self.app(scope, receive, send)
+            return
+        shown = origins[0][:100] if len(origins) == 1 else f"{len(origins)} Origin headers"
+        body = json.dumps({"detail": f"cross-site request refused: the page at the origin {shown!r} (the Origin "
+                                     f"header) is not this service's own and not one it is configured to accept "
+                                     f"(JOINTSPACE_ALLOWED_ORIGINS or JOINTSPACE_CORS_ORIGINS)"}).encode()
+        await send({"type": "http.response.start", "status": 403, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# --- guessing API keys --------------------------------------------------------------------------------------------
+
+class FailureLimiter:
+    """Wrong API keys per client address, a token bucket each: ``per_minute`` tokens, refilled at that rate; a
+    wrong key takes one. An address whose bucket is empty is refused (:meth:`wait`) until a token is back, whether
+    its next key is right or not — so keys can be guessed at most ``per_minute`` a minute per address, instead of
+    as fast as the service answers. At most ``addresses`` are remembered (the least recently failed forgotten
+    first). ``per_minute`` 0: no limit."""
+
+    def __init__(self, per_minute: int, addresses: int = 10_000, clock=time.monotonic):
+        self.per_minute, self.addresses, self.clock = per_minute, addresses, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()     # address → (tokens, when)
+
+    def _tokens(self, address: str) -> float:
+        tokens, when = self._buckets.get(address, (float(self.per_minute), self.clock()))
+        return min(float(self.per_minute), tokens + (self.clock() - when) * self.per_minute / 60)
+
+    def wait(self, address: str) -> int:
+        """Seconds ``address`` must wait before its next attempt (0: it may try now)."""
+        if not self.per_minute or address not in self._buckets:
+            return 0
+        tokens = self._tokens(address)
+        return 0 if tokens >= 1 else max(1, math.ceil((1 - tokens) * 60 / self.per_minute))
+
+    def failed(self, address: str) -> None:
+        if not self.per_minute:
+            return
+        self._buckets[address] = (max(0.0, self._tokens(address) - 1), self.clock())
+        self._buckets.move_to_end(address)
+        while len(self._buckets) > self.addresses:
+            self._buckets.popitem(last=False)

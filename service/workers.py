@@ -11,7 +11,10 @@ processes one service:
   (workers admitting at the same instant may exceed it by at most ``workers - 1``).
   The byte budgets of uploads (``upload_buffer_bytes``) and of frames and thumbnails (``media_memory_bytes``) are
   divided among the workers, so their total still holds; what one client address may hold
-  (``upload_peer_bytes``) and the count of frames being made (``max_thumbnails``) are per worker.
+  (``upload_peer_bytes``) and the count of frames being made (``max_thumbnails``) are per worker, and so are the
+  decoding memory budget of uploads (``decode_memory_bytes``: one image above it is refused 413, so dividing it
+  would refuse ordinary photos on a host of many workers; N workers may decode up to N times it at once) and the
+  limit of wrong API keys a client address may send (``auth_failures_per_minute``).
 * **metrics**: prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory the parent
   removes at exit): every worker's ``/metrics`` reports the service — counters and histograms summed over the
   workers, the in-flight, queue and receiving gauges summed over the live ones, and ``jointspace_index_vectors`` one

@@ -8,6 +8,7 @@ indexed as that, else a phrase the skip reason holds):
 * aspect extremes: a 118-byte 20000 × 2 PNG, a 2 × 20000 one, a 48-KB 24,500,000 × 2 one (grey; its pixel count
   under the 50 MP limit), and a 2048 × 16 video;
 * huge declared sizes: headers of a PNG, a JPEG, a GIF, a BMP and a WebP that claim far more pixels than they hold;
+* a progressive-JPEG scan bomb: 1000 scans, refused from its markers before it is decoded;
 * truncated files: a PNG, a JPEG and an MP4 cut short, and the 24,500,000 × 2 PNG cut before its pixels (refused
   for its size before anything is decoded, so a 413 and never a 400);
 * polyglots: a PNG with a ZIP appended, a JPEG whose comment holds a script, a GIF header followed by HTML, an HTML
@@ -72,6 +73,58 @@ def _image(size: tuple[int, int], fmt: str, seed: int = 0, **save) -> bytes:
 
 def jpeg(size: tuple[int, int] = (48, 32), seed: int = 0, **save) -> bytes:
     return _image(size, "JPEG", seed, **save)
+
+
+def _segments(data: bytes) -> list[tuple[int, int, int]]:
+    """``(marker code, start, end)`` of each marker segment of a JPEG before its first scan's data, then of each
+    scan (SOS and its entropy-coded data), up to EOI."""
+    from training.data.jpeg_scans import _MARKER
+
+    out, pos = [], 2
+    while pos < len(data):
+        found = _MARKER.match(data, pos)
+        code, start = found.group(1)[0], found.start()
+        if code == 0xD9:
+            out.append((code, start, found.end()))
+            return out
+        end = found.end() + int.from_bytes(data[found.end():found.end() + 2], "big")
+        if code == 0xDA:
+            end = _MARKER.search(data, end).start()
+        out.append((code, start, end))
+        pos = end
+    return out
+
+
+def scan_bomb(width: int = 7000, height: int = 7000, scans: int = 6000) -> bytes:
+    """A grey progressive JPEG of ``width`` × ``height`` (all black) whose last scan (an AC refinement with
+    end-of-band runs, tens of bytes) is repeated until the file holds ``scans`` scans: libjpeg runs every one over
+    the whole image. A 7000² one of 6000 scans is about 60 KB; written here, nothing downloaded."""
+    out = io.BytesIO()
+    Image.new("L", (width, height)).save(out, "JPEG", progressive=True, quality=90)
+    data = out.getvalue()
+    parts = _segments(data)
+    sos = [p for p in parts if p[0] == 0xDA]
+    last = sos[-1]
+    repeat = data[last[1]:last[2]]
+    eoi = parts[-1][1]
+    return data[:eoi] + repeat * max(0, scans - len(sos)) + data[eoi:]
+
+
+DECODE_BOMBS = ("lossless WebP", "lossy WebP", "AVIF", "float TIFF", "16-bit PNG")
+
+
+def decode_bomb(kind: str, side: int = 7000) -> bytes:
+    """A small file of ``side`` × ``side`` black pixels whose decoder needs far more memory than its pixels' count
+    suggests — one of :data:`DECODE_BOMBS`: a lossless WebP (about 2 KB at 7000²), a lossy one, an AVIF (about 1
+    KB), a 32-bit float TIFF (deflate) and a 16-bit grey PNG."""
+    mode, fmt, save = {"lossless WebP": ("RGB", "WEBP", {"lossless": True}),
+                       "lossy WebP": ("RGB", "WEBP", {"quality": 10}),
+                       "AVIF": ("RGB", "AVIF", {"quality": 10, "speed": 10}),
+                       "float TIFF": ("F", "TIFF", {"compression": "tiff_adobe_deflate"}),
+                       "16-bit PNG": ("I;16", "PNG", {})}[kind]
+    out = io.BytesIO()
+    Image.new(mode, (side, side)).save(out, fmt, **save)
+    return out.getvalue()
 
 
 def _declaring_jpeg(width: int, height: int) -> bytes:
@@ -155,6 +208,7 @@ def corpus(work: Path) -> list[Case]:
         Case("claims.gif", _declaring_gif(65_535, 65_535), 413, "pixels", "a GIF screen claiming 4 G"),
         Case("claims.bmp", _declaring_bmp(30_000, 30_000), 413, "pixels", "a BMP header claiming 900 M"),
         Case("claims.webp", _declaring_webp(16_383, 16_383), 413, "pixels", "a WebP canvas claiming 268 M"),
+        Case("scans.jpg", scan_bomb(512, 512, 1000), 413, "scans", "a progressive JPEG of 1000 scans (a scan bomb)"),
         Case("cut.png", _image((64, 48), "PNG")[:300], 400, "", "a PNG cut short"),
         Case("cut.jpg", jpeg((64, 48))[:400], 400, "", "a JPEG cut short"),
         Case("cut.mp4", mp4[:len(mp4) // 3], 415, "", "an MP4 cut short"),

@@ -14,7 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from index.duplicates import DEFAULT_THRESHOLD, HASH_DISTANCE, check_threshold, find_groups, gallery_groups, kind_of
+from index.duplicates import (DEFAULT_THRESHOLD, EXACT_GROUP, EXACT_UP_TO, FLOOR, HASH_DISTANCE, NEIGHBOURS,
+                              check_threshold, components, find_groups, gallery_groups, kind_of, nearest)
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
 from index.generations import current_generation
@@ -103,7 +104,7 @@ def test_index_duplicates_groups_a_photo_with_its_copies_and_not_with_other_phot
     strict = json.loads(capsys.readouterr().out)["groups"]
     assert all(g["kind"] == "identical" for g in strict) and len(strict) >= 1
     assert cli_main(["index", "duplicates", "--index", str(index), "--threshold", "1.5"]) == 2
-    assert "above 0 and at most 1" in capsys.readouterr().err
+    assert "from 0.5 to 1" in capsys.readouterr().err
 
 
 def test_the_perceptual_hash_is_stored_at_index_time_and_separates_re_encodes_from_crops(gallery):
@@ -153,8 +154,8 @@ def test_groups_are_connected_components_labelled_by_kind():
     assert kind_of(["x", "y"], [0, 0b111]) == "re-encode"
     assert kind_of(["x", "y"], [0, 2 ** 20 - 1]) == "near"
     assert kind_of(["x", "y"], [0, None]) == "near"
-    for bad in (0, -0.5, 1.01, float("nan")):
-        with pytest.raises(ValueError, match="above 0 and at most 1"):
+    for bad in (0, 0.49, -0.5, 1.01, float("nan")):
+        with pytest.raises(ValueError, match="from 0.5 to 1"):
             check_threshold(bad)
 
 
@@ -189,7 +190,56 @@ def test_get_duplicates_returns_the_same_groups_paged(gallery, client, capsys):
     assert strict["threshold"] == 1 and all(g["kind"] == "identical" for g in strict["groups"])
 
 
-@pytest.mark.parametrize("params, field", [({"threshold": 0}, "threshold"), ({"threshold": 1.2}, "threshold"),
+def _planted(n: int, dim: int = 32, copies: int = 3, seed: int = 0) -> tuple[np.ndarray, list[set[int]]]:
+    """``n`` random unit vectors, then ``copies`` noisy copies of each of the first 50 (cosine about 0.95)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n, dim)).astype(np.float32)
+    extra, truth = [], []
+    for i in range(50):
+        members = {i}
+        for _ in range(copies):
+            members.add(n + len(extra))
+            extra.append(base[i] + 0.2 * rng.standard_normal(dim).astype(np.float32))
+        truth.append(members)
+    return np.concatenate([base, np.stack(extra)]), truth
+
+
+@pytest.mark.parametrize("n", [400, EXACT_UP_TO + 1000])
+def test_neighbour_search_finds_planted_copies_and_is_bounded(n):
+    """Exact (Flat) for a small gallery, a random projection beyond EXACT_UP_TO: the planted copies are grouped exactly,
+    and the pairs are at most NEIGHBOURS a photo whatever the threshold — even when every photo is alike."""
+    vectors, truth = _planted(n, dim=160)                    # above PROJECTED: the projection is used beyond
+    found = find_groups(np.arange(len(vectors)), vectors, threshold=0.8)
+    assert sorted(map(set, (g.ids for g in found.groups)), key=min) == truth
+    assert nearest(vectors).exact == (len(vectors) <= EXACT_UP_TO)
+    alike = np.ones((3000, 8), np.float32) + 1e-3 * np.random.default_rng(1).standard_normal((3000, 8))
+    pairs = nearest(alike)
+    assert len(pairs.left) <= 3000 * NEIGHBOURS and (pairs.left < pairs.right).all()
+    everything = find_groups(np.arange(3000), alike, threshold=FLOOR)
+    assert [len(g.ids) for g in everything.groups] == [3000]             # one group, its lowest pair's score
+    assert len(everything.groups[0].ids) > EXACT_GROUP and everything.groups[0].min_score >= FLOOR
+
+
+def test_components_match_a_reference_union_find():
+    rng = np.random.default_rng(3)
+    n = 500
+    left, right = rng.integers(0, n, 400), rng.integers(0, n, 400)
+    labels = components(n, left, right)
+    parent = list(range(n))
+
+    def root(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in zip(left, right):
+        ra, rb = root(a), root(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    assert labels.tolist() == [root(x) for x in range(n)]
+
+
+@pytest.mark.parametrize("params, field", [({"threshold": 0}, "threshold"), ({"threshold": 0.49}, "threshold"),
+                                           ({"threshold": 1.2}, "threshold"),
                                            ({"threshold": "high"}, "threshold"), ({"limit": 0}, "limit"),
                                            ({"limit": 101}, "limit"), ({"offset": -1}, "offset")])
 def test_bad_duplicates_parameters_are_422(client, params, field):
@@ -202,7 +252,7 @@ def test_openapi_documents_duplicates(client):
     doc = client.get("/openapi.json").json()
     op = doc["paths"]["/v1/duplicates"]["get"]
     params = {p["name"]: p["schema"] for p in op["parameters"]}
-    assert params["threshold"]["exclusiveMinimum"] == 0 and params["threshold"]["maximum"] == 1
+    assert params["threshold"]["minimum"] == FLOOR and params["threshold"]["maximum"] == 1
     assert params["limit"]["maximum"] == 100 and "422" in op["responses"]
     assert "Duplicates" in doc["components"]["schemas"]
 

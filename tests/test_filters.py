@@ -4,6 +4,7 @@ words to subtract from a text query, query by an uploaded example photo; and the
 unknown folder, an empty date range, a min_score outside the similarity's range, an unreadable image): a clear 4xx
 or CLI exit 2, never a 500, the index untouched."""
 import datetime as dt
+import os
 import io
 import json
 
@@ -231,7 +232,7 @@ def test_query_by_uploaded_example_with_filters(client, gallery_dir, model):
 
 @pytest.mark.parametrize("kwargs,status,message", [
     ({"json": {"text": "a", "folder": "nowhere"}}, 404, "no indexed images in folder 'nowhere'"),
-    ({"json": {"text": "a", "folder": "../../etc"}}, 404, "no indexed images in folder"),
+    ({"json": {"text": "a", "folder": "../../etc"}}, 404, "no indexed images in that folder"),
     ({"json": {"image_id": 0, "folder": "trip/nope"}}, 404, "no indexed images in folder"),
     ({"json": {"text": "a", "taken_after": "2020-02-01", "taken_before": "2020-01-01"}}, 422, "date range is empty"),
     ({"json": {"text": "a", "taken_after": "2020-01-01", "taken_before": "2020-01-01"}}, 422, "date range is empty"),
@@ -310,3 +311,20 @@ def test_cli_search_errors_exit_2_with_a_message(tiny_model_path, gallery_dir, t
     ]:
         rc, _, err = _cli_search(tiny_model_path, gallery_dir, capsys, *args)
         assert rc == 2 and message in err, (args, err)
+
+
+def test_the_folder_filter_takes_gallery_relative_paths_only(client, model, gallery_dir):
+    """An absolute path — of a folder of the gallery or of none — and a path climbing out of the root are answered
+    alike, 404 as a folder without images: the answer never tells whether a path exists on the server."""
+    gallery = Gallery.load(gallery_dir, model=model)
+    root = gallery.photos.root
+    gallery.close()
+    tried = [os.path.join(root, "trip"), root, "/tmp", "/no/such/folder", f"../{os.path.basename(root)}/trip"]
+    for folder in tried:
+        for kwargs in ({"json": {"text": "a", "folder": folder}},
+                       {"files": {"image": ("a.jpg", _jpeg(), "image/jpeg")}, "data": {"folder": folder}}):
+            r = client.post("/v1/search/images", **kwargs)
+            assert r.status_code == 404, (folder, r.text)
+            assert r.json() == {"detail": "no indexed images in that folder: folders are relative to the gallery's "
+                                          "root folder (GET /v1/folders lists them)"}
+    assert client.post("/v1/search/images", json={"text": "a", "folder": "trip/../home"}).status_code == 200

@@ -394,9 +394,13 @@ def test_api_key(tiny_model_path, tiny_index_dir):
             assert c.get("/v1/images/0", headers=headers).status_code == 401
         assert c.post("/v1/search/images", json={"text": "a circle"}, headers={"X-API-Key": "s3cret"}).status_code == 200
         assert c.get("/v1/images/0", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        # either scheme suffices (the document's two security alternatives): a right key beside a wrong one is in
+        # either scheme suffices (the document's two security alternatives), one key tried a request: the
+        # X-API-Key header when there is one
         assert c.get("/v1/images/0", headers={"X-API-Key": "s3cret", "Authorization": "Bearer x"}).status_code == 200
+        assert c.get("/v1/images/0", headers={"X-API-Key": "x", "Authorization": "Bearer s3cret"}).status_code == 401
         assert c.get("/v1/images/0", headers={"X-API-Key": "no", "Authorization": "Basic czNjcmV0"}).status_code == 401
+        assert c.get("/v1/images/0", headers={"X-API-Key": "s3cret",
+                                              "Authorization": "Basic czNjcmV0"}).status_code == 200
         for open_route in ("/healthz", "/readyz", "/metrics"):
             assert c.get(open_route).status_code == 200
 

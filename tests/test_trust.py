@@ -15,7 +15,7 @@ from index.gallery import EmbedOptions, Gallery, add, build, sync
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
-from service.trust import host_name
+from service.trust import FailureLimiter, host_name, origin_key
 from training.models.checkpoint import load_model
 
 def _client(model, index, host="127.0.0.1", **settings) -> TestClient:
@@ -110,8 +110,8 @@ def test_cors_is_off_by_default_and_on_for_configured_origins(tiny_model_path, t
     preflight = {**origin, "access-control-request-method": "POST",
                  "access-control-request-headers": "content-type,x-api-key"}
     with _ready(_client(tiny_model_path, tiny_index_dir)) as c:
-        r = c.post("/v1/search/images", json={"text": "a red circle"}, headers=origin)
-        assert r.status_code == 200 and not any(h.startswith("access-control-") for h in r.headers)
+        r = c.post("/v1/search/images", json={"text": "a red circle"}, headers=origin)     # refused: a foreign post
+        assert r.status_code == 403 and not any(h.startswith("access-control-") for h in r.headers)
         r = c.options("/v1/search/images", headers=preflight)
         assert r.status_code >= 400 and "access-control-allow-origin" not in r.headers
     with _ready(_client(tiny_model_path, tiny_index_dir, cors_origins="https://photos.example/")) as c:
@@ -123,7 +123,7 @@ def test_cors_is_off_by_default_and_on_for_configured_origins(tiny_model_path, t
         assert r.headers["access-control-allow-origin"] == "https://photos.example"
         assert "Origin" in r.headers["vary"]
         r = c.post("/v1/search/images", json={"text": "a red circle"}, headers=origin)
-        assert "access-control-allow-origin" not in r.headers
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
         assert c.options("/v1/search/images", headers=preflight).status_code == 400
 
 
@@ -220,3 +220,82 @@ def test_an_index_and_photos_under_uri_characters_build_load_sync_and_serve(tiny
             assert c.get(hit["uri"]).content == by_id[hit["id"]].read_bytes()
         assert c.get(f"{hits[0]['uri']}?size=16").status_code == 200
         assert c.get("/v1/folders").json()["folders"] == [{"folder": ".", "images": 4}]
+
+
+# --- cross-site posts -------------------------------------------------------------------------------------------
+
+def test_a_post_from_a_foreign_origin_is_refused_before_its_body_is_read(tiny_model_path, tiny_index_dir):
+    body = {"text": "a circle", "k": 1}
+    with _ready(_client(tiny_model_path, tiny_index_dir)) as c:
+        # same origin (the Host it was sent to, port and all), or no Origin (not a browser): served
+        for headers in ({}, {"Origin": "http://127.0.0.1"}, {"Origin": "HTTP://127.0.0.1:80"}):
+            assert c.post("/v1/search/images", json=body, headers=headers).status_code == 200, headers
+        for origin in ("http://evil.example", "http://127.0.0.1:8001", "https://127.0.0.1:8443", "null",
+                       "http://localhost"):
+            r = c.post("/v1/search/images", json=body, headers={"Origin": origin})
+            assert r.status_code == 403 and "cross-site request refused" in r.json()["detail"], origin
+            r = c.post("/v1/search/captions", headers={"Origin": origin},
+                       files={"image": ("a.jpg", b"\xff\xd8" + bytes(200_000), "image/jpeg")})
+            assert r.status_code == 403, origin                  # a multipart upload too, its body never read
+        # reading is not posting: a GET from anywhere is answered (CORS decides whether the page may read it)
+        assert c.get("/v1/folders", headers={"Origin": "http://evil.example"}).status_code == 200
+        two = c.post("/v1/search/images", json=body, headers=[("Origin", "http://127.0.0.1"),
+                                                                ("Origin", "http://127.0.0.1")])
+        assert two.status_code == 403
+    configured = _client(tiny_model_path, tiny_index_dir, allowed_origins="https://photos.example",
+                         cors_origins="http://app.example:3000")
+    with _ready(configured) as c:
+        for origin in ("https://photos.example", "https://photos.example:443", "http://app.example:3000"):
+            assert c.post("/v1/search/images", json=body, headers={"Origin": origin}).status_code == 200, origin
+        assert c.post("/v1/search/images", json=body, headers={"Origin": "https://evil.example"}).status_code == 403
+    with _ready(_client(tiny_model_path, tiny_index_dir, allowed_origins="*")) as c:
+        assert c.post("/v1/search/images", json=body, headers={"Origin": "null"}).status_code == 200
+
+
+def test_origins_parse():
+    assert origin_key("https://Photos.Example") == ("https", "photos.example", "443")
+    assert origin_key("http://[::1]:8000") == ("http", "[::1]", "8000")
+    assert origin_key("http://localhost:8000") == ("http", "localhost", "8000")
+    for bad in ("null", "", "localhost:8000", "ftp://x", "http://x/path", "http://a b"):
+        assert origin_key(bad) is None, bad
+
+
+# --- API keys: one a request, guessing rate-limited -------------------------------------------------------------
+
+def test_one_key_a_request_and_wrong_keys_are_rate_limited(tiny_model_path, tiny_index_dir):
+    with _ready(_client(tiny_model_path, tiny_index_dir, api_key="s3cret", auth_failures_per_minute=3)) as c:
+        two = [[("X-API-Key", "guess"), ("X-API-Key", "s3cret")],
+               [("Authorization", "Bearer guess"), ("Authorization", "Bearer s3cret")]]
+        for headers in two:                                   # never tried: 400 whatever the keys
+            r = c.get("/v1/folders", headers=headers)
+            assert r.status_code == 400 and "send one key" in r.json()["detail"]
+        # both schemes: the X-API-Key header is the one key tried, the Bearer token is not
+        assert c.get("/v1/folders", headers={"X-API-Key": "s3cret", "Authorization": "Bearer x"}).status_code == 200
+        assert c.get("/v1/folders").status_code == 401        # no key: no guess, not counted
+        r = c.get("/v1/folders", headers={"X-API-Key": "guess", "Authorization": "Bearer s3cret"})
+        assert r.status_code == 401                            # one guess, counted
+        for _ in range(2):
+            assert c.get("/v1/folders", headers={"X-API-Key": "guess"}).status_code == 401
+        for key in ("guess", "s3cret"):                       # the right key too: the answer must not tell
+            r = c.get("/v1/folders", headers={"X-API-Key": key})
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+        assert c.get("/healthz").status_code == 200           # the open routes stay open
+
+
+def test_the_failure_limiter_refills_and_forgets():
+    now = [0.0]
+    limiter = FailureLimiter(6, addresses=2, clock=lambda: now[0])     # one token every 10 s
+    for _ in range(6):
+        assert limiter.wait("a") == 0
+        limiter.failed("a")
+    assert limiter.wait("a") == 10 and limiter.wait("b") == 0
+    now[0] = 9.0
+    assert limiter.wait("a") == 1
+    now[0] = 10.0
+    assert limiter.wait("a") == 0                          # one more guess after 10 s
+    limiter.failed("a")
+    assert limiter.wait("a") == 10
+    limiter.failed("b")
+    limiter.failed("c")                                    # three addresses, two remembered: "a" forgotten
+    assert limiter.wait("a") == 0
+    assert FailureLimiter(0).wait("a") == 0

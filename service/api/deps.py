@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from index.metadata import ImageRow
+from training.data.decode_cost import DecodeBusy
 from index.video_decode import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
 
 from ..batcher import DeadlineExceeded, DynamicBatcher, Shed
@@ -42,26 +43,41 @@ async def service(request: Request) -> ServiceState:
     return state
 
 
-def _given_keys(request: Request) -> list[str | None]:
-    """Every credential the request carries: each X-API-Key header, each Authorization header's Bearer token
-    (None for an Authorization header of another scheme)."""
-    given: list[str | None] = list(request.headers.getlist("x-api-key"))
+def _given_key(request: Request) -> str | None:
+    """The one key a request's credentials are checked with: its X-API-Key header, else its Authorization
+    header's Bearer token (an Authorization header of another scheme carries none). HTTPException 400 for two
+    X-API-Key headers or two Bearer tokens: one request must not try many keys."""
+    keys = request.headers.getlist("x-api-key")
+    tokens = []
     for value in request.headers.getlist("authorization"):
         scheme, _, token = value.strip().partition(" ")
-        given.append(token.strip() if scheme.lower() == "bearer" and token.strip() else None)
-    return given
+        if scheme.lower() == "bearer" and token.strip():
+            tokens.append(token.strip())
+    if len(keys) > 1 or len(tokens) > 1:
+        raise HTTPException(400, f"the request carries {max(len(keys), len(tokens))} "
+                                 f"{'X-API-Key headers' if len(keys) > 1 else 'Bearer tokens'}; send one key")
+    return keys[0] if keys else tokens[0] if tokens else None
 
 
 async def require_api_key(request: Request, key: str | None = Depends(_api_key_header),
                           bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     """With ``JOINTSPACE_API_KEY`` set (the app then adds this dependency to ``/v1``): the key as ``X-API-Key``
-    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say."""
-    expected = request.app.state.service.settings.api_key
+    or as ``Authorization: Bearer`` — either, as the OpenAPI document's two alternative security schemes say, one
+    key tried a request (``_given_key``). A client address that sent too many wrong keys is answered 429 +
+    Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
+    state: ServiceState = request.app.state.service
+    expected = state.settings.api_key
     if expected is None:
         return
-    want = expected.get_secret_value().encode()
-    matches = [secrets.compare_digest(g.encode(), want) for g in _given_keys(request) if g is not None]
-    if not any(matches):
+    given = _given_key(request)
+    client = request.client.host if request.client else ""
+    wait = state.auth_failures.wait(client)
+    if wait:
+        raise HTTPException(429, f"too many wrong API keys from this client address; retry after {wait} s",
+                            headers={"Retry-After": str(wait)})
+    if given is None or not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+        if given is not None:
+            state.auth_failures.failed(client)
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})
 
@@ -100,9 +116,17 @@ async def upload_pixels(data: bytes, state: ServiceState, request: Request, name
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, data, state.settings.max_pixels,
-                                          state.loaded.model.preprocess)
+                                          state.loaded.model.preprocess, state.decode_budget)
     except ImageError as err:
         raise HTTPException(err.status, err.detail) from None
+    except DecodeBusy as err:
+        raise _decode_busy(err, state, name) from None
+
+
+def _decode_busy(err: DecodeBusy, state: ServiceState, name: str) -> HTTPException:
+    state.metrics.shed.labels(name, "decode_memory").inc()
+    return HTTPException(503, f"{err}; retry after {state.settings.retry_after_s} s",
+                         headers={"Retry-After": str(state.settings.retry_after_s)})
 
 
 def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
@@ -151,10 +175,12 @@ async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -
         return state.loaded.model.preprocess.pixels(image)
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
-                                          state.loaded.model.preprocess)
+                                          state.loaded.model.preprocess, state.decode_budget)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status,
                             f"gallery image {image_id}: {err.detail}") from None
+    except DecodeBusy as err:
+        raise _decode_busy(err, state, "compose") from None
 
 
 def private_headers(state: ServiceState) -> dict[str, str]:

@@ -42,11 +42,30 @@ async def _options(state: ServiceState, query: ImageSearch) -> Options:
     if flt.active:
         loop = asyncio.get_running_loop()
         try:
-            allowed = await loop.run_in_executor(state.decode_pool, state.loaded.gallery.allowed_ids, flt)
+            allowed = await loop.run_in_executor(state.decode_pool, _allowed, state.loaded.gallery, flt)
         except UnknownFolderError as err:
             raise HTTPException(404, err.public) from None
     return Options(k=query.k, offset=query.offset, min_score=query.min_score, allowed=allowed,
                    subtract=tuple(query.subtract), mode=getattr(query, "mode", "vector"), sort=query.sort)
+
+
+OUTSIDE_FOLDER = ("no indexed images in that folder: folders are relative to the gallery's root folder (GET "
+                  "/v1/folders lists them)")
+
+
+def _allowed(gallery, flt: ImageFilter):
+    """The ids ``flt`` lets through. Its folder is relative to the gallery's root folder: an absolute path, or one
+    that climbs out of the root, is answered 404 as a folder without images — every such path alike, whether it
+    exists on the server or not, and without repeating it — unless it is the name ``GET /v1/folders`` gives a
+    folder outside the root."""
+    if flt.folder is not None:
+        name = os.path.normpath(flt.folder.strip())
+        if (os.path.isabs(name) or name == os.pardir or name.startswith(os.pardir + os.sep)) \
+                and name not in {gallery.photos.relative(f) for f in gallery.photos.folders}:
+            err = UnknownFolderError(flt.folder, gallery.photos.root)
+            err.public = OUTSIDE_FOLDER
+            raise err
+    return gallery.allowed_ids(flt)
 
 
 def _page(query: Paging) -> Options:

@@ -33,6 +33,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image, ImageOps
 
+from .jpeg_scans import MAX_SCANS, count_scans
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -266,8 +268,9 @@ MAX_RESIZED_PIXELS = 16_000_000  # pixels once the shorter side is resized for t
 
 
 class ImageGeometryError(ValueError):
-    """An image ruled out by its size alone (read from its header): ``limit`` names the limit it breaks —
-    ``pixels`` (width × height), ``aspect`` (:data:`MAX_ASPECT`) or ``resized`` (:data:`MAX_RESIZED_PIXELS`)."""
+    """An image ruled out by what its header says, before any pixel is decoded: ``limit`` names the limit it
+    breaks — ``pixels`` (width × height), ``aspect`` (:data:`MAX_ASPECT`), ``resized``
+    (:data:`MAX_RESIZED_PIXELS`) or ``scans`` (a JPEG's scans, :func:`check_scans`)."""
 
     def __init__(self, message: str, limit: str):
         super().__init__(message)
@@ -304,6 +307,21 @@ def check_geometry(size: tuple[int, int], side: int | None = None, max_pixels: i
             raise ImageGeometryError(f"image is {width}×{height} pixels: resized to a shorter side of {side} for the "
                                      f"model it would be {w}×{h} = {w * h:,} pixels; the limit is "
                                      f"{MAX_RESIZED_PIXELS:,}", "resized")
+
+
+def check_scans(image: Image.Image, data: bytes | None = None) -> None:
+    """Refuses a JPEG (``image`` opened, not loaded) of more than :data:`~training.data.jpeg_scans.MAX_SCANS`
+    scans — a progressive scan bomb, decoded in time proportional to its scans — from its bytes ``data`` (read from
+    ``image.filename`` when not given), before it is decoded: :class:`ImageGeometryError` (``scans``)."""
+    if image.format not in ("JPEG", "MPO"):
+        return
+    if data is None:
+        filename = getattr(image, "filename", "")          # an ImageFile opened from a path has it
+        data = Path(filename).read_bytes() if filename else b""
+    scans = count_scans(data, MAX_SCANS)
+    if scans > MAX_SCANS:
+        raise ImageGeometryError(f"the JPEG has more than {MAX_SCANS} scans, each a pass over the whole image (a "
+                                 f"progressive JPEG has about 10); the limit is {MAX_SCANS}", "scans")
 
 
 # --- decoding: every format the gallery indexes -----------------------------------------------------------------
@@ -419,6 +437,7 @@ def decode_image(source: str | Path | bytes, suffix: str | None = None, min_side
     with Image.open(stream) as im:
         width, height = im.size
         check_geometry((width, height), min_side, max_pixels)
+        check_scans(im, source if isinstance(source, (bytes, bytearray)) else None)
         if min_side is not None:
             draft(im, min_side)
         im.load()

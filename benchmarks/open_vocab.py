@@ -12,9 +12,13 @@ docs/benchmarks.md by benchmarks/tables.py).
   the caption corpus — image → sentence top-1/top-5 (each photo's stored vector searched in the captions; a
   sentence that reads the same as the right one counts, as two classes share a first name) and sentence → image
   R@1/R@5 — and the gallery of ``make demo``: how many of its 20 photo captions find their photo first among its
-  photos, and two queries a new user types; and how many of those 20 and of its 10 captions of things no photo
-  shows (a dog, a beach, a skier) get ``strong_match`` on their first page (index/relevance.py). Flickr8k dev as served is benchmarks/flickr8k_levers.py
-  ``--through-index`` (its own results file).
+  photos (and the smallest margin of a caption's photo over the best other photo), two queries a new user types,
+  and whether each of six people queries finds the astronaut or the cameraman first; and the share of queries
+  with ``strong_match`` on their first page of 10 (index/relevance.py): on the demo, its 20 captions, its 10
+  captions of things no photo shows (a dog, a beach, a skier), benchmarks/data/absent_queries_demo.txt and
+  nonsense_queries.txt; on the ImageNet photos, "a {name}" per class, absent_queries_imagenet.txt and the
+  nonsense. Those query files are development sets (written for this measure, not held out). Flickr8k dev as
+  served is benchmarks/flickr8k_levers.py ``--through-index`` (its own results file).
 * ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/concepts.py) and
   ranked with QB-Norm exactly as a built index ranks (tests/test_querybank.py holds the index to these numbers),
   on backbone features computed once under ``--work`` (the views of ``--tta flip-crop``, averaged, for the
@@ -43,6 +47,14 @@ RESULTS = REPO / "benchmarks" / "results" / "open_vocab.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 TEMPLATE = "a photo of a {}."            # the headline row's class sentence (issue 45)
 USER_QUERIES = {"a cup of coffee": "coffee.jpg", "a rocket": "rocket.jpg"}
+DATA = REPO / "benchmarks" / "data"      # development sets of queries (absent things, nonsense): selected on
+PEOPLE_QUERIES = ["people", "a woman", "a man with a camera", "a person", "a man", "a smiling woman"]
+PEOPLE_PHOTOS = {"astronaut.jpg", "cameraman.jpg"}     # the demo's photos of a person
+
+
+def query_set(name: str) -> list[str]:
+    """A development set of queries, one a line (benchmarks/data/{name}.txt)."""
+    return [line.strip() for line in (DATA / f"{name}.txt").read_text().splitlines() if line.strip()]
 
 
 def hardware() -> str:
@@ -131,16 +143,20 @@ def served(args) -> int:
             ids, photos = name_ids(gallery), ImageFilter(media="photo")
             truth = demo_truth()
             queries = embed_texts(model, [t for t, _ in truth] + list(USER_QUERIES), progress=False)
-            hits = gallery.search_images(queries, 10, flt=photos)
-            strong = [r.strong_match for r in gallery.ranked("images", queries, hits)]
-            absent = embed_texts(model, demo_absent(), progress=False)
-            absent_strong = [r.strong_match for r in gallery.ranked(
-                "images", absent, gallery.search_images(absent, 10, flt=photos))]
+            hits = gallery.search_images(queries, len(ids), flt=photos)
+            strong = [r.strong_match for r in gallery.ranked("images", queries, [h[:10] for h in hits])]
             row["strong_present"] = None if None in strong else int(sum(bool(x) for x in strong[:len(truth)]))
-            row["strong_absent"] = None if None in absent_strong else int(sum(bool(x) for x in absent_strong))
+            row["strong_absent"] = strong_count(model, gallery, demo_absent(), photos)
+            row["strong_demo"] = {name: strong_count(model, gallery, query_set(name), photos)
+                                  for name in ("absent_queries_demo", "nonsense_queries")}
             found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
+            row["demo_min_margin"] = round(min(own_margin(h, ids[photo]) for h, (_, photo) in zip(hits, truth)), 4)
+            people = embed_texts(model, PEOPLE_QUERIES, progress=False)
+            named = {i: n for n, i in ids.items()}
+            row["people_first"] = {q: bool(h) and named[h[0][0]] in PEOPLE_PHOTOS
+                                   for q, h in zip(PEOPLE_QUERIES, gallery.search_images(people, 1, flt=photos))}
             row["user_queries"] = {q: bool(h) and h[0][0] == ids[photo]
                                    for h, (q, photo) in zip(hits[len(truth):], USER_QUERIES.items())}
         finally:
@@ -164,6 +180,10 @@ def served(args) -> int:
             for hits, want in zip(gallery.search_images(queries, 5), truth_ids):
                 ranked = [i for i, _ in hits]
                 t2i.append(ranked.index(int(want)) + 1 if int(want) in ranked else 99)
+            row["strong_imagenet"] = {
+                "present": strong_count(model, gallery, [f"a {name}" for _, name in classes]),
+                **{name: strong_count(model, gallery, query_set(name))
+                   for name in ("absent_queries_imagenet", "nonsense_queries")}}
         finally:
             gallery.close()
         i2t_a, t2i_a = np.array(i2t), np.array(t2i)
@@ -176,6 +196,22 @@ def served(args) -> int:
         rows.append(row)
     save_rows("served", rows)
     return 0
+
+
+def strong_count(model, gallery, texts: list[str], flt=None) -> list[int] | None:
+    """``[queries with a strong match on their first page of 10, queries]`` (None: the index has no relevance)."""
+    from index.embed import embed_texts
+
+    queries = embed_texts(model, texts, progress=False)
+    strong = [r.strong_match for r in gallery.ranked("images", queries, gallery.search_images(queries, 10, flt=flt))]
+    return None if None in strong else [int(sum(bool(x) for x in strong)), len(texts)]
+
+
+def own_margin(hits: list[tuple[int, float]], want: int) -> float:
+    """The score of ``want`` minus the best other score in ``hits`` (every photo of the gallery, best first):
+    above 0 when it is first."""
+    own = next(s for i, s in hits if i == want)
+    return own - max(s for i, s in hits if i != want)
 
 
 # --- levers, on arrays ---------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
-from .relevance import Ranking, Reference
+from .relevance import Descriptions, Ranking, Reference, both_sides
 from .scan import scan_media
 from .segments import SegmentedIndex
 from .video_embed import VideoEmbeddings, embed_videos
@@ -47,6 +47,7 @@ class Gallery:
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
         self.references = references or {}          # per side (images | captions): index/relevance.py
+        self._floors: dict[int, np.ndarray] = {}     # b(v), n(v) of images met in searches (index/relevance.py)
         self._photos: PhotoTable | None = None
         self._counts: dict[str, int] | None = None
 
@@ -122,12 +123,30 @@ class Gallery:
 
     def ranked(self, role: str, queries: np.ndarray, hits: Sequence[Sequence[tuple[int, float]]]) -> list[Ranking]:
         """The hits of ``queries`` on the side ``role`` (as :meth:`search_images` / :meth:`search_captions` gave
-        them, one list per query) with each hit's relevance (index/relevance.py); None without a reference set."""
+        them, one list per query) with each hit's relevance (index/relevance.py); None without a reference set.
+        An image index with reference sentences also weighs the text side: the smaller of the two directions."""
         reference = self.references.get(role)
         if reference is None:
             return [Ranking(list(h)) for h in hits]
         relevance = reference.relevance(queries_for(self.manifest, role, queries), [[s for _, s in h] for h in hits])
+        if reference.descriptions is not None:
+            relevance = [both_sides(r, self._text_side(reference.descriptions, q, h))
+                         for q, h, r in zip(np.asarray(queries, dtype=np.float32), hits, relevance)]
         return [Ranking(list(h), r) for h, r in zip(hits, relevance)]
+
+    def _text_side(self, descriptions: Descriptions, query: np.ndarray, hits: Sequence[tuple[int, float]]
+                   ) -> list[float]:
+        """The text side's relevance of each hit for the raw ``query`` (index/relevance.py), each image's floors
+        computed once per generation (a generation never changes)."""
+        if not hits:
+            return []
+        vectors = np.stack([self.image_vector(i) for i, _ in hits]).astype(np.float32)
+        new = [n for n, (i, _) in enumerate(hits) if i not in self._floors]
+        if new:
+            for n, row in zip(new, descriptions.floors(vectors[new])):
+                self._floors[hits[n][0]] = row
+        floors = np.stack([self._floors[i] for i, _ in hits])
+        return descriptions.relevance(query, vectors, floors).tolist()
 
     def image_vector(self, image_id: int) -> np.ndarray:
         """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""

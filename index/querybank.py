@@ -23,6 +23,10 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
   vectors of that side (the image index's: the bank's images; the caption index's: its captions), evenly spaced,
   with their offsets against the other half, so that they score exactly as that side's items do. A hit's
   relevance is the share of them it outscores. Banks written before reference sets have none (relevance null).
+- A bank may also hold *reference sentences* (``sentences``: a model with a fitted concept head gives its sentence
+  per ImageNet class) and *null sentences* (``nulls``: index.relevance.null_sentences as the model embeds them):
+  with the reference captions they are the image index's :class:`~index.relevance.Descriptions`, the text side of
+  a hit's relevance. They are part of the bank's key; a bank without them is named as before.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from training.inference.querybank import (DEFAULT_BETA, caption_vectors, carried
                                          item_offsets)
 from training.models.protocol import EmbeddingModel
 
-from .relevance import Reference, reference_rows
+from .relevance import Descriptions, Reference, null_sentences, reference_rows
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
 FILE_FORMAT = "jointspace-querybank/2"                      # of the bank files: part of their names (QueryBank.key)
@@ -56,11 +60,13 @@ class QueryBank:
     images: np.ndarray | None = None         # (B', D): normalises the caption index (image → text search)
     beta: float = DEFAULT_BETA
     origin: str = ""                         # in words: "model" (the bank the model carries), a file, a data set
+    sentences: np.ndarray | None = None      # (S, D): reference sentences (index/relevance.py's text side); no bank
+    nulls: np.ndarray | None = None          # (N, D): null sentences (index/relevance.py's text side); no bank
 
     def __post_init__(self):
         if not self.beta > 0:
             raise ValueError(f"the querybank's beta must be > 0, got {self.beta}")
-        for name in ("captions", "images"):
+        for name in ("captions", "images", "sentences", "nulls"):
             bank = getattr(self, name)
             if bank is not None:
                 if bank.ndim != 2 or len(bank) == 0:
@@ -103,7 +109,8 @@ class QueryBank:
         """What the bank file is named by: a digest of the bank's vectors and beta (not of the file's bytes, so it
         is known before the file is made)."""
         h = hashlib.blake2b(f"{FILE_FORMAT} beta={self.beta!r}".encode(), digest_size=10)
-        for name, bank in (("captions", self.captions), ("images", self.images)):
+        for name, bank in (("captions", self.captions), ("images", self.images), ("sentences", self.sentences),
+                           ("nulls", self.nulls)):
             if bank is not None:
                 h.update(f" {name} {bank.shape} {bank.dtype}".encode())
                 h.update(np.ascontiguousarray(bank).data)
@@ -124,6 +131,9 @@ class QueryBank:
             self._keep(name, data, cache)
         references = {role: len(reference_rows(len(own))) for role in ("images", "captions")
                       if (own := getattr(self, role)) is not None}
+        for role in ("sentences", "nulls"):
+            if (own := getattr(self, role)) is not None:
+                references[role] = len(own)
         return {"file": name, "beta": self.beta,
                 "captions": 0 if self.captions is None else len(self.captions),
                 "images": 0 if self.images is None else len(self.images), "origin": self.origin or "given",
@@ -138,6 +148,9 @@ class QueryBank:
                 arrays[f"reference_{role}"], offsets = ref
                 if offsets is not None:
                     arrays[f"reference_{role}_offsets"] = offsets
+        for role in ("sentences", "nulls"):
+            if (own := getattr(self, role)) is not None:
+                arrays[f"reference_{role}"] = own
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
         return buf.getvalue()
 
@@ -148,7 +161,9 @@ class QueryBank:
             data = path.read_bytes()
             with np.load(io.BytesIO(data)) as z:
                 stored = QueryBank(captions=z["captions"] if "captions" in z else None,
-                                   images=z["images"] if "images" in z else None, beta=self.beta)
+                                   images=z["images"] if "images" in z else None, beta=self.beta,
+                                   sentences=z["reference_sentences"] if "reference_sentences" in z else None,
+                                   nulls=z["reference_nulls"] if "reference_nulls" in z else None)
                 complete = all(f"reference_{role}" in z for role in ("images", "captions")
                                if getattr(self, role) is not None)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
@@ -175,7 +190,9 @@ class QueryBank:
         with np.load(path) as z:
             return cls(captions=z["captions"] if "captions" in z else None,
                        images=z["images"] if "images" in z else None, beta=float(entry["beta"]),
-                       origin=entry.get("origin", ""))
+                       origin=entry.get("origin", ""),
+                       sentences=z["reference_sentences"] if "reference_sentences" in z else None,
+                       nulls=z["reference_nulls"] if "reference_nulls" in z else None)
 
 
 def folded(manifest: dict, role: str) -> bool:
@@ -191,7 +208,8 @@ def bank_for(root: Path, manifest: dict) -> QueryBank | None:
 
 def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
     """The reference set of each side of the index (index/relevance.py), as that side stores its items; empty for
-    an index without a bank, or with a bank written before reference sets."""
+    an index without a bank, or with a bank written before reference sets. The image side's carries the bank's
+    reference captions and sentences as its :class:`Descriptions` when the bank holds sentences."""
     entry = manifest.get("querybank") or {}
     if not entry.get("references"):
         return {}
@@ -201,10 +219,18 @@ def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
                                 f"rebuild the index (jointspace index build --querybank ...)")
     out = {}
     with np.load(path) as z:
-        for role in entry["references"]:
+        descriptions = None
+        if entry["references"].get("sentences") and "reference_sentences" in z:
+            said = [z[k].astype(np.float32) for k in ("reference_captions", "reference_sentences") if k in z]
+            descriptions = Descriptions(np.concatenate(said), z["reference_nulls"].astype(np.float32)
+                                        if entry["references"].get("nulls") and "reference_nulls" in z else None)
+        for role in ("images", "captions"):
+            if role not in entry["references"]:
+                continue
             rows = z[f"reference_{role}"].astype(np.float32)
             key = f"reference_{role}_offsets"
-            out[role] = Reference(fold_items(rows, z[key]) if key in z else rows)
+            out[role] = Reference(fold_items(rows, z[key]) if key in z else rows,
+                                  descriptions if role == "images" else None)
     return out
 
 
@@ -269,7 +295,21 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
             captions, _ = embed_bank_captions(model, list(bank["captions"]), progress=progress, cache=cache)
     vectors = image_vectors(bank)
     images = None if vectors is None else vectors.astype(np.float16)
-    return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model")
+    sentences = reference_sentences(model)
+    nulls = None
+    if sentences is not None:                         # the text side's null sentences, embedded once per model
+        nulls, _ = embed_bank_captions(model, null_sentences(), progress=False, cache=cache)
+    return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model",
+                     sentences=sentences, nulls=nulls)
+
+
+def reference_sentences(model: EmbeddingModel) -> np.ndarray | None:
+    """The reference sentences a model gives its index (index/relevance.py's text side): its fitted concept head's
+    sentence embedding per ImageNet class (training/models/concepts.py), float16; None without one."""
+    concepts = getattr(model, "concepts", None)
+    if concepts is None or not bool(concepts.fitted):
+        return None
+    return concepts.class_embeddings.detach().float().cpu().numpy().astype(np.float16)
 
 
 def correction(manifest: dict) -> dict:

@@ -12,10 +12,30 @@ captions), and a hit's relevance is
 
 — the share of typical items the hit outscores for this query: in [0, 1], computed from the hit's own score
 only, so adding or removing other photos never changes it. A result list has a *strong match* when one of its
-hits reaches :data:`STRONG`; when none does, the list holds only the closest items, not ones the query describes.
+hits reaches :data:`STRONG` (:func:`is_strong`); when none does, the list holds only the closest items, not ones
+the query describes.
+
+That direction alone cannot say no for a photo unlike the reference photos: such a photo outscores typical
+training photos for *any* query (a texture for "xqzv", a cat photo for "a giraffe"). So an image index whose bank
+also holds *reference sentences* (the model's concept head's sentence per ImageNet class, ``"a photo of a
+tabby."``, with the bank's reference captions: :class:`Descriptions`) checks the other direction too: whether the
+query is nearly as good a description of the hit as the best sentences the model has for it. With ``b(v)`` the
+mean of photo ``v``'s :data:`DESCRIPTION_TOP` best cosines among the reference sentences (the neighbourhood term
+r(v) of CSLS, cross-domain similarity local scaling, Conneau et al., ICLR 2018, on the text side only), the
+query's *description margin* is ``m(q, v) = q·v − b(v)`` and
+
+    text-side relevance(q, v) = σ(logit(STRONG) + (m − M₀) / τ)    (M₀: DESCRIPTION_MARGIN, τ: DESCRIPTION_SPREAD)
+
+— exactly :data:`STRONG` at ``m = M₀``, rising with the margin. A hit's relevance is then the smaller of the two
+directions: it is a strong match only when it outscores typical photos for the query *and* the query is within
+``|M₀|`` of the photo's own best descriptions. Both directions grow with the hit's score, so the relevance does
+too, and both depend on the query and the hit alone. M₀ and τ were set on development sets (the demo gallery's
+captions, absent things and nonsense; docs/index.md#relevance-and-no-strong-match has the rates).
 """
 from __future__ import annotations
 
+import random
+import string
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,6 +43,12 @@ import numpy as np
 
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
+DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
+DESCRIPTION_MARGIN = -0.22  # M₀: the description margin at which the text side reaches STRONG (set on the demo)
+DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
+NULL_COUNT = 380            # null sentences (null_sentences)
+NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences
+NULL_MARGIN = -0.05         # N₀: the null margin at which the text side reaches STRONG (set on the demo)
 
 
 def reference_rows(n: int, size: int = REFERENCE_SIZE) -> np.ndarray:
@@ -32,14 +58,94 @@ def reference_rows(n: int, size: int = REFERENCE_SIZE) -> np.ndarray:
     return (np.arange(m, dtype=np.int64) * int(n)) // max(m, 1)
 
 
-class Reference:
-    """The reference items of one index side, as that side stores its items (``[v, −o]`` when it is folded)."""
+def is_strong(relevance: float | None) -> bool:
+    """Whether a hit of this relevance is a strong match (at least :data:`STRONG`; None, no relevance: False)."""
+    return relevance is not None and relevance >= STRONG
 
-    def __init__(self, items: np.ndarray):
+
+def strong_threshold() -> float:
+    """The relevance at which a hit is a strong match (:data:`STRONG`)."""
+    return STRONG
+
+
+def calibrated(margins: np.ndarray, at: float) -> np.ndarray:
+    """A side's relevance of margins ``m`` (see the module): σ(logit(STRONG) + (m − at)/τ), in (0, 1), increasing,
+    :data:`STRONG` at ``m = at`` (τ: :data:`DESCRIPTION_SPREAD`)."""
+    z = np.log(STRONG / (1.0 - STRONG)) + (np.asarray(margins, dtype=np.float64) - at) / DESCRIPTION_SPREAD
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def null_sentences(count: int = NULL_COUNT, seed: int = 0) -> list[str]:
+    """The null sentences: ``count`` strings that describe nothing, the same for a seed — made-up words of 2 to 9
+    letters, alone and in twos to fours, numbers, and runs of punctuation (in the shares 4 : 4 : 1.5 : 0.5)."""
+    rng = random.Random(seed)
+    letters, marks = string.ascii_lowercase, "?!.,;:-#*"
+
+    def word() -> str:
+        return "".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
+
+    n = [int(count * share / 10) for share in (4, 4, 1.5)]
+    return ([word() for _ in range(n[0])] + [" ".join(word() for _ in range(rng.randint(2, 4))) for _ in range(n[1])]
+            + [str(rng.randint(0, 10 ** rng.randint(1, 7))) for _ in range(n[2])]
+            + ["".join(rng.choice(marks) for _ in range(rng.randint(1, 4))) for _ in range(count - sum(n))])
+
+
+class Descriptions:
+    """The reference sentences of an image index (unit vectors, as the model embeds text): what the model can say
+    of a photo, against which a query's fit to a hit is measured (the module's text side), and the null sentences
+    (None: no null side)."""
+
+    def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None):
+        self.sentences = _rows(sentences, "reference sentences")
+        self.nulls = None if nulls is None else _rows(nulls, "null sentences")
+        if self.nulls is not None and self.nulls.shape[1] != self.sentences.shape[1]:
+            raise ValueError("null and reference sentences must have the same width")
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def floors(self, photos: np.ndarray) -> np.ndarray:
+        """``(P, 2)`` per row of ``photos`` (unit image vectors, unfolded): b(v), the mean of its
+        :data:`DESCRIPTION_TOP` best cosines among the reference sentences, and n(v), of its :data:`NULL_TOP` best
+        among the null sentences (−inf without them)."""
+        photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
+        out = np.full((len(photos), 2), -np.inf, dtype=np.float32)
+        out[:, 0] = _top_mean(photos @ self.sentences.T, DESCRIPTION_TOP)
+        if self.nulls is not None:
+            out[:, 1] = _top_mean(photos @ self.nulls.T, NULL_TOP)
+        return out
+
+    def relevance(self, query: np.ndarray, photos: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
+        """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smaller of
+        its description margin ``q·v − b(v)`` calibrated at :data:`DESCRIPTION_MARGIN` and its null margin
+        ``q·v − n(v)`` calibrated at :data:`NULL_MARGIN`. ``floors``: their :meth:`floors` when known."""
+        photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
+        floors = self.floors(photos) if floors is None else np.asarray(floors, dtype=np.float32)
+        raw = photos @ np.asarray(query, dtype=np.float32)
+        return np.minimum(calibrated(raw - floors[:, 0], DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN))
+
+
+def _rows(vectors: np.ndarray, what: str) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or len(vectors) == 0:
+        raise ValueError(f"{what} must be a non-empty (n, dim) array, got shape {vectors.shape}")
+    return np.ascontiguousarray(vectors)
+
+
+def _top_mean(scores: np.ndarray, top: int) -> np.ndarray:
+    return np.sort(scores, axis=1)[:, -min(top, scores.shape[1]):].mean(1)
+
+
+class Reference:
+    """The reference items of one index side, as that side stores its items (``[v, −o]`` when it is folded), and,
+    for an image index, its reference sentences (:class:`Descriptions`; None: the photo side alone)."""
+
+    def __init__(self, items: np.ndarray, descriptions: Descriptions | None = None):
         items = np.asarray(items, dtype=np.float32)
         if items.ndim != 2 or len(items) == 0:
             raise ValueError(f"a reference set must be a non-empty (n, dim) array, got shape {items.shape}")
         self.items = np.ascontiguousarray(items)
+        self.descriptions = descriptions
 
     def __len__(self) -> int:
         return len(self.items)
@@ -53,9 +159,14 @@ class Reference:
                 for row, s in zip(ref, scores)]
 
 
+def both_sides(photo_side: Sequence[float], text_side: Sequence[float]) -> list[float]:
+    """A hit's relevance from its two directions (see the module): the smaller."""
+    return [float(min(p, t)) for p, t in zip(photo_side, text_side)]
+
+
 def strong_match(relevance: Sequence[float] | None) -> bool | None:
-    """Whether a hit of a result list reaches :data:`STRONG` (None: the list has no relevance)."""
-    return None if relevance is None else any(r >= STRONG for r in relevance)
+    """Whether a hit of a result list is a strong match (:func:`is_strong`; None: the list has no relevance)."""
+    return None if relevance is None else any(is_strong(r) for r in relevance)
 
 
 @dataclass(frozen=True)

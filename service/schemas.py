@@ -157,10 +157,14 @@ def request_models(settings: Settings, similarity: str = "cosine") -> RequestMod
                          image_id_search=bind(ImageIdSearch, limits), paraphrase=bind(Paraphrase, limits))
 
 
-_RELEVANCE = ("the share (0 to 1) of the index's reference set — up to {size:,} typical {what} of the model's training "
-              "data — that score lower than this hit for the same query: unlike `score`, it means the same in every "
-              "gallery and does not change when other items are added. At least {strong:g} is a strong match. Null "
-              "when the index has no reference set (built without a query bank, or before reference sets)")
+_RELEVANCE = ("how well this hit matches the query, 0 to 1: the share of the index's reference set — up to {size:,} "
+              "typical {what} of the model's training data — that score lower than this hit for the same query; for a "
+              "photo, when the index's bank holds reference sentences, also no more than the text side: how close the "
+              "query comes to the photo's own best descriptions among the model's reference sentences and how far above "
+              "sentences that describe nothing (docs/index.md#relevance-and-no-strong-match). Unlike `score`, it means "
+              "the same in every gallery and does not change when other items are added. At least {strong:g} is a "
+              "strong match. Null when the index has no reference set (built without a query bank, or before reference "
+              "sets)")
 _STRONG_MATCH = (f"whether a result of this list has a relevance of at least {STRONG:g} (a strong match); false: the "
                  f"query has no strong match here, these are only the closest. A page of results says this of its own "
                  f"results. Null when the index has no reference set")

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from index.gallery import Gallery
-from index.query import format_time
-from index.samples import CLIPS, SAMPLES, write_samples
+from index.query import ImageFilter, format_time
+from index.relevance import NULL_COUNT
+from index.samples import CAPTIONS, CLIPS, SAMPLES, write_samples
 from service.cli import main as cli_main
 from training.inference import pretrained
 from training.inference.embedding import embed_texts
@@ -39,14 +40,22 @@ def test_the_shipped_file_is_small_slim_and_the_reported_model(shipped):
         pretrained.model_path("nope")
 
 
-def test_index_build_and_search_use_the_shipped_model_by_default(shipped, tmp_path, capsys):
-    out = write_samples(tmp_path / "samples")
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo's sample photos and clips, indexed by `index build` with its defaults (the shipped model)."""
+    root = tmp_path_factory.mktemp("demo")
+    out = write_samples(root / "samples")
+    index = root / "index"
+    assert cli_main(["index", "build", "--images", str(out), "--captions", str(root / "samples" / "captions.txt"),
+                     "--out", str(index), "--quiet", "--workers", "0"]) == 0
+    return out, index
+
+
+def test_index_build_and_search_use_the_shipped_model_by_default(shipped, demo, capsys):
+    out, index = demo
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(s.name for s in SAMPLES)
     assert sorted(p.name for p in (out / "videos").iterdir()) == sorted(clip.name for clip in CLIPS)
-    assert (tmp_path / "samples" / "ATTRIBUTION.md").read_text().count("CC") >= 3
-    index = tmp_path / "index"
-    assert cli_main(["index", "build", "--images", str(out), "--captions", str(tmp_path / "samples" / "captions.txt"),
-                     "--out", str(index), "--quiet", "--workers", "0"]) == 0
+    assert (out.parent / "ATTRIBUTION.md").read_text().count("CC") >= 3
     gallery = Gallery.load(index, model=shipped)                      # built with exactly the shipped model
     scenes = sum(len(clip.scenes) for clip in CLIPS)                  # one 5-second moment per scene
     assert gallery.images.ntotal == len(SAMPLES) + scenes and gallery.meta.counts()["videos"] == len(CLIPS)
@@ -90,6 +99,30 @@ def test_index_build_and_search_use_the_shipped_model_by_default(shipped, tmp_pa
         assert cli_main(["index", "search", "--index", str(index), "--text", text, "--k", "1", "--media", "video", "--json"]) == 0
         best = json.loads(capsys.readouterr().out)["results"][0]
         assert (Path(best["path"]).name, best["start"], best["end"]) == (clip, start, start + 5.0), text
+    gallery.close()
+
+
+def test_relevance_on_the_demo_says_no_to_nonsense_and_yes_to_its_captions(shipped, demo):
+    # index/relevance.py: the shipped model's bank gives the image side its reference and null sentences; measured
+    # with the shipped file (benchmarks/data, docs/index.md#relevance-and-no-strong-match): 18 of the 20 captions
+    # strong (the two astronaut captions find another photo first), none of the 12 nonsense queries
+    _, index = demo
+    gallery = Gallery.load(index, model=shipped)
+    assert gallery.manifest["querybank"]["references"] == {"images": 1000, "captions": 1000, "sentences": 1000,
+                                                           "nulls": NULL_COUNT}
+    photos = ImageFilter(media="photo")
+
+    def strong(texts: list[str]) -> list[bool]:
+        queries = embed_texts(shipped, texts).numpy()
+        return [bool(r.strong_match) for r in gallery.ranked("images", queries,
+                                                              gallery.search_images(queries, 10, flt=photos))]
+
+    nonsense = (REPO / "benchmarks" / "data" / "nonsense_queries.txt").read_text().splitlines()
+    assert not any(strong(nonsense))
+    captions = strong(CAPTIONS.splitlines()[:20])                    # each of a sample photo (open_vocab.py)
+    assert sum(captions) >= 18 and all(captions[2:])                 # the first two: the astronaut's
+    assert strong(["a cat", "a cup of coffee", "a rocket"]) == [True, True, True]
+    assert strong(["a giraffe", "xqzv"]) == [False, False]
     gallery.close()
 
 

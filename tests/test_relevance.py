@@ -4,6 +4,8 @@ reference set; and as the service (fields, OpenAPI, paging, thresholds) and the 
 import json
 import shutil
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ from index.embed import embed_image_files, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
 from index.querybank import model_bank
-from index.relevance import REFERENCE_SIZE, STRONG, reference_rows, strong_match
+from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, REFERENCE_SIZE,
+                             STRONG, Descriptions, both_sides, calibrated, is_strong, null_sentences, reference_rows,
+                             strong_match, strong_threshold)
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
@@ -241,3 +245,83 @@ def test_the_cli_shows_relevance_and_says_when_nothing_is_a_strong_match(tiny_mo
     assert cli_main([*args, "--text", STRONG_TEXT]) == 0
     out = capsys.readouterr().out
     assert "no strong match" not in out and len(out.splitlines()) == 5
+
+
+# --- the text side: reference and null sentences (index/relevance.py) ----------------------------------------------
+
+def test_each_side_is_calibrated_to_strong_at_its_margin_and_grows_with_it():
+    margins = np.linspace(-1, 1, 401)
+    for at in (DESCRIPTION_MARGIN, NULL_MARGIN):
+        r = calibrated(margins, at)
+        assert np.all(np.diff(r) > 0) and np.all((r > 0) & (r < 1))
+        assert calibrated(np.array([at]), at)[0] == pytest.approx(STRONG)
+        assert is_strong(float(calibrated(np.array([at + 1e-3]), at)[0]))
+        assert not is_strong(float(calibrated(np.array([at - 1e-3]), at)[0]))
+    assert strong_threshold() == STRONG and is_strong(None) is False and is_strong(STRONG) is True
+    assert both_sides([0.999, 0.2], [0.5, 0.995]) == [0.5, 0.2]
+
+
+def test_the_text_side_grows_with_the_query_score_and_is_the_smaller_of_its_two_margins():
+    rng = np.random.default_rng(0)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)            # noqa: E731
+    sentences, nulls = unit(rng.standard_normal((40, 16))), unit(rng.standard_normal((30, 16)))
+    d = Descriptions(sentences, nulls)
+    photo = unit(rng.standard_normal(16))
+    floors = d.floors(photo[None])[0]
+    assert floors[0] == pytest.approx(np.sort(sentences @ photo)[-DESCRIPTION_TOP:].mean(), abs=1e-6)
+    assert floors[1] == pytest.approx(np.sort(nulls @ photo)[-NULL_TOP:].mean(), abs=1e-6)
+    # queries ever closer to the photo: their cosine and so their relevance rise
+    away = unit(rng.standard_normal(16))
+    queries = unit(np.stack([(1 - t) * away + t * photo for t in np.linspace(0, 1, 50)]))
+    rel = np.array([d.relevance(q, photo[None])[0] for q in queries])
+    raw = queries @ photo
+    assert np.all(np.diff(raw) > 0) and np.all(np.diff(rel) >= 0) and rel[-1] > rel[0]
+    want = np.minimum(calibrated(raw - floors[0], DESCRIPTION_MARGIN), calibrated(raw - floors[1], NULL_MARGIN))
+    assert np.allclose(rel, want)
+    # without null sentences only the description margin counts
+    assert np.allclose([Descriptions(sentences).relevance(q, photo[None])[0] for q in queries],
+                       calibrated(raw - floors[0], DESCRIPTION_MARGIN))
+
+
+def test_the_null_sentences_are_fixed_by_their_seed_and_apart_from_the_nonsense_queries_measured():
+    nulls = null_sentences()
+    assert len(nulls) == NULL_COUNT and len(set(nulls)) > 0.95 * NULL_COUNT and all(n.strip() for n in nulls)
+    assert nulls == null_sentences() and nulls != null_sentences(seed=1)
+    measured = (Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "nonsense_queries.txt").read_text()
+    shared = set(nulls) & set(measured.splitlines())                  # the dev set is not the null set: at most a
+    assert all(not any(c.isalnum() for c in t) for t in shared)       # run of punctuation in both, by chance
+
+
+def test_a_bank_with_sentences_gives_the_image_side_both_directions(model, parts, tmp_path):
+    records, captions, img, cap, bank = parts
+    assert bank.sentences is None and bank.nulls is None                      # the tiny model has no concept head
+    said = replace(bank, sentences=cap[:40], nulls=cap[40:60])
+    assert said.key() != bank.key() and replace(said, nulls=None).key() not in (said.key(), bank.key())
+    root = tmp_path / "index"
+    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=said),
+          embedding=EmbedOptions(progress=False, workers=0))
+    gallery = Gallery.load(root, model=model)
+    assert gallery.info()["hubness_correction"]["references"] == {"images": len(gallery.references["images"]),
+                                                                 "captions": len(gallery.references["captions"]),
+                                                                 "sentences": 40, "nulls": 20}
+    d = gallery.references["images"].descriptions
+    assert d is not None and gallery.references["captions"].descriptions is None
+    ref_caps = bank.captions[reference_rows(len(bank.captions))].astype(np.float32)
+    assert len(d) == len(ref_caps) + 40
+    assert np.allclose(d.sentences, np.concatenate([ref_caps, cap[:40].astype(np.float16).astype(np.float32)]))
+    hits = gallery.search_images(cap[:8], 6)
+    ranked = gallery.ranked("images", cap[:8], hits)
+    photo_side = _brute_force(cap[:8], [[s for _, s in h] for h in hits],
+                              bank.images[reference_rows(len(bank.images))], bank.captions, bank.beta)
+    for q, h, r, p in zip(cap[:8], hits, ranked, photo_side):
+        vectors = np.stack([gallery.image_vector(i) for i, _ in h])
+        assert np.allclose(r.relevance, np.minimum(p, d.relevance(q, vectors)), atol=1e-6)
+        assert all(x <= y + 1e-9 for x, y in zip(r.relevance, p))            # never above the photo side
+    again = gallery.ranked("images", cap[:8], hits)                           # the floors, cached, give the same
+    assert [r.relevance for r in again] == [r.relevance for r in ranked]
+    gallery.close()
+    # an add re-reads the bank (sentences and nulls included) and keeps its file
+    before = json.loads((root / current_generation(root) / "manifest.json").read_text())["querybank"]["file"]
+    update(root, model.fingerprint, ChangeSet(image_vectors=img[:1], image_rows=[(str(tmp_path / "x.jpg"), None)]))
+    after = json.loads((root / current_generation(root) / "manifest.json").read_text())["querybank"]
+    assert after["file"] == before and after["references"]["sentences"] == 40

@@ -26,7 +26,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -38,7 +38,9 @@ from .metadata import Metadata
 from .ocr import OcrConfig, PhotoText, read_rows, store
 from .querybank import QueryBank, bank_for
 from .segments import NewSide, SideUpdate
-from .video_embed import VideoEmbeddings
+
+if TYPE_CHECKING:
+    from .video_embed import VideoEmbeddings
 
 COMPACT = ("auto", "none", "all")
 

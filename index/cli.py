@@ -133,7 +133,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="order: relevance (default, best first), or newest/oldest by capture time after the "
                         f"--min-score cut (the best {SORT_DEPTH:,} results that pass it; images without a capture "
                         f"time last)")
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model and the search run (default auto). A --text query outside cuda is "
+                        "embedded by the model's text encoder alone, converted once per model file for ONNX "
+                        "Runtime (no image backbone, no PyTorch; docs/search.md), and the index searched on the CPU")
     s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     s.add_argument("--json", action="store_true",
                    help="print the results as JSON (ids, scores, relevance, absolute paths, capture times, "
@@ -586,8 +589,7 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from training.inference.embedding import embed_texts
-
+    manifest = read_index(args.index)        # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
     from .hits import image_hits
     from .hybrid import Paging, search_text
@@ -601,16 +603,24 @@ def cmd_search(args) -> int:
     if args.image is not None and args.mode != "vector":
         raise ValueError(f"--mode {args.mode} needs --text (an example photo has no words to match)")
     flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before, args.media)
-    read_index(args.index)
-    model, device = _load(args)
-    gallery = Gallery.load(args.index, model=model, device=device)
+    if args.text is not None and (not args.text.strip() or any(not w.strip() for w in args.subtract)):
+        raise ValueError("the query text and the words to subtract must not be empty")
+    # a text query on the CPU: the model's text side alone, the index searched on the CPU (--device cuda: the
+    # whole model and the index on the GPU, as a photo query)
+    query = _text_query(args, manifest) if args.text is not None and args.device != "cuda" else None
+    if query is not None:
+        gallery = Gallery.load(args.index)
+    else:
+        model, device = _load(args)
+        gallery = Gallery.load(args.index, model=model, device=device)
     try:
         min_score = check_min_score(gallery.manifest["similarity"], args.min_score)
         ranking: Ranking
         if args.text is not None:
-            if not args.text.strip() or any(not w.strip() for w in args.subtract):
-                raise ValueError("the query text and the words to subtract must not be empty")
-            query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
+            if query is None:
+                from training.inference.embedding import embed_texts
+
+                query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
             ranking = search_text(gallery, query, args.text, args.mode,
                                   Paging(args.k, args.offset, min_score, args.sort), gallery.allowed_ids(flt))
         else:
@@ -627,6 +637,34 @@ def cmd_search(args) -> int:
     finally:
         gallery.close()
     return 0
+
+
+def _text_query(args, manifest: dict):
+    """A text query's vector: from the model's text tower alone (ONNX Runtime, training/inference/text_tower.py),
+    prepared from the whole model the first time a model file is used; from the whole model in PyTorch (its
+    image tower left as it is) when its text side runs in PyTorch only. Refuses an index built with another
+    model, as loading the model does."""
+    from training.inference import text_tower
+
+    from .gallery import check_fingerprint
+
+    path = model_file(args.model)
+    tower = text_tower.load(path)
+    if tower is None:
+        from training.inference.embedding import embed_texts
+        from training.models.checkpoint import load_model
+
+        model = load_model(path)
+        check_fingerprint(manifest, model.fingerprint, args.index)
+        if not text_tower.prepared(path):
+            if text_tower.unsupported_reason(model) is None:
+                print("jointspace index search: preparing this model's text encoder for quick searches (once per "
+                      "model file)", file=sys.stderr)
+            tower = text_tower.prepare(model, path)
+        if tower is None:
+            return embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
+    check_fingerprint(manifest, tower.fingerprint, args.index)
+    return tower.embed([args.text], [args.subtract])
 
 
 def _table(results: list[dict], root: str, strong: bool | None = None) -> str:
@@ -704,12 +742,12 @@ def cmd_compact(args) -> int:
 
 
 def cmd_duplicates(args) -> int:
+    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
     from .duplicates import check_threshold, gallery_groups
     from .gallery import Gallery
     from .query import format_time, inside
 
     threshold = check_threshold(args.threshold)
-    read_index(args.index)
     gallery = Gallery.load(args.index)
     try:
         found = gallery_groups(gallery, threshold)
@@ -742,6 +780,7 @@ def cmd_duplicates(args) -> int:
 
 
 def cmd_info(args) -> int:
+    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
 
     gallery = Gallery.load(args.index)

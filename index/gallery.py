@@ -10,29 +10,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
-import torch
-
-from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
-from training.inference.embedding import embed_image_files as files_to_embeddings
-from training.models.protocol import EmbeddingModel
 
 from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target, UpdateReport, apply, live_target,
                       read_texts)
-from .embed import decode_photos, embed_texts
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
-from .moments import DEFAULT_SAMPLING, Sampling
 from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
 from .relevance import Ranking, Reference
-from .scan import scan_media
 from .segments import SegmentedIndex
-from .video_embed import VideoEmbeddings, embed_videos
+
+if TYPE_CHECKING:
+    # the updates import torch and the embedding code where they embed: loading and searching an index
+    # (``jointspace index search --text``, index/cli.py) needs neither
+    import torch
+
+    from training.inference.embedding import FileEmbeddings, ImageDecoding
+    from training.models.protocol import EmbeddingModel
+
+    from .moments import Sampling
+    from .video_embed import VideoEmbeddings
 
 
 class IndexMismatchError(ValueError):
@@ -168,7 +170,7 @@ class EmbedOptions:
     batch_size: int = 64
     workers: int | None = None
     progress: bool = True
-    sampling: Sampling = DEFAULT_SAMPLING
+    sampling: Sampling | None = None            # None: index.moments.DEFAULT_SAMPLING
 
 
 DEFAULT_EMBEDDING = EmbedOptions()
@@ -180,6 +182,11 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
     """The photos' embeddings, each photo's :class:`~index.embed.PhotoInfo` with what OCR read in it (``ocr``: the
     index's reading, None for an index that does not read its photos), read while the embedding goes on
     (index/ocr.py ``TextReading``)."""
+    from training.inference.embedding import device_of
+    from training.inference.embedding import embed_image_files as files_to_embeddings
+
+    from .embed import decode_photos
+
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, embedding.batch_size, embedding.workers, device_of(model),
                                  indexed, tta)
@@ -202,7 +209,10 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
 
 def _embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions
                   ) -> VideoEmbeddings | None:
-    return embed_videos(model, paths, embedding.sampling, batch_size=embedding.batch_size, workers=embedding.workers,
+    from .moments import DEFAULT_SAMPLING
+    from .video_embed import embed_videos
+
+    return embed_videos(model, paths, embedding.sampling or DEFAULT_SAMPLING, batch_size=embedding.batch_size, workers=embedding.workers,
                         progress=embedding.progress) if paths else None
 
 
@@ -237,6 +247,8 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg.model.similarity!r}")
+    from .embed import embed_texts
+
     if not emb.kept and not (videos is not None and videos.moments):
         raise ValueError(f"none of the {len(image_paths)} images and {len(videos.paths) if videos else 0} videos "
                          f"could be read: nothing to index")
@@ -264,6 +276,8 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
     rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
     any."""
+    from .embed import embed_texts
+
     manifest = read_manifest(root) if image_paths else {}
     emb = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
                          OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else None)
@@ -402,6 +416,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
     the previous one live). Files that cannot be read are listed in ``skipped`` and left out of the index; symbolic
     links whose target leaves the folder are listed in ``outside`` and not followed (``index.scan.scan_images``).
     A changed video is read again whole (its moments get new ids); a gone one loses its moments."""
+    from .scan import scan_media
+
     root = Path(root)
     folder = Path(images).resolve()
     scan = scan_media(folder, exclude, default_excludes, photos=True, videos=videos)

@@ -62,6 +62,8 @@ class UpdateReport:
     removed_videos: int = 0                                     # sync, remove: videos gone
     missing_paths: list[str] = field(default_factory=list)     # remove: paths under which nothing is indexed
     videos_seen: int = 0                                        # sync: videos under the folder, on disk or indexed
+    already: list[str] = field(default_factory=list)           # add: files given that the index holds as they are
+    doubles: int = 0                                            # sync: extra entries of one file removed
 
 
 @dataclass

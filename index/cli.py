@@ -80,6 +80,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     a.add_argument("paths", nargs="*", help="image or video files, or directories, to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
+    a.add_argument("--json", action="store_true", help="print what was added as JSON instead of a sentence")
     _embedding_options(a, cmd_add)
     _video_options(a)
 
@@ -88,6 +89,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
     y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
+    y.add_argument("--json", action="store_true", help="print the counts as JSON instead of a sentence")
     _embedding_options(y, cmd_sync)
     _video_options(y)
 
@@ -100,6 +102,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                             "them); the files need not exist any more")
     r.add_argument("--ids", type=int, nargs="*", default=[], help="image ids (from index search --json)")
     r.add_argument("--caption-ids", type=int, nargs="*", default=[], help="caption ids")
+    r.add_argument("--json", action="store_true", help="print the counts as JSON instead of a sentence")
     r.set_defaults(func=cmd_remove)
 
     c = isub.add_parser("compact", help="merge the index's segments into one and drop deleted vectors")
@@ -558,13 +561,42 @@ def cmd_add(args) -> int:
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
+    for path in report.already:
+        print(f"already in the index, unchanged: {path}", file=sys.stderr)
     if not report.image_ids and not report.caption_ids:
+        if report.already and not report.skipped:
+            print(f"nothing added: {_count(len(report.already), 'file')} given {'is' if len(report.already) == 1 else 'are'} "
+                  f"in the index already, as {'it is' if len(report.already) == 1 else 'they are'}; {args.index} is "
+                  f"unchanged")
+            return 0
         print(f"jointspace index add: nothing added (no file could be read); {args.index} is unchanged",
               file=sys.stderr)
         return 1
-    print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
-                      "video_ids": report.video_ids, "moments": report.moments, "generation": report.generation}))
+    if args.json:
+        print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
+                          "video_ids": report.video_ids, "moments": report.moments,
+                          "replaced": report.removed_images + report.removed_videos, "already": report.already,
+                          "generation": report.generation}))
+        return 0
+    photos = len(report.image_ids) - report.moments
+    parts = [_count(photos, "photo")] if photos or not report.video_ids else []
+    parts += [f"{_count(len(report.video_ids), 'video')} ({_count(report.moments, 'moment')})"] \
+        if report.video_ids else []
+    parts += [_count(len(report.caption_ids), "caption")] if report.caption_ids else []
+    notes = [f"{_count(report.removed_images + report.removed_videos, 'file')} changed since "
+             f"{'it was' if report.removed_images + report.removed_videos == 1 else 'they were'} indexed: "
+             f"embedded again"] if report.removed_images or report.removed_videos else []
+    notes += [f"{_count(len(report.already), 'file')} already in the index"] if report.already else []
+    print(f"added {_and(parts)} to {args.index} ({report.generation})" + "".join(f"; {n}" for n in notes))
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def cmd_sync(args) -> int:
@@ -581,10 +613,23 @@ def cmd_sync(args) -> int:
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
         if report.videos_seen else {}
-    print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
-                      "removed": report.removed_images, **videos, "unchanged": report.unchanged,
-                      "skipped": len(report.skipped), "links_outside": len(report.outside),
-                      "generation": report.generation}))
+    if args.json:
+        print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
+                          "removed": report.removed_images, **videos,
+                          **({"doubles_removed": report.doubles} if report.doubles else {}), "unchanged": report.unchanged, "skipped": len(report.skipped),
+                          "links_outside": len(report.outside), "generation": report.generation}))
+        return 0
+    done = [f"{n} {what}" for n, what in ((len(report.image_ids), "added"), (len(report.changed), "changed"),
+                                          (report.removed_images, "removed")) if n]
+    done += [f"{_count(n, 'video')} {what}" for n, what in ((len(report.video_ids), "added"),
+                                                            (report.removed_videos, "removed")) if n]
+    done += [f"{_count(report.doubles, 'double entry')} of one file removed"] if report.doubles else []
+    rest = f"{report.unchanged} unchanged" + (f", {len(report.skipped)} unreadable skipped" if report.skipped
+                                              else "")
+    if done:
+        print(f"synced {args.index} with {args.images}: {_and(done)}, {rest} ({report.generation})")
+    else:
+        print(f"{args.index} already matches {args.images}: {rest}; nothing to change")
     return 0
 
 
@@ -726,9 +771,14 @@ def cmd_remove(args) -> int:
         if given:
             print(f"jointspace index remove: not in the index: {what} {', '.join(map(str, given))}", file=sys.stderr)
     removed = report.removed_images + report.removed_captions
-    if removed:
+    if removed and args.json:
         print(json.dumps({"removed_images": report.removed_images, "removed_videos": report.removed_videos,
                           "removed_captions": report.removed_captions, "generation": report.generation}))
+    elif removed:
+        parts = [_count(report.removed_images, "image") + (f" ({_count(report.removed_videos, 'video')} with their "
+                                                             f"moments)" if report.removed_videos else "")]
+        parts += [_count(report.removed_captions, "caption")] if report.removed_captions else []
+        print(f"removed {_and(parts)} from {args.index} ({report.generation})")
     else:
         print(f"jointspace index remove: nothing removed; {args.index} is unchanged", file=sys.stderr)
     return 0 if removed and not report.missing and not report.missing_paths else 1

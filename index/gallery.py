@@ -8,6 +8,7 @@ Loading checks the model fingerprint stored at build time against the model's an
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -275,20 +276,76 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
         video_paths: Sequence[str | Path] = (), embedding: EmbedOptions = DEFAULT_EMBEDDING) -> UpdateReport:
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
     rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
-    any."""
+    any. A file is known by its resolved path (``photos/a.jpg``, ``./photos/a.jpg``, ``/abs/photos/a.jpg`` and a
+    symbolic link to it are one file), and never indexed twice: a file the index holds as it is (the same size and
+    mtime, else the same content hash) is not added again but listed in ``already``; one whose content changed
+    is embedded again under a new id, its old entry removed (as ``sync`` does)."""
     from .embed import embed_texts
 
+    root = Path(root)
+    photos, videos_held = _held(root) if image_paths or video_paths else ({}, {})
+    image_paths, photo_hashes, photo_already = _new_files(image_paths, photos, _same_stat)
+    video_paths, _, video_already = _new_files(video_paths, videos_held, _unchanged)
     manifest = read_manifest(root) if image_paths else {}
     emb = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
-                         OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else None)
+                         OcrConfig.from_manifest(manifest.get("ocr")), photo_hashes) if image_paths else None)
+    same = {image_paths[i] for i in emb.passed} if emb is not None else set()
     videos = _embed_videos(model, video_paths, embedding)
     cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
+    stale_photos = {photos[Path(image_paths[i])].id for i in (emb.kept if emb is not None else [])
+                    if Path(image_paths[i]) in photos}
+    stale_videos = {videos_held[Path(videos.paths[i])].id for i in (videos.kept if videos is not None else [])
+                    if Path(videos.paths[i]) in videos_held}
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,
-        caption_vectors=cap_vectors, captions=[(t, None) for t in captions]))
+        caption_vectors=cap_vectors, captions=[(t, None) for t in captions],
+        removed_images=stale_photos | _moments_of(root, stale_videos), removed_videos=stale_videos))
     report.skipped = (emb.skipped if emb is not None else []) + (videos.skipped if videos is not None else [])
+    report.already = photo_already + video_already + [str(p) for p in same]
+    report.removed_images, report.removed_videos = len(stale_photos), len(stale_videos)
     return report
+
+
+def _held(root: Path) -> tuple[dict[Path, Any], dict[Path, Any]]:
+    """The live generation's photo and video rows by (resolved) path."""
+    gen_dir = root / current_generation(root)
+    meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+    try:
+        return ({Path(r.path): r for r in meta.all_images() if r.video_id is None},
+                {Path(r.path): r for r in meta.all_videos()})
+    finally:
+        meta.close()
+
+
+def _new_files(given: Sequence[str | Path], held: dict[Path, Any], unchanged: Callable[[Any, Path], bool]
+               ) -> tuple[list[Path], dict[str, str], list[str]]:
+    """The files of ``given`` to embed (resolved, each once, in order), the content hashes the index holds for
+    those of them it holds already (a file whose bytes still hash to it is not embedded again), and the files
+    given that the index holds as they are (``unchanged``: by size and mtime)."""
+    wanted: dict[Path, str] = {}
+    for path in given:
+        wanted.setdefault(Path(path).resolve(), str(path))
+    embed, already = [], []
+    for real, spelled in wanted.items():
+        row = held.get(real)
+        if row is not None and unchanged(row, real):
+            already.append(spelled)
+        else:
+            embed.append(real)
+    hashes = {str(p): held[p].sha256 for p in embed if p in held and held[p].sha256 is not None}
+    return embed, hashes, already
+
+
+def _moments_of(root: Path, video_ids: set[int]) -> set[int]:
+    """The image ids of the moments of ``video_ids`` in the live generation."""
+    if not video_ids:
+        return set()
+    meta = Metadata(root / current_generation(root) / "metadata.sqlite", readonly=True)
+    try:
+        return {r.id for r in meta.all_images() if r.video_id in video_ids}
+    finally:
+        meta.close()
 
 
 def update(root: str | Path, fingerprint: str, changes: ChangeSet) -> UpdateReport:
@@ -405,6 +462,16 @@ def _unchanged(row, path: Path) -> bool:
 
 
 
+def _one_each(rows: Iterable[Any]) -> tuple[dict[Path, Any], list[int]]:
+    """Rows (in id order) by their file's path, the first of each file; and the ids of the others."""
+    first: dict[Path, Any] = {}
+    others: list[int] = []
+    for row in sorted(rows, key=lambda r: r.id):
+        if first.setdefault(Path(os.path.normpath(row.path)), row) is not row:
+            others.append(row.id)
+    return first, others
+
+
 def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: Sequence[str] = (),
          default_excludes: bool = True, videos: bool = True,
          embedding: EmbedOptions = DEFAULT_EMBEDDING) -> UpdateReport:
@@ -427,10 +494,13 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         assert meta is not None
         check_model(manifest, model, root)
         all_rows = meta.all_images()
-        indexed = {Path(r.path): r for r in all_rows
-                   if r.video_id is None and (Path(r.path) == folder or folder in Path(r.path).parents)}
-        indexed_videos = {Path(r.path): r for r in meta.all_videos()
-                          if Path(r.path) == folder or folder in Path(r.path).parents} if videos else {}
+        # one entry a file: an index written before `add` knew files by their resolved path may hold a file twice;
+        # the first entry is kept, the others removed (``doubles``)
+        indexed, doubles = _one_each(r for r in all_rows
+                                     if r.video_id is None and (Path(r.path) == folder or folder in Path(r.path).parents))
+        indexed_videos, double_videos = _one_each(r for r in meta.all_videos()
+                                                  if Path(r.path) == folder or folder in Path(r.path).parents) \
+            if videos else ({}, [])
         video_files = {p.resolve() for p in found_videos}
         gone_videos = [r.id for p, r in indexed_videos.items() if p not in video_files]
         new_videos, differing, unchanged_videos = _partition(video_files, indexed_videos, _unchanged)
@@ -445,8 +515,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         same = {new[p] for p in emb.passed} if emb is not None else set()
         changed = [indexed[p].id for p in new if p in indexed and p not in same]
         video_emb = _embed_videos(model, new_videos, embedding)
-        stale_videos = set(gone_videos + changed_videos)
-        stale = sorted(gone + changed + [r.id for r in all_rows if r.video_id in stale_videos])
+        stale_videos = set(gone_videos + changed_videos + double_videos)
+        stale = sorted(gone + changed + doubles + [r.id for r in all_rows if r.video_id in stale_videos])
         rows = _photo_rows(new, emb) if emb is not None else []
         manifest.setdefault("image_root", str(folder))
         report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None, image_rows=rows,
@@ -455,6 +525,7 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
     report.image_ids = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) not in indexed]
     report.changed = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) in indexed]
     report.removed_images, report.removed_videos = len(gone), len(gone_videos)
+    report.doubles = len(doubles) + len(double_videos)
     report.unchanged, report.outside = unchanged + len(same) + unchanged_videos, scan.outside
     report.videos_seen = len(video_files) + len(gone_videos)
     report.skipped = (emb.skipped if emb is not None else []) + (video_emb.skipped if video_emb is not None else [])

@@ -283,10 +283,11 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
     assert info["images"]["count"] == data.split("test").n_images
     assert info["captions"]["count"] == data.split("train").n_captions
     img = sorted((Path(synth_small) / "images").glob("*"))[0]
-    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(img), "--quiet"]) == 0
+    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(img), "--quiet",
+                     "--json"]) == 0
     added = json.loads(capsys.readouterr().out)
     assert added["image_ids"] == [info["next_image_id"]]
-    assert cli_main(["index", "remove", "--index", str(out), "--ids", str(added["image_ids"][0])]) == 0
+    assert cli_main(["index", "remove", "--index", str(out), "--ids", str(added["image_ids"][0]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed_images"] == 1
     folder = tmp_path / "more"                      # a file given alone and inside its folder is added once
     folder.mkdir()
@@ -294,7 +295,7 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
         shutil.copy(p, folder / p.name)
     one = sorted(folder.iterdir())[0]
     assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(one), str(folder),
-                     "--quiet", "--workers", "0"]) == 0
+                     "--quiet", "--workers", "0", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["image_ids"]) == 2
     assert cli_main(["index", "info", "--index", str(tmp_path / "nothing")]) == 2
     assert "no jointspace index" in capsys.readouterr().err

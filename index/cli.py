@@ -133,9 +133,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--media", choices=["photo", "video"],
                    help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--sort", choices=list(SORTS), default="relevance",
-                   help="order: relevance (default, best first), or newest/oldest by capture time after the "
-                        f"--min-score cut (the best {SORT_DEPTH:,} results that pass it; images without a capture "
-                        f"time last)")
+                   help="order: relevance (default, best first), or newest/oldest by capture time after a "
+                        f"relevance cut: --min-score, or without it the strong matches (of the best {SORT_DEPTH:,} "
+                        f"results; --min-score -1 sorts them all; images without a capture time last)")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where the model and the search run (default auto). A --text query outside cuda is "
                         "embedded by the model's text encoder alone, converted once per model file for ONNX "

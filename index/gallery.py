@@ -23,7 +23,7 @@ from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
-from .relevance import Ranking, Reference
+from .relevance import Ranking, Reference, strong_match
 from .segments import SegmentedIndex
 
 if TYPE_CHECKING:
@@ -107,13 +107,17 @@ class Gallery:
                       ) -> list[list[tuple[int, float]]]:
         """Caption/text embeddings → best-first ``(image id, score)`` per query: only images ``flt`` lets through
         (or only the ids ``allowed``; filtered inside FAISS, with an ID selector), scoring at least ``min_score``,
-        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass. ``sort`` ``newest``/``oldest``: those
-        passing ``min_score`` in capture-time order instead (index/order.py)."""
+        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass. ``sort`` ``newest``/``oldest``: the
+        relevant ones in capture-time order instead (index/order.py) — those scoring at least ``min_score``, or
+        without ``min_score`` the strong matches (:func:`strong_only`; every result of an index without a reference
+        set)."""
         if allowed is None:
             allowed = self.allowed_ids(flt)
         queries = queries_for(self.manifest, "images", queries)
         if check_sort(sort) != "relevance":
             hits = _pairs(*self.images.search(queries, SORT_DEPTH, ids=allowed))
+            if min_score is None:
+                hits = strong_only(self.references.get("images"), queries, hits)
             return [page(by_time(page(h, SORT_DEPTH, 0, min_score), self.photos.ids, self.photos.taken, sort), k,
                          offset) for h in hits]
         hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
@@ -139,6 +143,18 @@ class Gallery:
     def info(self) -> dict:
         return {"root": str(self.root), "generation": self.generation, **self.manifest,
                 "hubness_correction": correction(self.manifest), "metadata": self.meta.counts()}
+
+
+def strong_only(reference: Reference | None, queries: np.ndarray, hits: list[list[tuple[int, float]]]
+                ) -> list[list[tuple[int, float]]]:
+    """The relevance cut of a search sorted by time without ``min_score``: per query (as the index searches it),
+    its hits that are strong matches (index/relevance.py ``strong_match``: a hit that outscores nearly all of the
+    reference set for this query), so "newest first" lists the photos the query describes, newest first, not every
+    photo of the gallery by date. All of them where the index has no reference set (no relevance to cut by)."""
+    if reference is None:
+        return hits
+    relevance = reference.relevance(queries, [[s for _, s in h] for h in hits])
+    return [[hit for hit, r in zip(h, rel) if strong_match([r])] for h, rel in zip(hits, relevance)]
 
 
 def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:

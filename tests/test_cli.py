@@ -65,6 +65,22 @@ def test_help_imports_none_of_the_model_code():
     assert shown.returncode == 0 and shown.stdout.strip() == "[]", shown.stderr
     helped = _run("--help")
     assert helped.returncode == 0 and "index" in helped.stdout and "serve" in helped.stdout
+    # the gallery's commands first, then training and research
+    commands = [line.split()[0] for line in helped.stdout.split("COMMAND\n", 1)[1].splitlines()
+                if line.startswith("    ") and not line.startswith("     ")]
+    assert commands[:3] == ["index", "serve", "synth"], commands
+
+
+def test_a_mistyped_command_gets_the_closest_one(capsys):
+    for argv, want in ((["index", "serch", "--index", "x"], "did you mean: search?"),
+                       (["indx"], "did you mean: index?"), (["index", "search", "--mode", "hybird"],
+                                                            "did you mean: hybrid?")):
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(argv)
+        assert exit_.value.code == 2 and want in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        cli_main(["index", "zzzzzz"])
+    assert "did you mean" not in capsys.readouterr().err               # nothing close: no guess
 
 
 def test_the_parser_shows_the_values_the_code_uses():

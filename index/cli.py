@@ -428,6 +428,9 @@ def cmd_build(args) -> int:
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
+    if not args.quiet:                 # something at once: the model takes seconds to load before the bar shows
+        videos_found = f" and {_count(len(video_paths), 'video')}" if video_paths else ""
+        print(f"indexing {_count(len(paths), 'photo')}{videos_found}; loading the model…", file=sys.stderr)
     decoding = _decode_early(args, paths, payload)
     try:
         model, _ = _load(args, payload)

@@ -290,8 +290,10 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         raise ValueError("the decoding started preprocesses the images otherwise than the model does")
     shapes = fixed_batches(decoding.batch_size, device_of(model), pad)
     vectors, kept, skipped, info, passed = [], [], [], [], []
-    for idx, pixels, bad, extra, nothing in tqdm(decoding, total=len(decoding), desc="embedding images",
-                                                 unit="batch", disable=not progress):
+    # counts images, not batches (a bar of "6/6" says little of 42 photos); drawn at 0 before the first batch
+    bar = tqdm(total=len(paths), desc="embedding images", unit="image", disable=not progress)
+    for idx, pixels, bad, extra, nothing in decoding:
+        bar.update(len(idx) + len(bad) + len(nothing))
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
         if pixels is None:
@@ -301,6 +303,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
         vectors.append(embed_pixels(model, pixels, shapes).cpu().numpy())
         kept += idx
         info += extra
+    bar.close()
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)
     return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed)
 

@@ -946,3 +946,19 @@ def test_an_index_without_captions_offers_none(photo_server, server, tab):
         assert page.is_visible("#captions-toggle")
     finally:
         other.page.close()
+
+
+def test_clear_filters_runs_the_search_again_without_them(server, tab):
+    """A search shown under `media=video` (none in this gallery: no results): "Clear filters" empties the controls
+    and runs the search again without them — the photos come back and `media` leaves the URL."""
+    page = tab.open(server.url, "/?q=" + QUERY.replace(" ", "%20") + "&media=video")
+    _wait_ready(page)
+    _wait_heading(page, "No")                           # nothing under that filter here
+    assert page.eval_on_selector_all(".hit", "els => els.length") == 0 and _query_of(page)["media"] == "video"
+    _open_panel(page, "filters")
+    page.click("#clear-filters")
+    page.wait_for_function("() => document.querySelectorAll('.hit').length > 0")
+    assert page.input_value("#media") == "" and "media" not in _query_of(page)
+    assert _query_of(page)["q"] == QUERY
+    want = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})
+    assert [i for i, _ in _hits(page)] == _ids(want)

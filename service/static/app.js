@@ -322,7 +322,13 @@ for (const control of [el.media, el.folder, el.takenAfter, el.takenBefore, el.su
   control.addEventListener("change", countFilters);
 }
 
-el.clearFilters.addEventListener("click", () => showOptions({}, k()));
+// "Clear filters": the controls back to none, and the search on screen run again without them (its results and
+// its URL: no `media=video` left behind)
+el.clearFilters.addEventListener("click", () => {
+  showOptions({}, k());
+  const query = shown?.query;
+  if (query && query.kind !== "upload") search({ ...query, k: k(), offset: 0, options: refinements() });
+});
 
 // The URL of a search (none for an uploaded photo's), with the result the detail view shows.
 function urlOf(query, open = null) {

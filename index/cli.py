@@ -564,8 +564,8 @@ def cmd_add(args) -> int:
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
-    for path in report.already:
-        print(f"already in the index, unchanged: {path}", file=sys.stderr)
+    for already in report.already:
+        print(f"already in the index, unchanged: {already}", file=sys.stderr)
     if not report.image_ids and not report.caption_ids:
         if report.already and not report.skipped:
             print(f"nothing added: {_count(len(report.already), 'file')} given {'is' if len(report.already) == 1 else 'are'} "

@@ -310,8 +310,8 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
     stale_photos = {photos[Path(image_paths[i])].id for i in (emb.kept if emb is not None else [])
                     if Path(image_paths[i]) in photos}
-    stale_videos = {videos_held[Path(videos.paths[i])].id for i in (videos.kept if videos is not None else [])
-                    if Path(videos.paths[i]) in videos_held}
+    read_videos = [Path(videos.paths[i]) for i in videos.kept] if videos is not None else []
+    stale_videos = {videos_held[p].id for p in read_videos if p in videos_held}
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,

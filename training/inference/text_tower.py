@@ -146,7 +146,7 @@ def unsupported_reason(model: EmbeddingModel) -> str | None:
     if getattr(model, "attention", None) is not None:
         return "region attention scores words against regions"
     if not getattr(encoder, "tokenizes", False) or not hasattr(encoder, "tokenizer_json"):
-        return f"its text encoder ({model.cfg.text.encoder}) reads the model's vocabulary, not a tokenizer of its own"
+        return f"its text encoder ({type(encoder).__name__}) reads the model's vocabulary, not a tokenizer of its own"
     if model.cfg.model.similarity not in ("cosine", "order"):
         return f"similarity {model.cfg.model.similarity}"
     return None
@@ -232,7 +232,7 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
     raw.unlink()
     tower = _open(scratch, facts)
     texts = [*PROBES, *(t for t, _ in PROBE_SUBTRACT)]
-    words = [[] for _ in PROBES] + [list(w) for _, w in PROBE_SUBTRACT]
+    words: list[list[str]] = [[] for _ in PROBES] + [list(w) for _, w in PROBE_SUBTRACT]
     if any(tower.ids(t) != ids for t, ids in zip(texts, cast(Any, model).encode_text_ids(texts))):
         return "the tokenizer's ids differ from the text encoder's"
     with torch.no_grad():

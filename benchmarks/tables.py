@@ -892,6 +892,24 @@ def t_duplicates() -> str:
     return f"{text}\n\nHardware: {hw}; date: {date}; commit: {commit}."
 
 
+def t_cli_search() -> str:
+    """The index commands as processes: wall seconds and peak RSS (benchmarks/cli_search.py)."""
+    data = load("cli_search.json")
+
+    def target(r: dict) -> str:
+        parts = [f"≤ {r['target_s']:g} s" if r.get("target_s") else "",
+                 f"≤ {r['target_rss_mb']:g} MB" if r.get("target_rss_mb") else ""]
+        return ", ".join(p for p in parts if p) or "—"
+    galleries = {"demo": "demo (14 photos, 3 videos)", "10k": f"{data['photos_10k']:,} photos (synthetic vectors)",
+                 "unknown": "no such index"}
+    cells = [[f"`index {r['command']}`", galleries.get(r["gallery"], r["gallery"]), str(r["runs"]),
+              f(r["median_s"], 2), f(r["max_s"], 2), f(r["max_rss_mb"], 0), target(r)] for r in data["rows"]]
+    table = md_table(["command", "gallery", "runs", "wall s (median)", "wall s (max)", "peak RSS MB (max)",
+                      "target"], cells, right={2, 3, 4, 5})
+    hw, date, commit = provenance({}, data, "cli_search.json")
+    return f"{table}\n\nHardware: {hw}; date: {date}; commit: {commit}."
+
+
 def t_config_reference() -> str:
     """Not a result: the config reference, from the typed config models (training/models/config_schema.py)."""
     if str(ROOT) not in sys.path:
@@ -1001,6 +1019,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "hostile_media": t_hostile_media,
     "decode_ranking": t_decode_ranking,
     "duplicates": t_duplicates,
+    "cli_search": t_cli_search,
 }
 
 

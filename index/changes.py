@@ -26,7 +26,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -39,7 +39,9 @@ from .metadata import Metadata
 from .ocr import OcrConfig, PhotoText, read_rows, store
 from .querybank import QueryBank, bank_for
 from .segments import NewSide, SideUpdate
-from .video_embed import VideoEmbeddings
+
+if TYPE_CHECKING:
+    from .video_embed import VideoEmbeddings
 
 COMPACT = ("auto", "none", "all")
 
@@ -62,6 +64,8 @@ class UpdateReport:
     removed_videos: int = 0                                     # sync, remove: videos gone
     missing_paths: list[str] = field(default_factory=list)     # remove: paths under which nothing is indexed
     videos_seen: int = 0                                        # sync: videos under the folder, on disk or indexed
+    already: list[str] = field(default_factory=list)           # add: files given that the index holds as they are
+    doubles: int = 0                                            # sync: extra entries of one file removed
 
 
 @dataclass

@@ -81,6 +81,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
     a.add_argument("paths", nargs="*", help="image or video files, or directories, to add")
     a.add_argument("--captions", help="a text file of captions to add, one a line")
+    a.add_argument("--json", action="store_true", help="print what was added as JSON instead of a sentence")
     _embedding_options(a, cmd_add)
     _video_options(a)
 
@@ -89,6 +90,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--images", required=True, help="the folder of images (searched recursively)")
     y.add_argument("--index", required=True, help="index directory (built with `index build`)")
     y.add_argument("--model", help="model.pt, the one the index was built with (default: the shipped model)")
+    y.add_argument("--json", action="store_true", help="print the counts as JSON instead of a sentence")
     _embedding_options(y, cmd_sync)
     _video_options(y)
 
@@ -101,6 +103,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                             "them); the files need not exist any more")
     r.add_argument("--ids", type=int, nargs="*", default=[], help="image ids (from index search --json)")
     r.add_argument("--caption-ids", type=int, nargs="*", default=[], help="caption ids")
+    r.add_argument("--json", action="store_true", help="print the counts as JSON instead of a sentence")
     r.set_defaults(func=cmd_remove)
 
     c = isub.add_parser("compact", help="merge the index's segments into one and drop deleted vectors")
@@ -131,10 +134,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--media", choices=["photo", "video"],
                    help="only photos, or only video moments (default: both, in one ranking)")
     s.add_argument("--sort", choices=list(SORTS), default="relevance",
-                   help="order: relevance (default, best first), or newest/oldest by capture time after the "
-                        f"--min-score cut (the best {SORT_DEPTH:,} results that pass it; images without a capture "
-                        f"time last)")
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+                   help="order: relevance (default, best first), or newest/oldest by capture time after a "
+                        f"relevance cut: --min-score, or without it the strong matches (of the best {SORT_DEPTH:,} "
+                        f"results; --min-score -1 sorts them all; images without a capture time last)")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model and the search run (default auto). A --text query outside cuda is "
+                        "embedded by the model's text encoder alone, converted once per model file for ONNX "
+                        "Runtime (no image backbone, no PyTorch; docs/search.md), and the index searched on the CPU")
     s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     s.add_argument("--json", action="store_true",
                    help="print the results as JSON (ids, scores, relevance, absolute paths, capture times, "
@@ -425,6 +431,9 @@ def cmd_build(args) -> int:
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
     args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
+    if not args.quiet:                 # something at once: the model takes seconds to load before the bar shows
+        videos_found = f" and {_count(len(video_paths), 'video')}" if video_paths else ""
+        print(f"indexing {_count(len(paths), 'photo')}{videos_found}; loading the model…", file=sys.stderr)
     decoding = _decode_early(args, paths, payload)
     try:
         model, _ = _load(args, payload)
@@ -572,13 +581,42 @@ def cmd_add(args) -> int:
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
     _report_skipped(report.skipped)
+    for already in report.already:
+        print(f"already in the index, unchanged: {already}", file=sys.stderr)
     if not report.image_ids and not report.caption_ids:
+        if report.already and not report.skipped:
+            print(f"nothing added: {_count(len(report.already), 'file')} given {'is' if len(report.already) == 1 else 'are'} "
+                  f"in the index already, as {'it is' if len(report.already) == 1 else 'they are'}; {args.index} is "
+                  f"unchanged")
+            return 0
         print(f"jointspace index add: nothing added (no file could be read); {args.index} is unchanged",
               file=sys.stderr)
         return 1
-    print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
-                      "video_ids": report.video_ids, "moments": report.moments, "generation": report.generation}))
+    if args.json:
+        print(json.dumps({"image_ids": report.image_ids, "caption_ids": report.caption_ids,
+                          "video_ids": report.video_ids, "moments": report.moments,
+                          "replaced": report.removed_images + report.removed_videos, "already": report.already,
+                          "generation": report.generation}))
+        return 0
+    photos = len(report.image_ids) - report.moments
+    parts = [_count(photos, "photo")] if photos or not report.video_ids else []
+    parts += [f"{_count(len(report.video_ids), 'video')} ({_count(report.moments, 'moment')})"] \
+        if report.video_ids else []
+    parts += [_count(len(report.caption_ids), "caption")] if report.caption_ids else []
+    notes = [f"{_count(report.removed_images + report.removed_videos, 'file')} changed since "
+             f"{'it was' if report.removed_images + report.removed_videos == 1 else 'they were'} indexed: "
+             f"embedded again"] if report.removed_images or report.removed_videos else []
+    notes += [f"{_count(len(report.already), 'file')} already in the index"] if report.already else []
+    print(f"added {_and(parts)} to {args.index} ({report.generation})" + "".join(f"; {n}" for n in notes))
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def cmd_sync(args) -> int:
@@ -595,16 +633,28 @@ def cmd_sync(args) -> int:
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
         if report.videos_seen else {}
-    print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
-                      "removed": report.removed_images, **videos, "unchanged": report.unchanged,
-                      "skipped": len(report.skipped), "links_outside": len(report.outside),
-                      "generation": report.generation}))
+    if args.json:
+        print(json.dumps({"added": len(report.image_ids), "changed": len(report.changed),
+                          "removed": report.removed_images, **videos,
+                          **({"doubles_removed": report.doubles} if report.doubles else {}), "unchanged": report.unchanged, "skipped": len(report.skipped),
+                          "links_outside": len(report.outside), "generation": report.generation}))
+        return 0
+    done = [f"{n} {what}" for n, what in ((len(report.image_ids), "added"), (len(report.changed), "changed"),
+                                          (report.removed_images, "removed")) if n]
+    done += [f"{_count(n, 'video')} {what}" for n, what in ((len(report.video_ids), "added"),
+                                                            (report.removed_videos, "removed")) if n]
+    done += [f"{_count(report.doubles, 'double entry')} of one file removed"] if report.doubles else []
+    rest = f"{report.unchanged} unchanged" + (f", {len(report.skipped)} unreadable skipped" if report.skipped
+                                              else "")
+    if done:
+        print(f"synced {args.index} with {args.images}: {_and(done)}, {rest} ({report.generation})")
+    else:
+        print(f"{args.index} already matches {args.images}: {rest}; nothing to change")
     return 0
 
 
 def cmd_search(args) -> int:
-    from training.inference.embedding import embed_texts
-
+    manifest = read_index(args.index)        # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
     from .hits import image_hits
     from .hybrid import Paging, search_text
@@ -618,16 +668,24 @@ def cmd_search(args) -> int:
     if args.image is not None and args.mode != "vector":
         raise ValueError(f"--mode {args.mode} needs --text (an example photo has no words to match)")
     flt = ImageFilter.parse(args.folder, args.taken_after, args.taken_before, args.media)
-    read_index(args.index)
-    model, device = _load(args)
-    gallery = Gallery.load(args.index, model=model, device=device)
+    if args.text is not None and (not args.text.strip() or any(not w.strip() for w in args.subtract)):
+        raise ValueError("the query text and the words to subtract must not be empty")
+    # a text query on the CPU: the model's text side alone, the index searched on the CPU (--device cuda: the
+    # whole model and the index on the GPU, as a photo query)
+    query = _text_query(args, manifest) if args.text is not None and args.device != "cuda" else None
+    if query is not None:
+        gallery = Gallery.load(args.index)
+    else:
+        model, device = _load(args)
+        gallery = Gallery.load(args.index, model=model, device=device)
     try:
         min_score = check_min_score(gallery.manifest["similarity"], args.min_score)
         ranking: Ranking
         if args.text is not None:
-            if not args.text.strip() or any(not w.strip() for w in args.subtract):
-                raise ValueError("the query text and the words to subtract must not be empty")
-            query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
+            if query is None:
+                from training.inference.embedding import embed_texts
+
+                query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
             ranking = search_text(gallery, query, args.text, args.mode,
                                   Paging(args.k, args.offset, min_score, args.sort), gallery.allowed_ids(flt))
         else:
@@ -644,6 +702,34 @@ def cmd_search(args) -> int:
     finally:
         gallery.close()
     return 0
+
+
+def _text_query(args, manifest: dict):
+    """A text query's vector: from the model's text tower alone (ONNX Runtime, training/inference/text_tower.py),
+    prepared from the whole model the first time a model file is used; from the whole model in PyTorch (its
+    image tower left as it is) when its text side runs in PyTorch only. Refuses an index built with another
+    model, as loading the model does."""
+    from training.inference import text_tower
+
+    from .gallery import check_fingerprint
+
+    path = model_file(args.model)
+    tower = text_tower.load(path)
+    if tower is None:
+        from training.inference.embedding import embed_texts
+        from training.models.checkpoint import load_model
+
+        model = load_model(path)
+        check_fingerprint(manifest, model.fingerprint, args.index)
+        if not text_tower.prepared(path):
+            if text_tower.unsupported_reason(model) is None:
+                print("jointspace index search: preparing this model's text encoder for quick searches (once per "
+                      "model file)", file=sys.stderr)
+            tower = text_tower.prepare(model, path)
+        if tower is None:
+            return embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
+    check_fingerprint(manifest, tower.fingerprint, args.index)
+    return tower.embed([args.text], [args.subtract])
 
 
 def _table(results: list[dict], root: str, strong: bool | None = None) -> str:
@@ -705,9 +791,14 @@ def cmd_remove(args) -> int:
         if given:
             print(f"jointspace index remove: not in the index: {what} {', '.join(map(str, given))}", file=sys.stderr)
     removed = report.removed_images + report.removed_captions
-    if removed:
+    if removed and args.json:
         print(json.dumps({"removed_images": report.removed_images, "removed_videos": report.removed_videos,
                           "removed_captions": report.removed_captions, "generation": report.generation}))
+    elif removed:
+        parts = [_count(report.removed_images, "image") + (f" ({_count(report.removed_videos, 'video')} with their "
+                                                             f"moments)" if report.removed_videos else "")]
+        parts += [_count(report.removed_captions, "caption")] if report.removed_captions else []
+        print(f"removed {_and(parts)} from {args.index} ({report.generation})")
     else:
         print(f"jointspace index remove: nothing removed; {args.index} is unchanged", file=sys.stderr)
     return 0 if removed and not report.missing and not report.missing_paths else 1
@@ -721,12 +812,12 @@ def cmd_compact(args) -> int:
 
 
 def cmd_duplicates(args) -> int:
+    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
     from .duplicates import check_threshold, gallery_groups
     from .gallery import Gallery
     from .query import format_time, inside
 
     threshold = check_threshold(args.threshold)
-    read_index(args.index)
     gallery = Gallery.load(args.index)
     try:
         found = gallery_groups(gallery, threshold)
@@ -759,6 +850,7 @@ def cmd_duplicates(args) -> int:
 
 
 def cmd_info(args) -> int:
+    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
 
     gallery = Gallery.load(args.index)

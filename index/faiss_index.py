@@ -46,12 +46,14 @@ import re
 import warnings
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
-from training.models.factory import build_similarity
+if TYPE_CHECKING:        # torch is imported where a search needs it: a CPU search of a FAISS index runs without it
+    import torch
 
-from .torch_search import TorchFlatSearch
+    from .torch_search import TorchFlatSearch
 
 try:
     import faiss
@@ -217,15 +219,21 @@ class VectorIndex:
             raise ValueError(f"search backend must be one of {SEARCH_BACKENDS}, not {backend!r}")
         self._device, self._backend_setting = device, backend
         self._search_index, self._torch = self.index, None
-        dev = torch.device(device)
         if self.similarity == "order":       # scored in torch by the similarity itself (_search_exact)
             return self
+        if backend != "torch" and str(device) == "cpu":      # the CPU index, without importing torch
+            return self
+        import torch
+
+        dev = torch.device(device)
         flat = self._flat()
         faiss_gpu = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
         if backend == "torch" or (backend == "auto" and dev.type == "cuda" and not faiss_gpu and flat is not None):
             if flat is None:
                 raise ValueError(f"the torch search backend searches Flat indexes only, not {self.factory!r}")
             vectors = flat.reconstruct_n(0, flat.ntotal) if flat.ntotal else np.zeros((0, self.dim), np.float32)
+            from .torch_search import TorchFlatSearch
+
             self._torch = TorchFlatSearch(vectors, self.ids(), dev)
             return self
         if dev.type != "cuda":
@@ -350,6 +358,10 @@ class VectorIndex:
 
     def _search_exact(self, queries: np.ndarray, k: int, only: np.ndarray | None = None,
                       exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        from training.models.factory import build_similarity
+
         if self._exact is None:
             ids = self.ids()
             flat = self.index.index
@@ -384,7 +396,7 @@ def _drop(scores: np.ndarray, ids: np.ndarray, exclude: np.ndarray, k: int) -> t
 
 
 def _f32(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    if hasattr(x, "detach"):                      # a torch tensor
         x = x.detach().float().cpu().numpy()
     return np.ascontiguousarray(x, dtype=np.float32)
 

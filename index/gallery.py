@@ -8,31 +8,34 @@ Loading checks the model fingerprint stored at build time against the model's an
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
-import torch
-
-from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
-from training.inference.embedding import embed_image_files as files_to_embeddings
-from training.models.protocol import EmbeddingModel
 
 from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target, UpdateReport, apply, live_target,
                       read_texts)
-from .embed import decode_photos, embed_texts
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
-from .moments import DEFAULT_SAMPLING, Sampling
 from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
-from .relevance import Descriptions, Ranking, Reference, both_sides
-from .scan import scan_media
+from .relevance import Descriptions, Ranking, Reference, both_sides, is_strong
 from .segments import SegmentedIndex
-from .video_embed import VideoEmbeddings, embed_videos
+
+if TYPE_CHECKING:
+    # the updates import torch and the embedding code where they embed: loading and searching an index
+    # (``jointspace index search --text``, index/cli.py) needs neither
+    import torch
+
+    from training.inference.embedding import FileEmbeddings, ImageDecoding
+    from training.models.protocol import EmbeddingModel
+
+    from .moments import Sampling
+    from .video_embed import VideoEmbeddings
 
 
 class IndexMismatchError(ValueError):
@@ -105,17 +108,31 @@ class Gallery:
                       ) -> list[list[tuple[int, float]]]:
         """Caption/text embeddings → best-first ``(image id, score)`` per query: only images ``flt`` lets through
         (or only the ids ``allowed``; filtered inside FAISS, with an ID selector), scoring at least ``min_score``,
-        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass. ``sort`` ``newest``/``oldest``: those
-        passing ``min_score`` in capture-time order instead (index/order.py)."""
+        the ``k`` from ``offset`` on. Fewer than ``k`` when fewer pass. ``sort`` ``newest``/``oldest``: the
+        relevant ones in capture-time order instead (index/order.py) — those scoring at least ``min_score``, or
+        without ``min_score`` the strong matches (:func:`strong_only`; every result of an index without a reference
+        set)."""
         if allowed is None:
             allowed = self.allowed_ids(flt)
-        queries = queries_for(self.manifest, "images", queries)
+        raw, queries = queries, queries_for(self.manifest, "images", queries)
         if check_sort(sort) != "relevance":
             hits = _pairs(*self.images.search(queries, SORT_DEPTH, ids=allowed))
+            if min_score is None:
+                hits = strong_only(self.ranked("images", raw, self._photo_side_strong(queries, hits)))
             return [page(by_time(page(h, SORT_DEPTH, 0, min_score), self.photos.ids, self.photos.taken, sort), k,
                          offset) for h in hits]
         hits = _pairs(*self.images.search(queries, k + offset, ids=allowed))
         return [page(h, k, offset, min_score) for h in hits]
+
+    def _photo_side_strong(self, queries: np.ndarray, hits: list[list[tuple[int, float]]]
+                           ) -> list[list[tuple[int, float]]]:
+        """The hits whose photo side alone is strong (``queries`` as the index searches them): a hit's relevance is
+        at most its photo side, so only these can be strong matches, and the text side is computed for them alone."""
+        reference = self.references.get("images")
+        if reference is None:
+            return hits
+        photo = reference.relevance(queries, [[s for _, s in h] for h in hits])
+        return [[hit for hit, v in zip(h, r) if is_strong(v)] for h, r in zip(hits, photo)]
 
     def search_captions(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Image embeddings → best-first ``(caption id, score)`` per query."""
@@ -157,6 +174,15 @@ class Gallery:
                 "hubness_correction": correction(self.manifest), "metadata": self.meta.counts()}
 
 
+def strong_only(rankings: Sequence[Ranking]) -> list[list[tuple[int, float]]]:
+    """The relevance cut of a search sorted by time without ``min_score``: per query, its hits that are strong
+    matches (index/relevance.py ``is_strong``, of the same relevance a result shows: both directions where the index
+    has reference sentences), so "newest first" lists the photos the query describes, newest first, not every photo
+    of the gallery by date. All of them where the index has no reference set (no relevance to cut by)."""
+    return [list(r.hits) if r.relevance is None else [hit for hit, v in zip(r.hits, r.relevance) if is_strong(v)]
+            for r in rankings]
+
+
 def _pairs(scores: np.ndarray, ids: np.ndarray) -> list[list[tuple[int, float]]]:
     """FAISS's result rows → ``(id, score)`` lists, without the ``-1`` padding of rows with fewer results."""
     return [[(int(i), float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
@@ -187,7 +213,7 @@ class EmbedOptions:
     batch_size: int = 64
     workers: int | None = None
     progress: bool = True
-    sampling: Sampling = DEFAULT_SAMPLING
+    sampling: Sampling | None = None            # None: index.moments.DEFAULT_SAMPLING
 
 
 DEFAULT_EMBEDDING = EmbedOptions()
@@ -199,6 +225,11 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
     """The photos' embeddings, each photo's :class:`~index.embed.PhotoInfo` with what OCR read in it (``ocr``: the
     index's reading, None for an index that does not read its photos), read while the embedding goes on
     (index/ocr.py ``TextReading``)."""
+    from training.inference.embedding import device_of
+    from training.inference.embedding import embed_image_files as files_to_embeddings
+
+    from .embed import decode_photos
+
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, embedding.batch_size, embedding.workers, device_of(model),
                                  indexed, tta)
@@ -221,7 +252,10 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
 
 def _embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], embedding: EmbedOptions
                   ) -> VideoEmbeddings | None:
-    return embed_videos(model, paths, embedding.sampling, batch_size=embedding.batch_size, workers=embedding.workers,
+    from .moments import DEFAULT_SAMPLING
+    from .video_embed import embed_videos
+
+    return embed_videos(model, paths, embedding.sampling or DEFAULT_SAMPLING, batch_size=embedding.batch_size, workers=embedding.workers,
                         progress=embedding.progress) if paths else None
 
 
@@ -258,6 +292,8 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg.model.similarity!r}")
+    from .embed import embed_texts
+
     if not emb.kept and not (videos is not None and videos.moments):
         raise ValueError(f"none of the {len(image_paths)} images and {len(videos.paths) if videos else 0} videos "
                          f"could be read: nothing to index")
@@ -284,18 +320,76 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
         video_paths: Sequence[str | Path] = (), embedding: EmbedOptions = DEFAULT_EMBEDDING) -> UpdateReport:
     """Adds images, videos and/or captions to an existing index (new ids after the largest ever given), no
     rebuild. The images are embedded with the index's test-time augmentation and folded with its query bank, if
-    any."""
+    any. A file is known by its resolved path (``photos/a.jpg``, ``./photos/a.jpg``, ``/abs/photos/a.jpg`` and a
+    symbolic link to it are one file), and never indexed twice: a file the index holds as it is (the same size and
+    mtime, else the same content hash) is not added again but listed in ``already``; one whose content changed
+    is embedded again under a new id, its old entry removed (as ``sync`` does)."""
+    from .embed import embed_texts
+
+    root = Path(root)
+    photos, videos_held = _held(root) if image_paths or video_paths else ({}, {})
+    image_paths, photo_hashes, photo_already = _new_files(image_paths, photos, _same_stat)
+    video_paths, _, video_already = _new_files(video_paths, videos_held, _unchanged)
     manifest = read_manifest(root) if image_paths else {}
     emb = (_embed_photos(model, image_paths, embedding, manifest.get("tta", "none"),
-                         OcrConfig.from_manifest(manifest.get("ocr"))) if image_paths else None)
+                         OcrConfig.from_manifest(manifest.get("ocr")), photo_hashes) if image_paths else None)
+    same = {image_paths[i] for i in emb.passed} if emb is not None else set()
     videos = _embed_videos(model, video_paths, embedding)
     cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
+    stale_photos = {photos[Path(image_paths[i])].id for i in (emb.kept if emb is not None else [])
+                    if Path(image_paths[i]) in photos}
+    read_videos = [Path(videos.paths[i]) for i in videos.kept] if videos is not None else []
+    stale_videos = {videos_held[p].id for p in read_videos if p in videos_held}
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,
-        caption_vectors=cap_vectors, captions=[(t, None) for t in captions]))
+        caption_vectors=cap_vectors, captions=[(t, None) for t in captions],
+        removed_images=stale_photos | _moments_of(root, stale_videos), removed_videos=stale_videos))
     report.skipped = (emb.skipped if emb is not None else []) + (videos.skipped if videos is not None else [])
+    report.already = photo_already + video_already + [str(p) for p in same]
+    report.removed_images, report.removed_videos = len(stale_photos), len(stale_videos)
     return report
+
+
+def _held(root: Path) -> tuple[dict[Path, Any], dict[Path, Any]]:
+    """The live generation's photo and video rows by (resolved) path."""
+    gen_dir = root / current_generation(root)
+    meta = Metadata(gen_dir / "metadata.sqlite", readonly=True)
+    try:
+        return ({Path(r.path): r for r in meta.all_images() if r.video_id is None},
+                {Path(r.path): r for r in meta.all_videos()})
+    finally:
+        meta.close()
+
+
+def _new_files(given: Sequence[str | Path], held: dict[Path, Any], unchanged: Callable[[Any, Path], bool]
+               ) -> tuple[list[Path], dict[str, str], list[str]]:
+    """The files of ``given`` to embed (resolved, each once, in order), the content hashes the index holds for
+    those of them it holds already (a file whose bytes still hash to it is not embedded again), and the files
+    given that the index holds as they are (``unchanged``: by size and mtime)."""
+    wanted: dict[Path, str] = {}
+    for path in given:
+        wanted.setdefault(Path(path).resolve(), str(path))
+    embed, already = [], []
+    for real, spelled in wanted.items():
+        row = held.get(real)
+        if row is not None and unchanged(row, real):
+            already.append(spelled)
+        else:
+            embed.append(real)
+    hashes = {str(p): held[p].sha256 for p in embed if p in held and held[p].sha256 is not None}
+    return embed, hashes, already
+
+
+def _moments_of(root: Path, video_ids: set[int]) -> set[int]:
+    """The image ids of the moments of ``video_ids`` in the live generation."""
+    if not video_ids:
+        return set()
+    meta = Metadata(root / current_generation(root) / "metadata.sqlite", readonly=True)
+    try:
+        return {r.id for r in meta.all_images() if r.video_id in video_ids}
+    finally:
+        meta.close()
 
 
 def update(root: str | Path, fingerprint: str, changes: ChangeSet) -> UpdateReport:
@@ -412,6 +506,16 @@ def _unchanged(row, path: Path) -> bool:
 
 
 
+def _one_each(rows: Iterable[Any]) -> tuple[dict[Path, Any], list[int]]:
+    """Rows (in id order) by their file's path, the first of each file; and the ids of the others."""
+    first: dict[Path, Any] = {}
+    others: list[int] = []
+    for row in sorted(rows, key=lambda r: r.id):
+        if first.setdefault(Path(os.path.normpath(row.path)), row) is not row:
+            others.append(row.id)
+    return first, others
+
+
 def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: Sequence[str] = (),
          default_excludes: bool = True, videos: bool = True,
          embedding: EmbedOptions = DEFAULT_EMBEDDING) -> UpdateReport:
@@ -423,6 +527,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
     the previous one live). Files that cannot be read are listed in ``skipped`` and left out of the index; symbolic
     links whose target leaves the folder are listed in ``outside`` and not followed (``index.scan.scan_images``).
     A changed video is read again whole (its moments get new ids); a gone one loses its moments."""
+    from .scan import scan_media
+
     root = Path(root)
     folder = Path(images).resolve()
     scan = scan_media(folder, exclude, default_excludes, photos=True, videos=videos)
@@ -432,10 +538,13 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         assert meta is not None
         check_model(manifest, model, root)
         all_rows = meta.all_images()
-        indexed = {Path(r.path): r for r in all_rows
-                   if r.video_id is None and (Path(r.path) == folder or folder in Path(r.path).parents)}
-        indexed_videos = {Path(r.path): r for r in meta.all_videos()
-                          if Path(r.path) == folder or folder in Path(r.path).parents} if videos else {}
+        # one entry a file: an index written before `add` knew files by their resolved path may hold a file twice;
+        # the first entry is kept, the others removed (``doubles``)
+        indexed, doubles = _one_each(r for r in all_rows
+                                     if r.video_id is None and (Path(r.path) == folder or folder in Path(r.path).parents))
+        indexed_videos, double_videos = _one_each(r for r in meta.all_videos()
+                                                  if Path(r.path) == folder or folder in Path(r.path).parents) \
+            if videos else ({}, [])
         video_files = {p.resolve() for p in found_videos}
         gone_videos = [r.id for p, r in indexed_videos.items() if p not in video_files]
         new_videos, differing, unchanged_videos = _partition(video_files, indexed_videos, _unchanged)
@@ -450,8 +559,8 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         same = {new[p] for p in emb.passed} if emb is not None else set()
         changed = [indexed[p].id for p in new if p in indexed and p not in same]
         video_emb = _embed_videos(model, new_videos, embedding)
-        stale_videos = set(gone_videos + changed_videos)
-        stale = sorted(gone + changed + [r.id for r in all_rows if r.video_id in stale_videos])
+        stale_videos = set(gone_videos + changed_videos + double_videos)
+        stale = sorted(gone + changed + doubles + [r.id for r in all_rows if r.video_id in stale_videos])
         rows = _photo_rows(new, emb) if emb is not None else []
         manifest.setdefault("image_root", str(folder))
         report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None, image_rows=rows,
@@ -460,6 +569,7 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
     report.image_ids = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) not in indexed]
     report.changed = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) in indexed]
     report.removed_images, report.removed_videos = len(gone), len(gone_videos)
+    report.doubles = len(doubles) + len(double_videos)
     report.unchanged, report.outside = unchanged + len(same) + unchanged_videos, scan.outside
     report.videos_seen = len(video_files) + len(gone_videos)
     report.skipped = (emb.skipped if emb is not None else []) + (video_emb.skipped if video_emb is not None else [])

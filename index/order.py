@@ -5,8 +5,9 @@ A sorted search takes the best :data:`SORT_DEPTH` images that pass the filters, 
 ``min_score``, and orders the rest by capture time (the metadata's ``taken``: EXIF DateTimeOriginal, else the
 file's mtime; a video moment: its video's), ties broken by image id, then pages them: the list is the same
 whatever ``k`` and ``offset`` ask, so paging is stable. Images without a capture time come last (in id order),
-newest or oldest alike. Give ``min_score`` to sort only the relevant results: without it, the best
-:data:`SORT_DEPTH` results are sorted, relevant or not.
+newest or oldest alike. Without ``min_score`` the cut is the strong matches (``Gallery.search_images``,
+index/relevance.py's ``strong_match``), so the list holds what the query describes; ``min_score`` −1 sorts every
+result.
 """
 from __future__ import annotations
 

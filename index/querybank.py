@@ -37,14 +37,15 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from training.data.fileio import atomic_path
-from training.inference.querybank import (DEFAULT_BETA, caption_vectors, carried, fold_items, fold_queries, image_vectors,
-                                         item_offsets)
-from training.models.protocol import EmbeddingModel
+from training.inference.folding import DEFAULT_BETA, fold_items, fold_queries
+
+if TYPE_CHECKING:      # torch and the bank's embedding code are imported where a bank is made, not to search
+    from training.models.protocol import EmbeddingModel
 
 from .relevance import Descriptions, Reference, null_sentences, reference_rows
 
@@ -90,6 +91,10 @@ class QueryBank:
         return fold_items(vectors, self._offsets(role, vectors))
 
     def _offsets(self, role: str, vectors: np.ndarray) -> np.ndarray:
+        import torch
+
+        from training.inference.querybank import item_offsets
+
         bank = getattr(self, BANK_ROLE[role])
         return item_offsets(torch.from_numpy(bank), torch.from_numpy(vectors), self.beta).numpy()
 
@@ -283,6 +288,8 @@ def embed_bank_captions(model: EmbeddingModel, captions: list[str], progress: bo
 def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None = None) -> QueryBank | None:
     """The QueryBank of the bank ``model`` carries (its captions embedded, or read from the cache), or None when
     it carries none or is not a cosine model."""
+    from training.inference.querybank import caption_vectors, carried, image_vectors
+
     bank = carried(model)
     if bank is None or model.cfg.model.similarity != "cosine":
         return None

@@ -26,11 +26,14 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .faiss_index import VectorIndex, faiss, training_sample
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SEGMENTS = 8          # more after an update: the segments after the first are merged into one
 MAX_DELETED = 0.10        # more of the stored vectors deleted: all segments are merged and the deleted dropped

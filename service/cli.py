@@ -8,8 +8,11 @@ application: its commands module, ``training/cli.py``, whose commands import the
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
+from typing import NoReturn
 
 from index import cli as index_cli
 from training import cli as training_cli
@@ -17,12 +20,27 @@ from training import cli as training_cli
 from . import serve
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error for an unknown command or choice adds the closest known one ("did you mean:
+    search"); every subcommand's parser is one too (argparse makes subparsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            known = re.findall(r"'([^']*)'", found.group(2)) or [c.strip() for c in found.group(2).split(",")]
+            close = difflib.get_close_matches(found.group(1), known, n=1, cutoff=0.6)
+            if close:
+                message = f"{message}; did you mean: {close[0]}?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jointspace", description="image-text retrieval in a common vector space")
+    parser = _Parser(prog="jointspace", description="image-text retrieval in a common vector space")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    training_cli.add_commands(sub)
+    # what a user of the gallery runs first (index, serve), then training and research
     index_cli.add_commands(sub)
     serve.add_commands(sub)
+    training_cli.add_commands(sub)
     return parser
 
 

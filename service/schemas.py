@@ -84,10 +84,12 @@ class ImageSearch(Filters, Paging):
                             examples=[["bicycle"]])
     sort: Literal["relevance", "newest", "oldest"] = Field(
         "relevance", description=f"the results' order: `relevance` (best first), or by capture time, `newest` or "
-                                 f"`oldest` first — applied after `min_score`: the best {SORT_DEPTH:,} results that "
-                                 f"pass the filters and score at least `min_score`, in capture-time order (ties by "
-                                 f"id), then paged by `offset` and `k` (the same list for every page). Images without "
-                                 f"a capture time come last", examples=["newest"])
+                                 f"`oldest` first — applied after a relevance cut: of the best {SORT_DEPTH:,} results "
+                                 f"that pass the filters, those scoring at least `min_score`, or without `min_score` "
+                                 f"the strong matches (relevance at least {STRONG:g}, as `strong_match` says; an index "
+                                 f"without a reference set: all), in capture-time order (ties by id), then paged by "
+                                 f"`offset` and `k` (the same list for every page); `min_score: -1` sorts every "
+                                 f"result. Images without a capture time come last", examples=["newest"])
 
 
 class TextSearch(ImageSearch):

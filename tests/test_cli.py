@@ -65,6 +65,22 @@ def test_help_imports_none_of_the_model_code():
     assert shown.returncode == 0 and shown.stdout.strip() == "[]", shown.stderr
     helped = _run("--help")
     assert helped.returncode == 0 and "index" in helped.stdout and "serve" in helped.stdout
+    # the gallery's commands first, then training and research
+    commands = [line.split()[0] for line in helped.stdout.split("COMMAND\n", 1)[1].splitlines()
+                if line.startswith("    ") and not line.startswith("     ")]
+    assert commands[:3] == ["index", "serve", "synth"], commands
+
+
+def test_a_mistyped_command_gets_the_closest_one(capsys):
+    for argv, want in ((["index", "serch", "--index", "x"], "did you mean: search?"),
+                       (["indx"], "did you mean: index?"), (["index", "search", "--mode", "hybird"],
+                                                            "did you mean: hybrid?")):
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(argv)
+        assert exit_.value.code == 2 and want in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        cli_main(["index", "zzzzzz"])
+    assert "did you mean" not in capsys.readouterr().err               # nothing close: no guess
 
 
 def test_the_parser_shows_the_values_the_code_uses():
@@ -119,14 +135,14 @@ def test_remove_by_path_and_a_change_of_nothing_writes_no_generation(media, inde
     gallery.close()
     trip = sorted(r.path for r in rows if r.video_id is None and Path(r.path).parent.name == "trip")
     monkeypatch.chdir(photos)                                                  # a path as the user types it
-    assert cli_main(["index", "remove", "--index", str(index), os.path.relpath(trip[0], photos)]) == 0
+    assert cli_main(["index", "remove", "--index", str(index), os.path.relpath(trip[0], photos), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["removed_images"], report["removed_videos"]) == (1, 0) and report["generation"] != gen
     # a video: its moments and itself; a folder: what is under it; one unknown among them: said, exit 1
     assert cli_main(["index", "remove", "--index", str(index), "clip.webm", "trip", "gone.jpg"]) == 1
     captured = capsys.readouterr()
-    report = json.loads(captured.out)
-    assert (report["removed_images"], report["removed_videos"]) == (3 + 1, 1)
+    # said as a sentence, as build says what it did (--json: the counts)
+    assert captured.out.startswith(f"removed 4 images (1 video with their moments) from {index} (gen-")
     assert "not in the index: path gone.jpg" in captured.err
     gallery = Gallery.load(index)
     left = gallery.meta.all_images()
@@ -162,7 +178,7 @@ def test_a_file_from_outside_the_gallery_keeps_its_own_folder_name(index, tiny_m
     elsewhere.mkdir()
     photo = shutil.copy(sorted((synth_small / "images").glob("*.jpg"))[5], elsewhere / "found.jpg")
     assert cli_main(["index", "add", "--index", str(index), "--model", str(tiny_model_path), str(photo), "--quiet",
-                     "--workers", "0"]) == 0
+                     "--workers", "0", "--json"]) == 0
     new = json.loads(capsys.readouterr().out)["image_ids"]
     gallery = Gallery.load(index)
     folders = dict(gallery.photos.folder_counts())

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from training.evaluate import querybank_metrics, retrieval_metrics
-from training.inference.querybank import activation_set, dynamic_scores, fold_items, fold_queries, item_offsets
+from training.inference.folding import fold_items, fold_queries
+from training.inference.querybank import activation_set, dynamic_scores, item_offsets
 from training.models.factory import build_similarity
 
 

@@ -283,10 +283,11 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
     assert info["images"]["count"] == data.split("test").n_images
     assert info["captions"]["count"] == data.split("train").n_captions
     img = sorted((Path(synth_small) / "images").glob("*"))[0]
-    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(img), "--quiet"]) == 0
+    assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(img), "--quiet",
+                     "--json"]) == 0
     added = json.loads(capsys.readouterr().out)
     assert added["image_ids"] == [info["next_image_id"]]
-    assert cli_main(["index", "remove", "--index", str(out), "--ids", str(added["image_ids"][0])]) == 0
+    assert cli_main(["index", "remove", "--index", str(out), "--ids", str(added["image_ids"][0]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed_images"] == 1
     folder = tmp_path / "more"                      # a file given alone and inside its folder is added once
     folder.mkdir()
@@ -294,7 +295,7 @@ def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tm
         shutil.copy(p, folder / p.name)
     one = sorted(folder.iterdir())[0]
     assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(one), str(folder),
-                     "--quiet", "--workers", "0"]) == 0
+                     "--quiet", "--workers", "0", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["image_ids"]) == 2
     assert cli_main(["index", "info", "--index", str(tmp_path / "nothing")]) == 2
     assert "no jointspace index" in capsys.readouterr().err
@@ -369,3 +370,14 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     pixels = [upload_to_pixels(p, 50_000_000, model.preprocess) for p in paths]   # decoded as the service does
     np.testing.assert_allclose(engine.embed_pixels(pixels), img.numpy(), atol=1e-6, rtol=0)
     np.testing.assert_allclose(engine.embed_texts(texts[:5]), cap[:5].numpy(), atol=1e-6, rtol=0)
+
+
+def test_the_progress_bar_counts_images_not_batches(tiny_model_path, synth_small, capsys):
+    """`index build`'s bar says "7/7 images", not "4/4" batches of two, and is drawn before the first batch."""
+    from training.inference.embedding import embed_image_files
+    from training.models.checkpoint import load_model
+
+    paths = sorted((Path(synth_small) / "images").glob("*"))[:7]
+    embed_image_files(load_model(tiny_model_path), paths, batch_size=2, workers=0, progress=True)
+    err = capsys.readouterr().err
+    assert "0/7" in err and "7/7" in err and "image" in err and "batch" not in err and "/4" not in err

@@ -8,7 +8,7 @@ import torch
 
 from index.gallery import Gallery
 from index.query import ImageFilter, format_time
-from index.relevance import NULL_COUNT
+from index.relevance import NULL_COUNT, STRONG
 from index.samples import CAPTIONS, CLIPS, SAMPLES, write_samples
 from service.cli import main as cli_main
 from training.inference import pretrained
@@ -75,6 +75,18 @@ def test_index_build_and_search_use_the_shipped_model_by_default(shipped, demo, 
         assert cli_main(["index", "search", "--index", str(index), "--text", text, "--k", "1", "--media", "photo",
                          "--json"]) == 0
         assert Path(json.loads(capsys.readouterr().out)["results"][0]["path"]).name == want, text
+    # newest first lists what the query describes by date, not the whole gallery: the relevance cut (strong
+    # matches, index/relevance.py) comes first, so cat.jpg is on the first page; min_score chooses the cut instead
+    capsys.readouterr()
+    assert cli_main(["index", "search", "--index", str(index), "--text", "a cat", "--sort", "newest", "--json"]) == 0
+    newest = json.loads(capsys.readouterr().out)
+    assert "cat.jpg" in [Path(r["path"]).name for r in newest["results"]] and newest["strong_match"] is True
+    assert all(r["relevance"] >= STRONG for r in newest["results"])
+    times = [r["taken"] for r in newest["results"]]
+    assert times == sorted(times, reverse=True)
+    assert cli_main(["index", "search", "--index", str(index), "--text", "a cat", "--sort", "newest", "--min-score",
+                     "-1", "--k", "50", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["results"]) == gallery.images.ntotal      # every one, by date
     placeholder = (REPO / "service" / "static" / "index.html").read_text()
     assert 'placeholder="a cup of coffee"' in placeholder
     # a real model, not random weights: each query's photo is in its top 3 far more often than chance (3 of 14).

@@ -218,8 +218,8 @@ def test_the_embedded_bank_is_cached_per_model(model, synth_small, model_copy, t
         sizes.append(len(texts))
         return real(m, texts, **kw)
 
-    monkeypatch.setattr(index.embed, "embed_texts", counted)           # what the bank is embedded with
-    monkeypatch.setattr(index.gallery, "embed_texts", counted)         # what the gallery's captions are
+    # what the bank is embedded with, and the gallery's captions (index/gallery.py imports it where it embeds)
+    monkeypatch.setattr(index.embed, "embed_texts", counted)
     assert _build(tiny_model_path, synth_small, tmp_path / "b") == 0
     n_val = sum(len(r.captions) for r in load_dataset(synth_small).split("val").images)
     assert sizes == [n_val]
@@ -260,7 +260,7 @@ def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth
     extra = load_dataset(synth_small).split("train").images[0]
     capsys.readouterr()
     assert cli_main(["index", "add", "--index", str(out), "--model", str(tiny_model_path), str(extra.path),
-                     "--workers", "0", "--quiet"]) == 0
+                     "--workers", "0", "--quiet", "--json"]) == 0
     new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
     bank = model_bank(model)
     vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
@@ -357,10 +357,13 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     assert len(ra) == len(rb) == 5
     ga.close()
     gb.close()
-    # images added later are embedded with the index's augmentation
+    # images added later are embedded with the index's augmentation (a copy: the file itself is indexed already)
+    import shutil
+
     from index.gallery import add
 
-    report = add(flip, model, paths[:1], embedding=EmbedOptions(progress=False, workers=0))
+    copy = shutil.copy(paths[0], tmp_path / "copy.jpg")
+    report = add(flip, model, [copy], embedding=EmbedOptions(progress=False, workers=0))
     gb = Gallery.load(flip, model=model)
     assert np.allclose(gb.image_vector(report.image_ids[0]), gb.image_vector(0), atol=1e-5)
     gb.close()

@@ -36,7 +36,7 @@ def _photo(path: Path, seed: int, fmt="JPEG"):
 
 def _sync_cli(tiny_model_path, photos, out, capsys, *extra):
     rc = cli_main(["index", "sync", "--images", str(photos), "--index", str(out), "--model", str(tiny_model_path),
-                   "--quiet", "--workers", "0", *extra])
+                   "--quiet", "--workers", "0", "--json", *extra])
     captured = capsys.readouterr()
     return rc, (json.loads(captured.out) if rc == 0 else None), captured.err
 
@@ -185,3 +185,75 @@ def test_sync_killed_mid_write_leaves_the_previous_index(model, tiny_model_path,
     assert len(report.image_ids) == 1 and report.removed_images == 1
     assert sorted(_paths(out, model)) == ["p1.jpg", "p2.jpg", "p3.jpg"]
     assert not list(out.glob(".tmp-gen-*"))
+
+
+def test_a_file_is_indexed_once_however_its_path_is_spelled(model, tiny_model_path, tmp_path, capsys,
+                                                            monkeypatch):
+    """`index add` knows a file by its resolved path: adding one the index holds adds nothing and says so (a
+    relative, absolute, ./ or .. spelling, or a link to it); a changed one is embedded again in its place."""
+    photos = tmp_path / "photos"
+    for i, rel in enumerate(["a.jpg", "new/clock.jpg", "new/cup.jpg"]):
+        _photo(photos / rel, i)
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
+                     "--quiet", "--workers", "0", "--no-querybank", "--tta", "none", "--exclude", "new"]) == 0
+    capsys.readouterr()
+    add = ["index", "add", "--index", str(out), "--model", str(tiny_model_path), "--quiet", "--workers", "0"]
+    assert cli_main([*add, str(photos / "new")]) == 0
+    assert capsys.readouterr().out.startswith(f"added 2 photos to {out} (")
+    gen = current_generation(out)
+    monkeypatch.chdir(photos / "new")
+    (tmp_path / "link.jpg").symlink_to(photos / "new" / "clock.jpg")
+    for spelled in ("clock.jpg", "./clock.jpg", "../new/clock.jpg", str(photos / "new" / "clock.jpg"),
+                    str(tmp_path / "link.jpg")):
+        assert cli_main([*add, spelled]) == 0, spelled
+        captured = capsys.readouterr()
+        assert captured.out == f"nothing added: 1 file given is in the index already, as it is; {out} is unchanged\n"
+        assert f"already in the index, unchanged: {Path(spelled)}" in captured.err
+        assert current_generation(out) == gen
+    assert sorted(_paths(out, model)) == ["a.jpg", "new/clock.jpg", "new/cup.jpg"]
+    # one already there, one new: the new one is added, the other said
+    _photo(photos / "new" / "pen.jpg", 7)
+    assert cli_main([*add, "clock.jpg", "pen.jpg", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["image_ids"]) == 1 and report["already"] == ["clock.jpg"] and report["replaced"] == 0
+    # a changed file is embedded again in its place: one entry, a new id
+    old_id = _paths(out, model)["new/clock.jpg"].id
+    _photo(photos / "new" / "clock.jpg", 99)
+    assert cli_main([*add, "clock.jpg"]) == 0
+    assert "1 file changed since it was indexed: embedded again" in capsys.readouterr().out
+    rows = _paths(out, model)
+    assert sorted(rows) == ["a.jpg", "new/clock.jpg", "new/cup.jpg", "new/pen.jpg"] and rows["new/clock.jpg"].id != old_id
+
+
+def test_sync_removes_the_doubles_an_older_index_holds(model, tiny_model_path, tmp_path, capsys):
+    """An index written before files were known by their resolved path may hold one file twice (two ids, shown
+    twice in results and as an "identical" duplicate group); `index sync` keeps one entry and says how many
+    it removed."""
+    from index.changes import ChangeSet
+    from index.gallery import update
+
+    photos = tmp_path / "photos"
+    for i, rel in enumerate(["a.jpg", "b.jpg", "c.jpg"]):
+        _photo(photos / rel, i)
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--out", str(out),
+                     "--quiet", "--workers", "0", "--no-querybank", "--tta", "none"]) == 0
+    capsys.readouterr()
+    first = _paths(out, model)["b.jpg"].id
+    emb = embed_image_files(model, [photos / "b.jpg"], workers=0, progress=False)     # b.jpg, a second time
+    update(out, model.fingerprint, ChangeSet(image_vectors=emb.vectors,
+                                             image_rows=[(str((photos / "b.jpg").resolve()), emb.info[0])]))
+    g = Gallery.load(out, model=model)
+    held = sorted(Path(r.path).name for r in g.meta.all_images())
+    g.close()
+    assert held == ["a.jpg", "b.jpg", "b.jpg", "c.jpg"]
+    rc, counts, _ = _sync_cli(tiny_model_path, photos, out, capsys)
+    assert rc == 0 and counts["doubles_removed"] == 1 and counts["added"] == counts["removed"] == 0
+    rows = _paths(out, model)
+    assert sorted(rows) == ["a.jpg", "b.jpg", "c.jpg"] and rows["b.jpg"].id == first      # the first entry kept
+    rc, counts, _ = _sync_cli(tiny_model_path, photos, out, capsys)                       # and it stays so
+    assert rc == 0 and "doubles_removed" not in counts and counts["unchanged"] == 3
+    assert cli_main(["index", "sync", "--images", str(photos), "--index", str(out), "--model", str(tiny_model_path),
+                     "--quiet", "--workers", "0"]) == 0
+    assert capsys.readouterr().out == f"{out} already matches {photos}: 3 unchanged; nothing to change\n"

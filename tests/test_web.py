@@ -919,3 +919,46 @@ def test_words_only_finds_a_file_name_and_the_cards_show_the_words(photo_server,
     assert [i for i, _ in _hits(page)] == _ids(want) and _names(page)[0] == "p07.jpg"
     assert page.eval_on_selector_all(".hit .matched", "els => els.map(e => e.textContent)")[0] == "words: p, 07"
     assert _query_of(page)["match"] == "keyword"
+
+
+def test_an_index_without_captions_offers_none(photo_server, server, tab):
+    """A gallery indexed without a caption corpus (a user's own photos): the page does not offer "Captions for an
+    image", and a result opened larger shows no "Nearest captions" (no "No captions in the corpus." either) and
+    asks the API for none. With a corpus both are there."""
+    page = tab.open(photo_server.url)
+    _wait_ready(page)
+    assert httpx.get(photo_server.url + "/readyz").json()["captions"] == 0
+    assert page.is_hidden("#captions-toggle")
+    _search(page, "p07")
+    page.wait_for_function("() => document.querySelectorAll('.hit').length > 0")
+    page.locator(".hit").first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#detail[open]")
+    page.wait_for_function("() => document.getElementById('detail-title').textContent.length > 0")
+    assert page.is_hidden("#detail-captions") and page.is_hidden("#detail-captions-title")
+    assert "No captions in the corpus" not in page.inner_text("#detail")
+    assert not any("/v1/search/captions" in url for url in tab.requests)
+    page.keyboard.press("Escape")
+    other = Tab(tab.page.context)
+    try:
+        page = other.open(server.url)
+        _wait_ready(page)
+        assert page.is_visible("#captions-toggle")
+    finally:
+        other.page.close()
+
+
+def test_clear_filters_runs_the_search_again_without_them(server, tab):
+    """A search shown under `media=video` (none in this gallery: no results): "Clear filters" empties the controls
+    and runs the search again without them — the photos come back and `media` leaves the URL."""
+    page = tab.open(server.url, "/?q=" + QUERY.replace(" ", "%20") + "&media=video")
+    _wait_ready(page)
+    _wait_heading(page, "No")                           # nothing under that filter here
+    assert page.eval_on_selector_all(".hit", "els => els.length") == 0 and _query_of(page)["media"] == "video"
+    _open_panel(page, "filters")
+    page.click("#clear-filters")
+    page.wait_for_function("() => document.querySelectorAll('.hit').length > 0")
+    assert page.input_value("#media") == "" and "media" not in _query_of(page)
+    assert _query_of(page)["q"] == QUERY
+    want = _api(server, "/v1/search/images", json={"text": QUERY, "k": 10})
+    assert [i for i, _ in _hits(page)] == _ids(want)

@@ -11,6 +11,7 @@ const el = {
   textForm: $("text-form"), query: $("query"), queryNote: $("query-note"), searchButton: $("search-button"),
   toggles: [...document.querySelectorAll(".tools .toggle, #duplicates-toggle")], filtersCount: $("filters-count"),
   paraphraseToggle: $("paraphrase-toggle"), clearFilters: $("clear-filters"),
+  captionsToggle: $("captions-toggle"), dialogCaptionsTitle: $("detail-captions-title"),
   k: $("k"), subtract: $("subtract"), minScore: $("min-score"), folder: $("folder"), takenAfter: $("taken-after"),
   takenBefore: $("taken-before"), media: $("media"), mode: $("mode"), sort: $("sort"),
   duplicatesForm: $("duplicates"), duplicatesThreshold: $("duplicates-threshold"),
@@ -44,7 +45,7 @@ const MODES = ["hybrid", "keyword"];
 const modeOf = (value) => (MODES.includes(value) ? value : undefined);
 
 // strong: the relevance at which a hit is a strong match (/readyz's strong_relevance; null: hits have no relevance)
-const config = { ready: false, decoder: false, keyRequired: false, maxK: 100, maxText: 1000, images: null,
+const config = { ready: false, decoder: false, captions: 0, keyRequired: false, maxK: 100, maxText: 1000, images: null,
                  videos: null, strong: null };
 let action = null;            // AbortController of the search whose results the page is waiting for
 let releases = [];            // revoke() of every blob: URL the results show
@@ -209,6 +210,10 @@ function configure(ready) {
   fillK(config.maxK);
   el.status.textContent = readyText(ready);
   el.paraphraseToggle.hidden = !config.decoder;
+  // an index without a caption corpus has no captions to rank: captions for an image (unless a decoder writes
+  // them) and a result's nearest captions are not offered
+  config.captions = ready.captions ?? 0;
+  el.captionsToggle.hidden = !config.captions && !config.decoder;
   setScoreRange(ready.similarity);
   setControls(true);
   if (config.keyRequired && !auth.key) {
@@ -317,7 +322,13 @@ for (const control of [el.media, el.folder, el.takenAfter, el.takenBefore, el.su
   control.addEventListener("change", countFilters);
 }
 
-el.clearFilters.addEventListener("click", () => showOptions({}, k()));
+// "Clear filters": the controls back to none, and the search on screen run again without them (its results and
+// its URL: no `media=video` left behind)
+el.clearFilters.addEventListener("click", () => {
+  showOptions({}, k());
+  const query = shown?.query;
+  if (query && query.kind !== "upload") search({ ...query, k: k(), offset: 0, options: refinements() });
+});
 
 // The URL of a search (none for an uploaded photo's), with the result the detail view shows.
 function urlOf(query, open = null) {
@@ -677,8 +688,9 @@ async function openDetail(index, { history = "push" } = {}) {
   el.dialogImage.removeAttribute("src");
   el.dialogImage.alt = title(hit);
   el.dialogError.hidden = true;
-  el.dialogCaptions.replaceChildren(h("li", { class: "loading", text: "Finding captions…" }));
-  el.dialogCaptions.setAttribute("aria-busy", "true");
+  el.dialogCaptions.hidden = el.dialogCaptionsTitle.hidden = !config.captions;
+  el.dialogCaptions.replaceChildren(config.captions ? h("li", { class: "loading", text: "Finding captions…" }) : "");
+  el.dialogCaptions.setAttribute("aria-busy", String(Boolean(config.captions)));
   if (query.kind !== "upload") {
     const mode = moving && history === "push" ? "replace" : history;      // moving within the view: one entry
     setURL(urlOf(query, hit.id), mode, mode === "push" || window.history.state?.detail ? { detail: true } : null);
@@ -689,6 +701,7 @@ async function openDetail(index, { history = "push" } = {}) {
   }
   if (isMoment(hit)) showMoment(hit, signal);
   else showImage(el.dialogImage, hit.id, LARGE, signal);
+  if (!config.captions) return;           // no caption corpus: nothing to rank
   try {
     const { results } = await requestJSON("v1/search/captions",
                                           { json: { image_id: hit.id, k: Math.min(DETAIL_CAPTIONS, config.maxK) }, signal });

@@ -300,8 +300,10 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
             vectors.append(rows)
             kept.extend(idx)
             info.extend(extra)
-    for idx, pixels, bad, extra, nothing in tqdm(decoding, total=len(decoding), desc="embedding images",
-                                                 unit="batch", disable=not progress):
+    # counts images, not batches (a bar of "6/6" says little of 42 photos); drawn at 0 before the first batch
+    bar = tqdm(total=len(paths), desc="embedding images", unit="image", disable=not progress)
+    for idx, pixels, bad, extra, nothing in decoding:
+        bar.update(len(idx) + len(bad) + len(nothing))
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
         if pixels is None:
@@ -310,6 +312,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
             on_batch(idx, extra)
         done(flight.push(pixels, (idx, extra)))
     done(flight.drain())
+    bar.close()
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)
     return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed,
                           flight.timeline)

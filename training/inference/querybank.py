@@ -58,10 +58,9 @@ from training.data.fileio import atomic_path
 from training.data.sources import ImageSource, image_source
 from training.inference.embedding import embed_image_source, embed_texts
 from training.models.protocol import EmbeddingModel
+from .folding import DEFAULT_BETA
 
-# --- the correction ---------------------------------------------------------------------------------------------------
-
-DEFAULT_BETA = 20.0          # QB-Norm §4: inverse temperature of the inverted softmax, 20 in their experiments
+# --- the correction (folded into one inner product by folding.py) ---------------------------------------------------
 
 
 @torch.no_grad()
@@ -81,17 +80,6 @@ def item_offsets(bank: torch.Tensor, items: torch.Tensor, beta: float = DEFAULT_
         s = beta * (bank[start:start + block].float() @ items.t())            # (b, N)
         total = torch.logaddexp(total, torch.logsumexp(s, dim=0))
     return (total - math.log(bank.shape[0])) / beta
-
-
-def fold_items(vectors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Item vectors with the offset as one extra coordinate: ``[v, −o]`` ``(N, D + 1)``."""
-    return np.ascontiguousarray(np.concatenate([vectors, -offsets.reshape(-1, 1)], axis=1), dtype=np.float32)
-
-
-def fold_queries(vectors: np.ndarray) -> np.ndarray:
-    """Query vectors with a constant 1 appended: ``[q, 1] · [v, −o] = q · v − o``."""
-    return np.ascontiguousarray(np.concatenate([vectors, np.ones((len(vectors), 1), vectors.dtype)], axis=1),
-                                dtype=np.float32)
 
 
 # --- the dynamic inverted softmax -------------------------------------------------------------------------------

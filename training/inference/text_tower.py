@@ -1,0 +1,243 @@
+"""A model's text tower for queries, run by ONNX Runtime without torch: what ``jointspace index search --text``
+needs of a model (a sentence → its vector in the common space), loaded in a fraction of a second and a fraction of
+the memory of the whole model (a CUDA build of torch alone maps about 800 MB and takes seconds to import; the
+image backbones more).
+
+:func:`prepare` converts the text side of a loaded model — its text encoder and text projection
+(``model.project_texts``), one sentence a run — into an ONNX graph, with the encoder's tokenizer beside it, and
+keeps them under ``$JOINTSPACE_CACHE/text`` (default ``~/.cache/jointspace/text``), one folder per model file
+(the sha256 of its bytes) and format: a conversion runs once per model file, the way the image backends'
+(``backend.py``) do. A folder is written whole under a temporary name and renamed, so a reader never sees half
+of one. A conversion is checked before it is kept: on probe sentences (short, long, past the token limit, with
+words to subtract) the graph's vectors must agree with eager PyTorch's (``embedding.embed_texts``) to a cosine of
+:data:`AGREEMENT`, and its token ids must be the encoder's. A model whose text side cannot be run so (an encoder
+without its own tokenizer, region attention, an ensemble, a conversion that disagrees) gets a folder that says
+why, and its queries are embedded by the whole model in PyTorch, as before.
+
+:func:`load` reads a prepared folder (None when there is none) into a :class:`TextTower`, whose
+:meth:`TextTower.embed` is ``embedding.embed_texts`` for one query: ``normalise(r(text) − Σ r(w))`` (W2VV §IV-C
+for the words to subtract), normalised as the model's similarity normalises.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from training.models.protocol import EmbeddingModel
+
+FORMAT = 1                  # of the cached folders: bump to convert every model again
+OPSET = 17
+AGREEMENT = 0.9999          # a conversion is kept when every probe's vector has at least this cosine with PyTorch's
+PROBES = ("a cat", "x", "two dogs play in the snow beside a red barn on a winter afternoon",
+          "a photo of " * 120)                              # the last one past MiniLM's 256-token limit
+PROBE_SUBTRACT = (("a dog on a beach", ("dog",)), ("a city street at night", ("cars", "rain")))
+
+
+def cache_root() -> Path:
+    """Where converted text towers are kept: ``$JOINTSPACE_CACHE/text`` (``~/.cache/jointspace/text``)."""
+    return Path(os.environ.get("JOINTSPACE_CACHE") or Path.home() / ".cache" / "jointspace") / "text"
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in blocks (a 43 MB model.pt: about 0.05 s)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def folder_for(model_path: str | Path, root: Path | None = None) -> Path:
+    """The cache folder of the model file ``model_path``'s text tower (it need not exist)."""
+    return (cache_root() if root is None else root) / f"{file_digest(model_path)[:32]}-f{FORMAT}"
+
+
+def normalize(x: np.ndarray, similarity: str) -> np.ndarray:
+    """Rows normalised as the model's similarity does (similarity.py): L2 (``F.normalize``), then ``abs`` for the
+    order embedding (STT eq. 9)."""
+    out = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return np.abs(out) if similarity == "order" else out
+
+
+@dataclass
+class TextTower:
+    """A prepared text tower: ``session`` maps one sentence's token ids ``(1, T)`` to its projected vector ``(1, E)``
+    (before normalisation); ``tokenizer`` (the ``tokenizers`` library's) and ``max_tokens`` make the ids as the
+    encoder does."""
+    session: Any
+    tokenizer: Any
+    max_tokens: int
+    fingerprint: str            # of the model it was converted from: an index checks it as it checks a model's
+    similarity: str
+    dim: int
+
+    def ids(self, text: str) -> list[int]:
+        """WordPiece ids ``[CLS] … [SEP]``, cut to ``max_tokens``, the [SEP] kept (``MiniLMEncoder.encode_text``)."""
+        ids = self.tokenizer.encode(text).ids
+        return ids[:self.max_tokens - 1] + ids[-1:] if len(ids) > self.max_tokens else ids
+
+    def project(self, texts: Sequence[str]) -> np.ndarray:
+        """Sentences → projected vectors ``(n, E)`` float32, not normalised (one run a sentence: no padding)."""
+        rows = [self.session.run(None, {"ids": np.asarray([self.ids(t)], dtype=np.int64)})[0][0] for t in texts]
+        return np.asarray(rows, dtype=np.float32).reshape(len(rows), self.dim)
+
+    def embed(self, texts: Sequence[str], subtract: Sequence[Sequence[str]] = ()) -> np.ndarray:
+        """``embedding.embed_texts``: sentences (each with its words to subtract) → normalised vectors ``(n, E)``."""
+        words = [list(w) for w in subtract] if subtract else [[] for _ in texts]
+        if len(words) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(words)} lists of words to subtract")
+        queries = self.project(texts)
+        for row, ws in enumerate(words):
+            if ws:
+                queries[row] = queries[row] - self.project(ws).sum(0)
+        return normalize(queries, self.similarity).astype(np.float32)
+
+
+def load(model_path: str | Path, root: Path | None = None) -> TextTower | None:
+    """The prepared text tower of the model file ``model_path``; None when none is prepared, or when the folder
+    says this model's text side runs in PyTorch only (``unsupported``)."""
+    folder = folder_for(model_path, root)
+    try:
+        facts = json.loads((folder / "tower.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if facts.get("unsupported") or facts.get("format") != FORMAT:
+        return None
+    return _open(folder, facts)
+
+
+def _open(folder: Path, facts: dict) -> TextTower:
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # the graph is kept optimised (_convert): reading it back needs no optimisation pass
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(folder / "text.onnx"), options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return TextTower(session, tokenizer, int(facts["max_tokens"]), facts["fingerprint"], facts["similarity"],
+                     int(facts["dim"]))
+
+
+def prepared(model_path: str | Path, root: Path | None = None) -> bool:
+    """Whether :func:`prepare` has run for this model file (a tower, or a folder saying why there is none)."""
+    return (folder_for(model_path, root) / "tower.json").is_file()
+
+
+def unsupported_reason(model: EmbeddingModel) -> str | None:
+    """Why ``model``'s text side cannot run as a :class:`TextTower`, or None."""
+    encoder = getattr(model, "text_encoder", None)
+    if encoder is None:
+        return "an ensemble (several text encoders)"
+    if getattr(model, "attention", None) is not None:
+        return "region attention scores words against regions"
+    if not getattr(encoder, "tokenizes", False) or not hasattr(encoder, "tokenizer_json"):
+        return f"its text encoder ({type(encoder).__name__}) reads the model's vocabulary, not a tokenizer of its own"
+    if model.cfg.model.similarity not in ("cosine", "order"):
+        return f"similarity {model.cfg.model.similarity}"
+    return None
+
+
+def prepare(model: EmbeddingModel, model_path: str | Path, root: Path | None = None) -> TextTower | None:
+    """Converts ``model``'s text tower (read from ``model_path``) and keeps it in the cache (see the module's
+    docstring); returns it loaded, or None when this model's text side runs in PyTorch only (the folder says
+    why) or the cache cannot be written."""
+    folder = folder_for(model_path, root)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    try:
+        reason = unsupported_reason(model)
+        facts: dict[str, Any] = {"format": FORMAT, "fingerprint": model.fingerprint,
+                                 "similarity": model.cfg.model.similarity, "dim": model.cfg.model.embed_dim}
+        if reason is None:
+            reason = _convert(model, scratch, facts)
+        if reason is not None:
+            facts = {"format": FORMAT, "unsupported": reason}
+        (scratch / "tower.json").write_text(json.dumps(facts, indent=1))
+        try:
+            os.rename(scratch, folder)
+        except OSError:                  # another process prepared it meanwhile: theirs is as good
+            shutil.rmtree(scratch, ignore_errors=True)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    return load(model_path, root)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporter's warnings (Python's and its C++ ones, written to file descriptor 2) kept off the terminal: a
+    conversion is checked by its result (:func:`_convert`), not by what the tracer says on the way."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
+    """Writes ``text.onnx`` and ``tokenizer.json`` into ``scratch`` and checks them (None), or says why not."""
+    import torch
+    from torch import nn
+
+    from training.models.encoder_state import unpack_json
+    from .embedding import embed_texts
+
+    encoder: Any = cast(Any, model).text_encoder
+    spec = unpack_json(encoder.tokenizer_json)
+    if spec is None:
+        return "its text encoder holds no tokenizer"
+    (scratch / "tokenizer.json").write_text(json.dumps(spec))
+    facts["max_tokens"] = int(encoder.max_tokens)
+
+    class Tower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return cast(Any, self.model).project_texts(ids, (ids >= 0).sum(1))     # one sentence: no padding
+
+    model.eval()
+    example = torch.tensor([cast(Any, model).encode_text_ids(["a dog runs on the beach"])[0]], dtype=torch.long)
+    raw = scratch / "raw.onnx"
+    with torch.no_grad(), _quiet():
+        torch.onnx.export(Tower().eval(), (example,), str(raw), dynamo=False, input_names=["ids"],
+                          output_names=["projected"], opset_version=OPSET,
+                          dynamic_axes={"ids": {1: "tokens"}, "projected": {0: "batch"}})
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(scratch / "text.onnx")    # saved optimised: quick to load
+    ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
+    raw.unlink()
+    tower = _open(scratch, facts)
+    texts = [*PROBES, *(t for t, _ in PROBE_SUBTRACT)]
+    words: list[list[str]] = [[] for _ in PROBES] + [list(w) for _, w in PROBE_SUBTRACT]
+    if any(tower.ids(t) != ids for t, ids in zip(texts, cast(Any, model).encode_text_ids(texts))):
+        return "the tokenizer's ids differ from the text encoder's"
+    with torch.no_grad():
+        expected = embed_texts(model, texts, words).cpu().numpy()
+    agreement = float((tower.embed(texts, words) * expected).sum(1).min())
+    if not agreement >= AGREEMENT:
+        return f"the converted graph disagrees with PyTorch (cosine {agreement:.6f} < {AGREEMENT})"
+    return None

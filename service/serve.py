@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from index.cli import BACKENDS                  # the parser is built without torch (index/cli.py's copy)
+    from training.inference.names import BACKENDS   # torch-free: the parser is built without the model code
 
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "

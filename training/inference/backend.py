@@ -55,9 +55,10 @@ from torch import nn
 
 from training.models.protocol import EmbeddingModel, has_attention
 
-BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")
-AUTO = ("openvino", "onnxruntime")   # what auto tries on a CPU, fastest first (docs/benchmarks.md#inference-backends)
-ENV = "JOINTSPACE_BACKEND"
+from .names import AUTO_CPU as AUTO
+from .names import BACKEND_ENV as ENV
+from .names import BACKENDS
+
 FORMAT = 2                           # of the cached graphs: bump to convert every model again (2: uint8 input)
 OPSET = 17                           # ONNX opset of the exported graphs
 # a conversion is kept when every probe row's features have at least this cosine with eager PyTorch's

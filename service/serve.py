@@ -24,8 +24,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, help="port (env JOINTSPACE_PORT, default 8000)")
     p.add_argument("--device", help="auto | cpu | cuda (env JOINTSPACE_DEVICE)")
     p.add_argument("--backend", choices=BACKENDS, help="what runs the image backbones: auto (OpenVINO, else ONNX "
-                                                       "Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
-                                                       "openvino-bf16 or onnxruntime (env JOINTSPACE_BACKEND)")
+                                                       "Runtime, on a CPU; cuda on a CUDA device), eager, openvino, "
+                                                       "openvino-bf16, onnxruntime or cuda (env JOINTSPACE_BACKEND)")
     p.add_argument("--no-batching", dest="batching", action="store_const", const=False,
                    help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
     p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from training.inference.names import BACKENDS
 from training.inference.shapes import bucket_sizes
 
 
@@ -20,10 +21,10 @@ class Settings(BaseSettings):
     port: int = 8000
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="where the encoders and FAISS run; auto = cuda when available")
-    backend: str = Field("auto", pattern="^(auto|eager|openvino|openvino-bf16|onnxruntime)$",
+    backend: str = Field("auto", pattern=f"^({'|'.join(BACKENDS)})$",
                          description="what runs the image backbones (training/inference/backend.py): auto (OpenVINO, "
-                                     "else ONNX Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
-                                     "openvino-bf16 or onnxruntime; one that fails to load falls back to eager")
+                                     "else ONNX Runtime, on a CPU; cuda on a CUDA device), eager, openvino, "
+                                     "openvino-bf16, onnxruntime or cuda; one that fails to load falls back to eager")
     # dynamic batching
     batching: bool = Field(True, description="false: every request is its own forward pass (max_batch = 1)")
     max_batch: int = Field(64, ge=1, le=4096, description="most requests encoded in one forward pass")

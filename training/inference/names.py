@@ -1,16 +1,17 @@
 """The names of the inference settings, defined once and torch-free: the command lines (``index/cli.py``,
 ``service/serve.py``), the service's settings and the modules that implement them (``backend.py``,
-``training/data/tensor_views.py``) all import them from here, so ``jointspace --help`` builds its parser without
+``training/inference/tensor_views.py``) all import them from here, so ``jointspace --help`` builds its parser without
 importing the model code.
 
 * :data:`BACKENDS` — what runs the image tower (``--backend``, ``JOINTSPACE_BACKEND``; training/inference/backend.py);
 * :data:`DECODES` — where images to embed are decoded and cut into views (``--decode``, ``JOINTSPACE_DECODE``;
-  training/data/tensor_views.py).
+  training/inference/tensor_views.py).
 """
 from __future__ import annotations
 
-BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")
+BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime", "cuda")
 AUTO_CPU = ("openvino", "onnxruntime")   # what auto tries on a CPU, fastest first (docs/benchmarks.md#inference-...)
+AUTO_CUDA = ("cuda",)                    # what auto tries on a CUDA device
 BACKEND_ENV = "JOINTSPACE_BACKEND"
 
 DECODES = ("auto", "pil", "torch")       # auto: torch on a CUDA device, PIL on a CPU

@@ -26,9 +26,9 @@ VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video_deco
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
 DUPLICATE_THRESHOLD = 0.85       # index.duplicates.DEFAULT_THRESHOLD
-BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
-                "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
-                "(env JOINTSPACE_BACKEND; docs/index.md)")
+BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; cuda on a CUDA device), "
+                "eager, openvino, openvino-bf16, onnxruntime or cuda (float16, BatchNorm folded, CUDA graphs); a "
+                "backend that fails to load falls back to eager (env JOINTSPACE_BACKEND; docs/index.md)")
 DECODE_HELP = ("where photos are decoded and cut into views: auto (torch on a CUDA device, else pil), pil (Pillow in "
                "the decoding workers) or torch (plain JPEGs on the model's device; other files by Pillow) "
                "(env JOINTSPACE_DECODE; docs/index.md)")
@@ -673,6 +673,9 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
     path = Path(image)
     if not path.is_file():
         raise FileNotFoundError(f"no image file at {image}")
+    pixels = _torch_query_pixels(model, path)
+    if pixels is not None:
+        return example_queries(model.eval(), pixels.unsqueeze(0), [((), tuple(subtract))]).cpu().numpy()
     try:
         picture = open_image(path, embed_side(model.preprocess))
     except UnsupportedImageError as err:
@@ -682,6 +685,18 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
         raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
     pixels = model.preprocess.pixels(picture).unsqueeze(0)
     return example_queries(model.eval(), pixels, [((), tuple(subtract))]).cpu().numpy()
+
+
+def _torch_query_pixels(model: EmbeddingModel, path: Path):
+    """A query image that is a plain JPEG, decoded and cut into views on the model's device when the decode setting
+    says so (``tensor_views.torch_pixels``: on CUDA by default); None: Pillow's to decode."""
+    from training.inference.embedding import device_of
+    from training.inference.tensor_views import decode_choice, torch_pixels
+
+    device = device_of(model)
+    if decode_choice(device) != "torch":
+        return None
+    return torch_pixels(model.preprocess, path.read_bytes(), device, decode="torch")
 
 
 def cmd_remove(args) -> int:

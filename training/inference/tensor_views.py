@@ -9,7 +9,8 @@ The setting (:func:`decode_choice`; ``--decode``, ``JOINTSPACE_DECODE``; names i
   a DCT scale, ``preprocess.decode_image``);
 * ``torch``: a JPEG's bytes decoded by ``torchvision.io.decode_jpeg`` on the device (nvJPEG on CUDA, libjpeg-turbo on
   a CPU), a batch at once; turned upright by its EXIF orientation, then resized with antialiasing (bilinear, as
-  ``Preprocess`` resizes), cropped and mirrored in torch straight to each backbone's side and the model's uint8
+  ``Preprocess`` resizes; a large photo first box-reduced by the factor the PIL path's DCT scale and reduction
+  take, :func:`shrunk`), cropped and mirrored in torch straight to each backbone's side and the model's uint8
   layout (:func:`tensor_views`, the views ``pixels`` makes: one crop, five or ten, a stacked preprocessing's members
   in the top-left corner of the largest side, ``MirroredViews`` for ``--tta``).
 
@@ -33,7 +34,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from training.data.preprocess import (MirroredViews, Preprocess, StackedPreprocess, check_geometry, resized_size)
+from training.data.preprocess import (REDUCING_GAP, MirroredViews, Preprocess, StackedPreprocess, check_geometry,
+                                      dct_scale, embed_side, resized_size)
 
 from .names import DECODE_ENV, DECODES, choice
 
@@ -56,10 +58,11 @@ _SOF_OTHER = frozenset({0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0x
 
 
 def plain_jpeg(data: bytes) -> bool:
-    """Whether ``data`` is a JPEG the device decodes: its first frame header (SOF) is baseline or extended
-    sequential Huffman, 8 bits a sample, with 1 (grey) or 3 components (YCbCr). Reads the markers up to that header
-    only; False for anything else (another format, progressive, CMYK/YCCK, 12 bits, a damaged header)."""
-    if data[:2] != b"\xff\xd8":
+    """Whether ``data`` is a JPEG the device decodes: whole (it ends in the end-of-image marker: a truncated file is
+    Pillow's, which refuses it), its first frame header (SOF) baseline or extended sequential Huffman, 8 bits a
+    sample, with 1 (grey) or 3 components (YCbCr). Reads the markers up to that header only; False for anything
+    else (another format, progressive, CMYK/YCCK, 12 bits, a damaged header, bytes after the image)."""
+    if data[:2] != b"\xff\xd8" or data[-2:] != b"\xff\xd9":
         return False
     at = 2
     while at + 4 <= len(data):
@@ -149,14 +152,29 @@ def decode_batch(encoded: Sequence[EncodedJPEG], device: torch.device | str) -> 
     return [upright(im, e.orientation) for im, e in zip(images, encoded)]
 
 
+def shrunk(image: torch.Tensor, min_side: int | None) -> torch.Tensor:
+    """uint8 ``(3, H, W)`` reduced as the PIL path shrinks a JPEG while decoding it (``preprocess.decode_image``
+    with ``min_side``: a DCT scale, ``dct_scale``, then ``reduce_to``'s integer factor), by box averages of the
+    same factor; float32 when reduced (the resize that follows rounds once), else the image itself."""
+    if min_side is None:
+        return image
+    height, width = image.shape[-2:]
+    scale = dct_scale((width, height), min_side)
+    reduce = min(-(-height // scale), -(-width // scale)) // (REDUCING_GAP * min_side)
+    factor = scale * (reduce if reduce >= 2 else 1)
+    if factor == 1:
+        return image
+    return torch.nn.functional.avg_pool2d(image[None].float(), factor, factor, ceil_mode=True)[0]
+
+
 def _resized(image: torch.Tensor, side: int, min_side: int) -> torch.Tensor:
-    """uint8 ``(3, H, W)`` with its shorter side resized to ``side`` (the longer truncated, as ``Preprocess``
-    resizes), bilinear with antialiasing in float32, rounded back to uint8."""
+    """``(3, H, W)`` (uint8, or float32 from :func:`shrunk`) with its shorter side resized to ``side`` (the longer
+    truncated, as ``Preprocess`` resizes), bilinear with antialiasing in float32, rounded to uint8."""
     height, width = image.shape[-2:]
     check_geometry((width, height), min_side)
     w, h = resized_size((width, height), side)
     if (h, w) == (height, width):
-        return image
+        return image if image.dtype == torch.uint8 else image.round().clamp_(0, 255).to(torch.uint8)
     out = torch.nn.functional.interpolate(image[None].float(), size=(h, w), mode="bilinear", antialias=True,
                                           align_corners=False)[0]
     return out.round_().clamp_(0, 255).to(torch.uint8)
@@ -196,7 +214,9 @@ def _views(pre: Any, image: torch.Tensor, mirrored: bool) -> list[torch.Tensor]:
 
 def tensor_views(preprocess: Any, image: torch.Tensor) -> torch.Tensor:
     """``preprocess.pixels`` of an upright RGB uint8 image ``(3, H, W)`` in torch, on the image's device: uint8
-    ``(crops, C, S, S)`` (``Preprocess``, ``StackedPreprocess`` or ``MirroredViews`` of either)."""
+    ``(crops, C, S, S)`` (``Preprocess``, ``StackedPreprocess`` or ``MirroredViews`` of either), the image first
+    shrunk as the PIL path decodes an image to embed (:func:`shrunk`, ``embed_side``)."""
+    image = shrunk(image, embed_side(preprocess))
     if isinstance(preprocess, MirroredViews):
         return torch.cat([v for b in preprocess._bases for v in _views(b, image, mirrored=True)])
     return _views(preprocess, image, mirrored=False)[0]
@@ -212,3 +232,15 @@ def image_tensor(image: Image.Image, device: torch.device | str) -> torch.Tensor
     """A PIL image (e.g. a video frame) → RGB uint8 ``(3, H, W)`` on ``device``, for :func:`tensor_views`."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     return TF.pil_to_tensor(rgb).to(device, non_blocking=True)
+
+
+def torch_pixels(preprocess: Any, data: bytes, device: torch.device | str, max_pixels: int | None = None,
+                 decode: str | None = None) -> torch.Tensor | None:
+    """One image's ``preprocess.pixels`` ``(crops, C, S, S)`` made on ``device`` when the setting is ``torch`` there
+    (:func:`decode_choice`) and ``data`` is a plain JPEG — its header checked first (``ImageGeometryError``); None
+    when it is Pillow's to decode (the caller's own path). What an upload, a query image and a Ray actor's file
+    take on a CUDA host."""
+    if decode_choice(device, decode) != "torch":
+        return None
+    encoded = encoded_jpeg(data, preprocess.min_side, max_pixels)
+    return None if encoded is None else encoded_pixels(preprocess, [encoded], device)[0]

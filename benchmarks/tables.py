@@ -713,6 +713,21 @@ def t_decode_ranking() -> str:
                     f"{'on' if s['shrink_to_embed'] else 'off'}.")
 
 
+def t_decode_ranking_torch() -> str:
+    """Flickr8k dev ranked through the index's path decoded by Pillow and by torch (decode_ranking.py --compare)."""
+    data = load("decode_ranking_torch.json")
+    rows = data["rows"]
+    cells = [[r["images"], f(r["pil"]["rsum"], 2), f(r["torch"]["rsum"], 2), f(r["difference"], 2),
+              f(r["pixels"]["mean_abs"], 3), str(r["pixels"]["max_abs"]),
+              f'{join(r["torch"]["i2t"])}; {join(r["torch"]["t2i"])}'] for r in rows]
+    table = with_provenance(["dev images", "R-sum, PIL decode", "R-sum, torch decode", "difference",
+                             "pixels: mean abs. difference", "largest", "torch: i2t R@1/5/10; t2i R@1/5/10"],
+                            cells, rows, data, right={1, 2, 3, 4, 5})
+    s = data["summary"]
+    return table + (f"\n\nImage backend: {data['backend']}; torch {data['torch']}. Target: {s['target']} — "
+                    f"largest difference {s['largest_difference']:.2f}: {'met' if s['met'] else 'not met'}.")
+
+
 def t_duplicates() -> str:
     """Near-duplicate groups on generated copies of real photos (benchmarks/duplicates.py)."""
     data = load("duplicates.json")
@@ -853,6 +868,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode_throughput_cpu": t_decode_throughput_cpu,
     "hostile_media": t_hostile_media,
     "decode_ranking": t_decode_ranking,
+    "decode_ranking_torch": t_decode_ranking_torch,
     "duplicates": t_duplicates,
 }
 

@@ -216,3 +216,42 @@ def test_index_build_with_torch_decoding_embeds_as_with_pil(tiny_model_path, syn
             gallery.close()
     assert rows["pil"] == rows["torch"] and len(rows["pil"]) == 13
     assert (vectors["pil"] * vectors["torch"]).sum(1).min() > 0.99
+
+
+def test_an_upload_under_torch_decoding_gets_the_same_pixels_and_the_same_errors(monkeypatch, tmp_path):
+    from service.images import ImageError, upload_to_pixels
+
+    cpu = torch.device("cpu")
+    data = (PHOTOS / "cat.jpg").read_bytes() if (PHOTOS / "cat.jpg").is_file() else _jpeg(_photo_like(300, 451))
+    monkeypatch.delenv("JOINTSPACE_DECODE", raising=False)
+    pil = upload_to_pixels(data, 50_000_000, SHIPPED, cpu)            # a CPU's default: Pillow, as before
+    assert torch.equal(pil, upload_to_pixels(data, 50_000_000, SHIPPED))
+    monkeypatch.setenv("JOINTSPACE_DECODE", "torch")
+    got = upload_to_pixels(data, 50_000_000, SHIPPED, cpu)
+    assert got.device == cpu and got.shape == pil.shape and (got.int() - pil.int()).abs().max() <= 6
+    path = tmp_path / "query.jpg"
+    path.write_bytes(data)
+    assert torch.equal(upload_to_pixels(path, 50_000_000, SHIPPED, cpu), got)     # a gallery file, the same
+    with pytest.raises(ImageError) as refused:                        # the geometry, from the header: 413
+        upload_to_pixels(_jpeg(_photo_like(8, 800)), 50_000_000, SHIPPED, cpu)
+    assert refused.value.status == 413
+    with pytest.raises(ImageError) as refused:                        # too many pixels for this service: 413
+        upload_to_pixels(data, 1000, SHIPPED, cpu)
+    assert refused.value.status == 413
+    with pytest.raises(ImageError) as truncated:                      # not whole: Pillow's, which refuses it
+        upload_to_pixels(data[:len(data) // 2], 50_000_000, SHIPPED, cpu)
+    assert truncated.value.status == 400
+    assert torch.equal(upload_to_pixels(_png(), 50_000_000, SHIPPED, cpu), upload_to_pixels(_png(), 50_000_000, SHIPPED))
+
+
+def test_a_query_image_under_torch_decoding_gives_the_same_features(monkeypatch):
+    from training.inference.compose import image_features_of
+    from training.models.checkpoint import load_model
+
+    model = load_model(REPO / "training" / "pretrained" / "flickr8k.pt")
+    photo = photos()[0]
+    monkeypatch.delenv("JOINTSPACE_DECODE", raising=False)
+    pil = image_features_of(model, photo)
+    monkeypatch.setenv("JOINTSPACE_DECODE", "torch")
+    got = image_features_of(model, photo)
+    assert torch.nn.functional.cosine_similarity(got, pil, dim=0) > 0.999

@@ -93,12 +93,13 @@ def _open_raw_file(path: Path, max_pixels: int, min_side: int | None) -> Image.I
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess,
-                     device: torch.device | None = None) -> torch.Tensor:
+                     device: torch.device | None = None, decode: str | None = None) -> torch.Tensor:
     """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels on the CPU: its size checked
     for the preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``), then
     preprocessed as in training. With the model's ``device``: a plain JPEG decoded and cut into views there when
-    the decode setting says so (``tensor_views.torch_pixels``: on CUDA by default)."""
-    if device is not None and decode_choice(device) == "torch":
+    the decode setting (``decode``, the service's ``JOINTSPACE_DECODE``) says so (``tensor_views.torch_pixels``: on
+    CUDA by default)."""
+    if device is not None and decode_choice(device, decode) == "torch":
         raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
         try:
             pixels = torch_pixels(preprocess, raw, device, max_pixels, "torch")

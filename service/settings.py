@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from training.inference.names import BACKENDS
+from training.inference.names import BACKENDS, DECODES
 from training.inference.shapes import bucket_sizes
 
 
@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
     decode_workers: int = Field(0, ge=0, description="threads that decode and preprocess uploaded images (0 = 2 "
                                                      "when the model runs on the CPU, every core up to 32 on a GPU)")
+    decode: str = Field("auto", pattern=f"^({'|'.join(DECODES)})$",
+                        description="where an uploaded or gallery query photo is decoded and cut into views "
+                                    "(training/inference/tensor_views.py): auto (torch on a CUDA device, else pil), "
+                                    "pil, or torch (a plain JPEG on the model's device, other files by Pillow)")
     # request lines, headers, bodies and thumbnails
     header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's line and headers get from the "
                                                             "connection opening (or the request's first byte on a "

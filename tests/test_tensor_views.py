@@ -170,7 +170,14 @@ def test_the_setting_picks_torch_on_cuda_and_pil_on_a_cpu(monkeypatch):
     with pytest.raises(ValueError, match=r"unknown image decoding 'nvjpeg' \(JOINTSPACE_DECODE\); known: auto, pil, "
                                          r"torch"):
         tv.decode_choice("cpu")
+    from service.settings import Settings
+
+    with pytest.raises(ValueError, match="decode"):                  # the service refuses it at start
+        Settings()
+    monkeypatch.setenv("JOINTSPACE_DECODE", "torch")
+    assert Settings().decode == "torch"
     monkeypatch.delenv("JOINTSPACE_DECODE")
+    assert Settings().decode == "auto"
     decoding = ImageDecoding([], Preprocess(64, 72), workers=0)
     assert decoding.decode == "pil"                               # a CPU's default is unchanged
     assert read_image is not read_encoded
@@ -255,3 +262,45 @@ def test_a_query_image_under_torch_decoding_gives_the_same_features(monkeypatch)
     monkeypatch.setenv("JOINTSPACE_DECODE", "torch")
     got = image_features_of(model, photo)
     assert torch.nn.functional.cosine_similarity(got, pil, dim=0) > 0.999
+
+
+def test_the_services_image_routes_decode_uploads_by_torch_when_set(tiny_model_path, synth_small, tmp_path,
+                                                                     monkeypatch):
+    """JOINTSPACE_DECODE=torch (a CUDA host's default) on a CPU service: an upload and a gallery image as a query
+    go through the torch path and answer as with Pillow."""
+    import shutil
+    import time
+
+    from fastapi.testclient import TestClient
+
+    import training.inference.tensor_views as views
+    from service.app import create_app
+    from service.cli import main as cli_main
+    from service.settings import Settings
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in sorted((synth_small / "images").glob("*.jpg"))[:8]:
+        shutil.copy(p, folder / p.name)
+    index = tmp_path / "index"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(folder), "--out", str(index),
+                     "--quiet", "--workers", "0", "--no-querybank"]) == 0
+    used = []
+    real = views.encoded_pixels
+    monkeypatch.setattr(views, "encoded_pixels", lambda *a, **k: used.append(1) or real(*a, **k))
+    photo = next(folder.glob("*.jpg"))
+    upload = {"image": (photo.name, photo.read_bytes(), "image/jpeg")}
+    answers = {}
+    for decode in ("pil", "torch"):
+        monkeypatch.setenv("JOINTSPACE_DECODE", decode)
+        with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(index), reload_interval_s=0))) as c:
+            for _ in range(1200):
+                if c.get("/readyz").status_code == 200:
+                    break
+                time.sleep(0.05)
+            before = len(used)
+            by_upload = c.post("/v1/search/images", files=upload, data={"k": "3"})
+            assert by_upload.status_code == 200, by_upload.text
+            assert (len(used) > before) == (decode == "torch")
+            answers[decode] = [h["id"] for h in by_upload.json()["results"]]
+    assert answers["pil"] == answers["torch"]

@@ -266,8 +266,8 @@ def test_a_query_image_under_torch_decoding_gives_the_same_features(monkeypatch)
 
 def test_the_services_image_routes_decode_uploads_by_torch_when_set(tiny_model_path, synth_small, tmp_path,
                                                                      monkeypatch):
-    """JOINTSPACE_DECODE=torch (a CUDA host's default) on a CPU service: an upload and a gallery image as a query
-    go through the torch path and answer as with Pillow."""
+    """JOINTSPACE_DECODE=torch (a CUDA host's default) on a CPU service: an upload as a query goes through the
+    torch path and ranks as with Pillow; `index search --image` takes the same path."""
     import shutil
     import time
 
@@ -304,3 +304,7 @@ def test_the_services_image_routes_decode_uploads_by_torch_when_set(tiny_model_p
             assert (len(used) > before) == (decode == "torch")
             answers[decode] = [h["id"] for h in by_upload.json()["results"]]
     assert answers["pil"] == answers["torch"]
+    before = len(used)                                               # `index search --image`: the same setting
+    assert cli_main(["index", "search", "--index", str(index), "--model", str(tiny_model_path), "--image",
+                     str(photo), "--json"]) == 0
+    assert len(used) == before + 1

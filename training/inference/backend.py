@@ -428,8 +428,7 @@ def folded_tower(model: EmbeddingModel, dtype: torch.dtype = torch.float16) -> F
         after = tower(probe)
     if not torch.allclose(after, before, rtol=1e-3, atol=1e-4 * float(before.abs().max())):
         raise RuntimeError("folding the BatchNorms changed the features")
-    copied = cast(nn.Module, tower.model)
-    return FoldedTower(copied.to(dtype=dtype), tower.scale, tower.shift, dtype).eval()
+    return FoldedTower(tower.model.to(dtype=dtype), tower.scale, tower.shift, dtype).eval()
 
 
 class CUDA(Backend):

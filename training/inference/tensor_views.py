@@ -152,11 +152,15 @@ def decode_batch(encoded: Sequence[EncodedJPEG], device: torch.device | str) -> 
     return [upright(im, e.orientation) for im, e in zip(images, encoded)]
 
 
+REDUCE_LIKE_PIL = True   # box-reduce a large photo first (:func:`shrunk`); benchmarks/decode_ranking.py --compare torch
+
+
 def shrunk(image: torch.Tensor, min_side: int | None) -> torch.Tensor:
     """uint8 ``(3, H, W)`` reduced as the PIL path shrinks a JPEG while decoding it (``preprocess.decode_image``
     with ``min_side``: a DCT scale, ``dct_scale``, then ``reduce_to``'s integer factor), by box averages of the
-    same factor; float32 when reduced (the resize that follows rounds once), else the image itself."""
-    if min_side is None:
+    same factor; float32 when reduced (the resize that follows rounds once), else the image itself (also while
+    :data:`REDUCE_LIKE_PIL` is off: the antialiased resize then takes the full decode)."""
+    if min_side is None or not REDUCE_LIKE_PIL:
         return image
     height, width = image.shape[-2:]
     scale = dct_scale((width, height), min_side)

@@ -46,15 +46,35 @@ def _photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
                                  MirroredViews(Preprocess(64, 72, crops=5))],
                          ids=["stacked", "stacked-flip-crop", "ten-crop", "five-crop-flip"])
 def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre):
+    """Against the PIL views of the decode the torch path resizes from: the full decode (``REDUCE_LIKE_PIL`` off,
+    as shipped; for the shipped preprocessing the demo photos are not shrunk by PIL either)."""
+    assert not tv.REDUCE_LIKE_PIL
     for path in photos():
         data = path.read_bytes()
-        pil = pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image)
+        pil = pre.pixels(decode_image(data, ".jpg").image)
         encoded = tv.encoded_jpeg(data, pre.min_side)
         assert encoded is not None, path
         got = tv.encoded_pixels(pre, [encoded], "cpu")
         assert got.shape == (1, *pil.shape) and got.dtype == torch.uint8
         diff = (got[0].int() - pil.int()).abs()
+        assert diff.max() <= 4 and diff.float().mean() < 0.3, (path.name, diff.max(), diff.float().mean())
+        if pre is SHIPPED:                                           # the PIL path as shipped: the same here
+            assert torch.equal(pil, pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image))
+
+
+def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch):
+    """``REDUCE_LIKE_PIL`` on: a photo PIL decodes at a DCT scale is box-reduced by that factor before the resize,
+    and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""
+    monkeypatch.setattr(tv, "REDUCE_LIKE_PIL", True)
+    pre = Preprocess(64, 72, crops=10)
+    for path in photos():
+        data = path.read_bytes()
+        pil = pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image)
+        diff = (tv.encoded_pixels(pre, [tv.encoded_jpeg(data, pre.min_side)], "cpu")[0].int() - pil.int()).abs()
         assert diff.max() <= 6 and diff.float().mean() < 0.3, (path.name, diff.max(), diff.float().mean())
+    image = torch.zeros(3, 300, 451, dtype=torch.uint8)
+    assert tv.shrunk(image, 72).shape == (3, 150, 226)               # 1/2, as dct_scale((451, 300), 72)
+    assert tv.shrunk(image, 260) is image                            # not shrunk by PIL either
 
 
 def test_a_large_photo_shrunk_by_pil_while_decoding_gives_close_views():

@@ -16,6 +16,18 @@ averaged over the enlarged sides, is at most 0.5 R-sum. One side alone does not 
 of a grey level flips a few near-tied ranks either way. How far apart two equally valid decodes land is measured
 beside it — the *null spread*, the range of the full-decode R-sums over the sides (the same photos, enlarged to
 different sizes and decoded in full).
+
+    python benchmarks/decode_ranking.py --compare torch --sides 1400 2100 --both-resizes
+                                                   # → benchmarks/results/decode_ranking_torch.json
+
+``--compare torch`` ranks the same photos through the index's path (``index.embed.decode_photos``) twice: decoded
+by Pillow in the workers (``--decode pil``, what a CPU runs) and by torch (``--decode torch``: ``decode_jpeg`` and
+the antialiased resize and crops in torch, ``training/inference/tensor_views.py``, what a CUDA device runs by
+default; here on the CPU, the same code). Both under the backend ``auto`` picks on this machine. The target: each
+row's R-sums within 0.5 of each other. Beside the ranking, the two paths' pixels are compared on every photo
+(mean and largest absolute difference, 0-255). ``--both-resizes`` also ranks the enlarged photos with the torch
+path's other way of resizing a large photo (``tensor_views.REDUCE_LIKE_PIL``); the rule, fixed before the run
+(``RESIZE_RULE``), keeps the way with the smaller mean |R-sum difference| to the PIL path.
 """
 from __future__ import annotations
 
@@ -37,7 +49,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index.embed import embed_texts, read_photo  # noqa: E402
+from index.embed import PhotoDecoding, decode_photos, embed_texts, read_photo  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
@@ -51,6 +63,8 @@ MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 MAX_LOSS = 0.5
 RULE = ("images to embed are shrunk while decoding when the mean loss over the enlarged sides is at most "
         f"{MAX_LOSS} R-sum")
+RESIZE_RULE = ("the torch path box-reduces a large photo like the PIL path (REDUCE_LIKE_PIL) when that gives the "
+               "smaller mean |R-sum difference| to the PIL path over the enlarged sides")
 
 
 def read_full(path: str, min_side: int | None = None):
@@ -66,15 +80,110 @@ def shrinking(side: int):
     return read_shrunk
 
 
+def enlarge(paths: list[str], big: int, tmp: Path) -> list[Path]:
+    """The photos enlarged (bicubic) to ``big`` × ``big`` and saved as JPEGs (quality 90) in ``tmp``."""
+    files = []
+    for p in paths:
+        out = tmp / f"{Path(p).stem}.jpg"
+        Image.open(p).convert("RGB").resize((big, big), Image.Resampling.BICUBIC).save(out, quality=90)
+        files.append(out)
+    return files
+
+
+def pixel_difference(model, files) -> dict:
+    """Mean and largest absolute difference (0-255) between the PIL and the torch path's pixels of ``files``."""
+    from training.inference.tensor_views import encoded_jpeg, encoded_pixels
+
+    pre, total, count, largest = model.preprocess, 0.0, 0, 0
+    for f in files:
+        data = Path(f).read_bytes()
+        pil = pre.pixels(read_photo(f, pre.min_side)[0]).int()
+        encoded = encoded_jpeg(data, pre.min_side)
+        assert encoded is not None, f
+        diff = (encoded_pixels(pre, [encoded], "cpu")[0].int() - pil).abs()
+        total, count, largest = total + diff.sum().item(), count + diff.numel(), max(largest, int(diff.max()))
+    return {"mean_abs": round(total / count, 4), "max_abs": largest}
+
+
+def compare_decodes(args, model, paths, captions, cap_to_img) -> int:
+    """``--compare torch``: the index's path with the PIL and with the torch decode, row by row."""
+    from training.inference import tensor_views as views
+    from training.inference.backend import use_backend
+
+    backend = use_backend(model, None, prepare="throughput")
+    shipped = views.REDUCE_LIKE_PIL
+
+    def rank(files, decode: str) -> dict:
+        start = time.time()
+        decoding = decode_photos(model.preprocess, files, 64, args.workers, "cpu", how=PhotoDecoding(decode=decode))
+        emb = embed_image_files(model, files, progress=False, decoding=decoding)
+        assert emb.kept == list(range(len(files))), emb.skipped
+        m = full_evaluation(torch.from_numpy(emb.vectors), captions, cap_to_img, model.similarity)
+        out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],
+               "rsum": m["rsum"], "seconds": time.time() - start}
+        print(f"  {decode}: R-sum {out['rsum']:.2f} ({out['seconds']:.0f} s)", flush=True)
+        return out
+
+    rows = []
+    sets = [("as stored, 224 × 224", 224, None)] + [(f"enlarged to {b} × {b} (bicubic), JPEG quality 90", b, b)
+                                                     for b in args.sides]
+    tmp = Path(tempfile.mkdtemp(prefix="decode-ranking-"))
+    try:
+        for label, side, big in sets:
+            print(label, flush=True)
+            files = list(paths) if big is None else enlarge(paths, big, tmp)
+            rows.append({"images": label, "side": side, "pixels": pixel_difference(model, files),
+                         "pil": rank(files, "pil"), "torch": rank(files, "torch")})
+            rows[-1]["difference"] = round(rows[-1]["pil"]["rsum"] - rows[-1]["torch"]["rsum"], 4)
+            if big is not None and args.both_resizes:      # the other way of resizing a large photo, for the rule
+                views.REDUCE_LIKE_PIL = not shipped
+                try:
+                    other = rank(files, "torch")
+                finally:
+                    views.REDUCE_LIKE_PIL = shipped
+                rows[-1]["torch_other"] = {**other, "reduce_like_pil": not shipped,
+                                           "difference": round(rows[-1]["pil"]["rsum"] - other["rsum"], 4)}
+            for f in files if big is not None else ():
+                f.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    worst = max(abs(r["difference"]) for r in rows)
+    summary = {"target": f"each row's R-sums within {MAX_LOSS}", "largest_difference": worst,
+               "met": worst <= MAX_LOSS, "reduce_like_pil": shipped}
+    others = [r for r in rows if "torch_other" in r]
+    if others:
+        mine = statistics.fmean(abs(r["difference"]) for r in others)
+        theirs = statistics.fmean(abs(r["torch_other"]["difference"]) for r in others)
+        summary.update({"rule": RESIZE_RULE, "mean_abs_difference": round(mine, 4),
+                        "mean_abs_difference_other": round(theirs, 4),
+                        "reduce_like_pil_wins": (mine <= theirs) == shipped})
+    write_json(Path(args.out), {
+        "description": "Flickr8k dev R-sum of the shipped model (training/pretrained/flickr8k.pt) through the index's "
+                       "image path, decoded by Pillow in the workers and by torch (decode_jpeg, antialiased resize "
+                       "and crops in torch, run on the CPU) (python benchmarks/decode_ranking.py --compare torch)",
+        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
+        "python": platform.python_version(), "torch": torch.__version__, "backend": backend,
+        "model_min_side": model.preprocess.min_side, "rows": rows, "summary": summary})
+    print(f"wrote {args.out}; {json.dumps(summary)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--model", default=str(MODEL))
     ap.add_argument("--sides", type=int, nargs="*", default=[1400, 2100, 3000], help="enlarged square sides to test")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--compare", choices=["shrink", "torch"], default="shrink",
+                    help="shrink: full against shrunk decode (the default); torch: the PIL against the torch decode")
+    ap.add_argument("--both-resizes", action="store_true",
+                    help="with --compare torch: also rank the enlarged photos with the other REDUCE_LIKE_PIL")
     ap.add_argument("--hardware", default=f"CPU, {os.cpu_count()} cores, shared with other jobs")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_ranking.json"))
+    ap.add_argument("--out", help="results file (default: benchmarks/results/decode_ranking.json, "
+                                  "decode_ranking_torch.json with --compare torch)")
     args = ap.parse_args()
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / (
+        "decode_ranking_torch.json" if args.compare == "torch" else "decode_ranking.json"))
 
     torch.manual_seed(0)
     model = load_model(args.model)
@@ -82,6 +191,8 @@ def main() -> int:
     paths = [r.path for r in split.images]
     captions = torch.from_numpy(embed_texts(model, [c for r in split.images for c in r.captions], progress=False))
     cap_to_img = torch.tensor([r.image_id for r in split.images for _ in r.captions], dtype=torch.long)
+    if args.compare == "torch":
+        return compare_decodes(args, model, paths, captions, cap_to_img)
     side = model.preprocess.min_side
     read_shrunk = shrinking(side)
 
@@ -106,11 +217,7 @@ def main() -> int:
     try:
         for big in args.sides:
             print(f"enlarged to {big} × {big}: JPEG DCT scale 1/{dct_scale((big, big), side)}", flush=True)
-            files = []
-            for p in paths:
-                out = tmp / f"{Path(p).stem}.jpg"
-                Image.open(p).convert("RGB").resize((big, big), Image.Resampling.BICUBIC).save(out, quality=90)
-                files.append(out)
+            files = enlarge(paths, big, tmp)
             rows.append({"images": f"enlarged to {big} × {big} (bicubic), JPEG quality 90", "side": big,
                          "scale": f"1/{dct_scale((big, big), side)}",
                          "full": rank(files, read_full), "shrunk": rank(files, read_shrunk)})

@@ -862,6 +862,32 @@ def t_decode_ranking() -> str:
                     f"{'on' if s['shrink_to_embed'] else 'off'}.")
 
 
+def t_decode_ranking_torch() -> str:
+    """Flickr8k dev ranked through the index's path decoded by Pillow and by torch (decode_ranking.py --compare)."""
+    data = load("decode_ranking_torch.json")
+    rows = data["rows"]
+    other = any("torch_other" in r for r in rows)
+    cells = [[r["images"], f(r["pil"]["rsum"], 2), f(r["torch"]["rsum"], 2), f(r["difference"], 2),
+              *([f(r["torch_other"]["rsum"], 2) if "torch_other" in r else "same pixels"] if other else []),
+              f(r["pixels"]["mean_abs"], 3), str(r["pixels"]["max_abs"]),
+              f'{join(r["torch"]["i2t"])}; {join(r["torch"]["t2i"])}'] for r in rows]
+    s = data["summary"]
+    shipped = "box-reduced first" if s.get("reduce_like_pil", True) else "resized from the full decode"
+    headers = ["dev images", "R-sum, PIL decode", f"R-sum, torch decode ({shipped})", "difference",
+               *([f"R-sum, torch, {'resized from the full decode' if s.get('reduce_like_pil', True) else 'box-reduced first'}"]
+                 if other else []),
+               "pixels: mean abs. difference", "largest", "torch: i2t R@1/5/10; t2i R@1/5/10"]
+    table = with_provenance(headers, cells, rows, data, right=set(range(1, len(headers) - 1)))
+    text = (f"\n\nImage backend: {data['backend']}; torch {data['torch']}. Target: {s['target']} — "
+            f"largest difference {s['largest_difference']:.2f}: {'met' if s['met'] else 'not met'}.")
+    if "rule" in s:
+        text += (f" Rule: {s['rule']} — mean |difference| {s['mean_abs_difference']:.2f} as run, "
+                 f"{s['mean_abs_difference_other']:.2f} the other way: "
+                 f"{'as run' if s['reduce_like_pil_wins'] == s.get('reduce_like_pil', True) else 'the other way'} "
+                 f"is kept.")
+    return table + text
+
+
 def t_duplicates() -> str:
     """Near-duplicate groups on generated copies of real photos (benchmarks/duplicates.py)."""
     data = load("duplicates.json")
@@ -1018,6 +1044,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode_throughput_cpu": t_decode_throughput_cpu,
     "hostile_media": t_hostile_media,
     "decode_ranking": t_decode_ranking,
+    "decode_ranking_torch": t_decode_ranking_torch,
     "duplicates": t_duplicates,
     "cli_search": t_cli_search,
 }

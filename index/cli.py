@@ -13,22 +13,26 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from training.models.protocol import EmbeddingModel
 
+from training.inference.names import BACKENDS, DECODES
+
 from .tta import DEFAULT_TTA, TTA
 
 # The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so the
-# video values and BACKENDS copy those of the modules that use them, which import torch (index/scan.py,
-# index/video_decode.py, index/moments.py, training/inference/backend.py); tests/test_cli.py and
-# tests/test_backend.py keep them equal.
+# video values copy those of the modules that use them, which import torch (index/scan.py, index/video_decode.py,
+# index/moments.py); tests/test_cli.py keeps them equal. The inference settings' names come from their own
+# torch-free module.
 VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.scan.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
 VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video_decode.DEFAULT_RATE, …; index.moments
 SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
 SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
 DUPLICATE_THRESHOLD = 0.85       # index.duplicates.DEFAULT_THRESHOLD
-BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")   # training.inference.backend.BACKENDS
-BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; eager PyTorch on CUDA), "
-                "eager, openvino, openvino-bf16 or onnxruntime; a backend that fails to load falls back to eager "
-                "(env JOINTSPACE_BACKEND; docs/index.md)")
+BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; cuda on a CUDA device), "
+                "eager, openvino, openvino-bf16, onnxruntime or cuda (float16, BatchNorm folded, CUDA graphs); a "
+                "backend that fails to load falls back to eager (env JOINTSPACE_BACKEND; docs/index.md)")
+DECODE_HELP = ("where photos are decoded and cut into views: auto (torch on a CUDA device, else pil), pil (Pillow in "
+               "the decoding workers) or torch (plain JPEGs on the model's device; other files by Pillow) "
+               "(env JOINTSPACE_DECODE; docs/index.md)")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -181,6 +185,7 @@ def _embedding_options(p: argparse.ArgumentParser, func) -> None:
                    help="also index .thumbnails, @eaDir and hidden files and folders")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
+    p.add_argument("--decode", choices=DECODES, help=DECODE_HELP)
     p.add_argument("--batch-size", type=int,
                    help="image views per forward pass (default: 64 on CUDA, 16 photos under --tta flip-crop; on a "
                         "CPU 8 a core, at most 64: 16 on 2 cores, 4 photos under flip-crop)")
@@ -355,14 +360,15 @@ def _decode_early(args, paths: list, payload: dict):
     from training.inference.device import resolve_device
     from training.models.checkpoint import stored_preprocess
 
-    from .embed import decode_photos
+    from .embed import PhotoDecoding, decode_photos
 
     preprocess = stored_preprocess(payload)
     if args.engine == "ray" or not paths or preprocess is None:
         return None
     device = resolve_device(args.device)
     _batch_size(args, device)
-    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta, ahead=True)
+    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta,
+                         how=PhotoDecoding(ahead=True, decode=args.decode))
 
 
 def cmd_build(args) -> int:
@@ -444,7 +450,7 @@ def cmd_build(args) -> int:
             report = _build_on_ray(args, model, paths, captions, options)
         else:
             report = build(args.out, model, paths, captions, video_paths, options,
-                           EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling), decoding)
+                           EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode), decoding)
     finally:
         if decoding is not None:
             decoding.close()
@@ -539,7 +545,7 @@ def _build_on_ray(args, model: EmbeddingModel, paths, captions, options):
     ray = RayOptions(shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
                      workers=2 if args.ray_workers is None else args.ray_workers,
                      cpus_per_worker=args.ray_cpus_per_worker or 1, gpus_per_worker=args.ray_gpus_per_worker or 0,
-                     batch_size=args.batch_size, progress=not args.quiet)
+                     batch_size=args.batch_size, progress=not args.quiet, decode=args.decode)
     run = embed_with_ray(model, resolve(args.model).read_bytes(), paths, shard_dir, ray, log=log)
     print(f"ray: {len(run.embedded)} shard(s) embedded, {len(run.reused)} reused from {run.shard_dir}",
           file=sys.stderr)
@@ -579,7 +585,7 @@ def cmd_add(args) -> int:
     read_index(args.index)
     model, _ = _load(args)
     report = add(args.index, model, paths, captions, video_paths,
-                 EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
+                 EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
     _report_skipped(report.skipped)
     for already in report.already:
         print(f"already in the index, unchanged: {already}", file=sys.stderr)
@@ -628,7 +634,7 @@ def cmd_sync(args) -> int:
     read_index(args.index)
     model, _ = _load(args)
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
-                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling))
+                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
     _report_skipped(report.skipped)
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
@@ -770,6 +776,9 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
     path = Path(image)
     if not path.is_file():
         raise FileNotFoundError(f"no image file at {image}")
+    pixels = _torch_query_pixels(model, path)
+    if pixels is not None:
+        return example_queries(model.eval(), pixels.unsqueeze(0), [((), tuple(subtract))]).cpu().numpy()
     try:
         picture = open_image(path, embed_side(model.preprocess))
     except UnsupportedImageError as err:
@@ -779,6 +788,18 @@ def _example_query(model: EmbeddingModel, image: str, subtract):
         raise ValueError(f"cannot read {image} as an image: {type(err).__name__}: {err}{hint}") from None
     pixels = model.preprocess.pixels(picture).unsqueeze(0)
     return example_queries(model.eval(), pixels, [((), tuple(subtract))]).cpu().numpy()
+
+
+def _torch_query_pixels(model: EmbeddingModel, path: Path):
+    """A query image that is a plain JPEG, decoded and cut into views on the model's device when the decode setting
+    says so (``tensor_views.torch_pixels``: on CUDA by default); None: Pillow's to decode."""
+    from training.inference.embedding import device_of
+    from training.inference.tensor_views import decode_choice, torch_pixels
+
+    device = device_of(model)
+    if decode_choice(device) != "torch":
+        return None
+    return torch_pixels(model.preprocess, path.read_bytes(), device, decode="torch")
 
 
 def cmd_remove(args) -> int:

@@ -17,11 +17,13 @@ from typing import Sequence, cast
 
 import numpy as np
 import torch
+from PIL import Image
 
 from training.data.preprocess import ZOOM, ImagePreprocess, MirroredViews, decode_image
 from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
+from training.inference.tensor_views import EncodedJPEG, decode_choice, encoded_jpeg
 from training.models.protocol import EmbeddingModel
 
 from .ocr import PhotoText, grey_thumbnail, text_likelihood
@@ -83,34 +85,44 @@ def _ascii(value) -> str | None:
     return value.strip("\x00 ") if isinstance(value, str) else None
 
 
-def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: str | None = None):
+INFO_SIDE = 128     # under decode torch: the small decode the hashes and the OCR gate read (short side ≥ 2 × this)
+
+
+def read_photo(path: str | Path, min_side: int | None = None, indexed_sha256: str | None = None,
+               encoded: bool = False):
     """``(upright RGB image, PhotoInfo)`` of an image file, reading its bytes once (decoded and hashed from the same
     bytes). ``min_side``: the image may be shrunk while decoding down to this shorter side; the info keeps the
-    file's own upright size. ``(None, None)`` without decoding when the bytes hash to ``indexed_sha256``."""
+    file's own upright size. ``(None, None)`` without decoding when the bytes hash to ``indexed_sha256``.
+    ``encoded`` (``--decode torch``): a plain JPEG comes back as its bytes (``EncodedJPEG``, its header checked),
+    for the model's device to decode, and the info's perceptual hash and OCR gate are read from a small decode
+    (:data:`INFO_SIDE`, a JPEG at a DCT scale: a fraction of a full decode's work)."""
     path = Path(path)
     data = path.read_bytes()
     stat = path.stat()
     digest = hashlib.sha256(data).hexdigest()
     if digest == indexed_sha256:
         return None, None
-    decoded = decode_image(data, path.suffix, min_side)
+    jpeg = encoded_jpeg(data, min_side) if encoded else None
+    decoded = decode_image(data, path.suffix, min_side if jpeg is None else INFO_SIDE)
     taken = exif_time(decoded.exif)
     width, height = decoded.size
     info = PhotoInfo(taken=stat.st_mtime if taken is None else taken, width=width, height=height,
                      folder=str(path.resolve().parent), sha256=digest, size=len(data),
                      mtime=stat.st_mtime, phash=perceptual_hash(decoded.image),
                      text_likelihood=text_likelihood(grey_thumbnail(decoded.image)))
-    return decoded.image, info
+    image: Image.Image | EncodedJPEG = decoded.image if jpeg is None else jpeg
+    return image, info
 
 
-class _Indexed:
-    """:func:`read_photo` knowing the content hash the index holds for some files (a picklable reader)."""
+class _Photos:
+    """:func:`read_photo` knowing the content hash the index holds for some files and whether plain JPEGs are left
+    encoded for the device (a picklable reader)."""
 
-    def __init__(self, sha256: dict[str, str]):
-        self.sha256 = sha256
+    def __init__(self, sha256: dict[str, str], encoded: bool):
+        self.sha256, self.encoded = sha256, encoded
 
     def __call__(self, path: str | Path, min_side: int | None = None):
-        return read_photo(path, min_side, self.sha256.get(str(path)))
+        return read_photo(path, min_side, self.sha256.get(str(path)), self.encoded)
 
 
 def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
@@ -125,18 +137,33 @@ def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
     return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)
 
 
+@dataclass(frozen=True)
+class PhotoDecoding:
+    """How :func:`decode_photos` runs: ``ahead``, well ahead of the model
+    (:class:`~training.inference.embedding.ImageDecoding`); ``decode``, where plain JPEGs are decoded
+    (``tensor_views.decode_choice``: ``pil`` in the workers, ``torch`` on the model's device; None:
+    ``$JOINTSPACE_DECODE``, else by the device: ``--decode``)."""
+    ahead: bool = False
+    decode: str | None = None
+
+
+DEFAULT_DECODING = PhotoDecoding()
+
+
 def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batch_size: int = 64,
                   workers: int | None = None, device: str | torch.device = "cpu",
-                  indexed: dict[str, str] | None = None, tta: str = "none", ahead: bool = False) -> ImageDecoding:
+                  indexed: dict[str, str] | None = None, tta: str = "none",
+                  how: PhotoDecoding = DEFAULT_DECODING) -> ImageDecoding:
     """Starts decoding the photos of ``paths`` as :func:`embed_image_files` embeds them with a model whose
     preprocessing is ``preprocess`` (e.g. read from its file before the model is loaded,
-    ``checkpoint.stored_preprocess``), to be passed to it as ``decoding``; ``ahead``: decode well ahead of the
-    model (:class:`~training.inference.embedding.ImageDecoding`). The other arguments are
-    :func:`embed_image_files`'s."""
+    ``checkpoint.stored_preprocess``), to be passed to it as ``decoding``; ``how``: ahead of the model, and where
+    (:class:`PhotoDecoding`). The other arguments are :func:`embed_image_files`'s."""
     views = view_preprocess(preprocess, tta)
     per_image = max(1, views.crops // preprocess.crops)
-    return ImageDecoding(paths, views, _Indexed(indexed) if indexed else read_photo,
-                         batch_size=max(1, batch_size // per_image), workers=workers, device=device, ahead=ahead)
+    choice = decode_choice(device, how.decode)
+    read = _Photos(indexed or {}, choice == "torch") if indexed or choice == "torch" else read_photo
+    return ImageDecoding(paths, views, read, batch_size=max(1, batch_size // per_image), workers=workers,
+                         device=device, ahead=how.ahead, decode=choice)
 
 
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,

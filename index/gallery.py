@@ -208,12 +208,14 @@ def check_fingerprint(manifest: dict, given: str | None, root: Path | str = "") 
 @dataclass(frozen=True)
 class EmbedOptions:
     """How an update reads and embeds files (``index build/add/sync``'s ``--batch-size``, ``--workers``, ``--quiet``
-    and video options): ``batch_size`` rows a forward pass, ``workers`` decoding processes (None: by core count),
-    progress bars, and how videos are sampled and cut into moments (``sampling``, index/moments.py)."""
+    and video options, ``--decode``): ``batch_size`` rows a forward pass, ``workers`` decoding processes (None: by
+    core count), progress bars, how videos are sampled and cut into moments (``sampling``, index/moments.py), and
+    where photos are decoded (``decode``: ``embed.PhotoDecoding``; None: ``$JOINTSPACE_DECODE``, else by device)."""
     batch_size: int = 64
     workers: int | None = None
     progress: bool = True
     sampling: Sampling | None = None            # None: index.moments.DEFAULT_SAMPLING
+    decode: str | None = None
 
 
 DEFAULT_EMBEDDING = EmbedOptions()
@@ -228,11 +230,11 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
     from training.inference.embedding import device_of
     from training.inference.embedding import embed_image_files as files_to_embeddings
 
-    from .embed import decode_photos
+    from .embed import PhotoDecoding, decode_photos
 
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, embedding.batch_size, embedding.workers, device_of(model),
-                                 indexed, tta)
+                                 indexed, tta, PhotoDecoding(decode=embedding.decode))
     reading = start_reading(ocr)
     if reading is None:
         return files_to_embeddings(model, paths, progress=embedding.progress, decoding=decoding)

@@ -45,9 +45,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from training.data.fileio import atomic_path
-from training.inference.embedding import FileEmbeddings
+from training.inference.embedding import FileEmbeddings, device_of
 
-from .embed import PhotoInfo, embed_image_files
+from .embed import PhotoDecoding, PhotoInfo, decode_photos, embed_image_files
 
 SHARD_FORMAT = "jointspace-shard/1"
 DEFAULT_SHARD_SIZE = 256
@@ -177,7 +177,7 @@ class ShardEmbedder:
     """Ray Data's callable class: one per actor. Loads the model once; each call embeds one shard."""
 
     def __init__(self, model_bytes: bytes, fingerprint: str, device: str = "cpu", batch_size: int = 64,
-                 threads: int = 1):
+                 threads: int = 1, decode: str | None = None):
         import torch
 
         from training.models.checkpoint import load_model
@@ -187,12 +187,19 @@ class ShardEmbedder:
         if self.model.fingerprint != fingerprint:
             raise RuntimeError("the model loaded on the Ray worker is not the driver's")
         self.fingerprint, self.batch_size = fingerprint, batch_size     # the model's device is the one it embeds on
+        self.decode = decode
+        if torch.device(device).type == "cuda":     # the CUDA tower (backend.py); on a CPU the actors stay eager
+            from training.inference.backend import use_backend
+
+            use_backend(self.model, prepare="throughput")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         data = []
         for number, start, key, paths_json in zip(batch["shard"], batch["start"], batch["key"], batch["paths"]):
             spec = ShardSpec(int(number), int(start), tuple(json.loads(str(paths_json))), str(key))
-            emb = embed_image_files(self.model, spec.paths, batch_size=self.batch_size, workers=0, progress=False)
+            decoding = decode_photos(self.model.preprocess, spec.paths, self.batch_size, 0, device_of(self.model),
+                                     how=PhotoDecoding(decode=self.decode))
+            emb = embed_image_files(self.model, spec.paths, progress=False, decoding=decoding)
             data.append(encode_shard(spec, emb, self.fingerprint))
         return {"shard": np.asarray(batch["shard"], dtype=np.int64), "data": np.array(data, dtype=object)}
 
@@ -239,7 +246,9 @@ class RayOptions:
     ``--ray-workers``, ``--ray-cpus-per-worker``, ``--ray-gpus-per-worker``, ``--batch-size``). ``address``: a Ray
     head (``host:port``, ``ray://host:port``, ``auto``); None: a local Ray with ``workers`` × ``cpus_per_worker``
     CPUs. The actors run on the GPU when ``gpus_per_worker`` > 0 (a fraction shares one GPU among actors), else on
-    the CPU with ``cpus_per_worker`` torch threads each."""
+    the CPU with ``cpus_per_worker`` torch threads each. ``decode`` (``--decode``): where an actor decodes plain
+    JPEGs (``tensor_views.decode_choice``; None: ``$JOINTSPACE_DECODE`` on the actor, else torch on its GPU, PIL
+    on a CPU)."""
     shard_size: int = DEFAULT_SHARD_SIZE
     address: str | None = None
     workers: int = 2
@@ -247,6 +256,7 @@ class RayOptions:
     gpus_per_worker: float = 0
     batch_size: int = 64
     progress: bool = True
+    decode: str | None = None
 
 
 DEFAULT_RAY = RayOptions()
@@ -327,7 +337,7 @@ def _run(todo: list[ShardSpec], model_bytes: bytes, fingerprint: str, shard_dir:
             num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,
             fn_constructor_kwargs={"model_bytes": model_bytes, "fingerprint": fingerprint,
                                    "device": "cuda" if gpus_per_worker > 0 else "cpu", "batch_size": options.batch_size,
-                                   "threads": max(1, int(cpus_per_worker))})
+                                   "threads": max(1, int(cpus_per_worker)), "decode": options.decode})
         by_number = {s.number: s for s in todo}
         try:
             for row in ds.iter_rows():

@@ -14,6 +14,7 @@ thumbnail takes to make (service/decoding.py admits it by that).
 from __future__ import annotations
 
 import io
+import logging
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -25,6 +26,9 @@ from training.data.decode_cost import DecodeBusy, DecodeTooLarge, MemoryBudget, 
 from training.data.media import decoder_error, file_head, sniff_image
 from training.data.preprocess import (RAW_SUFFIXES, ImageGeometryError, check_geometry, check_scans, dct_scale,
                                       decode_image, draft, embed_side, reduce_to, register_heif)
+from training.inference.tensor_views import decode_choice, torch_pixels
+
+log = logging.getLogger("jointspace.images")
 
 SUPPORTED = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF"
 
@@ -99,10 +103,25 @@ def _open_raw_file(path: Path, max_pixels: int, min_side: int | None) -> Image.I
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess,
-                     budget: MemoryBudget | None = None) -> torch.Tensor:
-    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels: its size checked for the
-    preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``) under ``budget``, then
-    preprocessed as in training."""
+                     budget: MemoryBudget | None = None, device: torch.device | None = None,
+                     decode: str | None = None) -> torch.Tensor:
+    """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels on the CPU: its size checked
+    for the preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``) under ``budget``
+    (the host memory of Pillow's decoding), then preprocessed as in training. With the model's ``device``: a plain
+    JPEG (baseline, so never a scan bomb: tensor_views.plain_jpeg) decoded and cut into views there when the decode
+    setting (``decode``, the service's ``JOINTSPACE_DECODE``) says so (``tensor_views.torch_pixels``: on CUDA by
+    default)."""
+    if device is not None and decode_choice(device, decode) == "torch":
+        raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
+        try:
+            pixels = torch_pixels(preprocess, raw, device, max_pixels, "torch")
+        except ImageGeometryError as err:
+            raise ImageError(413, str(err)) from None
+        except RuntimeError as err:                    # the device's decoder refused it: Pillow tells why
+            log.info("torch decode failed (%s); decoding with Pillow", decoder_error(err))
+            pixels = None
+        if pixels is not None:
+            return pixels.cpu()
     return preprocess.pixels(open_checked(data, max_pixels, embed_side(preprocess), preprocess.min_side, budget))
 
 

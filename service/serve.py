@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from index.cli import BACKENDS                  # the parser is built without torch (index/cli.py's copy)
+    from training.inference.names import BACKENDS   # torch-free: the parser is built without the model code
 
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "
@@ -30,8 +30,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                "the device wants: 1 on a CPU, one a core up to 8 on CUDA (env "
                                                "JOINTSPACE_WORKERS, default 0)")
     p.add_argument("--backend", choices=BACKENDS, help="what runs the image backbones: auto (OpenVINO, else ONNX "
-                                                       "Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
-                                                       "openvino-bf16 or onnxruntime (env JOINTSPACE_BACKEND)")
+                                                       "Runtime, on a CPU; cuda on a CUDA device), eager, openvino, "
+                                                       "openvino-bf16, onnxruntime or cuda (env JOINTSPACE_BACKEND)")
     p.add_argument("--no-batching", dest="batching", action="store_const", const=False,
                    help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
     p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")

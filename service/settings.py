@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from training.inference.names import BACKENDS, DECODES
 from training.inference.shapes import bucket_sizes
 
 
@@ -20,10 +21,10 @@ class Settings(BaseSettings):
     port: int = 8000
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="where the encoders and FAISS run; auto = cuda when available")
-    backend: str = Field("auto", pattern="^(auto|eager|openvino|openvino-bf16|onnxruntime)$",
+    backend: str = Field("auto", pattern=f"^({'|'.join(BACKENDS)})$",
                          description="what runs the image backbones (training/inference/backend.py): auto (OpenVINO, "
-                                     "else ONNX Runtime, on a CPU; eager PyTorch on CUDA), eager, openvino, "
-                                     "openvino-bf16 or onnxruntime; one that fails to load falls back to eager")
+                                     "else ONNX Runtime, on a CPU; cuda on a CUDA device), eager, openvino, "
+                                     "openvino-bf16, onnxruntime or cuda; one that fails to load falls back to eager")
     workers: int = Field(0, ge=0, le=64, description="processes serving the one port as one service (jointspace serve "
                                                      "--workers; service/workers.py): 0 = what the device wants, 1 on "
                                                      "a CPU, one a core up to 8 on CUDA")
@@ -57,6 +58,10 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with every 503")
     decode_workers: int = Field(0, ge=0, description="threads that decode and preprocess uploaded images (0 = 2 "
                                                      "when the model runs on the CPU, every core up to 32 on a GPU)")
+    decode: str = Field("auto", pattern=f"^({'|'.join(DECODES)})$",
+                        description="where an uploaded or gallery query photo is decoded and cut into views "
+                                    "(training/inference/tensor_views.py): auto (torch on a CUDA device, else pil), "
+                                    "pil, or torch (a plain JPEG on the model's device, other files by Pillow)")
     # request lines, headers, bodies and thumbnails
     header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's line and headers get from the "
                                                             "connection opening (or the request's first byte on a "

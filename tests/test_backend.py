@@ -305,10 +305,8 @@ def test_the_name_comes_from_the_flag_else_the_environment(monkeypatch):
 
 
 def test_the_commands_take_backend(monkeypatch, capsys):
-    from index import cli as index_cli
     from service.settings import Settings
 
-    assert index_cli.BACKENDS == BACKENDS                            # the parser's copy (built without torch)
     parser = build_parser()
     for argv in (["index", "build", "--images", "x", "--out", "y"], ["index", "add", "--index", "x"],
                  ["index", "sync", "--images", "x", "--index", "y"], ["index", "search", "--index", "x", "--text", "a"],
@@ -467,3 +465,113 @@ def test_openvino_is_used_without_its_usage_telemetry(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
     assert not (tmp_path / "intel").exists()
+
+
+# --- one interface, a class per backend; the CUDA tower's logic, run on the CPU --------------------------------
+
+def test_every_backend_is_a_class_of_one_interface_registered_by_name():
+    from training.inference import names
+
+    assert set(backend_mod.REGISTRY) == set(BACKENDS) - {"auto"} and BACKENDS == names.BACKENDS
+    for name, cls in backend_mod.REGISTRY.items():
+        assert issubclass(cls, Backend) and cls.name == name and backend_mod.backend_class(name) is cls
+        assert cls.kind and cls.device_type in ("cpu", "cuda") and isinstance(cls.converter_version(), str)
+        for method in ("open", "forward", "converter_version"):           # each implements what it runs
+            assert getattr(cls, method) is not getattr(Backend, method), (name, method)
+        if name != "eager":
+            assert cls.file and cls.export is not Backend.export and name in backend_mod.AGREEMENT
+    assert backend_mod.OpenVINOBf16.kind == backend_mod.OpenVINO.kind     # one IR, either precision
+    with pytest.raises(ValueError, match="unknown inference backend 'tensorrt'; known: eager, openvino"):
+        backend_mod.backend_class("tensorrt")
+
+
+def test_auto_tries_what_it_tried_on_a_cpu_and_the_cuda_tower_on_cuda():
+    assert backend_mod.auto_backends("cpu") == ("openvino", "onnxruntime") == backend_mod.AUTO
+    assert backend_mod.auto_backends(torch.device("cuda", 0)) == ("cuda",)
+
+
+def test_auto_on_a_cpu_picks_the_same_backend_as_before(model, cache):
+    try:
+        assert use_backend(model, "auto", cache) == "openvino" and isinstance(backend_of(model), backend_mod.OpenVINO)
+    finally:
+        use_backend(model, "eager")
+
+
+def test_a_backend_for_another_device_is_not_used(model, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="jointspace.backend"):
+        assert use_backend(model, "cuda", tmp_path) == "eager"
+    assert len(_backend_lines(caplog)) == 1 and "runs on cpu" in _backend_lines(caplog)[0]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("rows, size", [(1, 1), (2, 2), (3, 4), (17, 32), (64, 64), (65, 128), (256, 256),
+                                        (300, 256)])
+def test_a_batch_runs_at_the_smallest_bucket_that_holds_it(rows, size):
+    assert backend_mod.bucket(rows) == size
+    with pytest.raises(ValueError):
+        backend_mod.bucket(0)
+
+
+def test_folding_the_batchnorms_keeps_the_features(model):
+    """EfficientNet-Lite0's 49 BatchNorms folded into their convolutions: float32 features equal (to rounding),
+    no BatchNorm left, the model itself untouched."""
+    tower = backend_mod.ImageTower(copy.deepcopy(model)).eval()
+    probe = backend_mod._probe(model)
+    with torch.no_grad():
+        before = tower(probe)
+        assert backend_mod.fold_batchnorm(tower, probe[:1], tower) == 49
+        after = tower(probe)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in tower.modules())
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
+def test_a_batchnorm_whose_input_is_read_elsewhere_is_not_folded():
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.conv2, self.bn2 = (torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                                        torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn2(self.conv2(self.bn(y))) + y          # conv's output read by bn and by the sum
+
+    torch.manual_seed(0)
+    net = Both().eval()
+    for bn in (net.bn, net.bn2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        before = net(x)
+        assert backend_mod.fold_batchnorm(net, x, net) == 1      # bn2 only: the sum reads conv's output too
+        after = net(x)
+    assert isinstance(net.bn, torch.nn.BatchNorm2d) and isinstance(net.bn2, torch.nn.Identity)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cuda_tower_converts_caches_and_runs_on_the_cpu(model, pixels, tmp_path):
+    """The CUDA backend's own steps — folded float16 weights written and checked against eager PyTorch, read back
+    from the cache, batches run in bucket-sized chunks — on the CPU (no graphs there)."""
+    folder = tmp_path / "cuda-x"
+    backend_mod._convert(model, backend_mod.CUDA, folder)
+    assert (folder / "tower.pt").is_file()
+    backend = backend_mod.CUDA.open(model, folder)
+    assert isinstance(backend, backend_mod.CUDA) and not backend.graphs
+    assert next(backend.tower.parameters()).dtype == torch.float16
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in backend.tower.modules())
+    use_backend(model, "eager")
+    expected = pixel_features(model, pixels)
+    got = backend.features(pixels)
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert _cosines(got, expected).min() > backend_mod.AGREEMENT["cuda"]
+    many = torch.cat([pixels[:, 0]] * 60)                        # 300 rows: a chunk of 256, then one of 44
+    torch.testing.assert_close(backend.forward(many)[-5:], backend.forward(pixels[:, 0]), atol=1e-2, rtol=1e-2)
+
+
+def test_a_cuda_tower_that_disagrees_is_not_kept(model, tmp_path, monkeypatch):
+    monkeypatch.setitem(backend_mod.AGREEMENT, "cuda", 1.5)
+    with pytest.raises(RuntimeError, match="disagrees with eager PyTorch"):
+        backend_mod._convert(model, backend_mod.CUDA, tmp_path / "cuda-x")
+    assert not list(tmp_path.iterdir())

@@ -308,7 +308,7 @@ def test_index_build_decodes_before_the_model_loads_and_embeds_as_after(tiny_mod
     events = []
     real_decode, real_load, real_read = index_embed.decode_photos, checkpoint.load_model, checkpoint.load_checkpoint
     monkeypatch.setattr(index_embed, "decode_photos",
-                        lambda *a, **k: events.append(("decode", k.get("ahead"))) or real_decode(*a, **k))
+                        lambda *a, **k: events.append(("decode", k["how"].ahead)) or real_decode(*a, **k))
     monkeypatch.setattr(checkpoint, "load_model",
                         lambda path, device="cpu", payload=None: events.append(("load", payload is not None))
                         or real_load(path, device, payload))

@@ -1,26 +1,31 @@
-"""The image tower's inference backend: the frozen backbones run by OpenVINO or ONNX Runtime on a CPU instead of
-eager PyTorch, everything above them (projection, concept head, normalisation) in PyTorch over exactly the features
-the backend computes.
+"""The image tower's inference backend: the frozen backbones run by OpenVINO or ONNX Runtime on a CPU, or as a
+float16 CUDA tower on a GPU, instead of eager PyTorch; everything above them (projection, concept head,
+normalisation) in PyTorch over exactly the features the backend computes.
 
 What a backend runs is :class:`ImageTower`: uint8 pixels (``model.preprocess.pixels``), normalised inside the graph
 (:func:`pixel_affine`), then the model's own ``image_features`` over one view per row — one backbone, the stacked
-backbones of a ``ConcatBackbone`` or an ensemble's members alike — traced once, converted
-(OpenVINO's IR, or an ONNX graph for ONNX Runtime) and cached under ``$JOINTSPACE_CACHE/backends`` (default
+backbones of a ``ConcatBackbone`` or an ensemble's members alike — converted once (OpenVINO's IR, an ONNX graph for
+ONNX Runtime, the CUDA tower's folded float16 weights) and cached under ``$JOINTSPACE_CACHE/backends`` (default
 ``~/.cache/jointspace/backends``), one folder per :func:`tower_fingerprint` (the tower's weights and preprocessing,
 the converter's version): a changed model is converted again, an unchanged one on another day or in another index
 is read back in a fraction of a second. A folder is written whole under a temporary name and renamed, so a reader
 never sees half of one; where the cache cannot be written, the tower is converted for the process alone. A
 conversion is checked against eager PyTorch on a probe batch before it is kept.
 
-Names (``--backend``, ``JOINTSPACE_BACKEND``; :data:`BACKENDS`):
+Every backend is a class of one interface, :class:`Backend` (its name, the converter it caches under, the device it
+runs on; ``export``, ``open``, ``forward``), registered by name in :data:`REGISTRY`; the names are defined once,
+torch-free, in ``names.py`` (``--backend``, ``JOINTSPACE_BACKEND``; :data:`BACKENDS`):
 
-* ``auto`` (default): on a CPU the first of :data:`AUTO` that loads; eager PyTorch on CUDA, for a model whose
-  backbone trains (not pretrained, ``image.train_blocks`` / learned pooling) and for region attention;
-* ``eager``: PyTorch as the model is;
-* ``openvino``: OpenVINO in float32 (its CPU plugin would otherwise pick bf16 where the CPU has it);
-* ``openvino-bf16``: OpenVINO with bf16 inference precision (a CPU with native bf16: AVX-512 BF16 or AMX; looser
-  features, docs/benchmarks.md measures what it does to ranking);
-* ``onnxruntime``: ONNX Runtime's CPU provider, all graph optimisations.
+* ``auto`` (default): on a CPU the first of :data:`AUTO` that loads, on a CUDA device ``cuda``; eager PyTorch for a
+  model whose backbone trains (not pretrained, ``image.train_blocks`` / learned pooling) and for region attention;
+* ``eager`` (:class:`Eager`): PyTorch as the model is;
+* ``openvino`` (:class:`OpenVINO`): OpenVINO in float32 (its CPU plugin would otherwise pick bf16 where the CPU has
+  it);
+* ``openvino-bf16`` (:class:`OpenVINOBf16`): OpenVINO with bf16 inference precision (a CPU with native bf16:
+  AVX-512 BF16 or AMX; looser features, docs/benchmarks.md measures what it does to ranking);
+* ``onnxruntime`` (:class:`ONNXRuntime`): ONNX Runtime's CPU provider, all graph optimisations;
+* ``cuda`` (:class:`CUDA`): the tower on a CUDA device in float16 with its BatchNorms folded into the convolutions
+  (:func:`fold_batchnorm`) and one CUDA graph per batch bucket (:data:`BUCKETS`).
 
 OpenVINO runs a batch of one row (an interactive query) as one request on all of the backend's threads, and a
 batch of several rows (bulk embedding, a service batch) one row per request across its CPU streams
@@ -35,6 +40,7 @@ call — the one code path above it, for the indexer, the service's image route,
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -44,24 +50,23 @@ import sys
 import tempfile
 import threading
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, ClassVar, cast
 from weakref import WeakKeyDictionary
 
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from training.models.protocol import EmbeddingModel, has_attention
 
-BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime")
-AUTO = ("openvino", "onnxruntime")   # what auto tries on a CPU, fastest first (docs/benchmarks.md#inference-backends)
-ENV = "JOINTSPACE_BACKEND"
+from .names import AUTO_CPU as AUTO
+from .names import AUTO_CUDA, BACKENDS, choice
+from .names import BACKEND_ENV as ENV
+
 FORMAT = 2                           # of the cached graphs: bump to convert every model again (2: uint8 input)
 OPSET = 17                           # ONNX opset of the exported graphs
-# a conversion is kept when every probe row's features have at least this cosine with eager PyTorch's
-AGREEMENT = {"openvino": 0.9999, "openvino-bf16": 0.99, "onnxruntime": 0.9999}
 
 log = logging.getLogger("jointspace.backend")
 
@@ -69,11 +74,7 @@ log = logging.getLogger("jointspace.backend")
 def backend_choice(given: str | None = None) -> str:
     """The backend asked for: ``given`` (a flag), else ``$JOINTSPACE_BACKEND``, else ``auto``. ValueError naming
     the known ones for another name."""
-    source = "--backend" if given else ENV
-    name = (given or os.environ.get(ENV) or "auto").strip().lower()
-    if name not in BACKENDS:
-        raise ValueError(f"unknown inference backend {name!r} ({source}); known: {', '.join(BACKENDS)}")
-    return name
+    return choice(given, os.environ.get(ENV), BACKENDS, "inference backend", "--backend", ENV)
 
 
 def cache_root() -> Path:
@@ -125,12 +126,12 @@ def _input_shape(model: EmbeddingModel) -> tuple[int, int]:
 
 def eager_reason(model: EmbeddingModel) -> str | None:
     """Why ``model``'s image tower stays in eager PyTorch whatever is asked, or None: a backend converts frozen
-    pretrained CNNs for a CPU."""
+    pretrained CNNs on a CPU or a CUDA device (which backend runs on which device: :attr:`Backend.device_type`)."""
     try:
         device = next(model.parameters()).device
     except StopIteration:
         return "the model has no weights"
-    if device.type != "cpu":
+    if device.type not in ("cpu", "cuda"):
         return f"the model runs on {device.type}"
     if has_attention(model):
         return "the model scores image regions (region attention)"
@@ -146,7 +147,7 @@ def tower_fingerprint(model: EmbeddingModel, kind: str) -> str:
     """sha256 of what a converted graph depends on: the cache format, the converter (``kind`` and its version),
     torch's version (it traces), the model's class, preprocessing and image settings, and every backbone weight."""
     h = hashlib.sha256()
-    h.update(json.dumps({"format": FORMAT, "kind": kind, "converter": _converter_version(kind),
+    h.update(json.dumps({"format": FORMAT, "kind": kind, "converter": REGISTRY_BY_KIND[kind].converter_version(),
                          "torch": torch.__version__, "class": type(model).__name__,
                          "preprocess": model.preprocess.to_dict(), "input": _input_shape(model),
                          "image": model.cfg.image.model_dump()}, sort_keys=True, default=str).encode())
@@ -157,35 +158,364 @@ def tower_fingerprint(model: EmbeddingModel, kind: str) -> str:
     return h.hexdigest()
 
 
-def _converter_version(kind: str) -> str:
-    if kind == "openvino":
-        return openvino().__version__
-    import onnxruntime
+# --- the interface: one class per backend -------------------------------------------------------------------------
 
-    return f"onnxruntime {onnxruntime.__version__} opset {OPSET}"
-
-
-@dataclass
 class Backend:
-    """A loaded backend: ``run`` maps uint8 pixels ``(N, C, S, S)`` to features ``(N, D)`` (numpy, CPU)."""
-    name: str
-    run: Callable[[np.ndarray], np.ndarray]
-    path: Path                      # the cached graph's folder
-    converted: bool                 # converted by this load (False: read from the cache)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """A loaded backend: :meth:`forward` maps uint8 pixels ``(N, C, S, S)``, one view a row, to backbone features
+    ``(N, D)``; :meth:`features` is what the model's image path calls. A subclass names itself (:attr:`name`, one of
+    ``names.BACKENDS``), the converter whose graphs it caches (:attr:`kind`: a cache folder's prefix, shared by the
+    backends that run the same graph), the graph's file, the device it runs on, and implements
+    :meth:`converter_version`, :meth:`export` (write the graph of an ``ImageTower``) and :meth:`open` (run a
+    written graph); :func:`use_backend` converts, checks, caches and attaches one the same way for every class."""
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""            # the converter: what is cached (and fingerprinted) under this prefix
+    file: ClassVar[str] = ""            # the graph's file in its cache folder
+    device_type: ClassVar[str] = "cpu"  # the device the model must be on for this backend to run it
+
+    def __init__(self, path: Path, converted: bool = False):
+        self.path = path                # the cached graph's folder
+        self.converted = converted      # converted by this load (False: read from the cache)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def converter_version(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def export(cls, model: EmbeddingModel, tower: ImageTower, probe: torch.Tensor, folder: Path) -> None:
+        """Writes the graph of ``tower`` (the model's, on its device, in eval mode) into ``folder``."""
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, model: EmbeddingModel, folder: Path, cache: bool = True) -> Backend:
+        """The graph written in ``folder`` ready to run; ``cache``: the runtime may keep compiled forms beside it."""
+        raise NotImplementedError
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 ``(N, C, S, S)`` → features ``(N, D)``, float32 (on the CPU for a CPU runtime, else the device)."""
+        raise NotImplementedError
 
     def features(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels ``(B, 3k, S, S)`` or multi-view ``(B, V, 3k, S, S)`` (``model.preprocess.pixels``, not
-        normalised: the graph normalises) → backbone features ``(B, D)``, float32 on the CPU, the views averaged
-        as ``image_features`` averages them."""
+        normalised: the graph normalises) → backbone features ``(B, D)``, float32, the views averaged as
+        ``image_features`` averages them."""
         if pixels.dtype != torch.uint8:
             raise TypeError(f"a backend takes uint8 pixels, got {pixels.dtype}")
         views = pixels.shape[1] if pixels.dim() == 5 else 1
         flat = pixels.flatten(0, 1) if pixels.dim() == 5 else pixels
-        array = np.ascontiguousarray(flat.detach().cpu().numpy())
         with self._lock:             # one call at a time: the service's compute thread, or the indexer
-            out = torch.from_numpy(np.array(self.run(array), dtype=np.float32, copy=True))
+            out = self.forward(flat)
         return out.view(-1, views, out.shape[-1]).mean(1)
+
+
+class Eager(Backend):
+    """The model's own forward pass in PyTorch (``eager``): what every conversion is checked against. Nothing is
+    converted or cached, and :func:`use_backend` attaches nothing for it — the model runs as it is, under the
+    inference autocast policy (``embedding.inference_autocast``)."""
+    name = "eager"
+    kind = "eager"
+
+    def __init__(self, model: EmbeddingModel):
+        super().__init__(Path(), converted=False)
+        self.model = model
+
+    @classmethod
+    def converter_version(cls) -> str:
+        return f"torch {torch.__version__}"
+
+    @classmethod
+    def open(cls, model: EmbeddingModel, folder: Path, cache: bool = True) -> Backend:
+        return cls(model)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        return self.model.image_features(self.model.preprocess.normalize(pixels.to(device))).float()
+
+
+class _NumpyRuntime(Backend):
+    """A CPU runtime that runs numpy arrays (``run``: uint8 ``(N, C, S, S)`` → ``(N, D)``)."""
+
+    def __init__(self, path: Path, run: Callable[[np.ndarray], np.ndarray]):
+        super().__init__(path)
+        self.run = run
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        array = np.ascontiguousarray(pixels.detach().cpu().numpy())
+        return torch.from_numpy(np.array(self.run(array), dtype=np.float32, copy=True))
+
+
+def _trace(tower: ImageTower, probe: torch.Tensor) -> Any:
+    with warnings.catch_warnings():
+        # the tracer's advice (Python values taken as constants): the graph is checked against eager PyTorch instead
+        warnings.simplefilter("ignore")
+        return torch.jit.trace(tower, probe[:1], check_trace=False)
+
+
+class OpenVINO(_NumpyRuntime):
+    """``openvino``: OpenVINO's IR on the CPU in float32 (:class:`_OpenVINO`)."""
+    name = "openvino"
+    kind = "openvino"
+    file = "tower.xml"
+    bf16 = False
+
+    @classmethod
+    def converter_version(cls) -> str:
+        return openvino().__version__
+
+    @classmethod
+    def export(cls, model: EmbeddingModel, tower: ImageTower, probe: torch.Tensor, folder: Path) -> None:
+        ov = openvino()
+        channels, side = _input_shape(model)
+        graph = ov.convert_model(_trace(tower, probe), example_input=probe[:1])
+        graph.reshape({graph.inputs[0]: ov.PartialShape([-1, channels, side, side])})
+        ov.save_model(graph, str(folder / cls.file), compress_to_fp16=False)
+
+    @classmethod
+    def open(cls, model: EmbeddingModel, folder: Path, cache: bool = True) -> Backend:
+        return cls(folder, _open_openvino(folder / cls.file, cls.bf16, cache=cache))
+
+
+class OpenVINOBf16(OpenVINO):
+    """``openvino-bf16``: the same IR with bf16 inference precision (refused on a CPU without native bf16)."""
+    name = "openvino-bf16"
+    bf16 = True
+
+
+class ONNXRuntime(_NumpyRuntime):
+    """``onnxruntime``: an ONNX graph in ONNX Runtime's CPU provider, every graph optimisation."""
+    name = "onnxruntime"
+    kind = "onnxruntime"
+    file = "tower.onnx"
+
+    @classmethod
+    def converter_version(cls) -> str:
+        import onnxruntime
+
+        return f"onnxruntime {onnxruntime.__version__} opset {OPSET}"
+
+    @classmethod
+    def export(cls, model: EmbeddingModel, tower: ImageTower, probe: torch.Tensor, folder: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # the TorchScript exporter's deprecation notice
+            torch.onnx.export(_trace(tower, probe), (probe[:1],), str(folder / cls.file), dynamo=False,
+                              input_names=["images"], output_names=["features"], opset_version=OPSET,
+                              dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}})
+
+    @classmethod
+    def open(cls, model: EmbeddingModel, folder: Path, cache: bool = True) -> Backend:
+        return cls(folder, _open_onnxruntime(folder / cls.file))
+
+
+# --- the CUDA tower ---------------------------------------------------------------------------------------------
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # batch sizes the CUDA tower captures a graph for
+
+
+def bucket(rows: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The batch size ``rows`` views run at: the smallest bucket that holds them, else the largest (the rows are
+    then run in chunks of it)."""
+    if rows < 1:
+        raise ValueError(f"a batch has at least one row, got {rows}")
+    return next((b for b in buckets if b >= rows), buckets[-1])
+
+
+class _Readers(TorchFunctionMode):
+    """How many torch operations that make a tensor read each of the tensors ``watched`` (by id, from when it is
+    added: ``watched`` tensors are kept alive, so no other tensor takes their id; size queries are not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: set[int] = set()
+        self.count: dict[int, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, (torch.Tensor, tuple, list)):
+            flat = [*args, *(kwargs or {}).values()]
+            for arg in flat + [a for x in flat if isinstance(x, (tuple, list)) for a in x]:
+                if isinstance(arg, torch.Tensor) and id(arg) in self.watched:
+                    self.count[id(arg)] = self.count.get(id(arg), 0) + 1
+        return out
+
+
+def fold_batchnorm(module: nn.Module, probe: torch.Tensor, run: Callable[[torch.Tensor], Any]) -> int:
+    """Folds every BatchNorm (eval mode: running statistics) that reads a convolution's output and nothing else
+    into that convolution's weights and bias, in place: ``W' = W·γ/√(σ²+ε)``, ``b' = (b − μ)·γ/√(σ²+ε) + β`` (Ioffe
+    & Szegedy 2015, Alg. 2's inference transform, moved into the preceding linear map). The pairs are found by
+    running ``run(probe)`` once with hooks and a torch-function mode that counts each tensor's readers: a
+    BatchNorm whose input is the very tensor one convolution (called once) returned and no other operation read;
+    a plain ``BatchNorm2d`` becomes an identity, a BatchNorm with its activation attached (timm's
+    ``BatchNormAct2d``) keeps only its dropout and activation. Returns how many were folded."""
+    made: dict[int, list[nn.Conv2d]] = {}      # id of a convolution's output → the convolutions that returned it
+    read: dict[nn.Module, list[int]] = {}      # BatchNorm → ids of the tensors it read
+    alive: list[torch.Tensor] = []             # every tensor whose id is kept: no id is reused meanwhile
+
+    def conv_hook(mod: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        alive.append(out)
+        readers.watched.add(id(out))
+        made.setdefault(id(out), []).append(cast(nn.Conv2d, mod))
+
+    def bn_hook(mod: nn.Module, inputs: tuple) -> None:
+        alive.append(inputs[0])
+        read.setdefault(mod, []).append(id(inputs[0]))
+    readers = _Readers()
+    hooks = []
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            hooks.append(m.register_forward_hook(conv_hook))
+        elif isinstance(m, nn.BatchNorm2d):
+            hooks.append(m.register_forward_pre_hook(bn_hook))
+    try:
+        with torch.no_grad(), readers:
+            run(probe)
+    finally:
+        for h in hooks:
+            h.remove()
+    calls: dict[nn.Module, int] = {}
+    for convs in made.values():
+        for c in convs:
+            calls[c] = calls.get(c, 0) + 1
+    folded = 0
+    parents = {child: (parent, name) for parent in module.modules() for name, child in parent.named_children()}
+    for bn, inputs in read.items():
+        convs = made.get(inputs[0], []) if len(inputs) == 1 else []
+        if len(convs) != 1 or calls[convs[0]] != 1 or readers.count.get(inputs[0]) != 1 or bn not in parents:
+            continue
+        conv, bn2d = convs[0], cast(nn.BatchNorm2d, bn)
+        if bn2d.running_mean is None or bn2d.running_var is None:
+            continue
+        with torch.no_grad():
+            gamma = bn2d.weight if bn2d.weight is not None else torch.ones_like(bn2d.running_mean)
+            beta = bn2d.bias if bn2d.bias is not None else torch.zeros_like(bn2d.running_mean)
+            scale = gamma / torch.sqrt(bn2d.running_var + bn2d.eps)
+            bias = conv.bias if conv.bias is not None else torch.zeros_like(bn2d.running_mean)
+            conv.weight.mul_(scale.view(-1, 1, 1, 1).to(conv.weight.dtype))
+            conv.bias = nn.Parameter((bias - bn2d.running_mean) * scale + beta)
+        parent, name = parents[bn]
+        rest = [getattr(bn, a) for a in ("drop", "act") if isinstance(getattr(bn, a, None), nn.Module)]
+        setattr(parent, name, nn.Sequential(*rest) if rest else nn.Identity())
+        folded += 1
+    alive.clear()
+    return folded
+
+
+class FoldedTower(nn.Module):
+    """The tower the CUDA backend runs: uint8 pixels normalised in float32 (``pixel_affine``), then the model's
+    ``image_features`` (its BatchNorms folded, :func:`fold_batchnorm`) in ``dtype``; features back in float32."""
+
+    def __init__(self, model: nn.Module, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.model, self.dtype = model, dtype
+        self.register_buffer("scale", scale.float(), persistent=False)
+        self.register_buffer("shift", shift.float(), persistent=False)
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        normalised = (pixels.float() * self.scale + self.shift).to(self.dtype)
+        return cast(EmbeddingModel, self.model).image_features(normalised).float()
+
+
+def folded_tower(model: EmbeddingModel, dtype: torch.dtype = torch.float16) -> FoldedTower:
+    """A copy of ``model``'s image tower (on its device, eval mode) with its BatchNorms folded into their
+    convolutions and its weights in ``dtype``; the model itself is left as it is. RuntimeError when the folded
+    tower's float32 features differ from the model's on the probe (a BatchNorm's input read elsewhere too)."""
+    tower = ImageTower(copy.deepcopy(model)).eval()
+    probe = _probe(model).to(tower.scale.device)
+    with torch.no_grad():
+        before = tower(probe)
+        fold_batchnorm(tower, probe[:1], tower)
+        after = tower(probe)
+    if not torch.allclose(after, before, rtol=1e-3, atol=1e-4 * float(before.abs().max())):
+        raise RuntimeError("folding the BatchNorms changed the features")
+    return FoldedTower(tower.model.to(dtype=dtype), tower.scale, tower.shift, dtype).eval()
+
+
+class CUDA(Backend):
+    """``cuda``: the image tower on a CUDA device in float16, its BatchNorms folded into the convolutions
+    (:func:`folded_tower`), one CUDA graph captured per batch bucket (:data:`BUCKETS`, :func:`bucket`) on its
+    first use, so a batch is one graph launch. The folded float16 weights are what is cached (``tower.pt``,
+    a ``state_dict``) and checked against eager PyTorch like any conversion."""
+    name = "cuda"
+    kind = "cuda"
+    file = "tower.pt"
+    device_type = "cuda"
+    dtype = torch.float16
+
+    def __init__(self, path: Path, tower: FoldedTower, graphs: bool = True):
+        super().__init__(path)
+        self.tower, self.graphs = tower, graphs
+        self.device = tower.scale.device
+        self._captured: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def converter_version(cls) -> str:
+        return f"torch {torch.__version__} cuda {torch.version.cuda} {cls.dtype} batchnorm folded"
+
+    @classmethod
+    def export(cls, model: EmbeddingModel, tower: ImageTower, probe: torch.Tensor, folder: Path) -> None:
+        torch.save(folded_tower(model, cls.dtype).state_dict(), folder / cls.file)
+
+    @classmethod
+    def open(cls, model: EmbeddingModel, folder: Path, cache: bool = True) -> Backend:
+        tower = folded_tower(model, cls.dtype)          # the folded structure; its weights as cached
+        device = next(model.parameters()).device
+        tower.load_state_dict(torch.load(folder / cls.file, map_location=device, weights_only=True))
+        return cls(folder, tower, graphs=device.type == "cuda")
+
+    @torch.no_grad()
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        pixels = pixels.to(self.device, non_blocking=True)
+        size = bucket(len(pixels))
+        out = []
+        for start in range(0, len(pixels), size):
+            chunk = pixels[start:start + size]
+            with torch.autocast(self.device.type, enabled=False):      # the graph's own dtype, not autocast's
+                out.append(self._run(chunk, bucket(len(chunk))))
+        return torch.cat(out)
+
+    def _run(self, chunk: torch.Tensor, size: int) -> torch.Tensor:
+        if not self.graphs:
+            return self.tower(chunk)
+        if size not in self._captured:
+            self._captured[size] = self._capture(size, chunk.shape[1:])
+        graph, static_in, static_out = self._captured[size]
+        static_in[:len(chunk)].copy_(chunk)
+        graph.replay()
+        return static_out[:len(chunk)].clone()
+
+    def _capture(self, size: int, shape: torch.Size) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """A CUDA graph of the tower at batch ``size`` (warmed on a side stream first, as capture requires)."""
+        static_in = torch.zeros((size, *shape), dtype=torch.uint8, device=self.device)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.tower(static_in)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.tower(static_in)
+        return graph, static_in, static_out
+
+
+REGISTRY: dict[str, type[Backend]] = {c.name: c for c in (Eager, OpenVINO, OpenVINOBf16, ONNXRuntime, CUDA)}
+REGISTRY_BY_KIND: dict[str, type[Backend]] = {c.kind: c for c in reversed(REGISTRY.values())}
+# a conversion is kept when every probe row's features have at least this cosine with eager PyTorch's
+AGREEMENT = {"openvino": 0.9999, "openvino-bf16": 0.99, "onnxruntime": 0.9999, "cuda": 0.999}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend ``name`` (of ``names.BACKENDS`` but ``auto``); ValueError for another name."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown inference backend {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def auto_backends(device: torch.device | str) -> tuple[str, ...]:
+    """What ``auto`` tries, in order, for a model on ``device``: :data:`AUTO` on a CPU, :data:`AUTO_CUDA` on CUDA."""
+    return AUTO_CUDA if torch.device(device).type == "cuda" else AUTO
 
 
 _ATTACHED: WeakKeyDictionary[Any, Backend] = WeakKeyDictionary()
@@ -221,10 +551,11 @@ def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Pat
     """Runs ``model``'s image tower on the backend ``name`` (:func:`backend_choice`: the flag, else
     ``$JOINTSPACE_BACKEND``, else ``auto``) from now on, converting it (or reading its cached conversion from
     ``cache``, default :func:`cache_root`). Returns the backend in use: ``eager`` when asked, when the model is not
-    one a backend runs (:func:`eager_reason`) or when loading failed — said in one log line. ``prepare``: the way
-    of running it that is compiled and tried at load (``latency``: one row at a time, an interactive service;
-    ``throughput``: batches across CPU streams, bulk embedding); the other is compiled on its first use. Call it
-    once the model is on its device, in eval mode, with its final weights."""
+    one a backend runs (:func:`eager_reason`), when the backend runs on another device than the model's, or when
+    loading failed — said in one log line. ``prepare``: the way of running it that is compiled and tried at load
+    (``latency``: one row at a time, an interactive service; ``throughput``: batches across CPU streams, bulk
+    embedding); the other is compiled on its first use. Call it once the model is on its device, in eval mode,
+    with its final weights."""
     if prepare not in PREPARE:
         raise ValueError(f"prepare must be one of {', '.join(PREPARE)}, got {prepare!r}")
     choice = backend_choice(name)
@@ -232,13 +563,16 @@ def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Pat
     if choice == "eager":
         return "eager"
     reason = eager_reason(model)
+    device = next(model.parameters()).device if reason is None else None
+    if reason is None and choice != "auto" and backend_class(choice).device_type != cast(torch.device, device).type:
+        reason = f"the model runs on {cast(torch.device, device).type}"
     if reason is not None:
         if choice != "auto":
             log.warning("inference backend %s not used: %s; the image tower runs in eager PyTorch", choice, reason)
         return "eager"
     root = Path(cache) if cache is not None else cache_root()
     failures = []
-    for candidate in AUTO if choice == "auto" else (choice,):
+    for candidate in auto_backends(cast(torch.device, device)) if choice == "auto" else (choice,):
         try:
             backend = _load(model, candidate, root, prepare)
         except Exception as err:  # noqa: BLE001 - any failure to load or convert: the next one, else eager
@@ -254,26 +588,24 @@ def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Pat
 
 
 def _load(model: EmbeddingModel, name: str, root: Path, prepare: str = "latency") -> Backend:
-    kind = "openvino" if name.startswith("openvino") else "onnxruntime"
-    key = f"{kind}-{tower_fingerprint(model, kind)[:32]}"
-    file = "tower.xml" if kind == "openvino" else "tower.onnx"
-    converted = not (root / key / file).is_file()
+    cls = backend_class(name)
+    key = f"{cls.kind}-{tower_fingerprint(model, cls.kind)[:32]}"
+    converted = not (root / key / cls.file).is_file()
     scratch = None
     if converted and not _writable(root):       # a read-only cache: converted for this process alone
         scratch = root = Path(tempfile.mkdtemp(prefix="jointspace-backends-"))
     try:
         if converted:
-            _convert(model, kind, name, root / key)
-        graph = root / key / file
-        run = (_open_openvino(graph, name == "openvino-bf16", cache=scratch is None) if kind == "openvino"
-               else _open_onnxruntime(graph))
+            _convert(model, cls, root / key)
+        backend = cls.open(model, root / key, cache=scratch is None)
         channels, side = _input_shape(model)
         # it runs: the first call's set-up paid here, for the way of running it that the caller uses
-        run(np.zeros((2 if prepare == "throughput" else 1, channels, side, side), np.uint8))
+        backend.forward(torch.zeros((2 if prepare == "throughput" else 1, channels, side, side), dtype=torch.uint8))
     finally:
         if scratch is not None:                 # the runtimes hold the graph in memory once it is loaded
             shutil.rmtree(scratch, ignore_errors=True)
-    return Backend(name, run, root / key, converted)
+    backend.converted = converted
+    return backend
 
 
 def _writable(root: Path) -> bool:
@@ -291,40 +623,28 @@ def _probe(model: EmbeddingModel) -> torch.Tensor:
                          generator=torch.Generator().manual_seed(0))
 
 
-def _convert(model: EmbeddingModel, kind: str, name: str, folder: Path) -> None:
-    """Traces the tower, writes its graph into a temporary folder beside ``folder``, checks it against eager
-    PyTorch and renames the folder into place (another process that got there first wins)."""
+def _convert(model: EmbeddingModel, cls: type[Backend], folder: Path) -> None:
+    """Writes the tower's graph for ``cls`` (:meth:`Backend.export`) into a temporary folder beside ``folder``,
+    checks it against eager PyTorch (:class:`Eager`) and renames the folder into place (another process that got
+    there first wins)."""
+    device = next(model.parameters()).device
     tower = ImageTower(model).eval()
-    probe = _probe(model)
+    probe = _probe(model).to(device)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     os.chmod(scratch, 0o755)            # readable as the rest of the cache (mkdtemp makes it the owner's only)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            # the tracer's and exporters' advice (Python values taken as constants, the TorchScript exporter's
-            # deprecation): the graph is checked against eager PyTorch below instead
-            warnings.simplefilter("ignore")
-            traced = torch.jit.trace(tower, probe[:1], check_trace=False)
-            expected = model.image_features(model.preprocess.normalize(probe))    # eager PyTorch, as it runs
-            if kind == "onnxruntime":
-                torch.onnx.export(traced, (probe[:1],), str(scratch / "tower.onnx"), dynamo=False,
-                                  input_names=["images"], output_names=["features"], opset_version=OPSET,
-                                  dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}})
-        if kind == "openvino":
-            ov = openvino()
-            channels, side = _input_shape(model)
-            graph = ov.convert_model(traced, example_input=probe[:1])
-            graph.reshape({graph.inputs[0]: ov.PartialShape([-1, channels, side, side])})
-            ov.save_model(graph, str(scratch / "tower.xml"), compress_to_fp16=False)
-            run = _open_openvino(scratch / "tower.xml", name == "openvino-bf16", cache=False)
-        else:
-            run = _open_onnxruntime(scratch / "tower.onnx")
-        # the batch and the single row alike (OpenVINO runs them differently, _OpenVINO)
-        got = torch.from_numpy(np.concatenate([run(probe.numpy()), run(probe[:1].numpy())]).astype(np.float32))
+        with torch.no_grad():
+            expected = Eager(model).forward(probe)          # eager PyTorch, as it runs
+            cls.export(model, tower, probe.cpu() if cls.device_type == "cpu" else probe, scratch)
+            backend = cls.open(model, scratch, cache=False)
+            # the batch and the single row alike (OpenVINO runs them differently, _OpenVINO)
+            got = torch.cat([backend.forward(probe), backend.forward(probe[:1])]).float().to(device)
         agreement = torch.nn.functional.cosine_similarity(got, torch.cat([expected, expected[:1]]).float(),
                                                           dim=-1).min().item()
-        if not agreement >= AGREEMENT[name]:
+        if not agreement >= AGREEMENT[cls.name]:
             raise RuntimeError(f"the converted graph disagrees with eager PyTorch (cosine {agreement:.6f} < "
-                               f"{AGREEMENT[name]})")
+                               f"{AGREEMENT[cls.name]})")
+        del backend
         try:
             os.rename(scratch, folder)
         except OSError:

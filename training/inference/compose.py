@@ -21,8 +21,9 @@ from PIL import Image
 from training.data.preprocess import embed_side, open_image
 from training.data.vocab import pad_batch
 from training.models.protocol import EmbeddingModel, can_compose
-from .embedding import embed_pixels, inference_autocast, pixel_features
+from .embedding import device_of, embed_pixels, inference_autocast, pixel_features
 from .shapes import Shapes
+from .tensor_views import decode_choice, torch_pixels
 
 NO_COMPOSITION = ("query composition (an image ± words) needs a model that embeds an image as one vector; this one "
                   "uses region attention (STT-ATT)")
@@ -30,7 +31,14 @@ NO_COMPOSITION = ("query composition (an image ± words) needs a model that embe
 
 @torch.no_grad()
 def image_features_of(model: EmbeddingModel, image: str | Path | Image.Image) -> torch.Tensor:
-    """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``)."""
+    """A query image (path or PIL image) → its backbone features ``(D,)`` (``embed.pixel_features``); a plain JPEG
+    decoded and cut into views on the model's device when the decode setting says so (``tensor_views``)."""
+    if not isinstance(image, Image.Image):
+        device = device_of(model)
+        pixels = torch_pixels(model.preprocess, Path(image).read_bytes(), device) \
+            if decode_choice(device) == "torch" else None
+        if pixels is not None:
+            return pixel_features(model, pixels.unsqueeze(0))[0]
     picture = image if isinstance(image, Image.Image) else open_image(image, embed_side(model.preprocess))
     return pixel_features(model, model.preprocess.pixels(picture).unsqueeze(0))[0]     # (1, crops, 3, S, S) in
 

@@ -6,7 +6,8 @@
 * :func:`embed_image_files` — image files, decoded by DataLoader workers, → image embeddings (an unreadable file
   is skipped and reported; a large JPEG is decoded at the smallest DCT scale the preprocessing allows,
   ``preprocess.decode_image``; workers, prefetch and pinned memory by core count and device,
-  ``features.loader_options``);
+  ``features.loader_options``; on a CUDA device plain JPEGs are decoded and cut into views there instead,
+  ``tensor_views.py``);
 * :func:`embed_texts` — sentences, each optionally minus the meaning of some words (W2VV §IV-C) → text
   embeddings;
 * :func:`embed_image_source`, :func:`embed_split` — the images of a data split (an ``ImageSource``,
@@ -36,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from training.data.features import ImageFiles, loader_options, usable_cores
-from training.data.preprocess import embed_side, open_image
+from training.data.preprocess import decode_image, embed_side, open_image
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
@@ -46,6 +47,7 @@ from training.models.protocol import EmbeddingModel
 from .backend import tower_features
 from .overlap import Overlap, Timeline
 from .shapes import Shapes, plan
+from .tensor_views import EncodedJPEG, decode_choice, encoded_jpeg, encoded_pixels
 
 PAD_TEXT = "a"                      # what fills a padded text batch: a sentence of one word (its rows are dropped)
 
@@ -179,7 +181,18 @@ def read_image(path: str | Path, min_side: int | None = None) -> tuple[Image.Ima
     return open_image(path, min_side), None
 
 
-Reader = Callable[[str, int | None], tuple[Image.Image, Any]]   # (path, min_side) → (image, what else to keep)
+def read_encoded(path: str | Path, min_side: int | None = None) -> tuple[Image.Image | EncodedJPEG, None]:
+    """The reader of :func:`embed_image_files` under ``decode`` torch: a plain JPEG's bytes, its header checked, for
+    the device to decode (``tensor_views.encoded_jpeg``), any other file decoded as :func:`read_image` does."""
+    data = Path(path).read_bytes()
+    encoded = encoded_jpeg(data, min_side)
+    if encoded is not None:
+        return encoded, None
+    return decode_image(data, Path(path).suffix, min_side).image, None
+
+
+# (path, min_side) → (image, or a JPEG left for the device to decode; what else to keep)
+Reader = Callable[[str, int | None], tuple[Any, Any]]
 
 
 @dataclass
@@ -207,6 +220,8 @@ class _Decoded(Dataset):
             image, extra = self.read(self.paths[i], embed_side(self.preprocess))
             if image is None:               # the reader found nothing to embed (e.g. content already indexed)
                 return i, None, None
+            if isinstance(image, EncodedJPEG):      # decoded on the model's device (tensor_views.py)
+                return i, (image, extra), None
             return i, (self.preprocess.pixels(image), extra), None
         except Exception as err:  # noqa: BLE001 - any decoding failure means "skip this file"
             return i, None, f"{type(err).__name__}: {err}"
@@ -216,7 +231,10 @@ def _collate(items):
     ok = [(i, px) for i, px, _ in items if px is not None]
     bad = [(i, reason) for i, px, reason in items if reason is not None]
     passed = [i for i, px, reason in items if px is None and reason is None]
-    pixels = torch.stack([px for _, (px, _) in ok]) if ok else None
+    rows = [px for _, (px, _) in ok]
+    pixels: torch.Tensor | list | None = None
+    if rows:
+        pixels = rows if any(isinstance(r, EncodedJPEG) for r in rows) else torch.stack(rows)
     return [i for i, _ in ok], pixels, bad, [extra for _, (_, extra) in ok], passed
 
 
@@ -226,15 +244,22 @@ AHEAD_BYTES = 128 * 2**20   # pixels an early-started decoding (ImageDecoding(ah
 class ImageDecoding:
     """Image files being decoded and preprocessed by DataLoader workers (``workers`` None: by core count,
     ``features.loader_options``), ``batch_size`` images a batch, each read by ``read`` (see
-    :func:`embed_image_files`). The workers start here, so decoding can begin before the model is loaded (the
-    indexer starts it, then loads the model: the decoding uses the cores the loading leaves idle); ``ahead``: up
+    :func:`embed_image_files`); under ``decode`` torch (``tensor_views.decode_choice``: by default on a CUDA
+    ``device``) the workers leave plain JPEGs encoded and :meth:`pixels` decodes them on the model's device
+    (``read_image`` is then :func:`read_encoded`; another reader returns an ``EncodedJPEG`` itself). The workers
+    start here, so decoding can begin before the model is loaded (the indexer starts it, then loads the model: the
+    decoding uses the cores the loading leaves idle); ``ahead``: up
     to :data:`AHEAD_BYTES` of pixels are decoded ahead of the model instead of the loader's usual few batches.
     An iterator of its batches, consumed by :func:`embed_image_files`; :meth:`close` stops the workers of one that
     is not."""
 
     def __init__(self, paths: Sequence[str | Path], preprocess, read: Reader = read_image, batch_size: int = 64,
-                 workers: int | None = 2, device: str | torch.device = "cpu", ahead: bool = False):
+                 workers: int | None = 2, device: str | torch.device = "cpu", ahead: bool = False,
+                 decode: str | None = None):
         self.paths, self.preprocess, self.batch_size = [str(p) for p in paths], preprocess, batch_size
+        self.decode = decode_choice(device, decode)
+        if self.decode == "torch" and read is read_image:
+            read = read_encoded
         options = loader_options(len(self.paths), batch_size, workers, device)
         if ahead and options["num_workers"]:
             side = preprocess.image_size
@@ -264,12 +289,23 @@ class ImageDecoding:
     def close(self) -> None:
         self._batches = None                  # the loader's iterator stops its workers as it is let go
 
+    def pixels(self, batch: torch.Tensor | list, device: torch.device) -> torch.Tensor:
+        """A batch's pixels ``(B, crops, C, S, S)`` on ``device``: the rows the workers left encoded
+        (``EncodedJPEG``) decoded there in one call and cut into views in torch, the others as the workers made
+        them."""
+        if isinstance(batch, torch.Tensor):
+            return batch
+        encoded = [r for r in batch if isinstance(r, EncodedJPEG)]
+        decoded = iter(encoded_pixels(self.preprocess, encoded, device))
+        return torch.stack([next(decoded) if isinstance(r, EncodedJPEG) else r.to(device) for r in batch])
+
 
 @torch.no_grad()
 def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
                       progress: bool = True, read: Reader = read_image, preprocess=None,
                       pad: bool | None = None, decoding: ImageDecoding | None = None,
-                      on_batch: Callable[[list[int], list[Any]], None] | None = None) -> FileEmbeddings:
+                      on_batch: Callable[[list[int], list[Any]], None] | None = None,
+                      decode: str | None = None) -> FileEmbeddings:
     """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
     shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
     else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
@@ -280,10 +316,13 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
     ``decoding``: the files already being decoded (:class:`ImageDecoding`, started before the model was loaded),
     instead of ``paths``, ``read``, ``preprocess``, ``batch_size`` and ``workers``; its preprocessing must be the
     model's own views. ``on_batch``: called with each batch's kept positions and what ``read`` returned besides
-    their images, as soon as the batch is decoded (e.g. to start more work on those files meanwhile)."""
+    their images, as soon as the batch is decoded (e.g. to start more work on those files meanwhile). ``decode``:
+    where plain JPEGs are decoded and cut into views (``tensor_views.decode_choice``: ``pil`` in the workers,
+    ``torch`` on the model's device; default ``$JOINTSPACE_DECODE``, else by the device)."""
     model.eval()
     if decoding is None:
-        decoding = ImageDecoding(paths, preprocess or model.preprocess, read, batch_size, workers, device_of(model))
+        decoding = ImageDecoding(paths, preprocess or model.preprocess, read, batch_size, workers, device_of(model),
+                                 decode=decode)
     elif decoding.paths != [str(p) for p in paths]:
         decoding.close()
         raise ValueError("the decoding started is of other files than those to embed")
@@ -310,7 +349,8 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_
             continue
         if on_batch is not None:
             on_batch(idx, extra)
-        done(flight.push(pixels, (idx, extra)))
+        # plain JPEGs the workers left encoded are decoded on the model's device here (ImageDecoding.pixels)
+        done(flight.push(decoding.pixels(pixels, device_of(model)), (idx, extra)))
     done(flight.drain())
     bar.close()
     out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)

@@ -234,7 +234,7 @@ def _embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], embedding:
 
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, embedding.batch_size, embedding.workers, device_of(model),
-                                 indexed, tta, PhotoDecoding(decode=embedding.decode))
+                                 indexed, tta, how=PhotoDecoding(decode=embedding.decode))
     reading = start_reading(ocr)
     if reading is None:
         return files_to_embeddings(model, paths, progress=embedding.progress, decoding=decoding)

@@ -103,8 +103,8 @@ def _open_raw_file(path: Path, max_pixels: int, min_side: int | None) -> Image.I
 
 
 def upload_to_pixels(data: bytes | str | Path, max_pixels: int, preprocess,
-                     budget: MemoryBudget | None = None, device: torch.device | None = None,
-                     decode: str | None = None) -> torch.Tensor:
+                     device: torch.device | None = None, decode: str | None = None,
+                     budget: MemoryBudget | None = None) -> torch.Tensor:
     """An uploaded file (or an image file's path) → uint8 ``(crops, 3, S, S)`` pixels on the CPU: its size checked
     for the preprocessing's resize, decoded as every image to embed is (``preprocess.embed_side``) under ``budget``
     (the host memory of Pillow's decoding), then preprocessed as in training. With the model's ``device``: a plain

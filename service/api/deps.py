@@ -116,8 +116,8 @@ async def upload_pixels(data: bytes, state: ServiceState, request: Request, name
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, data, state.settings.max_pixels,
-state.loaded.model.preprocess, state.decode_budget, state.device,
-                                          state.settings.decode)
+state.loaded.model.preprocess, state.device, state.settings.decode,
+                                          state.decode_budget)
     except ImageError as err:
         raise HTTPException(err.status, err.detail) from None
     except DecodeBusy as err:
@@ -176,8 +176,8 @@ async def gallery_pixels(image_id: int, state: ServiceState, request: Request) -
         return state.loaded.model.preprocess.pixels(image)
     try:
         return await loop.run_in_executor(state.decode_pool, upload_to_pixels, path, state.settings.max_pixels,
-state.loaded.model.preprocess, state.decode_budget, state.device,
-                                          state.settings.decode)
+state.loaded.model.preprocess, state.device, state.settings.decode,
+                                          state.decode_budget)
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status,
                             f"gallery image {image_id}: {err.detail}") from None

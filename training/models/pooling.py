@@ -80,10 +80,11 @@ class GPO(nn.Module):
 
     def weights(self, lengths: torch.Tensor, steps: int) -> torch.Tensor:
         """θ ``(B, T)``: eq. 4, zero beyond each row's length. θ depends on the length alone: in training the
-        generator runs once per distinct length (once for a batch of 7×7 grids); otherwise the rows come from
-        :meth:`table`, gathered on the device."""
+        generator runs once per distinct length (once for a batch of 7×7 grids), and so it does in an ONNX export;
+        otherwise the rows come from :meth:`table`, gathered on the device."""
         lengths = lengths.clamp(min=1)
-        if self.training or torch.is_grad_enabled():
+        # an exported graph (the text tower on ONNX Runtime) must not hold a table sized by its example's length
+        if self.training or torch.is_grad_enabled() or torch.onnx.is_in_onnx_export():
             distinct, row_of = lengths.unique(return_inverse=True)
             return self._generate(distinct, steps).to(lengths.device)[row_of]
         return self.table(steps).to(lengths.device)[lengths - 1, :steps]

@@ -574,6 +574,42 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     _wait_error(page, "Error 415")
 
 
+def test_a_photo_search_clears_the_words_and_a_gallery_photo_gets_a_shareable_url(photo_server, tab):
+    """A photo as the query: the old words leave the box and the URL. A photo that is in the gallery becomes "more
+    like" that item (?like=ID), so a reload repeats the search; any other photo leaves no stale `q=` behind."""
+    server = photo_server
+    page = tab.open(server.url, "/?q=" + QUERY.replace(" ", "%20"))
+    _hits(page)
+    photo = sorted((server.photos / "trip").glob("*.jpg"))[0]
+    data = photo.read_bytes()
+    want = _api(server, "/v1/search/images", files={"image": (photo.name, data, "image/jpeg")}, data={"k": "10"})
+    item = want[0]
+    assert item["name"] == photo.name
+    _drop(page, "#similar-drop", data, photo.name, "image/jpeg")
+    _wait_heading(page, f"Top 10 photos like {photo.name}")
+    assert page.input_value("#query") == ""
+    page.wait_for_function("() => !location.search.includes('q=')")
+    assert _query_of(page) == {"like": str(item["id"])}
+    assert [i for i, _ in _hits(page)] == _ids(want)
+    page.reload()                                                       # the URL repeats it
+    _wait_heading(page, f"Top 10 photos like {photo.name}")
+    assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images",
+                                                     json={"image_id": item["id"], "k": 10}))
+
+    # a photo the gallery does not hold: no URL can carry it, and none keeps the old words
+    _search(page, QUERY)
+    _wait_heading(page, "Top 10 photos for")
+    assert "q" in _query_of(page)
+    noise = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(noise, "PNG")
+    first = _api(server, "/v1/search/images", files={"image": ("noise.png", noise.getvalue(), "image/png")},
+                 data={"k": "10"})[0]
+    assert first["score"] < 0.99                                        # not a gallery picture
+    _drop(page, "#similar-drop", noise.getvalue(), "noise.png", "image/png")
+    _wait_heading(page, "Top 10 photos like noise.png")
+    assert page.input_value("#query") == "" and _query_of(page) == {}
+
+
 # --- video moments ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

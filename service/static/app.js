@@ -32,6 +32,8 @@ const DETAIL_CAPTIONS = 5;
 
 const FORMATS = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC or AVIF";
 const SCORE_RANGE = { cosine: [-1, 1], order: [null, 0] };
+// the score from which an uploaded photo's first hit is the same picture (its embedding, up to decoding noise)
+const SAME_PICTURE = { cosine: 0.995, order: -0.005 };
 // the URL's parameter for each search option, in the URL's order
 const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_after"], ["before", "taken_before"],
                      ["minus", "subtract"], ["min", "min_score"], ["sort", "sort"]];
@@ -46,7 +48,7 @@ const modeOf = (value) => (MODES.includes(value) ? value : undefined);
 
 // strong: the relevance at which a hit is a strong match (/readyz's strong_relevance; null: hits have no relevance)
 const config = { ready: false, decoder: false, captions: 0, keyRequired: false, maxK: 100, maxText: 1000, images: null,
-                 videos: null, strong: null };
+                 videos: null, strong: null, similarity: "cosine" };
 let action = null;            // AbortController of the search whose results the page is waiting for
 let releases = [];            // revoke() of every blob: URL the results show
 let shown = null;             // the results on screen: {query, hits, more, strongMatch}
@@ -205,6 +207,7 @@ function configure(ready) {
   config.images = ready.images;
   config.videos = ready.videos;
   config.strong = ready.strong_relevance ?? null;
+  config.similarity = ready.similarity || "cosine";
   el.query.maxLength = config.maxText;
   el.paraphraseText.maxLength = config.maxText;
   fillK(config.maxK);
@@ -438,7 +441,10 @@ el.textForm.addEventListener("submit", (event) => {
   search({ kind: "text", text, mode: modeOf(el.mode.value), k: k(), offset: 0, options: refinements() });
 });
 
+// A photo as the query: the words in the box are not part of it, so they go (and leave the URL with them).
 function searchSimilar(file) {
+  el.query.value = "";
+  noteQuery("");
   search({ kind: "upload", file, k: k(), offset: 0, options: refinements() });
 }
 
@@ -489,6 +495,11 @@ async function search(query, { history = "push", reveal = true, open = null } = 
   try {
     const { hits, more, strongMatch } = await page(query, signal);
     if (signal.aborted) return;
+    const same = galleryPicture(query, hits);
+    if (same) {                                   // the uploaded photo is in the gallery: its URL names it
+      query = same;
+      setURL(urlOf(query), "replace");
+    }
     shown = { query, hits, more, strongMatch };
     renderImages(shown, signal);
     end(signal);
@@ -500,6 +511,17 @@ async function search(query, { history = "push", reveal = true, open = null } = 
   } catch (err) {
     if (!isAbort(err)) end(signal, err);
   }
+}
+
+// An uploaded photo whose first hit is the same picture is that gallery item: the query "more like" it (which a URL
+// can hold, so a reload or a shared link repeats it). null for any other upload.
+function galleryPicture(query, hits) {
+  const first = hits[0];
+  const same = SAME_PICTURE[config.similarity];
+  if (query.kind !== "upload" || query.offset || !first || isMoment(first) || same === undefined) return null;
+  if (first.score < same) return null;
+  const name = query.file.name || displayName(first);          // on screen it keeps the name it was given
+  return { kind: "like", id: first.id, name, k: query.k, offset: 0, options: query.options };
 }
 
 function nouns(query, hits) {

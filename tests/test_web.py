@@ -610,6 +610,39 @@ def test_a_photo_search_clears_the_words_and_a_gallery_photo_gets_a_shareable_ur
     assert page.input_value("#query") == "" and _query_of(page) == {}
 
 
+def test_the_start_page_shows_the_newest_photos_and_searches_to_try(photo_server, server, tab):
+    """Before a search: the library's newest photos (capture time, newest first; each finds photos like it) and a
+    few example searches that run when clicked — from the index's captions when it has them."""
+    page = tab.open(photo_server.url)
+    _wait_ready(page)
+    page.wait_for_selector("#results[aria-busy=false] .recent-grid .recent")
+    shown = page.eval_on_selector_all(".recent", "els => els.map(e => Number(e.dataset.id))")
+    newest = _api(photo_server, "/v1/search/images", json={"text": "a photo", "k": 12, "sort": "newest",
+                                                           "media": "photo", "min_score": -1})
+    assert shown == _ids(newest) and len(shown) == 12
+    taken = [x["taken"] for x in newest]
+    assert taken == sorted(taken, reverse=True)                         # newest first
+    _images_loaded(page, ".recent img")
+    examples = page.eval_on_selector_all(".example", "els => els.map(e => e.textContent)")
+    assert 1 <= len(examples) <= 4
+    page.click(".example >> nth=0")
+    _wait_heading(page, f"Top 10 photos for “{examples[0]}”")
+    assert _query_of(page) == {"q": examples[0]} and page.input_value("#query") == examples[0]
+    page.go_back()                                                      # Back: the start page again
+    page.wait_for_selector("#results[aria-busy=false] .recent")
+    page.click(".recent >> nth=1")                                      # a photo: more like it, in the URL
+    _wait_heading(page, f"Top 10 photos like {newest[1]['name']}")
+    assert _query_of(page) == {"like": str(newest[1]["id"])}
+
+    # an index with a caption corpus: its examples are the captions nearest the newest photos
+    page.goto(server.url)
+    page.wait_for_selector("#results[aria-busy=false] .example")
+    examples = page.eval_on_selector_all(".example", "els => els.map(e => e.textContent)")
+    recent = page.eval_on_selector_all(".recent", "els => els.map(e => Number(e.dataset.id))")
+    nearest = [_api(server, "/v1/search/captions", json={"image_id": i, "k": 1})[0]["caption"] for i in recent[:4]]
+    assert examples == list(dict.fromkeys(nearest))
+
+
 # --- video moments ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

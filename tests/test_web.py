@@ -298,8 +298,8 @@ def test_errors_from_the_api_are_shown(server, tab, tmp_path):
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("these are words, not pixels")
     page.set_input_files("#image-file", str(not_an_image))
-    _wait_error(page, "Error 415")
-    assert "not an image" in page.inner_text("#error")
+    _wait_error(page, "The upload is not an image this service reads (JPEG, PNG")
+    assert "Error" not in page.inner_text("#error")
     assert page.get_attribute("#error", "role") == "alert"
     assert page.eval_on_selector("#results", "e => e.children.length") == 0
     assert page.get_attribute("#results", "aria-busy") == "false"
@@ -308,11 +308,37 @@ def test_errors_from_the_api_are_shown(server, tab, tmp_path):
     Image.effect_noise((400, 400), 100).convert("RGB").save(big, "PNG")     # over max_upload_bytes: 413
     (tmp_path / "big.png").write_bytes(big.getvalue())
     page.set_input_files("#image-file", str(tmp_path / "big.png"))
-    _wait_error(page, "Error 413")
-    assert "larger than" in page.inner_text("#error")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('larger than')")
+    assert "Error" not in page.inner_text("#error")
 
     _search(page, QUERY)                                                    # the next good search clears it
     assert len(_hits(page)) == 10 and page.is_hidden("#error")
+
+
+@pytest.mark.parametrize("data", [b"II*\x00" + bytes(range(256)) * 4, b"\xff\xd8\xff\xe0" + b"not a jpeg" * 50,
+                                  b"these are words, not pixels"], ids=["tiff-header", "jpeg-header", "text"])
+def test_an_undecodable_upload_is_a_sentence_not_an_exception(server, tab, tmp_path, data):
+    """A file no decoder can read (one whose first bytes claim a format included): the API's 4xx detail and the
+    page's message say it in words — no exception name, no "cannot identify image file <_io...>", no "Error 415"."""
+    r = httpx.post(server.url + "/v1/search/images", files={"image": ("bad.jpg", data, "image/jpeg")}, timeout=30)
+    assert r.status_code in (400, 415), r.text
+    detail = r.json()["detail"]
+    for raw in ("Error", "UnidentifiedImageError", "cannot identify", "_io.", "Traceback"):
+        assert raw not in detail, detail
+    page = tab.open(server.url)
+    _wait_ready(page)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(data)
+    for panel, control in (("similar", "#similar-file"), ("describe", "#image-file")):
+        _open_panel(page, panel)
+        page.set_input_files(control, str(bad))
+        page.wait_for_selector("#error:not([hidden])")
+        shown = page.inner_text("#error")
+        assert shown == detail[0].upper() + detail[1:] + ("" if detail.endswith((".", ")")) else "."), shown
+        page.fill("#query", "")
+        _search(page, QUERY)                                            # a good search clears it
+        _hits(page)
+        assert page.is_hidden("#error")
 
 
 def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_dir, tab):
@@ -326,8 +352,8 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_
         assert folders.value.status == 401
         page.wait_for_selector("#key-form:not([hidden])")
         _search(page, QUERY)                                                # a search without a key is refused too
-        _wait_error(page, "Error 401")
-        assert "API key" in page.inner_text("#error")
+        page.wait_for_function("() => document.getElementById('error').textContent.includes('API key')")
+        assert "Error 401" not in page.inner_text("#error")
         page.wait_for_selector("#key-form:not([hidden])")                   # asked again, with the API's reason
         assert "API key" in page.inner_text("#key-hint")
         assert page.evaluate("document.activeElement.id") == "query"        # without taking the typist's focus
@@ -571,7 +597,7 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     assert [i for i, _ in _hits(page)] == _ids(want) and len(want) == 8
     # not a photo: the API's 415 is shown
     _drop(page, "#similar-drop", b"just words", "notes.txt", "text/plain")
-    _wait_error(page, "Error 415")
+    _wait_error(page, "The upload is not an image this service reads")
 
 
 def test_a_photo_search_clears_the_words_and_a_gallery_photo_gets_a_shareable_url(photo_server, tab):

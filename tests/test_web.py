@@ -808,8 +808,8 @@ def test_the_open_result_is_in_the_url(photo_server, tab):
     page.wait_for_selector("#detail[open]")
     assert page.inner_text("#detail-title") == want[2]["name"]
     page.reload()                                                       # and so does a reload
-    page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li")
-    assert page.inner_text("#detail-title") == want[2]["name"]
+    page.wait_for_selector("#detail[open]")
+    page.wait_for_function("name => document.querySelector('#detail-title').textContent === name", arg=want[2]["name"])
     page.keyboard.press("Escape")
     page.wait_for_selector("#detail", state="hidden")
     page.wait_for_function("() => !location.search.includes('open=')")

@@ -56,7 +56,7 @@ def make_photos(out: Path, count: int, megapixels: float) -> list[Path]:
 
     from index.samples import write_samples
 
-    samples = sorted(write_samples(out / "samples").glob("*.jpg"))
+    samples = sorted(write_samples(out / "samples", near_duplicate=False).glob("*.jpg"))
     width = int(round(math.sqrt(megapixels * 1e6 * 4 / 3)))
     height = int(round(width * 3 / 4))
     folder = out / "photos"

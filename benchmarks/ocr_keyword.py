@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     for n, src in enumerate(distractors):
         (photos / "other" / f"photo_{n:04d}.jpg").write_bytes(src.read_bytes())
     demo = work / "demo"
-    write_samples(demo)
+    write_samples(demo, near_duplicate=False)
     demo_photos = sorted(p for p in (demo / "photos").glob("*") if p.is_file())
 
     # the gate, scored as the indexer scores it: on the photo it decoded to embed (index/embed.py read_photo,

@@ -122,7 +122,7 @@ def served(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     samples = work / "samples"
     if not (samples / "captions.txt").exists():
-        subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples)], check=True, cwd=REPO,
+        subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples), "--no-duplicate"], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL)
     root = Path(args.imagenet)
     classes = imagenet_classes(root)
@@ -261,7 +261,7 @@ class Arrays:
         classes = imagenet_classes(Path(args.imagenet))
         samples = work / "samples"
         if not (samples / "captions.txt").exists():
-            subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples)], check=True, cwd=REPO,
+            subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples), "--no-duplicate"], check=True, cwd=REPO,
                            stdout=subprocess.DEVNULL)
         photos = sorted((samples / "photos").glob("*.jpg"))
         truth = demo_truth()

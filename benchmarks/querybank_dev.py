@@ -213,7 +213,7 @@ def cmd_unseen(args) -> int:
     from training.data.synth import generate
 
     work = Path(args.work or tempfile.mkdtemp(prefix="jointspace-unseen-"))
-    photos = write_samples(work / "samples")
+    photos = write_samples(work / "samples", near_duplicate=False)
     names = list(SAMPLE_CAPTIONS)
     galleries = [("make demo sample photos (14 photos, 30 captions)", [photos / n for n in names],
                   CAPTIONS.splitlines(), {i: SAMPLE_CAPTIONS[n] for i, n in enumerate(names)})]

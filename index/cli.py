@@ -172,6 +172,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     m = isub.add_parser("samples", help="write a sample gallery of real photos (public domain / CC0 / CC BY, from "
                                         "installed packages) and a caption corpus, for a first try")
     m.add_argument("--out", required=True, help="folder: photos/, captions.txt and ATTRIBUTION.md are written there")
+    m.add_argument("--no-duplicate", dest="near_duplicate", action="store_false",
+                   help="leave out the resized, recompressed copy of one photo (the demo's near-duplicate pair)")
     m.set_defaults(func=cmd_samples)
 
 
@@ -883,7 +885,7 @@ def cmd_info(args) -> int:
 def cmd_samples(args) -> int:
     from .samples import write_samples
 
-    photos = write_samples(args.out)
+    photos = write_samples(args.out, near_duplicate=args.near_duplicate)
     print(json.dumps({"photos": str(photos), "captions": str(Path(args.out) / "captions.txt"),
                       "images": sum(p.is_file() for p in photos.iterdir()),
                       "videos": len(list((photos / "videos").glob("*.mp4")))}))

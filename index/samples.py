@@ -10,6 +10,9 @@ modification time), so the page's date filters have dates to filter rather than 
 record when they were made (XMP CreateDate of ``cat.jpg`` and ``galaxies.jpg``): those dates are kept; the others
 record none, and theirs are dates chosen for the demo, spread over several years, not the day they were taken.
 
+One photo is also copied a second time, smaller and saved again at a lower JPEG quality (:data:`NEAR_DUPLICATE`),
+so the gallery holds a pair of near-duplicates for ``index duplicates`` and the page's Duplicates view to find.
+
 ``jointspace index samples --out DIR`` copies them to ``DIR/photos`` (JPEG), writes the clips to
 ``DIR/photos/videos`` (H.264 MP4, by PyAV) and ``DIR/captions.txt`` and ``DIR/ATTRIBUTION.md``.
 """
@@ -68,6 +71,18 @@ SAMPLES = [
     Sample("sklearn", "datasets/images/flower.jpg", "flower.jpg",
            "vultilion on Flickr; CC BY 2.0 (scikit-learn sample images)", "2020:05:03 17:30:00"),
 ]
+
+class NearDuplicate(NamedTuple):
+    """A resized, recompressed copy of one sample photo: the demo's near-duplicate pair."""
+    source: str               # the sample's file name in the gallery
+    name: str                 # the copy's
+    scale: float              # its sides, as a fraction of the source's
+    quality: int              # its JPEG quality (the samples: 92)
+    taken: str                # its capture date (EXIF form): the same scene, re-saved later
+
+
+NEAR_DUPLICATE = NearDuplicate("flower.jpg", "flower_small.jpg", 0.5, 70, "2020:05:03 17:30:00")
+
 
 class Clip(NamedTuple):
     """A clip made from the sample photos."""
@@ -167,9 +182,32 @@ def write_clips(photos: Path) -> list[Path]:
     return out
 
 
-def write_samples(out: str | Path) -> Path:
-    """Copies the sample photos to ``out/photos`` as RGB JPEGs, makes the :data:`CLIPS` from them in
-    ``out/photos/videos``; writes ``out/captions.txt`` and ``out/ATTRIBUTION.md``. Returns the photo folder."""
+def _write_jpeg(rgb: Image.Image, target: Path, taken: str, quality: int) -> None:
+    """``rgb`` as a JPEG at ``target`` with ``taken`` as its EXIF DateTimeOriginal (written under a temporary name,
+    then renamed: never half-written)."""
+    exif = Image.Exif()
+    exif.get_ifd(_EXIF_IFD)[_DATETIME_ORIGINAL] = taken
+    tmp = target.with_suffix(".tmp.jpg")
+    rgb.save(tmp, format="JPEG", quality=quality, exif=exif)
+    tmp.replace(target)
+
+
+def write_near_duplicate(photos: Path) -> Path:
+    """The :data:`NEAR_DUPLICATE` copy of a photo in ``photos``: resized (Lanczos) and saved again."""
+    copy = NEAR_DUPLICATE
+    with Image.open(photos / copy.source) as im:
+        rgb = im.convert("RGB")
+    size = (round(rgb.width * copy.scale), round(rgb.height * copy.scale))
+    target = photos / copy.name
+    _write_jpeg(rgb.resize(size, Image.Resampling.LANCZOS), target, copy.taken, copy.quality)
+    return target
+
+
+def write_samples(out: str | Path, near_duplicate: bool = True) -> Path:
+    """Copies the sample photos to ``out/photos`` as RGB JPEGs (with the :data:`NEAR_DUPLICATE` copy unless
+    ``near_duplicate`` is false: the benchmarks that rank the samples against their captions leave it out), makes
+    the :data:`CLIPS` from them in ``out/photos/videos``; writes ``out/captions.txt`` and ``out/ATTRIBUTION.md``.
+    Returns the photo folder."""
     out = Path(out)
     photos = out / "photos"
     photos.mkdir(parents=True, exist_ok=True)
@@ -179,13 +217,14 @@ def write_samples(out: str | Path) -> Path:
         source = _package_root(sample.package) / sample.relative
         with Image.open(source) as im:
             rgb = im.convert("RGB")
-        exif = Image.Exif()
-        exif.get_ifd(_EXIF_IFD)[_DATETIME_ORIGINAL] = sample.taken
-        target = photos / sample.name
-        tmp = target.with_suffix(".tmp.jpg")
-        rgb.save(tmp, format="JPEG", quality=92, exif=exif)
-        tmp.replace(target)
+        _write_jpeg(rgb, photos / sample.name, sample.taken, 92)
         lines.append(f"| `{sample.name}` | {sample.credit} |")
+    if near_duplicate:
+        copy = NEAR_DUPLICATE
+        write_near_duplicate(photos)
+        lines.append(f"| `{copy.name}` | a copy of `{copy.source}` at {copy.scale:g} × its size, JPEG quality "
+                     f"{copy.quality} (a near-duplicate pair for the Duplicates view): its source and licence as "
+                     f"above |")
     write_clips(photos)
     for name, scenes, _ in CLIPS:
         lines.append(f"| `videos/{name}` | made for this project from {', '.join(f'`{s}`' for s in scenes)} "

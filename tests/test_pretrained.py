@@ -9,7 +9,7 @@ import torch
 from index.gallery import Gallery
 from index.query import ImageFilter, format_time
 from index.relevance import NULL_COUNT, STRONG
-from index.samples import CAPTIONS, CLIPS, SAMPLES, write_samples
+from index.samples import CAPTIONS, CLIPS, NEAR_DUPLICATE, SAMPLES, write_samples
 from service.cli import main as cli_main
 from training.inference import pretrained
 from training.inference.embedding import embed_texts
@@ -51,18 +51,33 @@ def demo(tmp_path_factory):
     return out, index
 
 
+def test_the_demo_holds_one_near_duplicate_pair(demo, capsys):
+    """The demo's resized, recompressed copy of one photo is its one group of near-duplicates (so the page's
+    Duplicates view has something to show): the photo and its smaller re-save."""
+    _, index = demo
+    capsys.readouterr()
+    assert cli_main(["index", "duplicates", "--index", str(index), "--json"]) == 0
+    groups = json.loads(capsys.readouterr().out)["groups"]
+    assert [sorted(Path(i["path"]).name for i in g["images"]) for g in groups] == \
+        [sorted([NEAR_DUPLICATE.source, NEAR_DUPLICATE.name])]
+    assert groups[0]["kind"] in ("re-encode", "near")
+
+
 def test_index_build_and_search_use_the_shipped_model_by_default(shipped, demo, capsys):
     out, index = demo
-    assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(s.name for s in SAMPLES)
+    photos = [s.name for s in SAMPLES] + [NEAR_DUPLICATE.name]       # with the near-duplicate copy
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(photos)
+    assert f"`{NEAR_DUPLICATE.name}`" in (out.parent / "ATTRIBUTION.md").read_text()
     assert sorted(p.name for p in (out / "videos").iterdir()) == sorted(clip.name for clip in CLIPS)
     assert (out.parent / "ATTRIBUTION.md").read_text().count("CC") >= 3
     gallery = Gallery.load(index, model=shipped)                      # built with exactly the shipped model
     scenes = sum(len(clip.scenes) for clip in CLIPS)                  # one 5-second moment per scene
-    assert gallery.images.ntotal == len(SAMPLES) + scenes and gallery.meta.counts()["videos"] == len(CLIPS)
+    assert gallery.images.ntotal == len(photos) + scenes and gallery.meta.counts()["videos"] == len(CLIPS)
     # each sample is dated as recorded with it (EXIF of a photo, the file's time of a clip), not by the copy
     taken = {Path(r.path).name: format_time(r.taken) for r in gallery.meta.all_images() if r.video_id is None}
     taken |= {Path(v.path).name: format_time(v.taken) for v in gallery.meta.all_videos()}
-    recorded = {s.name: s.taken for s in SAMPLES} | {c.name: c.taken for c in CLIPS}
+    recorded = {s.name: s.taken for s in SAMPLES} | {c.name: c.taken for c in CLIPS} | \
+        {NEAR_DUPLICATE.name: NEAR_DUPLICATE.taken}
     assert taken == {name: f"{t[:10].replace(':', '-')}T{t[11:]}Z" for name, t in recorded.items()}
     capsys.readouterr()
     assert cli_main(["index", "search", "--index", str(index), "--text", "a man with a camera", "--k", "3", "--json"]) == 0

@@ -298,8 +298,8 @@ def test_errors_from_the_api_are_shown(server, tab, tmp_path):
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("these are words, not pixels")
     page.set_input_files("#image-file", str(not_an_image))
-    _wait_error(page, "Error 415")
-    assert "not an image" in page.inner_text("#error")
+    _wait_error(page, "The upload is not an image this service reads (JPEG, PNG")
+    assert "Error" not in page.inner_text("#error")
     assert page.get_attribute("#error", "role") == "alert"
     assert page.eval_on_selector("#results", "e => e.children.length") == 0
     assert page.get_attribute("#results", "aria-busy") == "false"
@@ -308,11 +308,37 @@ def test_errors_from_the_api_are_shown(server, tab, tmp_path):
     Image.effect_noise((400, 400), 100).convert("RGB").save(big, "PNG")     # over max_upload_bytes: 413
     (tmp_path / "big.png").write_bytes(big.getvalue())
     page.set_input_files("#image-file", str(tmp_path / "big.png"))
-    _wait_error(page, "Error 413")
-    assert "larger than" in page.inner_text("#error")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes('larger than')")
+    assert "Error" not in page.inner_text("#error")
 
     _search(page, QUERY)                                                    # the next good search clears it
     assert len(_hits(page)) == 10 and page.is_hidden("#error")
+
+
+@pytest.mark.parametrize("data", [b"II*\x00" + bytes(range(256)) * 4, b"\xff\xd8\xff\xe0" + b"not a jpeg" * 50,
+                                  b"these are words, not pixels"], ids=["tiff-header", "jpeg-header", "text"])
+def test_an_undecodable_upload_is_a_sentence_not_an_exception(server, tab, tmp_path, data):
+    """A file no decoder can read (one whose first bytes claim a format included): the API's 4xx detail and the
+    page's message say it in words — no exception name, no "cannot identify image file <_io...>", no "Error 415"."""
+    r = httpx.post(server.url + "/v1/search/images", files={"image": ("bad.jpg", data, "image/jpeg")}, timeout=30)
+    assert r.status_code in (400, 415), r.text
+    detail = r.json()["detail"]
+    for raw in ("Error", "UnidentifiedImageError", "cannot identify", "_io.", "Traceback"):
+        assert raw not in detail, detail
+    page = tab.open(server.url)
+    _wait_ready(page)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(data)
+    for panel, control in (("similar", "#similar-file"), ("describe", "#image-file")):
+        _open_panel(page, panel)
+        page.set_input_files(control, str(bad))
+        page.wait_for_selector("#error:not([hidden])")
+        shown = page.inner_text("#error")
+        assert shown == detail[0].upper() + detail[1:] + ("" if detail.endswith((".", ")")) else "."), shown
+        page.fill("#query", "")
+        _search(page, QUERY)                                            # a good search clears it
+        _hits(page)
+        assert page.is_hidden("#error")
 
 
 def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_dir, tab):
@@ -326,8 +352,8 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tiny_model_path, tiny_index_
         assert folders.value.status == 401
         page.wait_for_selector("#key-form:not([hidden])")
         _search(page, QUERY)                                                # a search without a key is refused too
-        _wait_error(page, "Error 401")
-        assert "API key" in page.inner_text("#error")
+        page.wait_for_function("() => document.getElementById('error').textContent.includes('API key')")
+        assert "Error 401" not in page.inner_text("#error")
         page.wait_for_selector("#key-form:not([hidden])")                   # asked again, with the API's reason
         assert "API key" in page.inner_text("#key-hint")
         assert page.evaluate("document.activeElement.id") == "query"        # without taking the typist's focus
@@ -571,7 +597,76 @@ def test_drop_a_photo_to_find_similar_gallery_images(photo_server, tab):
     assert [i for i, _ in _hits(page)] == _ids(want) and len(want) == 8
     # not a photo: the API's 415 is shown
     _drop(page, "#similar-drop", b"just words", "notes.txt", "text/plain")
-    _wait_error(page, "Error 415")
+    _wait_error(page, "The upload is not an image this service reads")
+
+
+def test_a_photo_search_clears_the_words_and_a_gallery_photo_gets_a_shareable_url(photo_server, tab):
+    """A photo as the query: the old words leave the box and the URL. A photo that is in the gallery becomes "more
+    like" that item (?like=ID), so a reload repeats the search; any other photo leaves no stale `q=` behind."""
+    server = photo_server
+    page = tab.open(server.url, "/?q=" + QUERY.replace(" ", "%20"))
+    _hits(page)
+    photo = sorted((server.photos / "trip").glob("*.jpg"))[0]
+    data = photo.read_bytes()
+    want = _api(server, "/v1/search/images", files={"image": (photo.name, data, "image/jpeg")}, data={"k": "10"})
+    item = want[0]
+    assert item["name"] == photo.name
+    _drop(page, "#similar-drop", data, photo.name, "image/jpeg")
+    _wait_heading(page, f"Top 10 photos like {photo.name}")
+    assert page.input_value("#query") == ""
+    page.wait_for_function("() => !location.search.includes('q=')")
+    assert _query_of(page) == {"like": str(item["id"])}
+    assert [i for i, _ in _hits(page)] == _ids(want)
+    page.reload()                                                       # the URL repeats it
+    _wait_heading(page, f"Top 10 photos like {photo.name}")
+    assert [i for i, _ in _hits(page)] == _ids(_api(server, "/v1/search/images",
+                                                     json={"image_id": item["id"], "k": 10}))
+
+    # a photo the gallery does not hold: no URL can carry it, and none keeps the old words
+    _search(page, QUERY)
+    _wait_heading(page, "Top 10 photos for")
+    assert "q" in _query_of(page)
+    noise = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(noise, "PNG")
+    first = _api(server, "/v1/search/images", files={"image": ("noise.png", noise.getvalue(), "image/png")},
+                 data={"k": "10"})[0]
+    assert first["score"] < 0.99                                        # not a gallery picture
+    _drop(page, "#similar-drop", noise.getvalue(), "noise.png", "image/png")
+    _wait_heading(page, "Top 10 photos like noise.png")
+    assert page.input_value("#query") == "" and _query_of(page) == {}
+
+
+def test_the_start_page_shows_the_newest_photos_and_searches_to_try(photo_server, server, tab):
+    """Before a search: the library's newest photos (capture time, newest first; each finds photos like it) and a
+    few example searches that run when clicked — from the index's captions when it has them."""
+    page = tab.open(photo_server.url)
+    _wait_ready(page)
+    page.wait_for_selector("#results[aria-busy=false] .recent-grid .recent")
+    shown = page.eval_on_selector_all(".recent", "els => els.map(e => Number(e.dataset.id))")
+    newest = _api(photo_server, "/v1/search/images", json={"text": "a photo", "k": 12, "sort": "newest",
+                                                           "media": "photo", "min_score": -1})
+    assert shown == _ids(newest) and len(shown) == 12
+    taken = [x["taken"] for x in newest]
+    assert taken == sorted(taken, reverse=True)                         # newest first
+    _images_loaded(page, ".recent img")
+    examples = page.eval_on_selector_all(".example", "els => els.map(e => e.textContent)")
+    assert 1 <= len(examples) <= 4
+    page.click(".example >> nth=0")
+    _wait_heading(page, f"Top 10 photos for “{examples[0]}”")
+    assert _query_of(page) == {"q": examples[0]} and page.input_value("#query") == examples[0]
+    page.go_back()                                                      # Back: the start page again
+    page.wait_for_selector("#results[aria-busy=false] .recent")
+    page.click(".recent >> nth=1")                                      # a photo: more like it, in the URL
+    _wait_heading(page, f"Top 10 photos like {newest[1]['name']}")
+    assert _query_of(page) == {"like": str(newest[1]["id"])}
+
+    # an index with a caption corpus: its examples are the captions nearest the newest photos
+    page.goto(server.url)
+    page.wait_for_selector("#results[aria-busy=false] .example")
+    examples = page.eval_on_selector_all(".example", "els => els.map(e => e.textContent)")
+    recent = page.eval_on_selector_all(".recent", "els => els.map(e => Number(e.dataset.id))")
+    nearest = [_api(server, "/v1/search/captions", json={"image_id": i, "k": 1})[0]["caption"] for i in recent[:4]]
+    assert examples == list(dict.fromkeys(nearest))
 
 
 # --- video moments ----------------------------------------------------------------------------------------------------
@@ -713,8 +808,8 @@ def test_the_open_result_is_in_the_url(photo_server, tab):
     page.wait_for_selector("#detail[open]")
     assert page.inner_text("#detail-title") == want[2]["name"]
     page.reload()                                                       # and so does a reload
-    page.wait_for_selector("#detail[open] #detail-captions[aria-busy=false] li")
-    assert page.inner_text("#detail-title") == want[2]["name"]
+    page.wait_for_selector("#detail[open]")
+    page.wait_for_function("name => document.querySelector('#detail-title').textContent === name", arg=want[2]["name"])
     page.keyboard.press("Escape")
     page.wait_for_selector("#detail", state="hidden")
     page.wait_for_function("() => !location.search.includes('open=')")

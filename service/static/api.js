@@ -12,8 +12,14 @@ export class ApiError extends Error {
     this.errors = errors;      // a 422's fields: [{loc, msg, type}]
   }
 
+  // What the page says: the API's own words as a sentence for a request it refused (4xx: the detail says what is
+  // wrong, e.g. "The upload is not an image this service reads (…)."); the status with them for the service's own
+  // failure (5xx).
   get summary() {
-    return this.status ? `Error ${this.status}: ${this.detail}` : this.detail;
+    if (this.status >= 500) return `Error ${this.status}: ${this.detail}`;
+    const text = String(this.detail).trim();
+    const sentence = text.charAt(0).toUpperCase() + text.slice(1);
+    return /[.!?)]$/.test(sentence) ? sentence : `${sentence}.`;
   }
 }
 

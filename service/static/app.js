@@ -32,6 +32,8 @@ const DETAIL_CAPTIONS = 5;
 
 const FORMATS = "JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC or AVIF";
 const SCORE_RANGE = { cosine: [-1, 1], order: [null, 0] };
+// the score from which an uploaded photo's first hit is the same picture (its embedding, up to decoding noise)
+const SAME_PICTURE = { cosine: 0.995, order: -0.005 };
 // the URL's parameter for each search option, in the URL's order
 const URL_OPTIONS = [["media", "media"], ["folder", "folder"], ["after", "taken_after"], ["before", "taken_before"],
                      ["minus", "subtract"], ["min", "min_score"], ["sort", "sort"]];
@@ -46,7 +48,7 @@ const modeOf = (value) => (MODES.includes(value) ? value : undefined);
 
 // strong: the relevance at which a hit is a strong match (/readyz's strong_relevance; null: hits have no relevance)
 const config = { ready: false, decoder: false, captions: 0, keyRequired: false, maxK: 100, maxText: 1000, images: null,
-                 videos: null, strong: null };
+                 videos: null, strong: null, similarity: "cosine" };
 let action = null;            // AbortController of the search whose results the page is waiting for
 let releases = [];            // revoke() of every blob: URL the results show
 let shown = null;             // the results on screen: {query, hits, more, strongMatch}
@@ -205,6 +207,7 @@ function configure(ready) {
   config.images = ready.images;
   config.videos = ready.videos;
   config.strong = ready.strong_relevance ?? null;
+  config.similarity = ready.similarity || "cosine";
   el.query.maxLength = config.maxText;
   el.paraphraseText.maxLength = config.maxText;
   fillK(config.maxK);
@@ -400,6 +403,7 @@ function restore({ run = true } = {}) {
       releaseImages();
       el.results.replaceChildren();
     }
+    if (run && !el.results.hasChildNodes()) showStart();
     return;
   }
   if (shown && shown.query.kind !== "upload" && urlOf(shown.query) === urlOf(query)) {
@@ -438,7 +442,10 @@ el.textForm.addEventListener("submit", (event) => {
   search({ kind: "text", text, mode: modeOf(el.mode.value), k: k(), offset: 0, options: refinements() });
 });
 
+// A photo as the query: the words in the box are not part of it, so they go (and leave the URL with them).
 function searchSimilar(file) {
+  el.query.value = "";
+  noteQuery("");
   search({ kind: "upload", file, k: k(), offset: 0, options: refinements() });
 }
 
@@ -461,6 +468,82 @@ async function fetchHits(query, perPage, offset, signal) {
     : query.kind === "like" ? { json: { image_id: query.id, ...page }, signal }
     : { form: similarForm(query, perPage, offset), signal };
   return requestJSON("v1/search/images", body);
+}
+
+// --- the start page: the library's newest photos and a few searches to try ----------------------------------------
+
+const RECENT = 12;                    // photos the start page shows
+const EXAMPLES = 4;                   // searches it offers
+// searches to offer when the index has no captions to take them from, kept when the gallery has a strong match
+const EXAMPLE_QUERIES = ["a dog", "a cat", "a person", "a street at night", "food on a plate", "flowers", "a beach",
+                         "a car", "a mountain", "a group of people"];
+
+// The newest photos: every photo in capture-time order (a search whose minimum score lets everything through,
+// sorted newest first; index/order.py), photos only.
+function recentPhotos(signal) {
+  const lowest = SCORE_RANGE[config.similarity]?.[0] ?? -1e9;
+  return requestJSON("v1/search/images", { json: { text: "a photo", k: RECENT, sort: "newest", media: "photo",
+                                                   min_score: lowest }, signal });
+}
+
+// Searches that work here: the nearest caption of a few of the newest photos (an index with a caption corpus),
+// else those of EXAMPLE_QUERIES the gallery has a strong match for (all of them when the index cannot tell).
+async function exampleQueries(photos, signal) {
+  if (config.captions) {
+    const found = await Promise.all(photos.slice(0, EXAMPLES).map((photo) => requestJSON("v1/search/captions",
+      { json: { image_id: photo.id, k: 1 }, signal }).then(({ results }) => results[0]?.caption, () => null)));
+    return [...new Set(found.filter(Boolean))];
+  }
+  const checked = await Promise.all(EXAMPLE_QUERIES.map((text) => requestJSON("v1/search/images",
+    { json: { text, k: 1, media: "photo" }, signal }).then((r) => (r.strong_match !== false ? text : null), () => null)));
+  return checked.filter(Boolean).slice(0, EXAMPLES);
+}
+
+function recentCard(photo) {
+  const img = h("img", { alt: displayName(photo), width: 120, height: 120 });
+  const button = h("button", { type: "button", class: "recent", "data-id": String(photo.id), title: displayName(photo),
+                               "aria-label": `${displayName(photo)}: find photos like it` }, img);
+  button.addEventListener("click", () => {
+    search({ kind: "like", id: photo.id, name: displayName(photo), k: k(), offset: 0, options: refinements() });
+  });
+  return button;
+}
+
+// What the page shows under the box before a search: the library's newest photos (each finds more like it) and a
+// few example searches (each runs).
+async function showStart() {
+  if (config.images === 0) return;
+  const signal = begin("Loading the newest photos…");
+  try {
+    const { results } = await recentPhotos(signal);
+    if (signal.aborted) return;
+    const photos = results.filter((hit) => !isMoment(hit));
+    const examples = photos.length ? await exampleQueries(photos, signal) : [];
+    if (signal.aborted) return;
+    const tries = examples.map((text) => {
+      const button = h("button", { type: "button", class: "example", text });
+      button.addEventListener("click", () => {
+        el.query.value = text;
+        search({ kind: "text", text, mode: modeOf(el.mode.value), k: k(), offset: 0, options: refinements() });
+      });
+      return h("li", {}, button);
+    });
+    const grid = h("ul", { class: "recent-grid" });
+    for (const photo of photos) {
+      const button = recentCard(photo);
+      grid.append(h("li", {}, button));
+      showImage(button.querySelector("img"), photo.id, THUMBNAIL, signal);
+    }
+    el.results.replaceChildren(...[
+      tries.length ? h("div", { class: "examples" }, h("h2", { text: "Try" }), h("ul", {}, ...tries)) : null,
+      photos.length ? h("h2", { text: "Newest photos" }) : null, photos.length ? grid : null,
+    ].filter(Boolean));
+    end(signal);
+  } catch (err) {
+    if (isAbort(err)) return;
+    el.results.setAttribute("aria-busy", "false");
+    el.results.replaceChildren();              // the start page is a nicety: a search still works
+  }
 }
 
 // Whether results follow this page's: one more than the page is asked for (or, at the largest k, the next one).
@@ -489,6 +572,11 @@ async function search(query, { history = "push", reveal = true, open = null } = 
   try {
     const { hits, more, strongMatch } = await page(query, signal);
     if (signal.aborted) return;
+    const same = galleryPicture(query, hits);
+    if (same) {                                   // the uploaded photo is in the gallery: its URL names it
+      query = same;
+      setURL(urlOf(query), "replace");
+    }
     shown = { query, hits, more, strongMatch };
     renderImages(shown, signal);
     end(signal);
@@ -500,6 +588,17 @@ async function search(query, { history = "push", reveal = true, open = null } = 
   } catch (err) {
     if (!isAbort(err)) end(signal, err);
   }
+}
+
+// An uploaded photo whose first hit is the same picture is that gallery item: the query "more like" it (which a URL
+// can hold, so a reload or a shared link repeats it). null for any other upload.
+function galleryPicture(query, hits) {
+  const first = hits[0];
+  const same = SAME_PICTURE[config.similarity];
+  if (query.kind !== "upload" || query.offset || !first || isMoment(first) || same === undefined) return null;
+  if (first.score < same) return null;
+  const name = query.file.name || displayName(first);          // on screen it keeps the name it was given
+  return { kind: "like", id: first.id, name, k: query.k, offset: 0, options: query.options };
 }
 
 function nouns(query, hits) {

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 import numpy as np
 
 from training.data.fileio import write_json
-from training.inference.overlap import Timeline
 
 from .faiss_index import default_factory, factory_for_memory
 from .generations import FORMAT, current_generation, locked, new_generation, prune_banks, read_generation
@@ -41,6 +40,8 @@ from .querybank import QueryBank, bank_for
 from .segments import NewSide, SideUpdate
 
 if TYPE_CHECKING:
+    from training.inference.overlap import Timeline     # imports torch: a text search loads none of it
+
     from .video_embed import VideoEmbeddings
 
 COMPACT = ("auto", "none", "all")

@@ -48,7 +48,8 @@ class Overlap:
     def __init__(self, embed: Callable[[torch.Tensor], torch.Tensor], device: torch.device | str,
                  depth: int | None = None):
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()   # a CUDA device named where none is: as on a CPU
+        # a CUDA device named where CUDA is missing (a test) is treated as a CPU
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
         self.embed, self.depth = embed, max(1, depth if depth is not None else (2 if self.cuda else 1))
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.pending: deque[tuple[Any, Any, Any, int]] = deque()     # (tag, host result, event, rows)

@@ -58,7 +58,7 @@ from training.inference.embedding import embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 
-DATA = Path("/work/shared/datasets/flickr8k")
+DATA = ROOT.parent / "shared" / "datasets" / "flickr8k"
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 MAX_LOSS = 0.5
 RULE = ("images to embed are shrunk while decoding when the mean loss over the enlarged sides is at most "

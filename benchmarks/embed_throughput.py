@@ -42,7 +42,7 @@ from training.data.fileio import write_json  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 
-DATA = Path("/work/shared/datasets/flickr8k/images")
+DATA = ROOT.parent / "shared" / "datasets" / "flickr8k" / "images"
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 
 

@@ -487,7 +487,7 @@ def main() -> int:
     ap.add_argument("--bomb-side", type=int, default=7000, help="side of the decode bombs")
     ap.add_argument("--scans", type=int, default=6000, help="scans of the scan bomb (7000 × 7000)")
     ap.add_argument("--duplicate-photos", type=int, default=20_000)
-    ap.add_argument("--demo-photos", type=Path, default=Path("/work/main/demo/samples/photos"),
+    ap.add_argument("--demo-photos", type=Path, default=ROOT / "demo" / "samples" / "photos",
                     help="the demo's photos, indexed alone and with the scan bomb")
     ap.add_argument("--hardware", default="CPU, 2 cores (shared machine, run under the exclusive lock)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hostile_media_cpu.json")

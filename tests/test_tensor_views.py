@@ -15,16 +15,18 @@ from training.data.preprocess import (ZOOM, ImageGeometryError, MirroredViews, P
 from training.inference import tensor_views as tv
 from training.inference.embedding import ImageDecoding, embed_image_files, read_encoded, read_image
 
-PHOTOS = Path("/work/main/demo/samples/photos")
 SHIPPED = StackedPreprocess((Preprocess(260, 260, (0.5,) * 3, (0.5,) * 3), Preprocess(224, 224, (0.5,) * 3, (0.5,) * 3),
                              Preprocess(240, 240, (0.5,) * 3, (0.5,) * 3)))
 REPO = Path(__file__).resolve().parents[1]
 
 
-def photos() -> list[Path]:
-    found = sorted(PHOTOS.glob("*.jpg"))
-    if not found:                        # the repository's own samples, as `jointspace index samples` writes them
-        pytest.skip(f"no sample photos in {PHOTOS}")
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    """The repository's own sample photos, as `jointspace index samples` writes them (real photos, no network)."""
+    from index.samples import write_samples
+
+    found = sorted(write_samples(tmp_path_factory.mktemp("samples"), near_duplicate=False).glob("*.jpg"))
+    assert found, "index.samples wrote no photos"
     return found
 
 
@@ -45,11 +47,11 @@ def _photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("pre", [SHIPPED, MirroredViews(SHIPPED, zoom=ZOOM), Preprocess(64, 72, crops=10),
                                  MirroredViews(Preprocess(64, 72, crops=5))],
                          ids=["stacked", "stacked-flip-crop", "ten-crop", "five-crop-flip"])
-def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre):
+def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos):
     """Against the PIL views of the decode the torch path resizes from: the full decode (``REDUCE_LIKE_PIL`` off,
     as shipped; for the shipped preprocessing the demo photos are not shrunk by PIL either)."""
     assert not tv.REDUCE_LIKE_PIL
-    for path in photos():
+    for path in photos:
         data = path.read_bytes()
         pil = pre.pixels(decode_image(data, ".jpg").image)
         encoded = tv.encoded_jpeg(data, pre.min_side)
@@ -62,12 +64,12 @@ def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre):
             assert torch.equal(pil, pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image))
 
 
-def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch):
+def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch, photos):
     """``REDUCE_LIKE_PIL`` on: a photo PIL decodes at a DCT scale is box-reduced by that factor before the resize,
     and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""
     monkeypatch.setattr(tv, "REDUCE_LIKE_PIL", True)
     pre = Preprocess(64, 72, crops=10)
-    for path in photos():
+    for path in photos:
         data = path.read_bytes()
         pil = pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image)
         diff = (tv.encoded_pixels(pre, [tv.encoded_jpeg(data, pre.min_side)], "cpu")[0].int() - pil.int()).abs()
@@ -85,11 +87,11 @@ def test_a_large_photo_shrunk_by_pil_while_decoding_gives_close_views():
     assert (got - pil).abs().float().mean() < 1.0
 
 
-def test_torch_and_pil_embeddings_agree_on_real_photos(tmp_path):
+def test_torch_and_pil_embeddings_agree_on_real_photos(tmp_path, photos):
     from training.models.checkpoint import load_model
 
     model = load_model(REPO / "training" / "pretrained" / "flickr8k.pt")
-    paths = photos()[:6]
+    paths = photos[:6]
     out = {}
     for decode in ("pil", "torch"):
         decoding = decode_photos(model.preprocess, paths, 16, 0, "cpu", how=PhotoDecoding(decode=decode))
@@ -245,11 +247,11 @@ def test_index_build_with_torch_decoding_embeds_as_with_pil(tiny_model_path, syn
     assert (vectors["pil"] * vectors["torch"]).sum(1).min() > 0.99
 
 
-def test_an_upload_under_torch_decoding_gets_the_same_pixels_and_the_same_errors(monkeypatch, tmp_path):
+def test_an_upload_under_torch_decoding_gets_the_same_pixels_and_the_same_errors(monkeypatch, tmp_path, photos):
     from service.images import ImageError, upload_to_pixels
 
     cpu = torch.device("cpu")
-    data = (PHOTOS / "cat.jpg").read_bytes() if (PHOTOS / "cat.jpg").is_file() else _jpeg(_photo_like(300, 451))
+    data = next(p for p in photos if p.name == "cat.jpg").read_bytes()
     monkeypatch.delenv("JOINTSPACE_DECODE", raising=False)
     pil = upload_to_pixels(data, 50_000_000, SHIPPED, cpu)            # a CPU's default: Pillow, as before
     assert torch.equal(pil, upload_to_pixels(data, 50_000_000, SHIPPED))
@@ -271,12 +273,12 @@ def test_an_upload_under_torch_decoding_gets_the_same_pixels_and_the_same_errors
     assert torch.equal(upload_to_pixels(_png(), 50_000_000, SHIPPED, cpu), upload_to_pixels(_png(), 50_000_000, SHIPPED))
 
 
-def test_a_query_image_under_torch_decoding_gives_the_same_features(monkeypatch):
+def test_a_query_image_under_torch_decoding_gives_the_same_features(monkeypatch, photos):
     from training.inference.compose import image_features_of
     from training.models.checkpoint import load_model
 
     model = load_model(REPO / "training" / "pretrained" / "flickr8k.pt")
-    photo = photos()[0]
+    photo = photos[0]
     monkeypatch.delenv("JOINTSPACE_DECODE", raising=False)
     pil = image_features_of(model, photo)
     monkeypatch.setenv("JOINTSPACE_DECODE", "torch")

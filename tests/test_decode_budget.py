@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from server_process import wait_ready
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -96,11 +97,7 @@ def test_a_decode_bomb_is_refused_from_its_header():
 def client(tiny_model_path, tiny_index_dir):
     with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir),
                                         reload_interval_s=0))) as c:
-        for _ in range(1200):
-            if c.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c)
 
 
 def test_uploads_are_413_over_the_budget_and_503_while_it_is_held(client):

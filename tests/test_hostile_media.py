@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from server_process import wait_ready
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 from PIL import Image, ImageFile, UnidentifiedImageError
@@ -45,11 +46,7 @@ def cases(tmp_path_factory):
 def client(tiny_model_path, tiny_index_dir):
     with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir),
                                         reload_interval_s=0))) as c:
-        for _ in range(1200):
-            if c.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
-        yield c
+        yield wait_ready(c)
 
 
 # --- uploads --------------------------------------------------------------------------------------------------------

@@ -210,3 +210,24 @@ def test_cosine_schedule_warms_up_then_decays_to_the_final_factor():
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
     assert f[100] == pytest.approx(0.01) and f[55] == pytest.approx(0.505)
+
+
+def test_frozen_minilm_keeps_training_sentences_and_only_the_latest_queries(monkeypatch):
+    enc = _minilm()                                    # frozen, mean pooling: sentence vectors are memoised
+    assert enc.frozen_vectors
+    monkeypatch.setattr(MiniLMEncoder, "RECENT", 2)
+    ids = [enc.encode_text(s) for s in SENTENCES]
+    enc.train()
+    trained = enc(*pad_batch(ids))
+    assert len(enc._memo) == len(SENTENCES) and not enc._recent
+    enc.eval()
+    queries = [enc.encode_text(s) for s in ("a cat", "a red car", "an old bridge", "a cat")]
+    for q in queries:
+        enc(*pad_batch([q]))
+    # three distinct queries through a memo of two: the oldest went, the training sentences stayed
+    assert len(enc._recent) == 2 and tuple(queries[1]) not in enc._recent
+    assert len(enc._memo) == len(SENTENCES)
+    again = enc(*pad_batch(ids + [queries[1]]))        # memoised and fresh vectors in one batch, in order
+    torch.testing.assert_close(again[:len(ids)], trained)
+    fresh = enc.sentence_vectors(*pad_batch([queries[1]])).float()
+    torch.testing.assert_close(again[len(ids):], fresh, atol=1e-6, rtol=0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -224,7 +225,7 @@ class MiniLMEncoder(TextEncoderBase):
     a cache (:meth:`cache_inputs`: computed once, content-keyed on disk) and only the top k layers and the
     pooling run; in eval mode the whole model runs from the word pieces. Both give the same vectors (a test
     holds them to 1e-5 in float32)."""
-
+    RECENT = 8192       # eval-mode sentence vectors kept (a Flickr8k dev/test split's captions fit: 5,000)
     tokenizes = True            # encode_text: WordPiece ids
 
     def __init__(self, cfg_text: TextKeys):
@@ -241,7 +242,8 @@ class MiniLMEncoder(TextEncoderBase):
         self.register_buffer("tokenizer_json", pack_json(None))
         self.out_dim = ARCH["hidden_size"]
         self._tokenizer: Tokenizer | None = None
-        self._memo: dict[tuple[int, ...], torch.Tensor] = {}
+        self._memo: dict[tuple[int, ...], torch.Tensor] = {}      # training sentences: a finite set, all kept
+        self._recent: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()   # others: the latest RECENT
         self._cache: TokenStateCache | None = None
         self.bert.requires_grad_(self.finetune)
         for layer in self.bert.encoder.layer[self.split:]:
@@ -257,6 +259,7 @@ class MiniLMEncoder(TextEncoderBase):
     def _reset(self) -> None:
         self._tokenizer = None
         self._memo.clear()
+        self._recent.clear()
         self._cache = None
 
     def fit(self, texts=(), vocab=None, log=print) -> None:
@@ -372,18 +375,34 @@ class MiniLMEncoder(TextEncoderBase):
         hide = inner & (torch.rand(valid.shape, device=valid.device) < self.token_dropout)
         return valid & ~hide
 
+    def _memoised(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Sentence vectors of a frozen encoder, each sentence computed once: in training mode every sentence is
+        kept (the training set's, read again each epoch); in eval mode (a service's queries, an evaluation) the
+        latest ``RECENT`` are, so that a stream of distinct queries holds bounded memory."""
+        keys = [tuple(row[:n].tolist()) for row, n in zip(ids.cpu(), lengths.cpu().tolist())]
+        found = {}
+        for i, key in enumerate(keys):
+            vec = self._memo.get(key)
+            if vec is None and (vec := self._recent.get(key)) is not None:
+                self._recent.move_to_end(key)
+            if vec is not None:
+                found[i] = vec
+        todo = [i for i in range(len(keys)) if i not in found]
+        if todo:
+            with torch.no_grad():
+                fresh = self.sentence_vectors(ids[todo], lengths[todo]).float()
+            store = self._memo if self.training else self._recent
+            for i, vec in zip(todo, fresh):
+                found[i] = store[keys[i]] = vec
+            while len(self._recent) > self.RECENT:
+                self._recent.popitem(last=False)
+        return torch.stack([found[i] for i in range(len(keys))]).to(ids.device)
+
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         if self.finetune:
             return self.sentence_vectors(ids, lengths)
         if self.frozen_vectors:
-            keys = [tuple(row[:n].tolist()) for row, n in zip(ids.cpu(), lengths.cpu().tolist())]
-            todo = [i for i, k in enumerate(keys) if k not in self._memo]
-            if todo:
-                with torch.no_grad():
-                    fresh = self.sentence_vectors(ids[todo], lengths[todo]).float()
-                for i, vec in zip(todo, fresh):
-                    self._memo[keys[i]] = vec
-            return torch.stack([self._memo[k] for k in keys]).to(ids.device)
+            return self._memoised(ids, lengths)
         if not self.training:
             return self.sentence_vectors(ids, lengths)
         valid = valid_mask(lengths, ids.shape[1])

@@ -404,7 +404,27 @@ def update(root: str | Path, fingerprint: str, changes: ChangeSet) -> UpdateRepo
         changes = read_texts(changes, read_manifest(root))      # before the writers' lock: Tesseract takes a while
     with live_target(root) as target:
         check_fingerprint(target.manifest, fingerprint, root)
-        return apply(target, changes)
+        return apply(target, _against_live(target, changes))
+
+
+def _against_live(target: Target, changes: ChangeSet) -> ChangeSet:
+    """``changes`` as the live generation stands now, under the writers' lock: ``add`` and ``sync`` read the index
+    before embedding, unlocked, and another writer may have changed it since. A file added replaces what the
+    live generation holds at its path (a photo, a video with its moments) — one entry per file, whichever writer
+    came first — and only ids the generation still holds are removed."""
+    meta = target.meta
+    videos = changes.videos
+    photo_paths = {str(row[0]) for row in changes.image_rows}
+    video_paths = {str(Path(videos.paths[i]).resolve()) for i in videos.kept} if videos is not None else set()
+    if meta is None or not (photo_paths or video_paths or changes.removed_images or changes.removed_videos):
+        return changes
+    images, held_videos = meta.all_images(), meta.all_videos()
+    replaced_videos = {r.id for r in held_videos if r.path in video_paths}
+    removed_videos = (set(changes.removed_videos) & {r.id for r in held_videos}) | replaced_videos
+    removed_images = ((set(changes.removed_images) & {r.id for r in images})
+                      | {r.id for r in images if (r.video_id is None and r.path in photo_paths)
+                         or r.video_id in replaced_videos})
+    return replace(changes, removed_images=removed_images, removed_videos=removed_videos)
 
 
 def compact(root: str | Path) -> dict:

@@ -230,8 +230,7 @@ def test_sync_removes_the_doubles_an_older_index_holds(model, tiny_model_path, t
     """An index written before files were known by their resolved path may hold one file twice (two ids, shown
     twice in results and as an "identical" duplicate group); `index sync` keeps one entry and says how many
     it removed."""
-    from index.changes import ChangeSet
-    from index.gallery import update
+    from index.changes import ChangeSet, apply, live_target
 
     photos = tmp_path / "photos"
     for i, rel in enumerate(["a.jpg", "b.jpg", "c.jpg"]):
@@ -242,8 +241,9 @@ def test_sync_removes_the_doubles_an_older_index_holds(model, tiny_model_path, t
     capsys.readouterr()
     first = _paths(out, model)["b.jpg"].id
     emb = embed_image_files(model, [photos / "b.jpg"], workers=0, progress=False)     # b.jpg, a second time
-    update(out, model.fingerprint, ChangeSet(image_vectors=emb.vectors,
-                                             image_rows=[(str((photos / "b.jpg").resolve()), emb.info[0])]))
+    with live_target(out) as target:          # written as an older index did: no look at what it holds
+        apply(target, ChangeSet(image_vectors=emb.vectors,
+                                image_rows=[(str((photos / "b.jpg").resolve()), emb.info[0])]))
     g = Gallery.load(out, model=model)
     held = sorted(Path(r.path).name for r in g.meta.all_images())
     g.close()
@@ -257,3 +257,24 @@ def test_sync_removes_the_doubles_an_older_index_holds(model, tiny_model_path, t
     assert cli_main(["index", "sync", "--images", str(photos), "--index", str(out), "--model", str(tiny_model_path),
                      "--quiet", "--workers", "0"]) == 0
     assert capsys.readouterr().out == f"{out} already matches {photos}: 3 unchanged; nothing to change\n"
+
+
+def test_two_writers_adding_one_file_leave_one_entry(model, tiny_model_path, tmp_path, capsys, monkeypatch):
+    """`index add` reads the index before it embeds, without the writers' lock; a writer that added the same file
+    meanwhile is seen under the lock: the file keeps one entry (the later writer's), never two."""
+    import index.gallery as gallery
+
+    photos = tmp_path / "photos"
+    for i, rel in enumerate(["a.jpg", "new/b.jpg"]):
+        _photo(photos / rel, i)
+    out = tmp_path / "gallery"
+    assert cli_main(["index", "build", "--model", str(tiny_model_path), "--images", str(photos), "--exclude", "new",
+                     "--out", str(out), "--quiet", "--workers", "0", "--no-querybank", "--tta", "none"]) == 0
+    add = ["index", "add", "--index", str(out), "--model", str(tiny_model_path), "--quiet", "--workers", "0"]
+    assert cli_main([*add, str(photos / "new" / "b.jpg")]) == 0          # the other writer, first
+    first = _paths(out, model)["new/b.jpg"].id
+    monkeypatch.setattr(gallery, "_held", lambda root: ({}, {}))   # this one read the index before it did
+    assert cli_main([*add, str(photos / "new" / "b.jpg")]) == 0
+    capsys.readouterr()
+    rows = _paths(out, model)
+    assert sorted(rows) == ["a.jpg", "new/b.jpg"] and rows["new/b.jpg"].id != first

@@ -153,18 +153,14 @@ def index_copy(tiny_index_dir, tmp_path):
 
 async def serve_app(app, work):
     """Runs ``app`` (lifespan included) in process, waits until /readyz says ready, then ``await work(client)``."""
-    import asyncio
-
     import httpx
+
+    from server_process import wait_ready_async
 
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as c:
-            for _ in range(1200):
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            return await work(c)
+            return await work(await wait_ready_async(c))
 
 
 def batch_stats(metrics_text: str, name: str) -> tuple[float, float]:

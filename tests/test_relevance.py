@@ -11,7 +11,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from conftest import STRONG_TEXT, WEAK_TEXT
+from conftest import STRONG_TEXT, WEAK_TEXT, build_index, embedded_gallery
 from index.changes import BuildOptions, ChangeSet
 from index.embed import embed_image_files, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
@@ -37,23 +37,15 @@ def model(tiny_model_path):
 @pytest.fixture(scope="module")
 def parts(model, synth_small):
     """The gallery (val + test) of the synthetic set embedded, and the query bank the tiny model carries."""
-    data = load_dataset(synth_small)
-    records = data.split("val").images + data.split("test").images
-    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
-    cap = embed_texts(model, [c for c, _ in captions], progress=False)
     bank = model_bank(model, progress=False)
     assert bank is not None and bank.captions is not None and bank.images is not None
-    return records, captions, img, cap, bank
+    return *embedded_gallery(model, synth_small), bank
 
 
 @pytest.fixture(scope="module")
-def bank_index(model, parts, tmp_path_factory):
-    records, captions, *_, bank = parts
-    root = tmp_path_factory.mktemp("relevance") / "index"
-    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=bank),
-          embedding=EmbedOptions(progress=False, workers=0))
-    return root
+def bank_index(tiny_model_path, synth_small, parts, tmp_path_factory):
+    return build_index(tiny_model_path, synth_small, tmp_path_factory.mktemp("relevance") / "index",
+                       querybank=parts[-1])
 
 
 def _brute_force(queries, scores, reference, bank_other, beta):

@@ -111,7 +111,8 @@ $(DEMO)/index/CURRENT: $(DEMO)/run/model.pt
 	$(BIN)/jointspace index build --model $(DEMO)/run/model.pt --data $(DEMO)/data --split test --out $(DEMO)/index
 
 .PHONY: docs
-docs: $(BIN)/jointspace  ## rewrite the result tables in README.md and docs/*.md from benchmarks/results/
+docs: $(BIN)/jointspace  ## rewrite the result tables (from benchmarks/results/) and the config reference in the docs
+	$(BIN)/python benchmarks/config_reference.py
 	$(BIN)/python benchmarks/tables.py
 
 clean:

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from PIL import Image
@@ -90,6 +91,27 @@ def enlarge(paths: list[str], big: int, tmp: Path) -> list[Path]:
     return files
 
 
+class DevCaptions(NamedTuple):
+    """What the dev images are ranked against: the captions' embeddings, the image of each, the model's
+    similarity."""
+    vectors: torch.Tensor
+    image_of: torch.Tensor
+    similarity: Any
+
+
+def rank(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions) -> dict:
+    """R@1/5/10 both ways and the R-sum (``full_evaluation``) of ``files`` embedded by ``embed(files)`` (every one
+    kept) against ``dev``, and the seconds that took; printed as ``label``."""
+    start = time.time()
+    emb = embed(files)
+    assert emb.kept == list(range(len(files))), emb.skipped
+    m = full_evaluation(torch.from_numpy(emb.vectors), dev.vectors, dev.image_of, dev.similarity)
+    out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],
+           "rsum": m["rsum"], "seconds": time.time() - start}
+    print(f"  {label}: R-sum {out['rsum']:.2f} ({out['seconds']:.0f} s)", flush=True)
+    return out
+
+
 def pixel_difference(model, files) -> dict:
     """Mean and largest absolute difference (0-255) between the PIL and the torch path's pixels of ``files``."""
     from training.inference.tensor_views import encoded_jpeg, encoded_pixels
@@ -105,7 +127,19 @@ def pixel_difference(model, files) -> dict:
     return {"mean_abs": round(total / count, 4), "max_abs": largest}
 
 
-def compare_decodes(args, model, paths, captions, cap_to_img) -> int:
+def write_results(args, path: str, model, rows: list[dict], summary: dict, **versions) -> None:
+    """The results file ``args.out``: the ranking through the index's image ``path`` (what the description says of
+    it), its provenance, ``versions`` (of the libraries that matter), the rows and the summary."""
+    write_json(Path(args.out), {
+        "description": "Flickr8k dev R-sum of the shipped model (training/pretrained/flickr8k.pt) through the index's "
+                       + path,
+        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
+        "python": platform.python_version(), **versions, "model_min_side": model.preprocess.min_side, "rows": rows,
+        "summary": summary})
+    print(f"wrote {args.out}; {json.dumps(summary)}")
+
+
+def compare_decodes(args, model, paths, dev: DevCaptions) -> int:
     """``--compare torch``: the index's path with the PIL and with the torch decode, row by row."""
     from training.inference import tensor_views as views
     from training.inference.backend import use_backend
@@ -113,16 +147,9 @@ def compare_decodes(args, model, paths, captions, cap_to_img) -> int:
     backend = use_backend(model, None, prepare="throughput")
     shipped = views.REDUCE_LIKE_PIL
 
-    def rank(files, decode: str) -> dict:
-        start = time.time()
-        decoding = decode_photos(model.preprocess, files, 64, args.workers, "cpu", how=PhotoDecoding(decode=decode))
-        emb = embed_image_files(model, files, progress=False, decoding=decoding)
-        assert emb.kept == list(range(len(files))), emb.skipped
-        m = full_evaluation(torch.from_numpy(emb.vectors), captions, cap_to_img, model.similarity)
-        out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],
-               "rsum": m["rsum"], "seconds": time.time() - start}
-        print(f"  {decode}: R-sum {out['rsum']:.2f} ({out['seconds']:.0f} s)", flush=True)
-        return out
+    def decoded(decode: str) -> Callable[[Sequence], Any]:
+        return lambda files: embed_image_files(model, files, progress=False, decoding=decode_photos(
+            model.preprocess, files, 64, args.workers, "cpu", how=PhotoDecoding(decode=decode)))
 
     rows = []
     sets = [("as stored, 224 × 224", 224, None)] + [(f"enlarged to {b} × {b} (bicubic), JPEG quality 90", b, b)
@@ -133,12 +160,13 @@ def compare_decodes(args, model, paths, captions, cap_to_img) -> int:
             print(label, flush=True)
             files = list(paths) if big is None else enlarge(paths, big, tmp)
             rows.append({"images": label, "side": side, "pixels": pixel_difference(model, files),
-                         "pil": rank(files, "pil"), "torch": rank(files, "torch")})
+                         "pil": rank("pil", files, decoded("pil"), dev),
+                         "torch": rank("torch", files, decoded("torch"), dev)})
             rows[-1]["difference"] = round(rows[-1]["pil"]["rsum"] - rows[-1]["torch"]["rsum"], 4)
             if big is not None and args.both_resizes:      # the other way of resizing a large photo, for the rule
                 views.REDUCE_LIKE_PIL = not shipped
                 try:
-                    other = rank(files, "torch")
+                    other = rank("torch", files, decoded("torch"), dev)
                 finally:
                     views.REDUCE_LIKE_PIL = shipped
                 rows[-1]["torch_other"] = {**other, "reduce_like_pil": not shipped,
@@ -157,14 +185,9 @@ def compare_decodes(args, model, paths, captions, cap_to_img) -> int:
         summary.update({"rule": RESIZE_RULE, "mean_abs_difference": round(mine, 4),
                         "mean_abs_difference_other": round(theirs, 4),
                         "reduce_like_pil_wins": (mine <= theirs) == shipped})
-    write_json(Path(args.out), {
-        "description": "Flickr8k dev R-sum of the shipped model (training/pretrained/flickr8k.pt) through the index's "
-                       "image path, decoded by Pillow in the workers and by torch (decode_jpeg, antialiased resize "
-                       "and crops in torch, run on the CPU) (python benchmarks/decode_ranking.py --compare torch)",
-        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
-        "python": platform.python_version(), "torch": torch.__version__, "backend": backend,
-        "model_min_side": model.preprocess.min_side, "rows": rows, "summary": summary})
-    print(f"wrote {args.out}; {json.dumps(summary)}")
+    write_results(args, "image path, decoded by Pillow in the workers and by torch (decode_jpeg, antialiased resize and "
+                        "crops in torch, run on the CPU) (python benchmarks/decode_ranking.py --compare torch)",
+                  model, rows, summary, torch=torch.__version__, backend=backend)
     return 0
 
 
@@ -189,30 +212,25 @@ def main() -> int:
     model = load_model(args.model)
     split = load_dataset(args.data).split("val")
     paths = [r.path for r in split.images]
-    captions = torch.from_numpy(embed_texts(model, [c for r in split.images for c in r.captions], progress=False))
-    cap_to_img = torch.tensor([r.image_id for r in split.images for _ in r.captions], dtype=torch.long)
+    dev = DevCaptions(
+        torch.from_numpy(embed_texts(model, [c for r in split.images for c in r.captions], progress=False)),
+        torch.tensor([r.image_id for r in split.images for _ in r.captions], dtype=torch.long), model.similarity)
     if args.compare == "torch":
-        return compare_decodes(args, model, paths, captions, cap_to_img)
+        return compare_decodes(args, model, paths, dev)
     side = model.preprocess.min_side
     read_shrunk = shrinking(side)
 
-    def rank(files, read) -> dict:
-        start = time.time()
-        emb = embed_image_files(model, files, workers=args.workers, progress=False, read=read)
-        assert emb.kept == list(range(len(files))), emb.skipped
-        m = full_evaluation(torch.from_numpy(emb.vectors), captions, cap_to_img, model.similarity)
-        out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],
-               "rsum": m["rsum"], "seconds": time.time() - start}
-        print(f"  {read.__name__}: R-sum {out['rsum']:.2f} ({out['seconds']:.0f} s)", flush=True)
-        return out
+    def ranked(files, read) -> dict:
+        return rank(read.__name__, files, lambda fs: embed_image_files(model, fs, workers=args.workers,
+                                                                       progress=False, read=read), dev)
 
     rows = []
     print(f"{len(paths)} dev images as stored ({Image.open(paths[0]).size[0]} px)", flush=True)
-    full = rank(paths, read_full)
+    full = ranked(paths, read_full)
     same = all(torch.equal(model.preprocess.pixels(read_shrunk(p)[0]), model.preprocess.pixels(read_full(p)[0]))
                for p in paths)
     rows.append({"images": "as stored, 224 × 224", "side": 224, "scale": "1 (smaller than the model's input)",
-                 "full": full, "shrunk": full if same else rank(paths, read_shrunk), "identical_pixels": same})
+                 "full": full, "shrunk": full if same else ranked(paths, read_shrunk), "identical_pixels": same})
     tmp = Path(tempfile.mkdtemp(prefix="decode-ranking-"))
     try:
         for big in args.sides:
@@ -220,7 +238,7 @@ def main() -> int:
             files = enlarge(paths, big, tmp)
             rows.append({"images": f"enlarged to {big} × {big} (bicubic), JPEG quality 90", "side": big,
                          "scale": f"1/{dct_scale((big, big), side)}",
-                         "full": rank(files, read_full), "shrunk": rank(files, read_shrunk)})
+                         "full": ranked(files, read_full), "shrunk": ranked(files, read_shrunk)})
             for f in files:
                 f.unlink()
     finally:
@@ -236,13 +254,8 @@ def main() -> int:
         "sd_loss": round(statistics.stdev(losses), 4) if len(losses) > 1 else None,
         "null_spread": round(max(fulls) - min(fulls), 4) if fulls else None,
         "shrink_to_embed": mean_loss <= MAX_LOSS}
-    write_json(Path(args.out), {
-        "description": "Flickr8k dev R-sum of the shipped model (training/pretrained/flickr8k.pt) through the index's "
-                       "image path, decoded at full size and shrunk while decoding, the photos enlarged to several "
-                       "sides (python benchmarks/decode_ranking.py)",
-        "hardware": args.hardware, "date": dt.date.today().isoformat(), "commit": current_commit(),
-        "python": platform.python_version(), "model_min_side": side, "rows": rows, "summary": summary})
-    print(f"wrote {args.out}; {json.dumps(summary)}")
+    write_results(args, "image path, decoded at full size and shrunk while decoding, the photos enlarged to several "
+                        "sides (python benchmarks/decode_ranking.py)", model, rows, summary)
     return 0
 
 

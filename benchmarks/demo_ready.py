@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
-from tests.server_process import free_port  # noqa: E402
+from tests.server_process import free_port, wait_serving  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "demo_ready.json"
 TEXTS = ["a cup of coffee", "a cat", "a man with a camera", "a rocket", "a red flower", "an old clock"]
@@ -62,15 +62,7 @@ def one_round(tree: Path, queries: int) -> dict:
                                 stderr=subprocess.DEVNULL)
         try:
             base = f"http://127.0.0.1:{port}"
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server of {tree} exited during start-up")
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+            wait_serving(proc, port, timeout=600, poll=0.1)
             row["serve_to_ready_s"] = time.perf_counter() - start
             row["ready_s"] = row["samples_s"] + row["build_s"] + row["serve_to_ready_s"]
             photos = sorted(p for p in (work / "samples" / "photos").iterdir() if p.suffix.lower() == ".jpg")

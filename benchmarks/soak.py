@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.hostile_media import corpus, png, video  # noqa: E402
-from tests.server_process import free_port  # noqa: E402
+from tests.server_process import free_port, poll_readyz, wait_serving  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 
 ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload", "hostile_upload", "frame")
@@ -120,23 +120,11 @@ class Server:
 
     def start(self, timeout: float = 180.0) -> float:
         """Starts ``jointspace serve`` and waits until /readyz is 200; the monotonic time it became ready."""
-        import httpx
-
         env = {**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_RELOAD_INTERVAL_S": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--model", str(self.model),
                                       "--index", str(self.index), "--port", str(self.port), "--log-level",
                                       "warning"], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
-                    return time.monotonic()
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} during start-up")
-            time.sleep(0.1)
-        raise RuntimeError("the server did not become ready")
+        return wait_serving(self.proc, self.port, timeout, poll=0.1)
 
     def rss_mb(self) -> float | None:
         try:
@@ -362,13 +350,9 @@ def verify(soak: Soak) -> dict:
     gallery = Gallery.load(soak.index)
     indexed = {Path(row.path).resolve() for row in gallery.meta.all_images() if row.video_id is None}
     generation = current_generation(soak.index)
-    deadline = time.monotonic() + 30
-    ready = {}
-    while time.monotonic() < deadline:
-        ready = httpx.get(f"{soak.base}/readyz", timeout=10).json()
-        if ready.get("index_generation") == generation:
-            break
-        time.sleep(0.5)
+    with httpx.Client(base_url=soak.base, timeout=10) as client:
+        ready = poll_readyz(client, until=lambda r: r.json().get("index_generation") == generation, timeout=30,
+                            poll=0.5).json()
     return {"acknowledged_photos": len(soak.acknowledged), "indexed_photos": len(indexed),
             "missing": sorted(p.name for p in soak.acknowledged - indexed),
             "unexpected": sorted(p.name for p in indexed - soak.acknowledged),

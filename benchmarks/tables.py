@@ -3,7 +3,7 @@
     python benchmarks/tables.py            # rewrite every table in README.md and docs/*.md in place
     python benchmarks/tables.py --check    # exit 1, naming each table that differs from what its data gives
 
-A table lives in a Markdown file between two marker comments,
+A table lives in a Markdown file between two marker comments (benchmarks/doc_blocks.py),
 
     <!-- table:NAME -->
     ...generated text...
@@ -11,7 +11,8 @@ A table lives in a Markdown file between two marker comments,
 
 and NAME is a key of TABLES: the function that renders it and the data file it reads. A result says its
 hardware, date and commit: from the row, else from the file's top-level keys, else "unknown"; when every row of
-a table shares them they follow the table as one line, otherwise they are a column.
+a table shares them they follow the table as one line, otherwise they are a column. The check also names a
+marker that neither TABLES nor benchmarks/config_reference.py (the config reference) owns.
 """
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import config_reference  # noqa: E402
+from benchmarks.doc_blocks import rewrite  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 PROVENANCE = ("hardware", "date", "commit")
-MARKER = re.compile(r"<!-- table:([\w.-]+) -->(.*?)<!-- /table:\1 -->", re.S)
-OPEN_MARKER = re.compile(r"<!-- (/?)table:([\w.-]+) -->")
-FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 
 
 # ------------------------------------------------------------------ data
@@ -936,15 +940,6 @@ def t_cli_search() -> str:
     return f"{table}\n\nHardware: {hw}; date: {date}; commit: {commit}."
 
 
-def t_config_reference() -> str:
-    """Not a result: the config reference, from the typed config models (training/models/config_schema.py)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from training.models.config_schema import reference_markdown
-
-    return reference_markdown()
-
-
 def t_ocr_keyword() -> str:
     """Text in photos and keyword search (benchmarks/ocr_keyword.py): the gate, OCR's cost, recall by mode."""
     data = load("ocr_keyword.json")
@@ -991,7 +986,6 @@ def t_demo_ready() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "ocr_keyword": t_ocr_keyword,
-    "config_reference": t_config_reference,
     "flickr8k_dev": t_flickr8k_dev,
     "flickr8k_seeds": t_flickr8k_seeds,
     "weight_average": t_weight_average,
@@ -1053,76 +1047,8 @@ TABLES: dict[str, Callable[[], str]] = {
 # ------------------------------------------------------------------ rewriting the docs
 
 
-def doc_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-
-
-def render(name: str) -> str:
-    return "\n" + TABLES[name]().rstrip("\n") + "\n"
-
-
-def fences(text: str) -> list[tuple[int, int]]:
-    """spans of the fenced code blocks: markers inside them are examples, not tables"""
-    return [m.span() for m in FENCE.finditer(text)]
-
-
-def markers(pattern: re.Pattern, text: str) -> list[re.Match]:
-    spans = fences(text)
-    return [m for m in pattern.finditer(text) if not any(a <= m.start() < b for a, b in spans)]
-
-
-def process(text: str, path: str, errors: list[str]) -> tuple[str, list[str]]:
-    """(the text with every table regenerated, the names of the tables that differed)"""
-    opened = [m.group(2) for m in markers(OPEN_MARKER, text) if not m.group(1)]
-    closed = [m.group(2) for m in markers(OPEN_MARKER, text) if m.group(1)]
-    paired = [m.group(1) for m in markers(MARKER, text)]
-    spans = fences(text)
-    for name in sorted(set(opened + closed)):
-        if opened.count(name) != closed.count(name) or opened.count(name) != paired.count(name):
-            errors.append(f"{path}: unmatched or nested markers for table {name}")
-    differ: list[str] = []
-
-    def replace(m: re.Match) -> str:
-        name = m.group(1)
-        if any(a <= m.start() < b for a, b in spans):
-            return m.group(0)
-        if name not in TABLES:
-            errors.append(f"{path}: unknown table {name} (known: {', '.join(TABLES)})")
-            return m.group(0)
-        try:
-            new = render(name)
-        except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError) as e:
-            errors.append(f"{path}: table {name}: its data could not be rendered: {type(e).__name__}: {e}")
-            return m.group(0)
-        if new != m.group(2):
-            differ.append(name)
-        return f"<!-- table:{name} -->{new}<!-- /table:{name} -->"
-
-    return MARKER.sub(replace, text), differ
-
-
 def run(check: bool, root: Path = ROOT) -> int:
-    errors: list[str] = []
-    used: set[str] = set()
-    for path in doc_files(root):
-        if not path.exists():
-            continue
-        text = path.read_text()
-        used |= {m.group(1) for m in markers(MARKER, text)}
-        new, differ = process(text, str(path.relative_to(root)), errors)
-        for name in differ:
-            if check:
-                errors.append(f"{path.relative_to(root)}: table {name} differs from its data "
-                              f"(python benchmarks/tables.py rewrites it)")
-        if not check and new != text:
-            path.write_text(new)
-            print(f"{path.relative_to(root)}: rewrote {', '.join(differ)}")
-    for name in TABLES:
-        if name not in used:
-            errors.append(f"table {name} is in no document (README.md, docs/*.md)")
-    for e in errors:
-        print(e, file=sys.stderr)
-    return 1 if errors else 0
+    return rewrite(TABLES, check, root, "benchmarks/tables.py", elsewhere=config_reference.BLOCKS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,17 +57,35 @@ def tiny_model_path(synth_small, tmp_path_factory):
     return out / "model.pt"
 
 
-def build_index(model_path, synth_dir, out):
-    """A FAISS index of ``synth_dir``'s val+test images and their captions, built with ``model_path``."""
-    from index.gallery import EmbedOptions, build
+def gallery_records(synth_dir):
+    """The gallery of the tests' indexes: ``synth_dir``'s val+test records, and each caption with its record's
+    position."""
     from training.data.datasets import load_dataset
-    from training.models.checkpoint import load_model
 
-    model = load_model(model_path)
     data = load_dataset(synth_dir)
     records = data.split("val").images + data.split("test").images
-    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    build(out, model, [r.path for r in records], captions, embedding=EmbedOptions(progress=False, workers=0))
+    return records, [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+
+
+def embedded_gallery(model, synth_dir):
+    """``gallery_records(synth_dir)`` embedded by ``model``: (records, captions, image vectors, caption vectors)."""
+    from index.embed import embed_image_files, embed_texts
+
+    records, captions = gallery_records(synth_dir)
+    images = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    return records, captions, images, embed_texts(model, [c for c, _ in captions], progress=False)
+
+
+def build_index(model_path, synth_dir, out, querybank=None):
+    """A FAISS index of ``gallery_records(synth_dir)``, built with ``model_path`` (``querybank``: the
+    ``index.querybank.QueryBank`` to store the items against)."""
+    from index.changes import BuildOptions
+    from index.gallery import EmbedOptions, build
+    from training.models.checkpoint import load_model
+
+    records, captions = gallery_records(synth_dir)
+    build(out, load_model(model_path), [r.path for r in records], captions,
+          options=BuildOptions(querybank=querybank), embedding=EmbedOptions(progress=False, workers=0))
     return out
 
 
@@ -153,18 +171,14 @@ def index_copy(tiny_index_dir, tmp_path):
 
 async def serve_app(app, work):
     """Runs ``app`` (lifespan included) in process, waits until /readyz says ready, then ``await work(client)``."""
-    import asyncio
-
     import httpx
+
+    from server_process import wait_ready_async
 
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as c:
-            for _ in range(1200):
-                if (await c.get("/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            return await work(c)
+            return await work(await wait_ready_async(c))
 
 
 def batch_stats(metrics_text: str, name: str) -> tuple[float, float]:

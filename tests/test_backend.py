@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from training.models.ensemble import EnsembleEmbedding
 from training.models.model import build_model
 
 from conftest import tiny_config
+from server_process import wait_ready
 
 FLOAT32 = ("openvino", "onnxruntime")
 
@@ -410,10 +410,7 @@ def test_the_services_image_routes_run_on_the_backend(lite0_path, gallery_folder
     monkeypatch.setenv("JOINTSPACE_BACKEND", "openvino")
     settings = Settings(model=str(lite0_path), index=str(index), reload_interval_s=0)
     with TestClient(create_app(settings)) as client:
-        for _ in range(1200):
-            if client.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
+        wait_ready(client)
         assert client.get("/readyz").status_code == 200
         warmed = counted.get("openvino", 0)
         assert warmed >= 1                                           # the warm-up ran on it too

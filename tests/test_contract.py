@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from server_process import spawn
+from server_process import spawn, wait_ready
 from service.app import create_app
 from service.settings import Settings
 
@@ -140,8 +139,7 @@ def test_term_and_generation_limits_are_settings_for_json_and_form_alike(tiny_mo
     settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_terms=2,
                         max_generated=3)
     with TestClient(create_app(settings)) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         doc = c.get("/openapi.json").json()
         schemas, paths = doc["components"]["schemas"], doc["paths"]
         assert schemas["ImageIdCompose"]["properties"]["add"]["maxItems"] == 2
@@ -214,8 +212,7 @@ def test_the_image_part_accepts_every_media_type_it_declares_and_no_other_bytes(
     register_heif()                                   # Pillow writes HEIF (HEVC-coded, brand heic) through it
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         doc = c.get("/openapi.json").json()
         forms = {path: op["requestBody"]["content"]["multipart/form-data"] for path, ops in doc["paths"].items()
                  for op in ops.values() if "multipart/form-data" in op.get("requestBody", {}).get("content", {})}
@@ -245,8 +242,7 @@ def test_the_image_part_accepts_every_media_type_it_declares_and_no_other_bytes(
 def test_decoder_routes_answer_409_with_the_reason(tiny_model_path, tiny_index_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         for r in (c.post("/v1/captions", files={"image": ("a.png", _png(), "image/png")}),
                   c.post("/v1/paraphrases", json={"text": "a red circle"})):
             assert r.status_code == 409, r.text
@@ -267,8 +263,7 @@ def test_decoder_routes_answer_409_with_the_reason(tiny_model_path, tiny_index_d
 def test_json_bodies_are_read_as_the_schema_says(tiny_model_path, tiny_index_dir, body, status):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         r = c.post("/v1/search/images", content=json.dumps(body), headers={"content-type": "application/json"})
         assert r.status_code == status, r.text
 
@@ -276,8 +271,7 @@ def test_json_bodies_are_read_as_the_schema_says(tiny_model_path, tiny_index_dir
 def test_unpaired_surrogates_and_bad_multipart_parts_are_4xx(tiny_model_path, tiny_index_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
     with TestClient(app) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         r = c.post("/v1/search/images", content=b'{"text": "a \\ud800 b"}', headers={"content-type": "application/json"})
         assert r.status_code == 422 and "unicode" in r.json()["detail"], r.text
         r = c.post("/v1/search/images", content=b'{"image_id": 0, "add": ["\\udfff"]}',

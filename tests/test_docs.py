@@ -13,8 +13,9 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
-def _tables():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+def _tables(script: str = "tables"):
+    """benchmarks/SCRIPT.py, loaded: tables (the result tables) or config_reference."""
+    spec = importlib.util.spec_from_file_location(script, ROOT / "benchmarks" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,6 +55,38 @@ def test_check_names_a_table_that_differs(tmp_path, capsys):
     assert "index_recall_cpu" in capsys.readouterr().err
     assert tables.run(check=False, root=tmp_path) == 0       # regenerating repairs it
     assert doc.read_text() == text
+
+
+def _copy_docs(root: Path) -> None:
+    (root / "docs").mkdir()
+    for path in _docs():
+        shutil.copy(path, root / path.relative_to(ROOT))
+
+
+def test_the_config_reference_matches_the_models_and_its_check_names_an_edit(tmp_path, capsys):
+    reference = _tables("config_reference")
+    assert reference.run(check=True) == 0, capsys.readouterr().err
+    _copy_docs(tmp_path)
+    doc = tmp_path / "docs" / "training.md"
+    text = doc.read_text()
+    block = text[text.index("<!-- table:config_reference -->"):text.index("<!-- /table:config_reference -->")]
+    assert "#### `train`" in block
+    doc.write_text(text.replace("#### `train`", "#### `training`", 1))
+    assert _tables().run(check=True, root=tmp_path) == 0              # not a result table: not tables.py's
+    capsys.readouterr()
+    assert reference.run(check=True, root=tmp_path) == 1
+    assert "table config_reference differs" in capsys.readouterr().err
+    assert reference.run(check=False, root=tmp_path) == 0
+    assert doc.read_text() == text
+
+
+def test_the_table_check_names_a_marker_no_script_owns(tmp_path, capsys):
+    _copy_docs(tmp_path)
+    doc = tmp_path / "docs" / "results.md"
+    doc.write_text(doc.read_text() + "\n<!-- table:no_such_table -->\nx\n<!-- /table:no_such_table -->\n")
+    assert _tables().run(check=True, root=tmp_path) == 1
+    err = capsys.readouterr().err
+    assert [line.split(" (")[0] for line in err.splitlines()] == ["docs/results.md: unknown table no_such_table"]
 
 
 def test_flickr8k_dev_table_renders_rows_and_an_empty_list(monkeypatch):

@@ -289,17 +289,19 @@ def test_the_service_imports_its_video_decoder_before_it_is_ready(tiny_model_pat
     (a frame, and a truncated upload's error) once answered 500. The service imports it while it loads."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    code = (f"import sys, time\n"
+    code = (f"import sys\n"
+            f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             f"from fastapi.testclient import TestClient\n"
+            f"from server_process import wait_ready\n"
             f"from service.app import create_app\n"
             f"from service.settings import Settings\n"
             f"assert 'av' not in sys.modules\n"
             f"app = create_app(Settings(model={str(tiny_model_path)!r}, index={str(tiny_index_dir)!r}, "
             f"reload_interval_s=0))\n"
             f"with TestClient(app) as c:\n"
-            f"    while c.get('/readyz').status_code != 200:\n"
-            f"        time.sleep(0.05)\n"
+            f"    wait_ready(c, timeout=240)\n"
             f"    assert 'av' in sys.modules\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             env={**__import__("os").environ, "JOINTSPACE_ALLOWED_HOSTS": "testserver"})

@@ -17,6 +17,7 @@ from training.data.datasets import load_dataset
 from training.evaluate import querybank_metrics
 from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
+from conftest import build_index, embedded_gallery
 
 BETA = 20.0
 
@@ -29,25 +30,16 @@ def model(tiny_model_path):
 @pytest.fixture(scope="module")
 def parts(model, synth_small):
     """The gallery (val + test) and the bank (train) of the synthetic set, embedded once."""
-    data = load_dataset(synth_small)
-    records = data.split("val").images + data.split("test").images
-    bank_records = data.split("train").images
-    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
-    cap = embed_texts(model, [c for c, _ in captions], progress=False)
+    bank_records = load_dataset(synth_small).split("train").images
     bank = QueryBank(captions=embed_texts(model, [c for r in bank_records for c in r.captions], progress=False),
                      images=embed_image_files(model, [r.path for r in bank_records], progress=False,
                                               workers=0).vectors, beta=BETA)
-    return records, captions, img, cap, bank
+    return *embedded_gallery(model, synth_small), bank
 
 
 @pytest.fixture(scope="module")
-def qb_index(model, parts, tmp_path_factory):
-    records, captions, *_, bank = parts
-    root = tmp_path_factory.mktemp("qb") / "index"
-    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=bank),
-          embedding=EmbedOptions(progress=False, workers=0))
-    return root
+def qb_index(tiny_model_path, synth_small, parts, tmp_path_factory):
+    return build_index(tiny_model_path, synth_small, tmp_path_factory.mktemp("qb") / "index", querybank=parts[-1])
 
 
 def test_folded_search_is_the_inverted_softmax(model, parts, qb_index):

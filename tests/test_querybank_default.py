@@ -3,7 +3,6 @@ training/inference/querybank.py) and `index build`'s default use of it; gallery-
 (`index build --tta flip`) and its unchanged query-time cost."""
 import json
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from index.gallery import EmbedOptions, Gallery, build
 from index.generations import read_manifest
 import index.querybank
 from index.querybank import cache_root, embed_bank_captions, model_bank
+from server_process import wait_ready
 from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
@@ -279,12 +279,7 @@ def test_readyz_says_whether_the_index_is_hubness_corrected(tiny_model_path, tin
     assert _build(tiny_model_path, synth_small, corrected) == 0
     for root, expected in ((corrected, True), (tiny_index_dir, False)):
         with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(root), reload_interval_s=0))) as c:
-            for _ in range(1200):
-                r = c.get("/readyz")
-                if r.status_code == 200:
-                    break
-                time.sleep(0.05)
-            hub = r.json()["hubness_correction"]
+            hub = wait_ready(c).get("/readyz").json()["hubness_correction"]
             assert hub["text_to_image"] is expected and hub["image_to_text"] is expected
             assert hub["bank"] == ("model" if expected else None)
 

@@ -3,7 +3,6 @@ query — equal to that share computed by brute force, unchanged by other photos
 reference set; and as the service (fields, OpenAPI, paging, thresholds) and the CLI (table, JSON) give it."""
 import json
 import shutil
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from conftest import STRONG_TEXT, WEAK_TEXT
+from conftest import STRONG_TEXT, WEAK_TEXT, build_index, embedded_gallery
 from index.changes import BuildOptions, ChangeSet
 from index.embed import embed_image_files, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
@@ -23,6 +22,7 @@ from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NU
                              strong_match, strong_threshold)
 from service.app import create_app
 from service.cli import main as cli_main
+from server_process import wait_ready
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
@@ -37,23 +37,15 @@ def model(tiny_model_path):
 @pytest.fixture(scope="module")
 def parts(model, synth_small):
     """The gallery (val + test) of the synthetic set embedded, and the query bank the tiny model carries."""
-    data = load_dataset(synth_small)
-    records = data.split("val").images + data.split("test").images
-    captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
-    cap = embed_texts(model, [c for c, _ in captions], progress=False)
     bank = model_bank(model, progress=False)
     assert bank is not None and bank.captions is not None and bank.images is not None
-    return records, captions, img, cap, bank
+    return *embedded_gallery(model, synth_small), bank
 
 
 @pytest.fixture(scope="module")
-def bank_index(model, parts, tmp_path_factory):
-    records, captions, *_, bank = parts
-    root = tmp_path_factory.mktemp("relevance") / "index"
-    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=bank),
-          embedding=EmbedOptions(progress=False, workers=0))
-    return root
+def bank_index(tiny_model_path, synth_small, parts, tmp_path_factory):
+    return build_index(tiny_model_path, synth_small, tmp_path_factory.mktemp("relevance") / "index",
+                       querybank=parts[-1])
 
 
 def _brute_force(queries, scores, reference, bank_other, beta):
@@ -164,22 +156,13 @@ def _client(model_path, index):
     return TestClient(create_app(Settings(model=str(model_path), index=str(index), max_k=50, reload_interval_s=0)))
 
 
-def _ready(c):
-    for _ in range(1200):
-        r = c.get("/readyz")
-        if r.status_code == 200:
-            return r.json()
-        time.sleep(0.05)
-    raise AssertionError(r.json())
-
-
 def test_the_service_gives_each_hit_its_relevance_and_each_list_its_strong_match(model, tiny_model_path,
                                                                                 relevance_index_dir):
     gallery = Gallery.load(relevance_index_dir, model=model)
     queries = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
     want = gallery.ranked("images", queries, gallery.search_images(queries, 12))
     with _client(tiny_model_path, relevance_index_dir) as c:
-        assert _ready(c)["strong_relevance"] == STRONG
+        assert wait_ready(c).get("/readyz").json()["strong_relevance"] == STRONG
         for text, ranking, strong in ((STRONG_TEXT, want[0], True), (WEAK_TEXT, want[1], False)):
             body = c.post("/v1/search/images", json={"text": text, "k": 12}).json()
             assert body["strong_match"] is strong
@@ -217,7 +200,7 @@ def test_the_service_gives_each_hit_its_relevance_and_each_list_its_strong_match
 
 def test_without_a_reference_set_the_service_says_null(tiny_model_path, tiny_index_dir):
     with _client(tiny_model_path, tiny_index_dir) as c:
-        assert _ready(c)["strong_relevance"] is None
+        assert wait_ready(c).get("/readyz").json()["strong_relevance"] is None
         body = c.post("/v1/search/images", json={"text": STRONG_TEXT, "k": 3}).json()
         assert body["strong_match"] is None and [h["relevance"] for h in body["results"]] == [None] * 3
         caps = c.post("/v1/search/captions", json={"image_id": 0, "k": 2}).json()

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from conftest import batch_stats, serve_app
-from server_process import free_port
+from server_process import free_port, poll_readyz, wait_ready, wait_serving
 from index.embed import embed_texts
 from index.gallery import EmbedOptions, Gallery, add, remove
 from service.app import create_app
@@ -27,16 +27,6 @@ from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _wait_ready(client, timeout=60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = client.get("/readyz")
-        if r.status_code == 200:
-            return r.json()
-        time.sleep(0.05)
-    raise AssertionError(f"service not ready: {r.json()}")
 
 
 def _png(size=(48, 40), color="red") -> bytes:
@@ -50,7 +40,7 @@ def client(tiny_model_path, tiny_index_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), max_k=50,
                               max_upload_bytes=200_000, max_pixels=1_000_000, reload_interval_s=0))
     with TestClient(app) as c:
-        _wait_ready(c)
+        wait_ready(c)
         yield c
 
 
@@ -191,7 +181,7 @@ def test_composition_needs_one_vector_per_image(tiny_model_path, tiny_index_dir)
     model.attention = torch.nn.Identity()       # the route only asks whether the model has one
     settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
     with TestClient(create_app(settings, model=model, gallery=gallery)) as c:
-        _wait_ready(c)
+        wait_ready(c)
         for kwargs in ({"files": {"image": ("q.png", _png(), "image/png")}, "data": {"add": "red"}},
                        {"json": {"image_id": 1, "subtract": ["red"]}}):
             r = c.post("/v1/search/images", **kwargs)
@@ -387,7 +377,7 @@ def test_api_key(tiny_model_path, tiny_index_dir):
     app = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), api_key="s3cret",
                               reload_interval_s=0))
     with TestClient(app) as c:
-        _wait_ready(c)
+        wait_ready(c)
         for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}):
             r = c.post("/v1/search/images", json={"text": "a circle"}, headers=headers)
             assert r.status_code == 401 and "API key" in r.json()["detail"]
@@ -417,9 +407,7 @@ def test_not_ready_and_mismatched_index_answer_503_not_500(tiny_model_path, tiny
                                (Settings(model=str(tmp_path / "other.pt"), index=str(tiny_index_dir)),
                                 "built with model")):
         with TestClient(create_app(settings)) as c:
-            deadline = time.time() + 30
-            while "error" not in (r := c.get("/readyz")).json()["status"] and time.time() < deadline:
-                time.sleep(0.05)
+            r = poll_readyz(c, until=lambda r: "error" in r.json()["status"], timeout=30)
             assert r.status_code == 503 and expected in r.json()["status"]
             assert c.get("/healthz").status_code == 200
             s = c.post("/v1/search/images", json={"text": "a cat"})       # the reason (server paths) is /readyz's
@@ -549,18 +537,15 @@ def test_service_picks_up_index_add_and_remove(tiny_model_path, index_copy, synt
     app = create_app(Settings(model=str(tiny_model_path), index=str(index_copy), reload_interval_s=0.1))
     new_image = load_dataset(synth_small).split("train").images[0].path
     with TestClient(app) as c:
-        gen = _wait_ready(c)["index_generation"]
+        gen = wait_ready(c).get("/readyz").json()["index_generation"]
         report = add(index_copy, model, [new_image], embedding=EmbedOptions(progress=False, workers=0))
         new_id = report.image_ids[0]
-        deadline = time.time() + 20
-        while c.get("/readyz").json()["index_generation"] == gen and time.time() < deadline:
-            time.sleep(0.05)
+        poll_readyz(c, until=lambda r: r.json()["index_generation"] != gen, timeout=20)
         assert c.get(f"/v1/images/{new_id}").content == Path(new_image).read_bytes()
         assert c.post("/v1/search/captions", json={"image_id": new_id, "k": 2}).status_code == 200
         gen = c.get("/readyz").json()["index_generation"]
         remove(index_copy, image_ids=[new_id])
-        while c.get("/readyz").json()["index_generation"] == gen and time.time() < deadline:
-            time.sleep(0.05)
+        poll_readyz(c, until=lambda r: r.json()["index_generation"] != gen, timeout=20)
         assert c.get(f"/v1/images/{new_id}").status_code == 404
         ids = {x["id"] for x in c.post("/v1/search/images", json={"text": "a shape", "k": 50}).json()["results"]}
         assert new_id not in ids
@@ -576,14 +561,7 @@ def test_jointspace_serve_runs_uvicorn(tiny_model_path, tiny_index_dir, tmp_path
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stdout.read()
-                time.sleep(0.2)
+        wait_serving(proc, port, timeout=90)
         r = httpx.post(f"{base}/v1/search/images", json={"text": "a blue circle", "k": 7}, timeout=10)
         assert r.status_code == 200 and len(r.json()["results"]) == 7
         assert httpx.post(f"{base}/v1/search/images", json={"text": "a blue circle", "k": 8}).status_code == 422

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from index.gallery import EmbedOptions, add, build
+from server_process import poll_readyz, wait_ready
 from service.app import create_app
 from service.settings import Settings
 from training.data.datasets import load_dataset
@@ -77,6 +77,7 @@ def _readable_code(shared: Path) -> Path:
     for package in ("training", "index", "service"):
         shutil.copytree(REPO / package, code / package, copy_function=shutil.copyfile,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pt"))
+    shutil.copyfile(REPO / "tests" / "server_process.py", code / "server_process.py")     # its wait for /readyz
     for path in [code, *code.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     return code
@@ -97,6 +98,7 @@ import asyncio, json, os, sys
 import httpx, faiss, torch, sqlite3, uvicorn
 import fastapi_offline, av, pillow_heif   # found again after the user changes: /docs's Swagger UI folder, PyAV
 import service.app, service.state, index.gallery, training.models.checkpoint
+from server_process import poll_readyz_async
 from service.app import create_app
 from service.settings import Settings
 
@@ -112,20 +114,13 @@ async def main():
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60) as c:
-            for _ in range(1200):
-                r = await c.get("/readyz")
-                if r.status_code == 200 or "error" in r.json()["status"]:
-                    break
-                await asyncio.sleep(0.05)
+            r = await poll_readyz_async(c, until=lambda r: r.status_code == 200 or "error" in r.json()["status"])
             print(json.dumps({"uid": os.getuid(), "ready": r.json()}), flush=True)
             loop = asyncio.get_running_loop()
             while line := await loop.run_in_executor(None, sys.stdin.readline):
                 command = json.loads(line)
-                for _ in range(400):                            # wait for the generation asked for
-                    ready = (await c.get("/readyz")).json()
-                    if ready.get("index_generation") == command["generation"]:
-                        break
-                    await asyncio.sleep(0.05)
+                ready = (await poll_readyz_async(       # wait for the generation asked for
+                    c, until=lambda r: r.json().get("index_generation") == command["generation"], timeout=20)).json()
                 r = await c.post("/v1/search/captions", json={"image_id": command["image_id"], "k": 2})
                 print(json.dumps({"ready": ready, "status": r.status_code, "body": r.json()}), flush=True)
 
@@ -168,9 +163,7 @@ def test_a_second_replica_as_another_user_reads_a_new_generation_while_the_first
             app = create_app(Settings(model=str(shared / "model.pt"), index=str(shared / "index"),
                                       reload_interval_s=0.1))
             with TestClient(app) as first:
-                while first.get("/readyz").status_code != 200:
-                    time.sleep(0.05)
-                gen = first.get("/readyz").json()["index_generation"]
+                gen = wait_ready(first).get("/readyz").json()["index_generation"]
                 assert hello["ready"]["index_generation"] == gen
                 statuses, stop = [], threading.Event()
 
@@ -186,9 +179,7 @@ def test_a_second_replica_as_another_user_reads_a_new_generation_while_the_first
                 new_id, new_gen = report.image_ids[0], report.generation
                 assert new_gen != gen and _mode(shared / "index" / new_gen) == 0o755
                 assert _mode(shared / "index" / new_gen / "manifest.json") == 0o644
-                deadline = time.time() + 20
-                while first.get("/readyz").json()["index_generation"] != new_gen and time.time() < deadline:
-                    time.sleep(0.05)
+                poll_readyz(first, until=lambda r: r.json()["index_generation"] == new_gen, timeout=20)
                 stop.set()
                 worker.join()
                 assert first.get("/readyz").json()["index_generation"] == new_gen

@@ -10,6 +10,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from index.gallery import Gallery
+from server_process import poll_readyz
 from service.app import create_app
 from service.engine import Engine, Options
 from service.settings import Settings
@@ -251,9 +252,7 @@ def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypat
         busy = client.post("/v1/search/images", json={"text": "a red circle"})
         assert busy.status_code == 503 and busy.json()["detail"] == "not ready: warming up"
         release.set()
-        while client.get("/readyz").status_code != 200 and time.time() < deadline:
-            time.sleep(0.02)
-        ready = client.get("/readyz").json()
+        ready = poll_readyz(client, timeout=30, poll=0.02).json()
     assert seen == [(1, 2, 4, 8)]
     assert ready["status"] == "ready" and ready["batch_sizes"] == [1, 2, 4, 8]
     assert ready["warmup_seconds"] > 0 and ready["search_backend"] == "faiss-cpu"

@@ -10,6 +10,7 @@ import torch
 from PIL import Image, ImageOps
 
 from index.embed import PhotoDecoding, decode_photos, read_photo
+from server_process import wait_ready
 from training.data.preprocess import (ZOOM, ImageGeometryError, MirroredViews, Preprocess, StackedPreprocess,
                                       decode_image, embed_side)
 from training.inference import tensor_views as tv
@@ -291,7 +292,6 @@ def test_the_services_image_routes_decode_uploads_by_torch_when_set(tiny_model_p
     """JOINTSPACE_DECODE=torch (a CUDA host's default) on a CPU service: an upload as a query goes through the
     torch path and ranks as with Pillow; `index search --image` takes the same path."""
     import shutil
-    import time
 
     from fastapi.testclient import TestClient
 
@@ -316,10 +316,7 @@ def test_the_services_image_routes_decode_uploads_by_torch_when_set(tiny_model_p
     for decode in ("pil", "torch"):
         monkeypatch.setenv("JOINTSPACE_DECODE", decode)
         with TestClient(create_app(Settings(model=str(tiny_model_path), index=str(index), reload_interval_s=0))) as c:
-            for _ in range(1200):
-                if c.get("/readyz").status_code == 200:
-                    break
-                time.sleep(0.05)
+            wait_ready(c)
             before = len(used)
             by_upload = c.post("/v1/search/images", files=upload, data={"k": "3"})
             assert by_upload.status_code == 200, by_upload.text

@@ -2,7 +2,6 @@
 default), how its images may be cached (private, no-store with a key, ETag and 304), the files it serves (never through a
 symbolic link made after indexing), and index paths with URI characters (model files that may only hold tensors
 and plain values: tests/test_model.py)."""
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
 from index.gallery import EmbedOptions, Gallery, add, build, sync
+from server_process import wait_ready
 from service.app import create_app
 from service.cli import main as cli_main
 from service.settings import Settings
@@ -29,13 +29,7 @@ def _client(model, index, host="127.0.0.1", **settings) -> TestClient:
 def _ready(client: TestClient):
     """The client, entered (the app's lifespan runs), once the app is ready."""
     with client as c:
-        for _ in range(1200):
-            if c.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the app did not become ready")
-        yield c
+        yield wait_ready(c)
 
 
 def _photo(path: Path, seed: int) -> Path:

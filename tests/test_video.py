@@ -20,6 +20,7 @@ from index.scan import find_videos
 from index.video_decode import VideoError, frame_at, probe, sample_frames
 from index.video_embed import embed_videos
 from index.video_writer import write_video
+from server_process import wait_ready
 from service.cli import main as cli_main
 from training.models.checkpoint import load_model
 
@@ -266,12 +267,7 @@ def video_client(tiny_model_path, synth_small, tmp_path_factory):
           embedding=EmbedOptions(progress=False, workers=0, sampling=Sampling(window=2.0)))
     app = create_app(Settings(model=str(tiny_model_path), index=str(out), reload_interval_s=0))
     with TestClient(app) as client:
-        for _ in range(1200):
-            if client.get("/readyz").status_code == 200:
-                break
-            import time
-
-            time.sleep(0.05)
+        wait_ready(client)
         gallery = Gallery.load(out)
         moments = [r for r in gallery.meta.all_images() if r.video_id is not None]
         videos = gallery.meta.all_videos()

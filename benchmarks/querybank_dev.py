@@ -255,7 +255,7 @@ def cmd_timing(args) -> int:
     from training.inference.pretrained import resolve
     from training.inference.querybank import sample_indices
 
-    from index.embed import embed_image_files
+    from index.embed import embed_photos
 
     model = load_model(resolve(args.model)).eval()
     train = load_dataset(args.data).split("train")
@@ -270,10 +270,10 @@ def cmd_timing(args) -> int:
                      **stamp(args.note)})
         print(json.dumps(rows[-1]), flush=True)
     paths = [r.path for r in load_dataset(args.data).split("val").images[:args.images]]
-    embed_image_files(model, paths[:8], workers=0, progress=False)           # warm-up
+    embed_photos(model, paths[:8], workers=0, progress=False)           # warm-up
     for tta in ("none", "flip", "flip-crop"):
         t0 = time.perf_counter()
-        embed_image_files(model, paths, workers=1, progress=False, tta=tta, batch_size=32)
+        embed_photos(model, paths, workers=1, progress=False, tta=tta, batch_size=32)
         seconds = time.perf_counter() - t0
         rows.append({"name": f"embed {len(paths)} gallery images, tta {tta}", "what": f"gallery images, tta {tta}",
                      "n": len(paths), "seconds": round(seconds, 2), "per_image_ms": round(1000 * seconds / len(paths)),

@@ -154,10 +154,10 @@ def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batc
                   workers: int | None = None, device: str | torch.device = "cpu",
                   indexed: dict[str, str] | None = None, tta: str = "none",
                   how: PhotoDecoding = DEFAULT_DECODING) -> ImageDecoding:
-    """Starts decoding the photos of ``paths`` as :func:`embed_image_files` embeds them with a model whose
+    """Starts decoding the photos of ``paths`` as :func:`embed_photos` embeds them with a model whose
     preprocessing is ``preprocess`` (e.g. read from its file before the model is loaded,
     ``checkpoint.stored_preprocess``), to be passed to it as ``decoding``; ``how``: ahead of the model, and where
-    (:class:`PhotoDecoding`). The other arguments are :func:`embed_image_files`'s."""
+    (:class:`PhotoDecoding`). The other arguments are :func:`embed_photos`'s."""
     views = view_preprocess(preprocess, tta)
     per_image = max(1, views.crops // preprocess.crops)
     choice = decode_choice(device, how.decode)
@@ -166,7 +166,7 @@ def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batc
                          device=device, ahead=how.ahead, decode=choice)
 
 
-def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
+def embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none",
                       decoding: ImageDecoding | None = None) -> FileEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.inference.embedding.embed_image_files``,

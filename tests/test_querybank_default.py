@@ -12,12 +12,12 @@ from PIL import Image
 
 import index.embed
 import index.gallery
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
 from index.generations import read_manifest
-import index.querybank
-from index.querybank import cache_root, embed_bank_captions, model_bank
+import index.qbnorm
+from index.qbnorm import cache_root, embed_bank_captions, model_bank
 from service.cli import main as cli_main
 from training.config import build_config
 from training.data.datasets import load_dataset
@@ -70,7 +70,7 @@ def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, 
     assert torch.equal(got["images"], bank["images"]) and torch.equal(got["image_scales"], bank["image_scales"])
     assert again.fingerprint == model.fingerprint
     # the stored images are this model's embeddings of three distinct training images, within half a step
-    direct = embed_image_files(model, [r.path for r in train.images], progress=False, workers=0).vectors
+    direct = embed_photos(model, [r.path for r in train.images], progress=False, workers=0).vectors
     stored = image_vectors(got)
     rows = {int(np.argmax(direct @ v)) for v in stored}
     assert len(rows) == 3
@@ -145,7 +145,7 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     # used: scores are cosine minus the offset of the model's bank (QB-Norm eq. 3, folded)
     records = load_dataset(synth_small).split("val").images
     assert manifest["tta"] == "flip-crop"          # the default: each image, a closer crop and their mirror images
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
+    img = embed_photos(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
     queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
     offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
                            torch.from_numpy(img), 20.0).numpy()
@@ -179,7 +179,7 @@ def test_the_model_carries_its_bank_captions_vectors_and_a_build_embeds_none_of_
     def no_embedding(*args, **kwargs):
         raise AssertionError("the bank's captions were embedded although the model carries their vectors")
 
-    monkeypatch.setattr(index.querybank, "embed_bank_captions", no_embedding)
+    monkeypatch.setattr(index.qbnorm, "embed_bank_captions", no_embedding)
     qb = model_bank(model, progress=False)
     assert np.array_equal(qb.captions, carried_vectors.astype(np.float16))
     assert _build(model_copy, synth_small, tmp_path / "carried") == 0
@@ -263,7 +263,7 @@ def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth
                      "--workers", "0", "--quiet", "--json"]) == 0
     new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
     bank = model_bank(model)
-    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
+    vec = embed_photos(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
     gallery = Gallery.load(out, model=model)
     assert np.allclose(gallery.images.reconstruct(new_id), bank.fold("images", vec)[0], atol=1e-3)
     gallery.close()

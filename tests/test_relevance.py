@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 
 from conftest import STRONG_TEXT, WEAK_TEXT
 from index.changes import BuildOptions, ChangeSet
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
-from index.querybank import model_bank
+from index.qbnorm import model_bank
 from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, REFERENCE_SIZE,
                              STRONG, Descriptions, both_sides, calibrated, is_strong, null_sentences, reference_rows,
                              strong_match, strong_threshold)
@@ -40,7 +40,7 @@ def parts(model, synth_small):
     data = load_dataset(synth_small)
     records = data.split("val").images + data.split("test").images
     captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    img = embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors
     cap = embed_texts(model, [c for c, _ in captions], progress=False)
     bank = model_bank(model, progress=False)
     assert bank is not None and bank.captions is not None and bank.images is not None

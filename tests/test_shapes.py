@@ -170,7 +170,7 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
 def test_a_forward_pass_holds_batch_size_views_whatever_the_augmentation(tiny_model_path, synth_small):
     """index build --tta: each photo's 2 or 4 views count against --batch-size, so a pass's memory does not grow
     with the augmentation; the vectors are those of one pass per photo."""
-    from index.embed import embed_image_files
+    from index.embed import embed_photos
     from training.data.datasets import load_dataset
 
     model = load_model(tiny_model_path)
@@ -188,10 +188,10 @@ def test_a_forward_pass_holds_batch_size_views_whatever_the_augmentation(tiny_mo
     for tta, photos in (("none", [8, 2]), ("flip", [4, 4, 2]), ("flip-crop", [2, 2, 2, 2, 2])):
         rec.images.clear()
         views.clear()
-        got[tta] = embed_image_files(model, paths, batch_size=8, workers=0, progress=False, tta=tta).vectors
+        got[tta] = embed_photos(model, paths, batch_size=8, workers=0, progress=False, tta=tta).vectors
         assert rec.images == photos, tta
         assert max(views) == 8, tta
-    one = [embed_image_files(model, [p], batch_size=1, workers=0, progress=False, tta="flip-crop").vectors[0]
+    one = [embed_photos(model, [p], batch_size=1, workers=0, progress=False, tta="flip-crop").vectors[0]
            for p in paths[:3]]
     np.testing.assert_allclose(got["flip-crop"][:3], np.stack(one), atol=1e-5)
 

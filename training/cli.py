@@ -449,7 +449,7 @@ def _no_model_file(path: str) -> bool:
 def cmd_concepts(args) -> int:
     import yaml
 
-    from training.concepts import Written, fit_file
+    from training.fit_concepts import Written, fit_file
 
     if _no_model_file(args.model):
         return 2

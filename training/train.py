@@ -27,7 +27,7 @@ def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resum
         summary = trainer.run(resume=resume)
         kept = trainer.out_dir / "model.pt"
         if trainer.is_main and cfg.concepts.enabled and kept.is_file():   # the concept head, fitted after training
-            from .concepts import fit_file
+            from .fit_concepts import fit_file
 
             summary["concepts"] = fit_file(kept, trainer.train_set, device=trainer.device, workers=cfg.train.workers,
                                            progress=progress, log=log)

@@ -35,7 +35,7 @@ compiles one at load; compiled graphs are kept in OpenVINO's own cache beside th
 process imports them instead of compiling again.
 
 Any failure to load or convert falls back to eager PyTorch with one log line. :func:`use_backend` attaches the
-chosen backend to a model; :func:`tower_features` is what ``embed.py``'s ``embed_pixels`` and ``pixel_features``
+chosen backend to a model; :func:`tower_features` is what ``embedding.py``'s ``embed_pixels`` and ``pixel_features``
 call — the one code path above it, for the indexer, the service's image route, query by example and video frames.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 inverted softmax, folded into one inner product, and its dynamic variant; the query bank a ``model.pt`` carries;
 and making one from a data split. Its callers are thin: ``jointspace train`` and ``jointspace querybank`` attach a
 bank (training/train.py, training/cli.py), evaluation scores with it (training/evaluate.py), and the index folds it
-into its vectors and stores it beside its generations (index/querybank.py).
+into its vectors and stores it beside its generations (index/qbnorm.py).
 
 **The correction.** In a high-dimensional space a few gallery items ("hubs") are near to many queries and crowd the
 top of every result list. QB-Norm measures each item against a bank of typical queries (the training captions for
@@ -19,13 +19,13 @@ query's results; it ranked as the fixed offsets do on Flickr8k dev, ImageNet and
 (docs/index.md), so the index folds the fixed offsets.
 
 **The bank a model carries**: typical queries of its training data, which ``jointspace index build`` uses by
-default to correct hubness at search time (folded into the index by index/querybank.py).
+default to correct hubness at search time (folded into the index by index/qbnorm.py).
 
 Stored under ``extra["querybank"]`` of the checkpoint (no tensor of the model changes, so its fingerprint does
 not either)::
 
     {"captions": [str, ...],          # a seeded sample of the training captions, as text: embedded when an index
-                                      # is built (index/querybank.py caches the vectors per model)
+                                      # is built (index/qbnorm.py caches the vectors per model)
      "caption_vectors": int8 (m, D),  # those captions embedded by this model, quantised as the images are,
      "caption_scales": float32 (m,),  # so that a first index build need not embed them (caption_vectors)
      "vectors_of": "…",               # the fingerprint of the model that embedded them
@@ -202,7 +202,7 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
                          f"{model.cfg.model.similarity} similarity")
     texts, records = sample(dataset, captions, images, seed)
     head = getattr(model, "concepts", None)
-    if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/concepts.py)
+    if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/fit_concepts.py)
         from training.models.concepts import class_names, class_sentences
 
         texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)

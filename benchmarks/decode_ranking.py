@@ -54,7 +54,7 @@ from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import dct_scale  # noqa: E402
-from training.inference.embedding import embed_image_files  # noqa: E402
+from training.inference.embedding import FileReading, embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 
@@ -198,7 +198,7 @@ def main() -> int:
 
     def rank(files, read) -> dict:
         start = time.time()
-        emb = embed_image_files(model, files, workers=args.workers, progress=False, read=read)
+        emb = embed_image_files(model, files, FileReading(workers=args.workers, read=read), progress=False)
         assert emb.kept == list(range(len(files))), emb.skipped
         m = full_evaluation(torch.from_numpy(emb.vectors), captions, cap_to_img, model.similarity)
         out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],

@@ -253,7 +253,8 @@ def test_embedding_files_for_a_cuda_model_pins_its_batches(monkeypatch, tmp_path
     monkeypatch.setattr(embed, "DataLoader", loader)
     model = torch.nn.Linear(1, 1)
     model.preprocess, model.cfg = SHIPPED, tiny_config(model={"embed_dim": 4})
-    out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], workers=None, progress=False)
+    out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], embed.FileReading(workers=None),
+                                   progress=False)
     assert out.vectors.shape == (0, 4)
     assert seen["num_workers"] == 7 and seen["pin_memory"] is True and seen["prefetch_factor"] == 2
 

@@ -374,10 +374,10 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
 
 def test_the_progress_bar_counts_images_not_batches(tiny_model_path, synth_small, capsys):
     """`index build`'s bar says "7/7 images", not "4/4" batches of two, and is drawn before the first batch."""
-    from training.inference.embedding import embed_image_files
+    from training.inference.embedding import FileReading, embed_image_files
     from training.models.checkpoint import load_model
 
     paths = sorted((Path(synth_small) / "images").glob("*"))[:7]
-    embed_image_files(load_model(tiny_model_path), paths, batch_size=2, workers=0, progress=True)
+    embed_image_files(load_model(tiny_model_path), paths, FileReading(batch_size=2, workers=0), progress=True)
     err = capsys.readouterr().err
     assert "0/7" in err and "7/7" in err and "image" in err and "batch" not in err and "/4" not in err

@@ -137,7 +137,7 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     from index.video_embed import embed_videos
     from index.video_writer import write_video
     from training.data.datasets import load_dataset
-    from training.inference.embedding import embed_image_files, fixed_batches
+    from training.inference.embedding import FileReading, embed_image_files, fixed_batches
 
     assert fixed_batches(64, torch.device("cpu")) is None                       # a CPU has no per-shape cost
     assert fixed_batches(64, torch.device("cuda")).sizes == (64,)              # (no CUDA needed to choose)
@@ -148,10 +148,10 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     broken.write_bytes(b"not a picture")
     paths.insert(2, broken)                                  # the first batch holds 3 readable images of 4
     rec = _Recorder(model)
-    plain = embed_image_files(model, paths, batch_size=4, workers=0, progress=False)      # the CPU's default
+    plain = embed_image_files(model, paths, FileReading(batch_size=4, workers=0), progress=False)      # the CPU's default
     assert rec.images == [3, 4, 4]
     rec.images.clear()
-    padded = embed_image_files(model, paths, batch_size=4, workers=0, progress=False, pad=True)
+    padded = embed_image_files(model, paths, FileReading(batch_size=4, workers=0), progress=False, pad=True)
     assert rec.images == [4, 4, 4]
     assert padded.kept == plain.kept and len(padded.skipped) == 1
     np.testing.assert_allclose(padded.vectors, plain.vectors, atol=1e-5)

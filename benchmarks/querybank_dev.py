@@ -85,7 +85,7 @@ def embeddings(model, data: str, work: Path) -> dict:
     from training.data.preprocess import ZOOM, MirroredViews, open_image
     from training.inference.embedding import embed_texts
     from training.inference.querybank import image_vectors
-    from training.inference.querybank import make_bank, sample_indices
+    from training.inference.querybank import BankDraw, make_bank, sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset(data)
@@ -111,7 +111,8 @@ def embeddings(model, data: str, work: Path) -> dict:
                      for px in DataLoader(Views(), batch_size=32, num_workers=1)]
         np.save(work / "dev_feats4.npy", np.concatenate(feats))
     if not (work / "train_img.npy").exists():      # the largest bank's images, as a bank stores them (dequantised)
-        bank = make_bank(model, dataset.split("train"), captions=0, images=max(IMAGE_SIZES), beta=BETA, seed=SEED)
+        bank = make_bank(model, dataset.split("train"), BankDraw(captions=0, images=max(IMAGE_SIZES), beta=BETA,
+                                                                  seed=SEED))
         np.save(work / "train_img.npy", image_vectors(bank))
         np.save(work / "train_img_idx.npy", np.array(sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)))
     return {name: np.load(work / f"{name}.npy") for name in

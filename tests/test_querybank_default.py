@@ -26,7 +26,7 @@ from training.inference.embedding import embed_pixels
 from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images
-from training.inference.querybank import make_bank
+from training.inference.querybank import BankDraw, make_bank
 from training.train import attach_from_training
 
 
@@ -61,7 +61,7 @@ def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_sma
 
 def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):
     train = load_dataset(synth_small).split("train")
-    bank = make_bank(model, train, captions=7, images=3, beta=12.5, seed=3)
+    bank = make_bank(model, train, BankDraw(captions=7, images=3, beta=12.5, seed=3))
     assert len(bank["captions"]) == 7 and tuple(bank["images"].shape) == (3, model.cfg.model.embed_dim)
     attach(model_copy, bank)
     again = load_model(model_copy)
@@ -101,7 +101,7 @@ def test_bank_images_are_one_byte_a_dimension_and_float16_banks_still_read(model
     assert np.abs(back - vectors.numpy()).max(1).max() <= scales.max().item() / 2 + 1e-7   # within half a step
     # a bank written before the quantisation: float16 images, no scales, read and folded as before
     train = load_dataset(synth_small).split("train")
-    bank = make_bank(model, train, captions=5, images=4, beta=20.0)
+    bank = make_bank(model, train, BankDraw(captions=5, images=4, beta=20.0))
     old = {**bank, "images": torch.from_numpy(image_vectors(bank)).half()}
     del old["image_scales"]
     np.testing.assert_array_equal(image_vectors(old), old["images"].float().numpy())
@@ -116,7 +116,7 @@ def test_the_querybank_command_attaches_a_bank_to_a_model_and_removes_it(model, 
                      "--images", "5", "--beta", "15", "--seed", "2"]) == 0
     assert "6 captions and 5 images" in capsys.readouterr().out
     got = carried(load_model(model_copy))
-    want = make_bank(model, load_dataset(synth_small).split("train"), captions=6, images=5, beta=15.0, seed=2)
+    want = make_bank(model, load_dataset(synth_small).split("train"), BankDraw(captions=6, images=5, beta=15.0, seed=2))
     assert got["captions"] == want["captions"] and got["beta"] == 15.0
     np.testing.assert_allclose(image_vectors(got), image_vectors(want), atol=1e-6)
     assert load_model(model_copy).fingerprint == model.fingerprint

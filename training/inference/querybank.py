@@ -49,11 +49,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from training.data.features import Compute
 from training.data.fileio import atomic_path
 from training.data.sources import ImageSource, image_source
 from training.inference.embedding import embed_image_source, embed_texts
@@ -191,12 +193,27 @@ def sample(dataset, captions: int, images: int, seed: int = 0) -> tuple[list[str
             [dataset.images[i] for i in sample_indices(len(dataset.images), images, seed + 1)])
 
 
-def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int = 0, device="cpu",
-              workers: int = 2, progress: bool = False, source: str = "", features=None) -> dict:
-    """A bank from ``dataset`` (a split): ``captions`` sampled captions as text (and, for a model loaded from its
-    file, as that model's vectors: training/inference/querybank.py), ``images`` sampled images embedded with
-    ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
-    backbone features of every image of the split, in its order)."""
+@dataclass(frozen=True)
+class BankDraw:
+    """What :func:`make_bank` draws from a split: ``captions`` sampled captions, ``images`` sampled images (with
+    ``seed``), and the bank's ``beta``."""
+    captions: int
+    images: int
+    beta: float
+    seed: int = 0
+
+
+BANK_COMPUTE = Compute(progress=False)      # make_bank's: two decoding workers on the CPU, no progress bars
+
+
+def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, source: str = "",
+              features=None) -> dict:
+    """A bank from ``dataset`` (a split): ``draw.captions`` sampled captions as text (and, for a model loaded from
+    its file, as that model's vectors: training/inference/querybank.py), ``draw.images`` sampled images embedded
+    with ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
+    backbone features of every image of the split, in its order), decoded where and how ``compute`` says."""
+    captions, images, beta, seed = draw.captions, draw.images, draw.beta, draw.seed
+    device, workers, progress = compute.device, compute.workers, compute.progress
     if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
@@ -212,7 +229,8 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
         src = ImageSource("features", torch.from_numpy(np.array(features, dtype=np.float32)[drawn]))
         vectors = embed_image_source(model, src, workers=workers).cpu()
     elif records:
-        src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
+        src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress,
+                           amp=compute.amp)
         vectors = embed_image_source(model, src, workers=workers).cpu()
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)

@@ -13,13 +13,14 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, cast
+from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from training.data.preprocess import ZOOM, ImagePreprocess, MirroredViews, decode_image
+from training.data.preprocess import (ZOOM, ImagePreprocess, MirroredViews, Preprocess, StackedPreprocess,
+                                      decode_image)
 from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
@@ -131,7 +132,7 @@ def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
     image enlarged 8/7 and cut to the centre, and its mirror image; features averaged (``MirroredViews``)."""
     if tta not in TTA:
         raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
-    base = cast(ImagePreprocess, getattr(model, "preprocess", model))
+    base = model if isinstance(model, (Preprocess, StackedPreprocess)) else model.preprocess
     if tta == "none":
         return base
     return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)

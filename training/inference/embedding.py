@@ -37,11 +37,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from training.data.features import ImageFiles, loader_options, usable_cores
-from training.data.preprocess import decode_image, embed_side, open_image
+from training.data.preprocess import MirroredViews, decode_image, embed_side, open_image
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 from training.models.config_schema import RunConfig
+from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .backend import tower_features
@@ -64,7 +65,8 @@ def model_allows_amp(model: EmbeddingModel) -> bool:
     cfg = model.cfg
     if isinstance(cfg, RunConfig):
         return cfg.train.amp != "off"
-    return all(model_allows_amp(m) for m in getattr(model, "models", ()))
+    members = model.models if isinstance(model, EnsembleEmbedding) else ()
+    return all(m.cfg.train.amp != "off" for m in members)
 
 
 def device_of(model: EmbeddingModel) -> torch.device:
@@ -338,7 +340,8 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
     elif decoding.paths != [str(p) for p in paths]:
         decoding.close()
         raise ValueError("the decoding started is of other files than those to embed")
-    elif getattr(decoding.preprocess, "base", decoding.preprocess) != model.preprocess:
+    elif (decoding.preprocess.base if isinstance(decoding.preprocess, MirroredViews)
+          else decoding.preprocess) != model.preprocess:
         decoding.close()
         raise ValueError("the decoding started preprocesses the images otherwise than the model does")
     shapes = fixed_batches(decoding.batch_size, device_of(model), pad)

@@ -150,7 +150,7 @@ def caption_vectors(bank: dict, model: EmbeddingModel) -> np.ndarray | None:
     """The bank's caption vectors as float32 ``(m, D)``, when it carries them for this very model (its
     fingerprint), one per caption; else None (the captions are then embedded)."""
     rows = bank.get("caption_vectors")
-    if rows is None or bank.get("vectors_of") != getattr(model, "fingerprint", None):
+    if rows is None or bank.get("vectors_of") != model.fingerprint:
         return None
     if len(rows) != len(bank.get("captions") or []) or rows.shape[1] != model.cfg.model.embed_dim:
         return None
@@ -218,7 +218,7 @@ def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, s
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
     texts, records = sample(dataset, captions, images, seed)
-    head = getattr(model, "concepts", None)
+    head = model.concepts
     if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/fit_concepts.py)
         from training.models.concepts import class_names, class_sentences
 
@@ -246,7 +246,7 @@ def with_caption_vectors(bank: dict, model, progress: bool = False) -> dict:
     """``bank`` with its captions' vectors as ``model`` embeds them (int8 rows, training/inference/querybank.py),
     for a model loaded from its file (its fingerprint names them); unchanged for a model without one or a bank
     without captions."""
-    if not bank.get("captions") or not getattr(model, "fingerprint", None):
+    if not bank.get("captions") or not model.fingerprint:
         return bank
     rows, scales = quantize_images(embed_texts(model, list(bank["captions"]), progress=progress).float().cpu())
     return {**bank, "caption_vectors": rows, "caption_scales": scales, "vectors_of": model.fingerprint}

@@ -267,8 +267,8 @@ def ranking(args) -> int:
     import torch
 
     import querybank_dev
-    from index.embed import embed_image_files, embed_texts
-    from index.querybank import model_bank
+    from index.embed import embed_photos, embed_texts
+    from index.qbnorm import model_bank
     from training.data.datasets import load_dataset
     from training.inference.backend import attached, use_backend
     from training.inference.pretrained import resolve
@@ -288,7 +288,7 @@ def ranking(args) -> int:
     for backend in args.backends:
         use_backend(model, backend)
         with torch.no_grad():
-            emb = embed_image_files(model, paths, progress=False, tta=args.tta)
+            emb = embed_photos(model, paths, progress=False, tta=args.tta)
         assert len(emb.kept) == len(paths), emb.skipped
         m = querybank_dev.qb_metrics(emb.vectors, captions, cap_to_img,
                                      bank.images.astype(np.float32) if bank is not None and bank.images is not None

@@ -63,7 +63,7 @@ def make_10k(work: Path, demo: Path, n: int) -> Path:
     from index.changes import BuildOptions, ChangeSet, ModelFacts
     from index.gallery import build_from_vectors
     from index.generations import read_manifest
-    from index.querybank import bank_for
+    from index.qbnorm import bank_for
 
     root = work / "index-10k"
     manifest = read_manifest(demo)

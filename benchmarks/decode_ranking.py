@@ -55,7 +55,7 @@ from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
 from training.data.preprocess import dct_scale  # noqa: E402
-from training.inference.embedding import embed_image_files  # noqa: E402
+from training.inference.embedding import FileReading, embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
 
@@ -221,8 +221,8 @@ def main() -> int:
     read_shrunk = shrinking(side)
 
     def ranked(files, read) -> dict:
-        return rank(read.__name__, files, lambda fs: embed_image_files(model, fs, workers=args.workers,
-                                                                       progress=False, read=read), dev)
+        return rank(read.__name__, files, lambda fs: embed_image_files(
+            model, fs, FileReading(workers=args.workers, read=read), progress=False), dev)
 
     rows = []
     print(f"{len(paths)} dev images as stored ({Image.open(paths[0]).size[0]} px)", flush=True)

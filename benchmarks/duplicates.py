@@ -88,7 +88,7 @@ def measure(args) -> dict:
     from index.duplicates import DEFAULT_THRESHOLD, HASH_DISTANCE, find_groups, gallery_groups
     from index.gallery import Gallery
     from index.phash import distances
-    from index.querybank import unfold
+    from index.qbnorm import unfold
 
     work = Path(args.work)
     photos, out = work / "photos", work / "index"

@@ -5,7 +5,7 @@
 The first ``--images`` Flickr8k photos (sorted by name) are embedded with the shipped model
 (training/pretrained/flickr8k.pt) three ways, in turn, ``--repeat`` rounds:
 
-* in-process: what ``jointspace index build`` does by default (``embed_image_files``: the model in this process,
+* in-process: what ``jointspace index build`` does by default (``embed_photos``: the model in this process,
   ``--workers`` DataLoader processes decoding, torch's default threads);
 * Ray with 1 and with 2 actors (``embed_with_ray``, ``--engine ray``): a local Ray with as many CPUs as the
   machine has, one CPU and one torch thread per actor, shards of ``--shard-size`` images written to a fresh
@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index.embed import embed_image_files  # noqa: E402
+from index.embed import embed_photos  # noqa: E402
 from index.ray_embed import RayOptions, embed_with_ray, local_init_kwargs  # noqa: E402
 from index.scan import find_images  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> int:
         for round_ in range(1, args.repeat + 1):      # the engines take turns: a change of load hits all of them
             t0 = time.perf_counter()
             fresh = load_model(args.model)
-            emb = embed_image_files(fresh, paths, batch_size=args.batch_size, workers=args.workers, progress=False)
+            emb = embed_photos(fresh, paths, batch_size=args.batch_size, workers=args.workers, progress=False)
             seconds = time.perf_counter() - t0
             reference = reference or emb
             rows.append(_row(round_, "in-process", f"1 process, {args.workers} decoding", n, seconds,

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from index.changes import BuildOptions
     from index.gallery import EmbedOptions, Gallery, build
     import index.hybrid as hybrid
-    from index.hybrid import Paging, search_text
+    from index.hybrid import TextPaging, search_text
     from index.embed import view_preprocess
     from index.ocr import GATE, OcrConfig, grey_thumbnail, read_rows, text_likelihood
     from training.data.preprocess import decode_image
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     def ranks_of(mode: str) -> list[int | None]:
         ranks: list[int | None] = []
         for (text, target, _), vector in zip(queries, vectors):
-            ids = [i for i, _ in search_text(gallery, vector[None, :], text, mode, Paging(k=10)).hits]
+            ids = [i for i, _ in search_text(gallery, vector[None, :], text, mode, TextPaging(k=10)).hits]
             ranks.append(ids.index(target) if target in ids else None)
         return ranks
 

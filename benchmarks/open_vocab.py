@@ -19,7 +19,7 @@ docs/benchmarks.md by benchmarks/tables.py).
   nonsense_queries.txt; on the ImageNet photos, "a {name}" per class, absent_queries_imagenet.txt and the
   nonsense. Those query files are development sets (written for this measure, not held out). Flickr8k dev as
   served is benchmarks/flickr8k_levers.py ``--through-index`` (its own results file).
-* ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/concepts.py) and
+* ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/fit_concepts.py) and
   ranked with QB-Norm exactly as a built index ranks (tests/test_querybank.py holds the index to these numbers),
   on backbone features computed once under ``--work`` (the views of ``--tta flip-crop``, averaged, for the
   galleries, Flickr8k dev's too unless ``--dev-one-view``; one view for the training photos): ImageNet, the demo's
@@ -378,7 +378,7 @@ LEVERS: list[tuple[str, str, dict | None, str]] = [
 
 
 def levers(args) -> int:
-    from training.concepts import fit, with_concepts
+    from training.fit_concepts import fit, with_concepts
     from training.models.checkpoint import load_model
 
     base = load_model(args.model)

@@ -85,7 +85,7 @@ def embeddings(model, data: str, work: Path) -> dict:
     from training.data.preprocess import ZOOM, MirroredViews, open_image
     from training.inference.embedding import embed_texts
     from training.inference.querybank import image_vectors
-    from training.inference.querybank import make_bank, sample_indices
+    from training.inference.querybank import BankDraw, make_bank, sample_indices
 
     work.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset(data)
@@ -111,7 +111,8 @@ def embeddings(model, data: str, work: Path) -> dict:
                      for px in DataLoader(Views(), batch_size=32, num_workers=1)]
         np.save(work / "dev_feats4.npy", np.concatenate(feats))
     if not (work / "train_img.npy").exists():      # the largest bank's images, as a bank stores them (dequantised)
-        bank = make_bank(model, dataset.split("train"), captions=0, images=max(IMAGE_SIZES), beta=BETA, seed=SEED)
+        bank = make_bank(model, dataset.split("train"), BankDraw(captions=0, images=max(IMAGE_SIZES), beta=BETA,
+                                                                  seed=SEED))
         np.save(work / "train_img.npy", image_vectors(bank))
         np.save(work / "train_img_idx.npy", np.array(sample_indices(len(train), max(IMAGE_SIZES), SEED + 1)))
     return {name: np.load(work / f"{name}.npy") for name in
@@ -255,7 +256,7 @@ def cmd_timing(args) -> int:
     from training.inference.pretrained import resolve
     from training.inference.querybank import sample_indices
 
-    from index.embed import embed_image_files
+    from index.embed import embed_photos
 
     model = load_model(resolve(args.model)).eval()
     train = load_dataset(args.data).split("train")
@@ -270,10 +271,10 @@ def cmd_timing(args) -> int:
                      **stamp(args.note)})
         print(json.dumps(rows[-1]), flush=True)
     paths = [r.path for r in load_dataset(args.data).split("val").images[:args.images]]
-    embed_image_files(model, paths[:8], workers=0, progress=False)           # warm-up
+    embed_photos(model, paths[:8], workers=0, progress=False)           # warm-up
     for tta in ("none", "flip", "flip-crop"):
         t0 = time.perf_counter()
-        embed_image_files(model, paths, workers=1, progress=False, tta=tta, batch_size=32)
+        embed_photos(model, paths, workers=1, progress=False, tta=tta, batch_size=32)
         seconds = time.perf_counter() - t0
         rows.append({"name": f"embed {len(paths)} gallery images, tta {tta}", "what": f"gallery images, tta {tta}",
                      "n": len(paths), "seconds": round(seconds, 2), "per_image_ms": round(1000 * seconds / len(paths)),

@@ -12,7 +12,7 @@ Every writer of an index — ``build`` (and its parts ``build_from_embeddings``/
   (``compact``: ``auto``, ``none`` or ``all``, ``index/segments.py``);
 * what OCR read in the new photos (index/ocr.py; an index built with it), stored with their rows.
 
-:func:`apply` gives the ids, folds the new vectors with the index's query bank (``[v, −o]``, index/querybank.py),
+:func:`apply` gives the ids, folds the new vectors with the index's query bank (``[v, −o]``, index/qbnorm.py),
 adds and removes them on each side, copies the metadata with the rows removed and added, and writes it all as one
 new generation (index/generations.py). A change that adds and removes nothing (and does not ask for ``compact:
 all``) writes no generation. The target is the live generation of an index, read under the writers' lock
@@ -36,7 +36,7 @@ from .faiss_index import default_factory, factory_for_memory
 from .generations import FORMAT, current_generation, locked, new_generation, prune_banks, read_generation
 from .metadata import Metadata
 from .ocr import OcrConfig, PhotoText, read_rows, store
-from .querybank import QueryBank, bank_for
+from .qbnorm import QueryBank, bank_for
 from .segments import NewSide, SideUpdate
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class BuildOptions:
     ``max_memory`` bytes (``index.faiss_index.factory_for_memory``), else the default by size; IVF/PQ types are
     trained on a sample. ``caption_factory``: the caption index type (default by size). ``image_root``: the folder
     the images were found in (folder filters are relative to it). ``querybank``: items stored as ``[v, −o]``
-    (QB-Norm, index/querybank.py; cosine models). ``tta``: the gallery-side test-time augmentation the photos are
+    (QB-Norm, index/qbnorm.py; cosine models). ``tta``: the gallery-side test-time augmentation the photos are
     embedded with (``index.tta.TTA``), recorded so that ``add`` and ``sync`` embed alike. ``ocr``: read the text
     in the photos (index/ocr.py), recorded so that ``add`` and ``sync`` read theirs too."""
     factory: str | None = None

@@ -496,7 +496,7 @@ def _querybank(args, model: EmbeddingModel):
     from training.inference.embedding import device_of, embed_split
 
     from .embed import embed_texts
-    from .querybank import DEFAULT_BETA, QueryBank, model_bank
+    from .qbnorm import DEFAULT_BETA, QueryBank, model_bank
 
     if args.no_querybank:
         return None
@@ -665,7 +665,7 @@ def cmd_search(args) -> int:
     manifest = read_index(args.index)        # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
     from .hits import image_hits
-    from .hybrid import Paging, search_text
+    from .hybrid import TextPaging, search_text
     from .query import MAX_OFFSET, ImageFilter, check_min_score
     from .relevance import Ranking
 
@@ -695,7 +695,7 @@ def cmd_search(args) -> int:
 
                 query = embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
             ranking = search_text(gallery, query, args.text, args.mode,
-                                  Paging(args.k, args.offset, min_score, args.sort), gallery.allowed_ids(flt))
+                                  TextPaging(args.k, args.offset, min_score, args.sort), gallery.allowed_ids(flt))
         else:
             query = _example_query(model, args.image, args.subtract)
             ranking = gallery.ranked("images", query,

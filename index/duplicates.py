@@ -235,7 +235,7 @@ class GalleryNeighbours:
     kept, computed from its file when its group is labelled (counted in ``Groups.hashed``)."""
 
     def __init__(self, gallery):
-        from .querybank import unfold
+        from .qbnorm import unfold
 
         stored = set(gallery.images.ids().tolist())
         rows = [r for r in gallery.meta.all_images() if r.video_id is None and r.id in stored]

@@ -13,13 +13,14 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, cast
+from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from training.data.preprocess import ZOOM, ImagePreprocess, MirroredViews, decode_image
+from training.data.preprocess import (ZOOM, ImagePreprocess, MirroredViews, Preprocess, StackedPreprocess,
+                                      decode_image)
 from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
@@ -131,7 +132,7 @@ def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
     image enlarged 8/7 and cut to the centre, and its mirror image; features averaged (``MirroredViews``)."""
     if tta not in TTA:
         raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
-    base = cast(ImagePreprocess, getattr(model, "preprocess", model))
+    base = model if isinstance(model, (Preprocess, StackedPreprocess)) else model.preprocess
     if tta == "none":
         return base
     return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)
@@ -154,10 +155,10 @@ def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batc
                   workers: int | None = None, device: str | torch.device = "cpu",
                   indexed: dict[str, str] | None = None, tta: str = "none",
                   how: PhotoDecoding = DEFAULT_DECODING) -> ImageDecoding:
-    """Starts decoding the photos of ``paths`` as :func:`embed_image_files` embeds them with a model whose
+    """Starts decoding the photos of ``paths`` as :func:`embed_photos` embeds them with a model whose
     preprocessing is ``preprocess`` (e.g. read from its file before the model is loaded,
     ``checkpoint.stored_preprocess``), to be passed to it as ``decoding``; ``how``: ahead of the model, and where
-    (:class:`PhotoDecoding`). The other arguments are :func:`embed_image_files`'s."""
+    (:class:`PhotoDecoding`). The other arguments are :func:`embed_photos`'s."""
     views = view_preprocess(preprocess, tta)
     per_image = max(1, views.crops // preprocess.crops)
     choice = decode_choice(device, how.decode)
@@ -166,7 +167,7 @@ def decode_photos(preprocess: ImagePreprocess, paths: Sequence[str | Path], batc
                          device=device, ahead=how.ahead, decode=choice)
 
 
-def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
+def embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = None,
                       progress: bool = True, indexed: dict[str, str] | None = None, tta: str = "none",
                       decoding: ImageDecoding | None = None) -> FileEmbeddings:
     """Embeds every readable image of ``paths`` into the common space (``training.inference.embedding.embed_image_files``,

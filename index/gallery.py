@@ -22,7 +22,7 @@ from .metadata import Metadata
 from .ocr import OcrConfig, start_reading
 from .order import SORT_DEPTH, by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
-from .querybank import correction, queries_for, references_for, unfold
+from .qbnorm import correction, queries_for, references_for, unfold
 from .relevance import Descriptions, Ranking, Reference, both_sides, is_strong
 from .segments import SegmentedIndex
 
@@ -289,7 +289,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
                           options: BuildOptions = DEFAULT_BUILD, videos: VideoEmbeddings | None = None,
                           progress: bool = True) -> UpdateReport:
     """The rest of :func:`build` once the images are embedded (``emb``: their vectors, positions in
-    ``image_paths`` and photo information, from :func:`~index.embed.embed_image_files` or from the Ray engine's
+    ``image_paths`` and photo information, from :func:`~index.embed.embed_photos` or from the Ray engine's
     shards, index/ray_embed.py): embeds the captions and writes a new generation (:func:`build_from_vectors`)."""
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
@@ -498,7 +498,7 @@ def _partition(on_disk: Iterable[Path], indexed: dict, unchanged: Callable[[Any,
 
 def _same_stat(row, path: Path) -> bool:
     """The indexed row still describes the file by size and mtime (no read). Otherwise the content hash decides:
-    the worker that would decode the file hashes its bytes first (``embed_image_files(indexed=…)``)."""
+    the worker that would decode the file hashes its bytes first (``index.embed.embed_photos(indexed=…)``)."""
     if row.sha256 is None:                 # indexed before content hashes were kept: embed it again once
         return False
     try:

@@ -16,7 +16,7 @@ Layout (every change writes a new *generation*; the ``CURRENT`` file names the l
         captions.…             the same for the caption embeddings
         metadata.sqlite        id → file path, capture time, size, folder, content hash / caption text, added time
       gen-00000002/            the previous generation (kept for readers that are still loading it)
-      querybank-<hash>.npz     optional: the query bank of a QB-Norm index (index/querybank.py), shared by the
+      querybank-<hash>.npz     optional: the query bank of a QB-Norm index (index/qbnorm.py), shared by the
                                generations whose manifest names it
 
 A build, ``add``, ``remove``, ``sync`` or ``compact`` writes the new generation into a temporary directory, fsyncs

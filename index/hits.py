@@ -15,7 +15,7 @@ from .relevance import Ranking
 
 
 @dataclass(frozen=True)
-class ImageHit:
+class GalleryHit:
     """One gallery image (or video moment) of a ranking. The metadata fields are None when the index has no row
     for the id (removed since the search)."""
 
@@ -69,15 +69,15 @@ def _words(ranking: Ranking, n: int) -> dict[str, Any]:
             "fused_score": ranking.fused[n] if ranking.fused is not None else None}
 
 
-def _hit(i: int, score: float, relevance: float | None, row: ImageRow | None, words: dict[str, Any]) -> ImageHit:
+def _hit(i: int, score: float, relevance: float | None, row: ImageRow | None, words: dict[str, Any]) -> GalleryHit:
     if row is None:
-        return ImageHit(i, score, relevance, **words)
-    return ImageHit(i, score, relevance, path=row.path, folder=row.folder, taken=format_time(row.taken),
+        return GalleryHit(i, score, relevance, **words)
+    return GalleryHit(i, score, relevance, path=row.path, folder=row.folder, taken=format_time(row.taken),
                     width=row.width, height=row.height, video_id=row.video_id, start=row.t_start, end=row.t_end,
                     frame=row.t_frame, **words)
 
 
-def image_hits(gallery, ranking: Ranking) -> list[ImageHit]:
+def image_hits(gallery, ranking: Ranking) -> list[GalleryHit]:
     """The hits of an image search (``gallery``: an index.gallery.Gallery), best first, with their metadata."""
     rows = gallery.meta.images([i for i, _ in ranking.hits])
     return [_hit(i, s, r, rows.get(i), _words(ranking, n))

@@ -62,7 +62,7 @@ def check_mode(mode: str) -> str:
 
 
 @dataclass(frozen=True)
-class Paging:
+class TextPaging:
     """Which hits a text search returns: ``k`` from ``offset`` on, scoring at least ``min_score``; ``sort``
     ``newest``/``oldest``: those passing ``min_score`` by capture time (index/order.py; the vector list then taken
     ``SORT_DEPTH`` deep, whatever the page)."""
@@ -72,10 +72,10 @@ class Paging:
     sort: str = "relevance"
 
 
-DEFAULT_PAGING = Paging()
+DEFAULT_PAGING = TextPaging()
 
 
-def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, paging: Paging = DEFAULT_PAGING,
+def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, paging: TextPaging = DEFAULT_PAGING,
                 allowed: np.ndarray | None = None) -> TextRanking:
     """One text query (``query``: its embedding, shape ``(1, dim)``; ``text``: its words) on a loaded
     :class:`~index.gallery.Gallery` in ``mode``, the hits ``paging`` says; ``allowed``: the image ids a filter lets

@@ -3,7 +3,7 @@
 The image list is cut into *shards* of ``shard_size`` consecutive images. Ray Data runs the shards that are not
 on disk yet through ``map_batches`` on a pool of actors (:class:`ShardEmbedder`: each loads the model once, from
 bytes the driver ships, and embeds a shard exactly as the in-process engine does,
-:func:`~index.embed.embed_image_files`); the driver writes every shard it receives atomically into the shard
+:func:`~index.embed.embed_photos`); the driver writes every shard it receives atomically into the shard
 directory. When all shards are there, they are read back in order and handed to
 :func:`~index.gallery.build_from_embeddings`, the code the in-process build runs: same FAISS index, same metadata.
 
@@ -47,7 +47,7 @@ import numpy as np
 from training.data.fileio import atomic_path
 from training.inference.embedding import FileEmbeddings, device_of
 
-from .embed import PhotoDecoding, PhotoInfo, decode_photos, embed_image_files
+from .embed import PhotoDecoding, PhotoInfo, decode_photos, embed_photos
 
 SHARD_FORMAT = "jointspace-shard/1"
 DEFAULT_SHARD_SIZE = 256
@@ -199,7 +199,7 @@ class ShardEmbedder:
             spec = ShardSpec(int(number), int(start), tuple(json.loads(str(paths_json))), str(key))
             decoding = decode_photos(self.model.preprocess, spec.paths, self.batch_size, 0, device_of(self.model),
                                      how=PhotoDecoding(decode=self.decode))
-            emb = embed_image_files(self.model, spec.paths, progress=False, decoding=decoding)
+            emb = embed_photos(self.model, spec.paths, progress=False, decoding=decoding)
             data.append(encode_shard(spec, emb, self.fingerprint))
         return {"shard": np.asarray(batch["shard"], dtype=np.int64), "data": np.array(data, dtype=object)}
 
@@ -265,7 +265,7 @@ DEFAULT_RAY = RayOptions()
 def embed_with_ray(model, model_bytes: bytes, paths: Sequence[str | Path], shard_dir: str | Path,
                    options: RayOptions = DEFAULT_RAY, log: Callable[[str], None] = print) -> RayEmbedding:
     """Embeds the images of ``paths`` on a pool of Ray actors (``options``), shard by shard, into ``shard_dir``,
-    and returns all shards' embeddings (positions in ``paths``, as :func:`~index.embed.embed_image_files`
+    and returns all shards' embeddings (positions in ``paths``, as :func:`~index.embed.embed_photos`
     returns them). ``model`` is the driver's copy of the model whose file's bytes are ``model_bytes``. A Ray
     already initialized in this process is used as it is (``options.address`` is then only checked for
     reachability)."""

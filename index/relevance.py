@@ -1,7 +1,7 @@
 """A hit's *relevance*: how its score compares with the scores of a fixed reference set of typical items for the
 same query — a number that means the same in every gallery, where a raw score does not.
 
-A score (cosine, or QB-Norm's ``q·v − o``, index/querybank.py) has no fixed meaning: 0.31 is a good match for one
+A score (cosine, or QB-Norm's ``q·v − o``, index/qbnorm.py) has no fixed meaning: 0.31 is a good match for one
 query and a poor one for another, and the best hit of a gallery is the best whether or not the gallery holds
 anything the query describes. So an index built with a query bank also stores a *reference set* per side (up to
 :data:`REFERENCE_SIZE` of the bank's own vectors of that side, evenly spaced through it, folded as that side's

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from index.hybrid import Paging, search_text
+from index.hybrid import TextPaging, search_text
 from index.query import page
 from index.relevance import Ranking
 from training.inference.compose import example_queries
@@ -134,7 +134,7 @@ class Engine:
         for i, o in enumerate(opts):          # keyword and hybrid modes, one query at a time (index/hybrid.py)
             if o.mode != "vector":
                 out[i] = search_text(gallery, queries[i:i + 1], items[i][0], o.mode,
-                                     Paging(o.k, o.offset, o.min_score, o.sort), o.allowed)
+                                     TextPaging(o.k, o.offset, o.min_score, o.sort), o.allowed)
         return out
 
     def search_pixels(self, items: Sequence[tuple[torch.Tensor, int | Options]]) -> list[Ranking]:

@@ -139,7 +139,7 @@ def _serve(settings: Settings, listening: socket.socket, log_level: str, worker:
     from training.inference.device import resolve_device
 
     from .app import create_app
-    from .protocol import http_protocol
+    from .connection import http_protocol
 
     name = "%(name)s" if worker is None else f"%(name)s[worker {worker.index}]"
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s {name}: %(message)s")

@@ -76,7 +76,7 @@ DIRECT = "direct"       # the admission class of model requests that use no batc
 
 
 @dataclass(frozen=True)
-class Queue:
+class BatcherSpec:
     """A batcher the service runs for the table of operations (service/operations.py): its ``name`` (the admission
     class its requests are counted under, and its metrics label), the engine method ``run`` on a batch of items, and
     whether it needs the model's sentence decoder (it then exists only once a model with a decoder is loaded)."""
@@ -95,7 +95,7 @@ class Loaded:
 
 class ServiceState:
     def __init__(self, settings: Settings, metrics: Metrics, model=None, gallery: Gallery | None = None,
-                 queues: Sequence[Queue] = (), worker: Worker | None = None):
+                 queues: Sequence[BatcherSpec] = (), worker: Worker | None = None):
         """``queues``: the batchers of the table of operations (``service.api.routing.queues``); ``worker``: this
         state is one worker's of ``serve --workers N`` (service/workers.py)."""
         self.settings, self.metrics, self.worker = settings, metrics, worker
@@ -139,7 +139,7 @@ class ServiceState:
         except Exception:  # noqa: BLE001 - no index yet: loading will fail and say why (/readyz)
             return "cosine"
 
-    def _batcher(self, queue: Queue) -> DynamicBatcher:
+    def _batcher(self, queue: BatcherSpec) -> DynamicBatcher:
         """A dynamic batcher with the service's batching settings, running ``queue``'s engine method on the compute
         thread."""
         batching, name = self.settings.batching, queue.name

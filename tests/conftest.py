@@ -69,10 +69,10 @@ def gallery_records(synth_dir):
 
 def embedded_gallery(model, synth_dir):
     """``gallery_records(synth_dir)`` embedded by ``model``: (records, captions, image vectors, caption vectors)."""
-    from index.embed import embed_image_files, embed_texts
+    from index.embed import embed_photos, embed_texts
 
     records, captions = gallery_records(synth_dir)
-    images = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    images = embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors
     return records, captions, images, embed_texts(model, [c for c, _ in captions], progress=False)
 
 
@@ -129,10 +129,10 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
     photo; for ``b`` the 5% of them that are ``b`` outscore every photo. Read-only."""
     import numpy as np
 
-    from index.embed import embed_image_files, embed_texts
+    from index.embed import embed_photos, embed_texts
     from index.changes import BuildOptions, ChangeSet, ModelFacts
     from index.gallery import build_from_vectors
-    from index.querybank import QueryBank
+    from index.qbnorm import QueryBank
     from training.data.datasets import load_dataset
     from training.models.checkpoint import load_model
 
@@ -148,7 +148,7 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
     paths = sorted((synth_small / "images").glob("*.jpg"))[:12]
-    emb = embed_image_files(model, paths, progress=False, workers=0)
+    emb = embed_photos(model, paths, progress=False, workers=0)
     images = np.vstack([a[None], unrelated(len(paths) - 1)]).astype(np.float32)
     bank = QueryBank(captions=unrelated(50), images=np.vstack([unrelated(95), np.repeat(b[None], 5, axis=0)]))
     out = tmp_path_factory.mktemp("relevance_index") / "index"

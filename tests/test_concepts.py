@@ -1,12 +1,12 @@
 """The concept head (training/models/concepts.py: ConSE eq. 1 with a typicality gate) and its fit
-(training/concepts.py): the fusion as written, the gate's direction, identity until fitted, the config rules,
+(training/fit_concepts.py): the fusion as written, the gate's direction, identity until fitted, the config rules,
 save and reload, and the command that fits a trained model."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from service.cli import main as cli_main
-from training.concepts import fit, spherical_kmeans, with_concepts
+from training.fit_concepts import fit, spherical_kmeans, with_concepts
 from training.config import build_config
 from training.data.vocab import Vocabulary
 from training.inference.querybank import carried

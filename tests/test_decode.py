@@ -253,7 +253,8 @@ def test_embedding_files_for_a_cuda_model_pins_its_batches(monkeypatch, tmp_path
     monkeypatch.setattr(embed, "DataLoader", loader)
     model = torch.nn.Linear(1, 1)
     model.preprocess, model.cfg = SHIPPED, tiny_config(model={"embed_dim": 4})
-    out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], workers=None, progress=False)
+    out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], embed.FileReading(workers=None),
+                                   progress=False)
     assert out.vectors.shape == (0, 4)
     assert seen["num_workers"] == 7 and seen["pin_memory"] is True and seen["prefetch_factor"] == 2
 
@@ -276,7 +277,7 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     model = torch.nn.Linear(1, 1)
     model.preprocess, model.cfg = Preprocess(32, 32), tiny_config(model={"embed_dim": 4})
     monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels, shapes=None: torch.zeros(len(pixels), 4))
-    out = index_embed.embed_image_files(model, [same, edited], workers=0, progress=False, indexed=indexed)
+    out = index_embed.embed_photos(model, [same, edited], workers=0, progress=False, indexed=indexed)
     assert out.passed == [0] and out.kept == [1] and not out.skipped
     assert sorted(reads) == ["edited.jpg", "same.jpg"] and len(decodes) == 1       # each read once, one decoded
     assert out.info[0].sha256 == hashlib.sha256(edited.read_bytes()).hexdigest()
@@ -355,7 +356,7 @@ def test_a_model_that_fails_to_load_stops_the_decoding_started(tiny_model_path, 
 
 
 def test_a_decoding_started_is_checked_against_the_files_and_the_model(tiny_model_path, twenty_photos):
-    from index.embed import decode_photos, embed_image_files
+    from index.embed import decode_photos, embed_photos
     from training.models.checkpoint import load_checkpoint, load_model, stored_preprocess
 
     model = load_model(tiny_model_path)
@@ -363,14 +364,14 @@ def test_a_decoding_started_is_checked_against_the_files_and_the_model(tiny_mode
     paths = sorted(twenty_photos.glob("*.jpg"))
     started = decode_photos(model.preprocess, paths[:10], 16, workers=0, tta="flip")
     with pytest.raises(ValueError, match="other files"):
-        embed_image_files(model, paths[:9], decoding=started, progress=False)
+        embed_photos(model, paths[:9], decoding=started, progress=False)
     other = Preprocess(model.preprocess.image_size + 8, model.preprocess.resize + 8)
     with pytest.raises(ValueError, match="preprocesses the images otherwise"):
-        embed_image_files(model, paths[:10], decoding=decode_photos(other, paths[:10], 16, workers=0),
+        embed_photos(model, paths[:10], decoding=decode_photos(other, paths[:10], 16, workers=0),
                           progress=False)
     again = decode_photos(model.preprocess, paths[:10], 16, workers=0, tta="flip")
-    out = embed_image_files(model, paths[:10], decoding=again, progress=False)
-    np.testing.assert_array_equal(out.vectors, embed_image_files(model, paths[:10], workers=0, progress=False,
+    out = embed_photos(model, paths[:10], decoding=again, progress=False)
+    np.testing.assert_array_equal(out.vectors, embed_photos(model, paths[:10], workers=0, progress=False,
                                                                  tta="flip").vectors)
 
 

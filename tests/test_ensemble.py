@@ -16,6 +16,7 @@ from service.cli import main as cli_main
 from service.settings import Settings
 from training.data.datasets import load_dataset
 from training.data.preprocess import Preprocess, StackedPreprocess, open_image
+from training.inference.embedding import FileReading
 from training.inference.embedding import embed_image_files as embed_decoded
 from training.evaluate import evaluate_model
 from training.models.ensemble import EnsembleEmbedding
@@ -47,7 +48,7 @@ def _vectors(model, images, min_side):
     """A member's image embeddings of the images decoded as the ensemble decodes them: shrunk while decoding down to
     the ensemble's ``min_side`` (the largest of its members'), not the member's own."""
     read = lambda path, _: (open_image(path, min_side), None)     # noqa: E731 - workers=0: no pickling
-    return torch.from_numpy(embed_decoded(model, images, progress=False, workers=0, read=read).vectors)
+    return torch.from_numpy(embed_decoded(model, images, FileReading(workers=0, read=read), progress=False).vectors)
 
 
 def _expected(models, weights, images, texts, min_side):
@@ -154,7 +155,7 @@ def test_an_ensemble_carries_a_query_bank(members, ensemble_path, synth_small, t
     texts, records = sample(load_dataset(synth_small).split("train"), section.captions, section.images,
                             first.cfg.train.seed)
     assert bank["captions"] == texts and bank["images"].shape == (len(records), 64)
-    want = embed_decoded(ensemble, [r.path for r in records], progress=False, workers=0).vectors
+    want = embed_decoded(ensemble, [r.path for r in records], FileReading(workers=0), progress=False).vectors
     np.testing.assert_allclose(image_vectors(bank), want, atol=bank["image_scales"].max().item() / 2 + 1e-6)
     assert ensemble.fingerprint == load_model(ensemble_path).fingerprint      # the bank is not part of the weights
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from index.embed import embed_image_files
+from index.embed import embed_photos
 from index.generations import read_manifest
-from index.querybank import QueryBank
+from index.qbnorm import QueryBank
 from service.cli import main as cli_main
 from training.config import ConfigError, build_config
 from training.data.datasets import load_dataset
@@ -74,13 +74,13 @@ def test_cached_training_features_and_serving_from_pixels_agree(two_backbone_run
         {**model.preprocess.members[1].to_dict(), "crops": 5, "resize": 38}]} for v in views)
     with torch.no_grad():
         from_cache = model.embed_features(torch.from_numpy(np.array(cached))).numpy()
-    served = embed_image_files(model, paths, progress=False, workers=0).vectors
+    served = embed_photos(model, paths, progress=False, workers=0).vectors
     np.testing.assert_allclose(served, from_cache, atol=1e-5)
     # a slim model.pt (only the trained tensors) reloads both backbones from their packages
     slim = tmp_path / "slim.pt"
     report = save_slim(model, slim)
     assert report["omitted"] > 0
-    np.testing.assert_allclose(embed_image_files(load_model(slim), paths, progress=False, workers=0).vectors,
+    np.testing.assert_allclose(embed_photos(load_model(slim), paths, progress=False, workers=0).vectors,
                                served, atol=1e-6)
 
 
@@ -138,7 +138,7 @@ def test_a_data_set_query_bank_reads_the_feature_cache(two_backbone_run, synth_s
     entries = list((cache / "features").glob("*.json"))
     assert [json.loads(e.read_text())["n"] for e in entries] == [len(train_paths)]
     bank = QueryBank.load(root, read_manifest(root)["querybank"])
-    served = embed_image_files(load_model(out / "model.pt"), train_paths, progress=False, workers=0).vectors
+    served = embed_photos(load_model(out / "model.pt"), train_paths, progress=False, workers=0).vectors
     assert bank.images is not None and bank.images.shape == served.shape
     np.testing.assert_allclose(bank.images.astype(np.float32), served, atol=2e-3)   # the bank is kept in fp16
     stamp = entries[0].with_suffix(".npy").stat().st_mtime_ns

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from index.embed import embed_image_files, read_photo
+from index.embed import embed_photos, read_photo
 from index.gallery import EmbedOptions, Gallery, sync
 from index.generations import current_generation
 from index.query import ImageFilter
@@ -90,7 +90,7 @@ def test_orientation_is_applied_before_embedding(model, tmp_path):
     b = save(upright.transpose(Image.Transpose.ROTATE_270), tmp_path / "tagged.png", "PNG",
              exif=exif(orientation=8).tobytes())          # 8 = rotate 270° CW to view
     c = save(upright.transpose(Image.Transpose.ROTATE_270), tmp_path / "untagged.png", "PNG")
-    emb = embed_image_files(model, [a, b, c], progress=False, workers=0).vectors
+    emb = embed_photos(model, [a, b, c], progress=False, workers=0).vectors
     assert np.allclose(emb[0], emb[1], atol=1e-6)              # the tag is applied: same picture, same vector
     assert not np.allclose(emb[0], emb[2], atol=1e-3)          # without it the picture (and vector) differ
     assert open_image(b).size == (40, 64)
@@ -136,7 +136,7 @@ def test_raw_needs_rawpy_and_says_so(model, tmp_path, monkeypatch):
     raw = tmp_path / "IMG_0001.CR2"
     raw.write_bytes(b"II*\x00\x10\x00\x00\x00CR" + b"\x00" * 100)
     ok = save(picture(), tmp_path / "ok.jpg", "JPEG")
-    emb = embed_image_files(model, [raw, ok], progress=False, workers=0)
+    emb = embed_photos(model, [raw, ok], progress=False, workers=0)
     assert emb.kept == [1] and emb.skipped[0][0] == str(raw)
     try:
         import rawpy  # noqa: F401 - the optional [raw] extra
@@ -144,7 +144,7 @@ def test_raw_needs_rawpy_and_says_so(model, tmp_path, monkeypatch):
     except ImportError:
         assert "pip install 'jointspace[raw]'" in emb.skipped[0][1], emb.skipped
     monkeypatch.setitem(sys.modules, "rawpy", None)            # as if the [raw] extra were not installed
-    emb = embed_image_files(model, [raw, ok], progress=False, workers=0)
+    emb = embed_photos(model, [raw, ok], progress=False, workers=0)
     assert emb.kept == [1] and "pip install 'jointspace[raw]'" in emb.skipped[0][1]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, IndexMismatchError, add, build, remove
@@ -43,7 +43,7 @@ def test_search_matches_exact_ranking_and_metadata(model, tiny_index_dir, synth_
     assert gallery.images.ntotal == len(records) == info["metadata"]["images"]
     assert gallery.captions.ntotal == sum(len(r.captions) for r in records)
 
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors
+    img = embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors
     queries = [records[0].captions[0], records[5].captions[1], "a green star"]
     q = embed_texts(model, queries, progress=False)
     exact = model.similarity(torch.from_numpy(img), torch.from_numpy(q)).t().numpy()   # (queries, images)
@@ -91,7 +91,7 @@ def test_add_and_remove_by_id_without_rebuild(model, index_copy, synth_small):
 
     after = Gallery.load(index_copy, model=model)
     assert after.generation != gen and after.images.ntotal == n_img + 3 and after.captions.ntotal == n_cap + 1
-    own = embed_image_files(model, [train_images[1].path], progress=False, workers=0).vectors
+    own = embed_photos(model, [train_images[1].path], progress=False, workers=0).vectors
     assert np.allclose(after.images.reconstruct(n_img + 1), own[0], atol=1e-5)
     assert after.meta.image(n_img + 1).path == str(Path(train_images[1].path).resolve())
     q = embed_texts(model, ["a brand new caption"], progress=False)
@@ -203,7 +203,7 @@ def test_order_similarity_index_is_exact(synth_small, tmp_path):
     build(tmp_path / "index", model, [r.path for r in records], captions,
           embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(tmp_path / "index", model=model)
-    img = torch.from_numpy(embed_image_files(model, [r.path for r in records], progress=False, workers=0).vectors)
+    img = torch.from_numpy(embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors)
     cap = torch.from_numpy(embed_texts(model, [c for c, _ in captions], progress=False))
     sim = model.similarity(img, cap)                                    # (images, captions), eq. 9
     t2i = gallery.search_images(cap[:7].numpy(), 4)
@@ -358,7 +358,7 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     img, cap, cap_to_img = embed_split(model, split, progress=False, workers=0)          # what evaluate scores
     assert img.shape == (len(paths), model.cfg.model.embed_dim) and cap.shape[0] == len(texts)
     files = embed_image_source(model, ImageSource("files", ImageFiles(paths, model.preprocess)), workers=0)
-    indexed = embed_image_files(model, paths, progress=False, workers=0)
+    indexed = embed_photos(model, paths, progress=False, workers=0)
     assert indexed.kept == list(range(len(paths))) and not indexed.skipped
     torch.testing.assert_close(torch.from_numpy(indexed.vectors), img, atol=1e-6, rtol=0)
     torch.testing.assert_close(files.cpu(), img, atol=1e-6, rtol=0)
@@ -374,10 +374,10 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
 
 def test_the_progress_bar_counts_images_not_batches(tiny_model_path, synth_small, capsys):
     """`index build`'s bar says "7/7 images", not "4/4" batches of two, and is drawn before the first batch."""
-    from training.inference.embedding import embed_image_files
+    from training.inference.embedding import FileReading, embed_image_files
     from training.models.checkpoint import load_model
 
     paths = sorted((Path(synth_small) / "images").glob("*"))[:7]
-    embed_image_files(load_model(tiny_model_path), paths, batch_size=2, workers=0, progress=True)
+    embed_image_files(load_model(tiny_model_path), paths, FileReading(batch_size=2, workers=0), progress=True)
     err = capsys.readouterr().err
     assert "0/7" in err and "7/7" in err and "image" in err and "batch" not in err and "/4" not in err

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 from index.embed import embed_texts
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build, remove, sync
-from index.hybrid import Paging, rrf, search_text
+from index.hybrid import TextPaging, rrf, search_text
 from index.keywords import folder_text, name_text, query_words
 from index.ocr import GATE, OcrConfig, OcrUnavailableError, check_engine, likelihood_of, read_photo
 from training.data.datasets import load_dataset
@@ -89,7 +89,7 @@ def _search(root, model, text, mode, k=5, **kw):
     gallery = Gallery.load(root, model=model)
     try:
         query = embed_texts(model, [text])
-        ranking = search_text(gallery, query, text, mode, Paging(k, **kw))
+        ranking = search_text(gallery, query, text, mode, TextPaging(k, **kw))
         rows = gallery.meta.images([i for i, _ in ranking.hits])
         return [(Path(rows[i].path).name, s, m) for (i, s), m in zip(ranking.hits, ranking.matched)], ranking
     finally:

@@ -33,7 +33,8 @@ def test_the_protocol_names_what_the_server_side_reads():
     model = build_model(tiny_config(), VOCAB)
     members = [n for n in vars(EmbeddingModel) if not n.startswith("_")]
     assert {"cfg", "vocab", "preprocess", "similarity", "decoder", "attention", "embed_images", "embed_texts",
-            "encode_text_ids", "project_texts"} <= set(members)
+            "encode_text_ids", "project_texts", "fingerprint", "extra", "concepts", "backbone_pretrained",
+            "image_split"} <= set(members)
     for name in members:
-        if name not in ("fingerprint", "extra"):          # set when a model is loaded from its file
-            assert hasattr(model, name), name
+        assert hasattr(model, name), name
+    assert model.fingerprint == "" and model.extra == {}     # a model not read from a file: set by load_model

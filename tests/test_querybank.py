@@ -1,4 +1,4 @@
-"""QB-Norm inside the index (index/querybank.py): the folded FAISS search ranks exactly as the inverted softmax,
+"""QB-Norm inside the index (index/qbnorm.py): the folded FAISS search ranks exactly as the inverted softmax,
 matches `jointspace evaluate --querybank-norm`, survives add/sync, and is chosen per index from the CLI."""
 import json
 import shutil
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, add, build, sync
 from index.generations import read_manifest
-from index.querybank import QueryBank
+from index.qbnorm import QueryBank
 from service.cli import main as cli_main
 from training.data.datasets import load_dataset
 from training.evaluate import querybank_metrics
@@ -32,7 +32,7 @@ def parts(model, synth_small):
     """The gallery (val + test) and the bank (train) of the synthetic set, embedded once."""
     bank_records = load_dataset(synth_small).split("train").images
     bank = QueryBank(captions=embed_texts(model, [c for r in bank_records for c in r.captions], progress=False),
-                     images=embed_image_files(model, [r.path for r in bank_records], progress=False,
+                     images=embed_photos(model, [r.path for r in bank_records], progress=False,
                                               workers=0).vectors, beta=BETA)
     return *embedded_gallery(model, synth_small), bank
 
@@ -96,7 +96,7 @@ def test_added_and_synced_images_get_offsets_from_the_stored_bank(model, parts, 
     report = add(root, model, [r.path for r in extra], ["a brand new caption"],
                  embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(root, model=model)
-    new = embed_image_files(model, [r.path for r in extra], progress=False, workers=0).vectors
+    new = embed_photos(model, [r.path for r in extra], progress=False, workers=0).vectors
     folded = bank.fold("images", new)
     for i, vec in zip(report.image_ids, folded):
         assert np.allclose(gallery.images.reconstruct(i), vec, atol=1e-4)

@@ -11,12 +11,12 @@ from PIL import Image
 
 import index.embed
 import index.gallery
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
 from index.generations import read_manifest
-import index.querybank
-from index.querybank import cache_root, embed_bank_captions, model_bank
+import index.qbnorm
+from index.qbnorm import cache_root, embed_bank_captions, model_bank
 from server_process import wait_ready
 from service.cli import main as cli_main
 from training.config import build_config
@@ -26,7 +26,7 @@ from training.inference.embedding import embed_pixels
 from training.inference.querybank import item_offsets
 from training.models.checkpoint import load_model
 from training.inference.querybank import attach, caption_vectors, carried, image_vectors, quantize_images
-from training.inference.querybank import make_bank
+from training.inference.querybank import BankDraw, make_bank
 from training.train import attach_from_training
 
 
@@ -61,7 +61,7 @@ def test_a_trained_model_carries_a_bank_from_its_training_split(model, synth_sma
 
 def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, model_copy, synth_small):
     train = load_dataset(synth_small).split("train")
-    bank = make_bank(model, train, captions=7, images=3, beta=12.5, seed=3)
+    bank = make_bank(model, train, BankDraw(captions=7, images=3, beta=12.5, seed=3))
     assert len(bank["captions"]) == 7 and tuple(bank["images"].shape) == (3, model.cfg.model.embed_dim)
     attach(model_copy, bank)
     again = load_model(model_copy)
@@ -70,7 +70,7 @@ def test_the_bank_round_trips_through_model_pt_and_keeps_the_fingerprint(model, 
     assert torch.equal(got["images"], bank["images"]) and torch.equal(got["image_scales"], bank["image_scales"])
     assert again.fingerprint == model.fingerprint
     # the stored images are this model's embeddings of three distinct training images, within half a step
-    direct = embed_image_files(model, [r.path for r in train.images], progress=False, workers=0).vectors
+    direct = embed_photos(model, [r.path for r in train.images], progress=False, workers=0).vectors
     stored = image_vectors(got)
     rows = {int(np.argmax(direct @ v)) for v in stored}
     assert len(rows) == 3
@@ -101,7 +101,7 @@ def test_bank_images_are_one_byte_a_dimension_and_float16_banks_still_read(model
     assert np.abs(back - vectors.numpy()).max(1).max() <= scales.max().item() / 2 + 1e-7   # within half a step
     # a bank written before the quantisation: float16 images, no scales, read and folded as before
     train = load_dataset(synth_small).split("train")
-    bank = make_bank(model, train, captions=5, images=4, beta=20.0)
+    bank = make_bank(model, train, BankDraw(captions=5, images=4, beta=20.0))
     old = {**bank, "images": torch.from_numpy(image_vectors(bank)).half()}
     del old["image_scales"]
     np.testing.assert_array_equal(image_vectors(old), old["images"].float().numpy())
@@ -116,7 +116,7 @@ def test_the_querybank_command_attaches_a_bank_to_a_model_and_removes_it(model, 
                      "--images", "5", "--beta", "15", "--seed", "2"]) == 0
     assert "6 captions and 5 images" in capsys.readouterr().out
     got = carried(load_model(model_copy))
-    want = make_bank(model, load_dataset(synth_small).split("train"), captions=6, images=5, beta=15.0, seed=2)
+    want = make_bank(model, load_dataset(synth_small).split("train"), BankDraw(captions=6, images=5, beta=15.0, seed=2))
     assert got["captions"] == want["captions"] and got["beta"] == 15.0
     np.testing.assert_allclose(image_vectors(got), image_vectors(want), atol=1e-6)
     assert load_model(model_copy).fingerprint == model.fingerprint
@@ -145,7 +145,7 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     # used: scores are cosine minus the offset of the model's bank (QB-Norm eq. 3, folded)
     records = load_dataset(synth_small).split("val").images
     assert manifest["tta"] == "flip-crop"          # the default: each image, a closer crop and their mirror images
-    img = embed_image_files(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
+    img = embed_photos(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
     queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
     offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
                            torch.from_numpy(img), 20.0).numpy()
@@ -179,7 +179,7 @@ def test_the_model_carries_its_bank_captions_vectors_and_a_build_embeds_none_of_
     def no_embedding(*args, **kwargs):
         raise AssertionError("the bank's captions were embedded although the model carries their vectors")
 
-    monkeypatch.setattr(index.querybank, "embed_bank_captions", no_embedding)
+    monkeypatch.setattr(index.qbnorm, "embed_bank_captions", no_embedding)
     qb = model_bank(model, progress=False)
     assert np.array_equal(qb.captions, carried_vectors.astype(np.float16))
     assert _build(model_copy, synth_small, tmp_path / "carried") == 0
@@ -263,7 +263,7 @@ def test_add_folds_new_items_with_the_default_bank(tiny_model_path, model, synth
                      "--workers", "0", "--quiet", "--json"]) == 0
     new_id = json.loads(capsys.readouterr().out)["image_ids"][0]
     bank = model_bank(model)
-    vec = embed_image_files(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
+    vec = embed_photos(model, [extra.path], progress=False, workers=0, tta="flip-crop").vectors
     gallery = Gallery.load(out, model=model)
     assert np.allclose(gallery.images.reconstruct(new_id), bank.fold("images", vec)[0], atol=1e-3)
     gallery.close()

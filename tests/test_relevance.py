@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 
 from conftest import STRONG_TEXT, WEAK_TEXT, build_index, embedded_gallery
 from index.changes import BuildOptions, ChangeSet
-from index.embed import embed_image_files, embed_texts
+from index.embed import embed_photos, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
-from index.querybank import model_bank
+from index.qbnorm import model_bank
 from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, REFERENCE_SIZE,
                              STRONG, Descriptions, both_sides, calibrated, is_strong, null_sentences, reference_rows,
                              strong_match, strong_threshold)

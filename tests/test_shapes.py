@@ -138,7 +138,7 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     from index.video_embed import embed_videos
     from index.video_writer import write_video
     from training.data.datasets import load_dataset
-    from training.inference.embedding import embed_image_files, fixed_batches
+    from training.inference.embedding import FileReading, embed_image_files, fixed_batches
 
     assert fixed_batches(64, torch.device("cpu")) is None                       # a CPU has no per-shape cost
     assert fixed_batches(64, torch.device("cuda")).sizes == (64,)              # (no CUDA needed to choose)
@@ -149,10 +149,10 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
     broken.write_bytes(b"not a picture")
     paths.insert(2, broken)                                  # the first batch holds 3 readable images of 4
     rec = _Recorder(model)
-    plain = embed_image_files(model, paths, batch_size=4, workers=0, progress=False)      # the CPU's default
+    plain = embed_image_files(model, paths, FileReading(batch_size=4, workers=0), progress=False)      # the CPU's default
     assert rec.images == [3, 4, 4]
     rec.images.clear()
-    padded = embed_image_files(model, paths, batch_size=4, workers=0, progress=False, pad=True)
+    padded = embed_image_files(model, paths, FileReading(batch_size=4, workers=0), progress=False, pad=True)
     assert rec.images == [4, 4, 4]
     assert padded.kept == plain.kept and len(padded.skipped) == 1
     np.testing.assert_allclose(padded.vectors, plain.vectors, atol=1e-5)
@@ -171,7 +171,7 @@ def test_bulk_embedding_runs_one_shape_when_padded_and_gives_the_unpadded_vector
 def test_a_forward_pass_holds_batch_size_views_whatever_the_augmentation(tiny_model_path, synth_small):
     """index build --tta: each photo's 2 or 4 views count against --batch-size, so a pass's memory does not grow
     with the augmentation; the vectors are those of one pass per photo."""
-    from index.embed import embed_image_files
+    from index.embed import embed_photos
     from training.data.datasets import load_dataset
 
     model = load_model(tiny_model_path)
@@ -189,10 +189,10 @@ def test_a_forward_pass_holds_batch_size_views_whatever_the_augmentation(tiny_mo
     for tta, photos in (("none", [8, 2]), ("flip", [4, 4, 2]), ("flip-crop", [2, 2, 2, 2, 2])):
         rec.images.clear()
         views.clear()
-        got[tta] = embed_image_files(model, paths, batch_size=8, workers=0, progress=False, tta=tta).vectors
+        got[tta] = embed_photos(model, paths, batch_size=8, workers=0, progress=False, tta=tta).vectors
         assert rec.images == photos, tta
         assert max(views) == 8, tta
-    one = [embed_image_files(model, [p], batch_size=1, workers=0, progress=False, tta="flip-crop").vectors[0]
+    one = [embed_photos(model, [p], batch_size=1, workers=0, progress=False, tta="flip-crop").vectors[0]
            for p in paths[:3]]
     np.testing.assert_allclose(got["flip-crop"][:3], np.stack(one), atol=1e-5)
 

@@ -149,20 +149,20 @@ def test_a_bad_sort_is_422_naming_the_values(client):
 
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_keyword_and_hybrid_search_sort_their_hits_above_min_score_too(model, gallery_dir, mode):
-    from index.hybrid import Paging, search_text
+    from index.hybrid import TextPaging, search_text
 
     text = "p03 p07 p10 a red circle"                   # file names as words: keyword hits
     gallery = Gallery.load(gallery_dir)
     query = embed_texts(model, [text], progress=False)
     try:
-        ranked = search_text(gallery, query, text, mode, Paging(k=len(DAYS)))
+        ranked = search_text(gallery, query, text, mode, TextPaging(k=len(DAYS)))
         assert ranked.hits and any(ranked.matched)
         cut = sorted(s for _, s in ranked.hits)[len(ranked.hits) // 3]
         taken = {r.id: r.taken for r in gallery.meta.all_images()}
         kept = [i for i, s in ranked.hits if s >= cut]
-        newest = search_text(gallery, query, text, mode, Paging(k=len(DAYS), min_score=cut, sort="newest"))
+        newest = search_text(gallery, query, text, mode, TextPaging(k=len(DAYS), min_score=cut, sort="newest"))
         assert [i for i, _ in newest.hits] == sorted(kept, key=lambda i: (-taken[i], i))
-        pages = [search_text(gallery, query, text, mode, Paging(k=2, offset=o, min_score=cut, sort="newest")).hits
+        pages = [search_text(gallery, query, text, mode, TextPaging(k=2, offset=o, min_score=cut, sort="newest")).hits
                  for o in range(0, len(kept) + 2, 2)]
         assert [i for p in pages for i, _ in p] == [i for i, _ in newest.hits]
     finally:

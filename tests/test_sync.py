@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from index.embed import embed_image_files
+from index.embed import embed_photos
 from index.gallery import EmbedOptions, Gallery, sync
 from index.generations import current_generation
 from service.cli import main as cli_main
@@ -84,7 +84,7 @@ def test_sync_adds_changes_removes_and_is_idempotent(model, tiny_model_path, tmp
     assert after["a.jpg"].id == before["a.jpg"].id and after["trip/d.heic"].id == before["trip/d.heic"].id
     assert after["b.jpg"].id > max(r.id for r in before.values())        # re-embedded under a new id
     g = Gallery.load(out, model=model)
-    own = embed_image_files(model, [photos / "b.jpg"], progress=False, workers=0).vectors[0]
+    own = embed_photos(model, [photos / "b.jpg"], progress=False, workers=0).vectors[0]
     assert np.allclose(g.images.reconstruct(after["b.jpg"].id), own, atol=1e-5)   # the new content's vector
     with pytest.raises(KeyError):
         g.images.reconstruct(before["b.jpg"].id)
@@ -240,7 +240,7 @@ def test_sync_removes_the_doubles_an_older_index_holds(model, tiny_model_path, t
                      "--quiet", "--workers", "0", "--no-querybank", "--tta", "none"]) == 0
     capsys.readouterr()
     first = _paths(out, model)["b.jpg"].id
-    emb = embed_image_files(model, [photos / "b.jpg"], workers=0, progress=False)     # b.jpg, a second time
+    emb = embed_photos(model, [photos / "b.jpg"], workers=0, progress=False)     # b.jpg, a second time
     with live_target(out) as target:          # written as an older index did: no look at what it holds
         apply(target, ChangeSet(image_vectors=emb.vectors,
                                 image_rows=[(str((photos / "b.jpg").resolve()), emb.info[0])]))

@@ -368,11 +368,11 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
             return None
         return {"captions": list(own["captions"]), "images": None, "beta": own["beta"],
                 "source": f"{own.get('source', '')}; captions only (the images were a member's embeddings)"}
-    from training.inference.querybank import make_bank
+    from training.inference.querybank import BankDraw, make_bank
 
     section, seed = first.cfg.querybank, first.cfg.train.seed
-    return make_bank(ensemble, _train_split(data, "--querybank: "), section.captions, section.images, section.beta,
-                     seed=seed)
+    return make_bank(ensemble, _train_split(data, "--querybank: "),
+                     BankDraw(section.captions, section.images, section.beta, seed=seed))
 
 
 def _train_split(data: str, prefix: str = ""):
@@ -389,7 +389,8 @@ def cmd_querybank(args) -> int:
     from training.inference.querybank import attach, describe
     from training.models.checkpoint import load_model
     from training.models.ensemble import EnsembleEmbedding
-    from training.inference.querybank import make_bank
+    from training.data.features import Compute
+    from training.inference.querybank import BankDraw, make_bank
 
     if not Path(args.model).is_file():
         print(f"error: no model file {args.model}", file=sys.stderr)
@@ -426,10 +427,11 @@ def cmd_querybank(args) -> int:
                 raise ValueError(f"{flag} is a count, 0 or more; got {value}")
         if args.beta is not None and not args.beta > 0:
             raise ValueError(f"--beta must be positive; got {args.beta}")
-        bank = make_bank(model, _train_split(args.data), section.captions if args.captions is None else args.captions,
-                         section.images if args.images is None else args.images,
-                         section.beta if args.beta is None else args.beta,
-                         seed=model.cfg.train.seed if args.seed is None else args.seed, progress=True)
+        draw = BankDraw(section.captions if args.captions is None else args.captions,
+                        section.images if args.images is None else args.images,
+                        section.beta if args.beta is None else args.beta,
+                        seed=model.cfg.train.seed if args.seed is None else args.seed)
+        bank = make_bank(model, _train_split(args.data), draw, Compute(progress=True))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -449,7 +451,7 @@ def _no_model_file(path: str) -> bool:
 def cmd_concepts(args) -> int:
     import yaml
 
-    from training.concepts import Written, fit_file
+    from training.fit_concepts import Written, fit_file
 
     if _no_model_file(args.model):
         return 2

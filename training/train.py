@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.inference.querybank import attach, describe, make_bank
+from training.data.features import Compute
+from training.inference.querybank import BankDraw, attach, describe, make_bank
 from training.models.config_schema import RunConfig
 from .stt import STTTrainer
 from .optim import build_optimizer, build_scheduler, cosine_factor, param_groups
@@ -27,7 +28,7 @@ def train(cfg: RunConfig, data, out_dir, progress: bool = True, log=print, resum
         summary = trainer.run(resume=resume)
         kept = trainer.out_dir / "model.pt"
         if trainer.is_main and cfg.concepts.enabled and kept.is_file():   # the concept head, fitted after training
-            from .concepts import fit_file
+            from .fit_concepts import fit_file
 
             summary["concepts"] = fit_file(kept, trainer.train_set, device=trainer.device, workers=cfg.train.workers,
                                            progress=progress, log=log)
@@ -58,8 +59,8 @@ def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cp
     if not section.captions and not section.images:
         return None
     model = load_model(model_file, device)
-    bank = make_bank(model, train_set, section.captions, section.images, section.beta,
-                     seed=cfg.train.seed, device=device, workers=cfg.train.workers, progress=progress)
+    bank = make_bank(model, train_set, BankDraw(section.captions, section.images, section.beta, seed=cfg.train.seed),
+                     Compute(device=device, workers=cfg.train.workers, progress=progress))
     attach(model_file, bank)
     log(f"querybank: {describe(bank)} attached to {model_file}")
     return bank

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from index.querybank import correction
+from index.qbnorm import correction
 from index.relevance import STRONG
 
 from ..schemas import Health, Ready

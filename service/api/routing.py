@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from ..contract import Form, Json, Limits, Upload, Uploaded, error_responses
 from ..engine import Engine
 from ..settings import Settings
-from ..state import DIRECT, Queue, ServiceState
+from ..state import DIRECT, BatcherSpec, ServiceState
 from .bodies import body_kind, json_value, read_form, validated
 from .deps import POST_ERRORS, check_deadline, service, submit, upload_pixels
 
@@ -132,12 +132,12 @@ class Call:
         return (await loop.run_in_executor(state.compute_pool, op.run, state.loaded.engine, [item]))[0]
 
 
-def queues(routes: Sequence[Route]) -> list[Queue]:
+def queues(routes: Sequence[Route]) -> list[BatcherSpec]:
     """The batchers the table's operations use, each once; operations that share a queue must share its engine
     method and decoder need."""
-    out: dict[str, Queue] = {}
+    out: dict[str, BatcherSpec] = {}
     for op in (op for route in routes for op in route.operations if op.queue != DIRECT):
-        queue = Queue(op.queue, op.run, op.decoder)
+        queue = BatcherSpec(op.queue, op.run, op.decoder)
         if out.setdefault(op.queue, queue) != queue:
             raise ValueError(f"operation {op.name!r} shares queue {op.queue!r} with another operation but not its "
                              f"engine method or decoder need")

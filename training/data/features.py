@@ -127,7 +127,10 @@ def shrinks(path: str | Path, min_side: int) -> bool:
 
 
 def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: ImagePreprocess, paths,
-                   per_view: bool = False) -> dict:
+                   per_view: bool = False, regions: Sequence[int] | None = None) -> dict:
+    """What a feature cache is keyed by: the backbone (its name and weights), the preprocessing, the files (in
+    order, by content), the decode, ``per_view``, and ``regions``: the layout of STT-ATT grid features (number,
+    width, grid side: a model's ``region_layout``), None for pooled features."""
     files = hashlib.blake2b(digest_size=32)
     for p in paths:                    # rows follow the order of paths, so the order is part of the key
         files.update(file_digest(p))
@@ -137,8 +140,8 @@ def cache_manifest(backbone_name: str, backbone: torch.nn.Module, preprocess: Im
         manifest["decode"] = "shrunk to min_side"   # not the full-size decode of features cached before it was
     if per_view:        # one feature per crop (view augmentation), not their average
         manifest["per_view"] = True
-    if getattr(backbone, "n_regions", None):   # STT-ATT grid features (regions.GridRegions), not pooled ones
-        manifest["regions"] = [backbone.n_regions, backbone.region_dim, backbone.grid]
+    if regions is not None:    # STT-ATT grid features (regions.GridRegions), not pooled ones
+        manifest["regions"] = list(regions)
     return manifest
 
 
@@ -161,15 +164,16 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
                      batch_size: int = 64, compute: Compute = DEFAULT_COMPUTE,
                      preprocess: ImagePreprocess | None = None, per_view: bool = False) -> np.ndarray:
     """Backbone features ``(N, D)`` of ``model`` (a JointEmbedding or an EnsembleEmbedding: both have the
-    ``image_split``, None for a whole backbone, and the ``cached_dim`` read here) for ``paths``, from the cache
-    when valid.
+    ``image_split``, None for a whole backbone, the ``region_layout``, None for pooled features, and the
+    ``cached_dim`` read here) for ``paths``, from the cache when valid.
 
     ``compute``: where and how the images are decoded and run through the backbone; ``preprocess`` replaces the
     model's own (e.g. other crops); ``per_view`` keeps each crop's feature, ``(N, crops, D)``, instead of their
     average."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     pre = preprocess or model.preprocess
-    manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view)
+    manifest = cache_manifest(model.backbone_name, model.backbone, pre, paths, per_view=per_view,
+                              regions=model.region_layout)
     split = model.image_split
     if split is not None:       # the activations entering the trained top units (image.train_blocks)
         manifest["bottom"] = {"cut": split.cut, "shape": list(model.bottom_shape)}

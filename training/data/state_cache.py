@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -60,11 +61,23 @@ class TokenStateCache:
         return out
 
 
-def build_state_cache(name: str, digest: str, id_lists: Sequence[Sequence[int]],
-                      compute: Callable[[list[list[int]]], list[torch.Tensor]], width: int, cache_dir: Path,
-                      dtype: str = "float16", batch_size: int = 256, progress: bool = True) -> TokenStateCache:
-    """The cache of ``compute`` (a batch of id lists → one ``(len, width)`` tensor each) over ``id_lists``,
+@dataclass(frozen=True)
+class StateSpec:
+    """What a cache holds, and part of its key: the token states of the frozen layers ``name`` (e.g.
+    ``minilm-L4``) with weights ``digest`` (:func:`weights_digest`), ``width`` values a token, stored as
+    ``dtype`` (:data:`DTYPES`)."""
+    name: str
+    digest: str
+    width: int
+    dtype: str = "float16"
+
+
+def build_state_cache(spec: StateSpec, id_lists: Sequence[Sequence[int]],
+                      compute: Callable[[list[list[int]]], list[torch.Tensor]], cache_dir: Path,
+                      batch_size: int = 256, progress: bool = True) -> TokenStateCache:
+    """The cache of ``compute`` (a batch of id lists → one ``(len, spec.width)`` tensor each) over ``id_lists``,
     read from ``cache_dir`` when a cache with the same key exists, else computed and written there."""
+    name, digest, width, dtype = spec.name, spec.digest, spec.width, spec.dtype
     if dtype not in DTYPES:
         raise ValueError(f"cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     unique = list(dict.fromkeys(tuple(ids) for ids in id_lists))       # each sentence once, in first order

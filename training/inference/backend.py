@@ -35,7 +35,7 @@ compiles one at load; compiled graphs are kept in OpenVINO's own cache beside th
 process imports them instead of compiling again.
 
 Any failure to load or convert falls back to eager PyTorch with one log line. :func:`use_backend` attaches the
-chosen backend to a model; :func:`tower_features` is what ``embed.py``'s ``embed_pixels`` and ``pixel_features``
+chosen backend to a model; :func:`tower_features` is what ``embedding.py``'s ``embed_pixels`` and ``pixel_features``
 call — the one code path above it, for the indexer, the service's image route, query by example and video frames.
 """
 from __future__ import annotations
@@ -59,6 +59,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from training.models.ensemble import EnsembleEmbedding
 from training.models.protocol import EmbeddingModel, has_attention
 
 from .names import AUTO_CPU as AUTO
@@ -135,10 +136,10 @@ def eager_reason(model: EmbeddingModel) -> str | None:
         return f"the model runs on {device.type}"
     if has_attention(model):
         return "the model scores image regions (region attention)"
-    if not getattr(model, "backbone_pretrained", False):
+    if not model.backbone_pretrained:
         return "its image backbone trains with the model"
-    members = getattr(model, "models", None) or [model]
-    if any(getattr(m, "image_split", None) is not None for m in members):
+    splits = [m.image_split for m in model.models] if isinstance(model, EnsembleEmbedding) else [model.image_split]
+    if any(split is not None for split in splits):
         return "its backbone's top trains with the model (image.train_blocks or learned pooling)"
     return None
 

@@ -56,7 +56,7 @@ def compose_query(model: EmbeddingModel, image_features: torch.Tensor, add: Sequ
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    with inference_autocast(model, device):        # the inference policy (embed.py), as for every query
+    with inference_autocast(model, device):        # the inference policy (embedding.py), as for every query
         query = model.project_features(image_features.to(device).view(1, -1))[0]
         for texts, sign in ((add, 1.0), (subtract, -1.0)):
             if texts:

@@ -37,11 +37,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from training.data.features import ImageFiles, loader_options, usable_cores
-from training.data.preprocess import decode_image, embed_side, open_image
+from training.data.preprocess import MirroredViews, decode_image, embed_side, open_image
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
 from training.models.config_schema import RunConfig
+from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .backend import tower_features
@@ -64,7 +65,8 @@ def model_allows_amp(model: EmbeddingModel) -> bool:
     cfg = model.cfg
     if isinstance(cfg, RunConfig):
         return cfg.train.amp != "off"
-    return all(model_allows_amp(m) for m in getattr(model, "models", ()))
+    members = model.models if isinstance(model, EnsembleEmbedding) else ()
+    return all(m.cfg.train.amp != "off" for m in members)
 
 
 def device_of(model: EmbeddingModel) -> torch.device:
@@ -244,7 +246,7 @@ AHEAD_BYTES = 128 * 2**20   # pixels an early-started decoding (ImageDecoding(ah
 class ImageDecoding:
     """Image files being decoded and preprocessed by DataLoader workers (``workers`` None: by core count,
     ``features.loader_options``), ``batch_size`` images a batch, each read by ``read`` (see
-    :func:`embed_image_files`); under ``decode`` torch (``tensor_views.decode_choice``: by default on a CUDA
+    :class:`FileReading`); under ``decode`` torch (``tensor_views.decode_choice``: by default on a CUDA
     ``device``) the workers leave plain JPEGs encoded and :meth:`pixels` decodes them on the model's device
     (``read_image`` is then :func:`read_encoded`; another reader returns an ``EncodedJPEG`` itself). The workers
     start here, so decoding can begin before the model is loaded (the indexer starts it, then loads the model: the
@@ -300,33 +302,46 @@ class ImageDecoding:
         return torch.stack([next(decoded) if isinstance(r, EncodedJPEG) else r.to(device) for r in batch])
 
 
+@dataclass(frozen=True)
+class FileReading:
+    """How :func:`embed_image_files` reads its files: ``batch_size`` images a batch, decoded by ``read`` (a path
+    and the shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and
+    anything else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in
+    ``passed``) and preprocessed in ``workers`` DataLoader workers (None: by core count,
+    ``features.loader_options``; 0: in this process); ``preprocess``: other views of each image than the model's
+    own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's; None: the model's);
+    ``decode``: where plain JPEGs are decoded and cut into views (``tensor_views.decode_choice``: ``pil`` in the
+    workers, ``torch`` on the model's device; None: ``$JOINTSPACE_DECODE``, else by the device)."""
+    batch_size: int = 64
+    workers: int | None = 2
+    read: Reader = read_image
+    preprocess: Any = None
+    decode: str | None = None
+
+
+DEFAULT_READING = FileReading()
+
+
 @torch.no_grad()
-def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], batch_size: int = 64, workers: int | None = 2,
-                      progress: bool = True, read: Reader = read_image, preprocess=None,
-                      pad: bool | None = None, decoding: ImageDecoding | None = None,
-                      on_batch: Callable[[list[int], list[Any]], None] | None = None,
-                      decode: str | None = None) -> FileEmbeddings:
-    """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), decoded by ``read`` (a path and the
-    shorter side the preprocessing needs → the upright image, which may be shrunk down to that side, and anything
-    else to keep of the file, listed in ``info``; no image: nothing to embed, the position listed in ``passed``)
-    and preprocessed in DataLoader workers (``workers`` None: by core count, ``features.loader_options``); a file
-    that cannot be read is skipped and reported, never fatal. ``preprocess``: other views of each image than the
-    model's own (e.g. ``MirroredViews``: test-time augmentation; normalised as the model's). Puts the model in eval
-    mode. ``pad``: every forward pass at ``batch_size`` rows (:func:`fixed_batches`; default: on CUDA).
-    ``decoding``: the files already being decoded (:class:`ImageDecoding`, started before the model was loaded),
-    instead of ``paths``, ``read``, ``preprocess``, ``batch_size`` and ``workers``; its preprocessing must be the
-    model's own views. ``on_batch``: called with each batch's kept positions and what ``read`` returned besides
-    their images, as soon as the batch is decoded (e.g. to start more work on those files meanwhile). ``decode``:
-    where plain JPEGs are decoded and cut into views (``tensor_views.decode_choice``: ``pil`` in the workers,
-    ``torch`` on the model's device; default ``$JOINTSPACE_DECODE``, else by the device)."""
+def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], reading: FileReading = DEFAULT_READING,
+                      progress: bool = True, pad: bool | None = None, decoding: ImageDecoding | None = None,
+                      on_batch: Callable[[list[int], list[Any]], None] | None = None) -> FileEmbeddings:
+    """Every readable image of ``paths`` → embeddings (:func:`embed_pixels`), read, decoded and preprocessed as
+    ``reading`` says (:class:`FileReading`); a file that cannot be read is skipped and reported, never fatal. Puts
+    the model in eval mode. ``pad``: every forward pass at the batch size's rows (:func:`fixed_batches`; default:
+    on CUDA). ``decoding``: the files already being decoded (:class:`ImageDecoding`, started before the model was
+    loaded), instead of ``paths`` read as ``reading`` says; its preprocessing must be the model's own views.
+    ``on_batch``: called with each batch's kept positions and what the reader returned besides their images, as
+    soon as the batch is decoded (e.g. to start more work on those files meanwhile)."""
     model.eval()
     if decoding is None:
-        decoding = ImageDecoding(paths, preprocess or model.preprocess, read, batch_size, workers, device_of(model),
-                                 decode=decode)
+        decoding = ImageDecoding(paths, reading.preprocess or model.preprocess, reading.read, reading.batch_size,
+                                 reading.workers, device_of(model), decode=reading.decode)
     elif decoding.paths != [str(p) for p in paths]:
         decoding.close()
         raise ValueError("the decoding started is of other files than those to embed")
-    elif getattr(decoding.preprocess, "base", decoding.preprocess) != model.preprocess:
+    elif (decoding.preprocess.base if isinstance(decoding.preprocess, MirroredViews)
+          else decoding.preprocess) != model.preprocess:
         decoding.close()
         raise ValueError("the decoding started preprocesses the images otherwise than the model does")
     shapes = fixed_batches(decoding.batch_size, device_of(model), pad)

@@ -2,7 +2,7 @@
 inverted softmax, folded into one inner product, and its dynamic variant; the query bank a ``model.pt`` carries;
 and making one from a data split. Its callers are thin: ``jointspace train`` and ``jointspace querybank`` attach a
 bank (training/train.py, training/cli.py), evaluation scores with it (training/evaluate.py), and the index folds it
-into its vectors and stores it beside its generations (index/querybank.py).
+into its vectors and stores it beside its generations (index/qbnorm.py).
 
 **The correction.** In a high-dimensional space a few gallery items ("hubs") are near to many queries and crowd the
 top of every result list. QB-Norm measures each item against a bank of typical queries (the training captions for
@@ -19,13 +19,13 @@ query's results; it ranked as the fixed offsets do on Flickr8k dev, ImageNet and
 (docs/index.md), so the index folds the fixed offsets.
 
 **The bank a model carries**: typical queries of its training data, which ``jointspace index build`` uses by
-default to correct hubness at search time (folded into the index by index/querybank.py).
+default to correct hubness at search time (folded into the index by index/qbnorm.py).
 
 Stored under ``extra["querybank"]`` of the checkpoint (no tensor of the model changes, so its fingerprint does
 not either)::
 
     {"captions": [str, ...],          # a seeded sample of the training captions, as text: embedded when an index
-                                      # is built (index/querybank.py caches the vectors per model)
+                                      # is built (index/qbnorm.py caches the vectors per model)
      "caption_vectors": int8 (m, D),  # those captions embedded by this model, quantised as the images are,
      "caption_scales": float32 (m,),  # so that a first index build need not embed them (caption_vectors)
      "vectors_of": "…",               # the fingerprint of the model that embedded them
@@ -49,11 +49,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from training.data.features import Compute
 from training.data.fileio import atomic_path
 from training.data.sources import ImageSource, image_source
 from training.inference.embedding import embed_image_source, embed_texts
@@ -148,7 +150,7 @@ def caption_vectors(bank: dict, model: EmbeddingModel) -> np.ndarray | None:
     """The bank's caption vectors as float32 ``(m, D)``, when it carries them for this very model (its
     fingerprint), one per caption; else None (the captions are then embedded)."""
     rows = bank.get("caption_vectors")
-    if rows is None or bank.get("vectors_of") != getattr(model, "fingerprint", None):
+    if rows is None or bank.get("vectors_of") != model.fingerprint:
         return None
     if len(rows) != len(bank.get("captions") or []) or rows.shape[1] != model.cfg.model.embed_dim:
         return None
@@ -191,18 +193,33 @@ def sample(dataset, captions: int, images: int, seed: int = 0) -> tuple[list[str
             [dataset.images[i] for i in sample_indices(len(dataset.images), images, seed + 1)])
 
 
-def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int = 0, device="cpu",
-              workers: int = 2, progress: bool = False, source: str = "", features=None) -> dict:
-    """A bank from ``dataset`` (a split): ``captions`` sampled captions as text (and, for a model loaded from its
-    file, as that model's vectors: training/inference/querybank.py), ``images`` sampled images embedded with
-    ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
-    backbone features of every image of the split, in its order)."""
+@dataclass(frozen=True)
+class BankDraw:
+    """What :func:`make_bank` draws from a split: ``captions`` sampled captions, ``images`` sampled images (with
+    ``seed``), and the bank's ``beta``."""
+    captions: int
+    images: int
+    beta: float
+    seed: int = 0
+
+
+BANK_COMPUTE = Compute(progress=False)      # make_bank's: two decoding workers on the CPU, no progress bars
+
+
+def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, source: str = "",
+              features=None) -> dict:
+    """A bank from ``dataset`` (a split): ``draw.captions`` sampled captions as text (and, for a model loaded from
+    its file, as that model's vectors: training/inference/querybank.py), ``draw.images`` sampled images embedded
+    with ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
+    backbone features of every image of the split, in its order), decoded where and how ``compute`` says."""
+    captions, images, beta, seed = draw.captions, draw.images, draw.beta, draw.seed
+    device, workers, progress = compute.device, compute.workers, compute.progress
     if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
     texts, records = sample(dataset, captions, images, seed)
-    head = getattr(model, "concepts", None)
-    if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/concepts.py)
+    head = model.concepts
+    if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/fit_concepts.py)
         from training.models.concepts import class_names, class_sentences
 
         texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)
@@ -212,7 +229,8 @@ def make_bank(model, dataset, captions: int, images: int, beta: float, seed: int
         src = ImageSource("features", torch.from_numpy(np.array(features, dtype=np.float32)[drawn]))
         vectors = embed_image_source(model, src, workers=workers).cpu()
     elif records:
-        src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress)
+        src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress,
+                           amp=compute.amp)
         vectors = embed_image_source(model, src, workers=workers).cpu()
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)
@@ -228,7 +246,7 @@ def with_caption_vectors(bank: dict, model, progress: bool = False) -> dict:
     """``bank`` with its captions' vectors as ``model`` embeds them (int8 rows, training/inference/querybank.py),
     for a model loaded from its file (its fingerprint names them); unchanged for a model without one or a bank
     without captions."""
-    if not bank.get("captions") or not getattr(model, "fingerprint", None):
+    if not bank.get("captions") or not model.fingerprint:
         return bank
     rows, scales = quantize_images(embed_texts(model, list(bank["captions"]), progress=progress).float().cpu())
     return {**bank, "caption_vectors": rows, "caption_scales": scales, "vectors_of": model.fingerprint}

@@ -140,12 +140,15 @@ def prepared(model_path: str | Path, root: Path | None = None) -> bool:
 
 def unsupported_reason(model: EmbeddingModel) -> str | None:
     """Why ``model``'s text side cannot run as a :class:`TextTower`, or None."""
-    encoder = getattr(model, "text_encoder", None)
-    if encoder is None:
+    from training.models.minilm import MiniLMEncoder
+    from training.models.model import JointEmbedding
+
+    if not isinstance(model, JointEmbedding):
         return "an ensemble (several text encoders)"
-    if getattr(model, "attention", None) is not None:
+    encoder = model.text_encoder
+    if model.attention is not None:
         return "region attention scores words against regions"
-    if not getattr(encoder, "tokenizes", False) or not hasattr(encoder, "tokenizer_json"):
+    if not encoder.tokenizes or not isinstance(encoder, MiniLMEncoder):     # a tokenizer.json of its own to export
         return f"its text encoder ({type(encoder).__name__}) reads the model's vocabulary, not a tokenizer of its own"
     if model.cfg.model.similarity not in ("cosine", "order"):
         return f"similarity {model.cfg.model.similarity}"

@@ -10,7 +10,7 @@ most probable ImageNet classes,
 where p is the mean of the backbones' own softmax classifiers (the heads the weight packages ship; their logits
 divided by a temperature T, which spreads c over more classes when T > 1) and s(y) is the
 model's own text embedding of sentences naming class y ("a photo of a tabby cat."), fitted once after training
-(training/concepts.py). The gate (ours) weighs it by how unlike the training photos x is:
+(training/fit_concepts.py). The gate (ours) weighs it by how unlike the training photos x is:
 
     r(x) = mean cosine of x's backbone features to its m nearest of K k-means prototypes of the training photos,
     g(x) = w · σ((r₀ − r(x)) / τ),

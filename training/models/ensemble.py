@@ -15,7 +15,7 @@ re-tokenised by each member.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ class Member(Protocol):
     backbone_name: str
     backbone: nn.Module
     backbone_pretrained: bool
+    image_split: Any          # its CNN's frozen bottom and trained top (backbones.SplitCNN), or None
     cached_dim: int
 
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor: ...
@@ -60,7 +61,8 @@ class CommonSpace(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.extra = {}       # a model not read from a file carries nothing
+        self.fingerprint = ""  # a model not read from a file has no file's fingerprint
+        self.extra = {}       # and carries nothing
 
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -115,6 +117,8 @@ class EnsembleEmbedding(CommonSpace):
         self.image_split = None     # no frozen bottom of its own: its cached features are its members' whole
         self.decoder = None
         self.attention = None
+        self.concepts = None        # its members' concept heads act inside their own embeddings
+        self.region_layout = None   # its cached features are its members' pooled ones
 
     @property
     def cached_dim(self) -> int:

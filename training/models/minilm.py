@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.data.state_cache import TokenStateCache, build_state_cache, weights_digest
+from training.data.state_cache import StateSpec, TokenStateCache, build_state_cache, weights_digest
 from training.data.vocab import pad_batch
 from .encoder_state import pack_bytes, pack_json, resize_to_checkpoint, unpack_json
 from .options import MiniLMOptions, options_as
@@ -346,8 +346,8 @@ class MiniLMEncoder(TextEncoderBase):
 
         frozen = [self.bert.embeddings, *self.bert.encoder.layer[:self.split]]
         name = f"minilm-L{self.split}"
-        self._cache = build_state_cache(name, weights_digest(frozen), id_lists, compute, ARCH["hidden_size"],
-                                        Path(cache_dir), dtype=dtype, progress=progress)
+        spec = StateSpec(name, weights_digest(frozen), ARCH["hidden_size"], dtype)
+        self._cache = build_state_cache(spec, id_lists, compute, Path(cache_dir), progress=progress)
         self.train(was_training)
         log(f"minilm: layer-{self.split} token states of {len(self._cache.rows)} sentences cached ({dtype})")
 

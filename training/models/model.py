@@ -40,11 +40,14 @@ class JointEmbedding(CommonSpace):
         self.preprocess: ImagePreprocess = backbone.preprocess
         att = cfg.attention
         self.attention = None
+        # the regions its cached features hold (number, width, grid side), or None for pooled features
+        self.region_layout: tuple[int, int, int] | None = None
         region_dim = backbone.dim
         if att.enabled:   # STT-ATT §3.3: the backbone yields grid-cell regions, (B, R·C) flattened
-            self.backbone = GridRegions(region_grid(backbone.name), backbone.module, cfg.image.image_size,
-                                        att.grid)
-            self.feature_dim, region_dim = self.backbone.dim, self.backbone.region_dim
+            grid = GridRegions(region_grid(backbone.name), backbone.module, cfg.image.image_size, att.grid)
+            self.backbone = grid
+            self.feature_dim, region_dim = grid.dim, grid.region_dim
+            self.region_layout = (grid.n_regions, grid.region_dim, grid.grid)
             self.attention = RegionWordAttention(att.temperature)
         # partial fine-tuning / learned pooling of the CNN's grid: the cached "features" are then the frozen
         # bottom's activations, flattened, and the trained top + pooling run in project_features

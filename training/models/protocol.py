@@ -38,9 +38,15 @@ class EmbeddingModel(Protocol):
     @property
     def attention(self) -> Any: ...         # region-word attention (models/attention.py), or None
     @property
-    def fingerprint(self) -> str: ...       # of the model.pt it was loaded from (model.fingerprint)
+    def fingerprint(self) -> str: ...       # of the model.pt it was loaded from (model.fingerprint); "" if none
     @property
     def extra(self) -> dict: ...            # what the model.pt carries beside it (its query bank, dev metrics)
+    @property
+    def concepts(self) -> Any: ...          # the concept head (models/concepts.py: ConSE, gated), or None
+    @property
+    def backbone_pretrained(self) -> bool: ...  # frozen pretrained image backbones (an ensemble: every member's)
+    @property
+    def image_split(self) -> Any: ...       # a CNN's frozen bottom and trained top (backbones.SplitCNN), or None
     @property
     def training(self) -> bool: ...
 

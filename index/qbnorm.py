@@ -313,7 +313,7 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
 def reference_sentences(model: EmbeddingModel) -> np.ndarray | None:
     """The reference sentences a model gives its index (index/relevance.py's text side): its fitted concept head's
     sentence embedding per ImageNet class (training/models/concepts.py), float16; None without one."""
-    concepts = getattr(model, "concepts", None)
+    concepts = model.concepts
     if concepts is None or not bool(concepts.fitted):
         return None
     return concepts.class_embeddings.detach().float().cpu().numpy().astype(np.float16)

@@ -133,7 +133,7 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
     from training.data.features import Compute, extract_features
     from training.inference.querybank import attach, carried, describe
     from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
-    from training.inference.querybank import make_bank
+    from training.inference.querybank import BankDraw, make_bank
 
     model_file = Path(model_file)
     out = Path(written.out) if written.out else model_file
@@ -158,8 +158,9 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
         save_model(model, out, extra=model.extra)
     if bank is not None:
         section = model.cfg.querybank
-        drawn = make_bank(load_model(out), train_set, section.captions, section.images, float(bank["beta"]),
-                          seed=model.cfg.train.seed, workers=workers, progress=progress, features=feats)
+        drawn = make_bank(load_model(out), train_set,
+                          BankDraw(section.captions, section.images, float(bank["beta"]), seed=model.cfg.train.seed),
+                          Compute(workers=workers, progress=progress), features=feats)
         attach(out, drawn)
         log(f"querybank: {describe(drawn)} attached to {out}")
     return report

@@ -13,26 +13,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from training.models.protocol import EmbeddingModel
 
-from training.inference.names import BACKENDS, DECODES
+# The parser is built without torch or numpy (`jointspace --help` imports none of the model code:
+# tests/test_cli.py): the values it offers come from torch-free modules that the code using them imports too.
+from training.inference.names import BACKEND_HELP, BACKENDS, DECODE_HELP, DECODES
 
+from training.inference.pretrained import model_file
+
+from .choices import (DEFAULT_MAX_FRAMES, DEFAULT_MODE, DEFAULT_RATE, DEFAULT_THRESHOLD, DEFAULT_WINDOW, MAX_OFFSET,
+                      MODES, SORT_DEPTH, SORTS, VIDEO_SUFFIXES)
+from .generations import read_manifest
 from .tta import DEFAULT_TTA, TTA
 
-# The parser is built without torch (`jointspace --help` imports none of the model code: tests/test_cli.py), so the
-# video values copy those of the modules that use them, which import torch (index/scan.py, index/video_decode.py,
-# index/moments.py); tests/test_cli.py keeps them equal. The inference settings' names come from their own
-# torch-free module.
-VIDEO_SUFFIXES = (".avi", ".m4v", ".mkv", ".mov", ".mp4", ".webm")    # index.scan.VIDEO_SUFFIXES
 NO_STRONG_MATCH = "no strong match: these are the closest"      # under a search table (index/relevance.py)
-VIDEO_RATE, VIDEO_MAX_FRAMES, VIDEO_WINDOW = 1.0, 3600, 5.0   # index.video_decode.DEFAULT_RATE, …; index.moments
-SEARCH_MODES = ("vector", "keyword", "hybrid")    # index.hybrid.MODES
-SORTS, SORT_DEPTH = ("relevance", "newest", "oldest"), 10_000     # index.order.SORTS, SORT_DEPTH
-DUPLICATE_THRESHOLD = 0.85       # index.duplicates.DEFAULT_THRESHOLD
-BACKEND_HELP = ("what runs the image backbones: auto (OpenVINO, else ONNX Runtime, on a CPU; cuda on a CUDA device), "
-                "eager, openvino, openvino-bf16, onnxruntime or cuda (float16, BatchNorm folded, CUDA graphs); a "
-                "backend that fails to load falls back to eager (env JOINTSPACE_BACKEND; docs/index.md)")
-DECODE_HELP = ("where photos are decoded and cut into views: auto (torch on a CUDA device, else pil), pil (Pillow in "
-               "the decoding workers) or torch (plain JPEGs on the model's device; other files by Pillow) "
-               "(env JOINTSPACE_DECODE; docs/index.md)")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -123,7 +115,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--image", help="an example photo: find gallery images like it")
     s.add_argument("--subtract", action="append", default=[], metavar="WORDS",
                    help="words or phrases whose meaning to take away from the query (repeatable)")
-    s.add_argument("--mode", choices=SEARCH_MODES, default="vector",
+    s.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
                    help="with --text: vector (the embedding ranking, the default), keyword (file and folder names, "
                         "text read in the photos, captions: BM25) or hybrid (both, fused by reciprocal rank; "
                         "docs/search.md)")
@@ -159,9 +151,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                     "re-encode (the same picture re-saved, resized or recoloured: perceptual hashes "
                                     "within a few bits) or near (crops, edits, bursts). docs/index.md")
     d.add_argument("--index", required=True, help="index directory")
-    d.add_argument("--threshold", type=float, default=DUPLICATE_THRESHOLD,
+    d.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help=f"cosine similarity from which two photos are near-duplicates, from 0.5 to 1 "
-                        f"(default {DUPLICATE_THRESHOLD:g}, measured for the shipped model: docs/index.md)")
+                        f"(default {DEFAULT_THRESHOLD:g}, measured for the shipped model: docs/index.md)")
     d.add_argument("--json", action="store_true", help="print the groups as JSON (ids, absolute paths, kinds)")
     d.set_defaults(func=cmd_duplicates)
 
@@ -229,15 +221,15 @@ def _ocr_config(args):
 
 def _video_options(p: argparse.ArgumentParser) -> None:
     """How the commands that find media read videos (docs/video.md)."""
-    g = p.add_argument_group("videos", f"video files ({', '.join(VIDEO_SUFFIXES)}) found beside the "
+    g = p.add_argument_group("videos", f"video files ({', '.join(sorted(VIDEO_SUFFIXES))}) found beside the "
                                        "photos are indexed as moments: sampled frames, grouped into windows")
     g.add_argument("--no-videos", action="store_true", help="index photos only; leave video files out")
-    g.add_argument("--video-rate", type=float, default=VIDEO_RATE,
-                   help=f"frames sampled a second (default {VIDEO_RATE:g})")
-    g.add_argument("--video-max-frames", type=int, default=VIDEO_MAX_FRAMES,
-                   help=f"at most this many frames a video (default {VIDEO_MAX_FRAMES})")
-    g.add_argument("--video-window", type=float, default=VIDEO_WINDOW,
-                   help=f"seconds a moment spans (default {VIDEO_WINDOW:g})")
+    g.add_argument("--video-rate", type=float, default=DEFAULT_RATE,
+                   help=f"frames sampled a second (default {DEFAULT_RATE:g})")
+    g.add_argument("--video-max-frames", type=int, default=DEFAULT_MAX_FRAMES,
+                   help=f"at most this many frames a video (default {DEFAULT_MAX_FRAMES})")
+    g.add_argument("--video-window", type=float, default=DEFAULT_WINDOW,
+                   help=f"seconds a moment spans (default {DEFAULT_WINDOW:g})")
     g.add_argument("--video-cut", type=float,
                    help="also start a moment where adjacent frames' embeddings differ by more than this cosine "
                         "distance (0 to 2; default: fixed windows only)")
@@ -304,27 +296,6 @@ def _report_outside(outside) -> None:
         print(f"skipped {link}: {reason}", file=sys.stderr)
     if outside:
         print(f"{len(outside)} symbolic link(s) leaving the folder skipped", file=sys.stderr)
-
-
-def model_file(given: str | None) -> Path:
-    """The model.pt a command loads: ``given``, else the shipped model. FileNotFoundError saying so when there is
-    no such file."""
-    from training.inference.pretrained import resolve
-
-    path = resolve(given)
-    if not path.is_file():
-        raise FileNotFoundError(f"no model file at {path}" + (" (--model: a model.pt written by `jointspace "
-                                                               "train`, or leave it out for the shipped model)"
-                                                               if given else ""))
-    return path
-
-
-def read_index(root: str | Path) -> dict:
-    """The manifest of the index at ``root``: checked before a command loads its model, so a wrong --index is
-    said at once."""
-    from .generations import read_manifest
-
-    return read_manifest(root)
 
 
 def _load(args, payload: dict | None = None):
@@ -566,7 +537,7 @@ def cmd_add(args) -> int:
             outside += scan.outside
         elif not Path(p).exists():
             missing.append(p)
-        elif Path(p).suffix.lower() not in IMAGE_SUFFIXES | set(VIDEO_SUFFIXES):
+        elif Path(p).suffix.lower() not in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
             not_media.append(p)
         else:
             paths.append(Path(p))
@@ -574,7 +545,7 @@ def cmd_add(args) -> int:
         raise FileNotFoundError(f"nothing added: no such file or folder: {', '.join(missing)}")
     if not_media:
         raise ValueError(f"nothing added: not a photo or video file (by its name's suffix): {', '.join(not_media)}. "
-                         f"Photos: {', '.join(sorted(IMAGE_SUFFIXES))}; videos: {', '.join(VIDEO_SUFFIXES)}")
+                         f"Photos: {', '.join(sorted(IMAGE_SUFFIXES))}; videos: {', '.join(sorted(VIDEO_SUFFIXES))}")
     captions = _read_lines(args.captions) if args.captions else []
     _report_outside(outside)
     unique: dict[Path, Path] = {}           # a file given alone and inside a given folder: added once
@@ -584,7 +555,7 @@ def cmd_add(args) -> int:
     sampling = _sampling(args)
     if not paths and not video_paths and not captions:
         raise ValueError("nothing to add: give image or video paths and/or --captions")
-    read_index(args.index)
+    read_manifest(args.index)
     model, _ = _load(args)
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
@@ -633,7 +604,7 @@ def cmd_sync(args) -> int:
     sampling = _sampling(args)
     if not Path(args.images).is_dir():                # said before the model loads, as a missing index is
         raise FileNotFoundError(f"no image directory at {args.images}")
-    read_index(args.index)
+    read_manifest(args.index)
     model, _ = _load(args)
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
                   EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
@@ -662,11 +633,11 @@ def cmd_sync(args) -> int:
 
 
 def cmd_search(args) -> int:
-    manifest = read_index(args.index)        # a wrong --index is said before anything heavy is imported
+    manifest = read_manifest(args.index)        # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
     from .hits import image_hits
     from .hybrid import Paging, search_text
-    from .query import MAX_OFFSET, ImageFilter, check_min_score
+    from .query import ImageFilter, check_min_score
     from .relevance import Ranking
 
     if args.k < 1:
@@ -835,7 +806,7 @@ def cmd_compact(args) -> int:
 
 
 def cmd_duplicates(args) -> int:
-    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
+    read_manifest(args.index)                   # a wrong --index is said before anything heavy is imported
     from .duplicates import check_threshold, gallery_groups
     from .gallery import Gallery
     from .query import format_time, inside
@@ -873,7 +844,7 @@ def cmd_duplicates(args) -> int:
 
 
 def cmd_info(args) -> int:
-    read_index(args.index)                   # a wrong --index is said before anything heavy is imported
+    read_manifest(args.index)                   # a wrong --index is said before anything heavy is imported
     from .gallery import Gallery
 
     gallery = Gallery.load(args.index)

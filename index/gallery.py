@@ -20,7 +20,8 @@ from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
 from .ocr import OcrConfig, start_reading
-from .order import SORT_DEPTH, by_time, check_sort
+from .choices import SORT_DEPTH
+from .order import by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .querybank import correction, queries_for, references_for, unfold
 from .relevance import Descriptions, Ranking, Reference, both_sides, is_strong

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -202,21 +203,22 @@ def _ocr_options(p: argparse.ArgumentParser) -> None:
                    help="Tesseract language(s), joined by '+' (default eng; each needs its tesseract-ocr-LANG package)")
 
 
-def _ocr_config(args):
-    """The build's OCR configuration: None with --no-ocr, or by default when Tesseract is missing (said on stderr)."""
+def _ocr_config(wanted: bool | None, lang: str):
+    """The build's OCR configuration (``--ocr``/``--no-ocr``: ``wanted`` True/False, None by default;
+    ``--ocr-lang``): None with --no-ocr, or by default when Tesseract is missing (said on stderr)."""
     from .ocr import OcrConfig, OcrUnavailableError, check_engine
 
-    if args.ocr is False:
+    if wanted is False:
         return None
     try:
-        check_engine(args.ocr_lang)
+        check_engine(lang)
     except OcrUnavailableError as err:
-        if args.ocr:
+        if wanted:
             raise
         print(f"jointspace index build: not reading text in photos (--no-ocr to silence this): {err}",
               file=sys.stderr)
         return None
-    return OcrConfig(lang=args.ocr_lang)
+    return OcrConfig(lang=lang)
 
 
 def _video_options(p: argparse.ArgumentParser) -> None:
@@ -235,19 +237,13 @@ def _video_options(p: argparse.ArgumentParser) -> None:
                         "distance (0 to 2; default: fixed windows only)")
 
 
-def _sampling(args):
-    from .moments import Sampling
-
-    return Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
-
-
-def _split_media(paths, args) -> tuple[list, list]:
-    """Paths → (photos, videos) by content (index.scan.is_video); videos empty with --no-videos."""
+def _split_media(paths, videos: bool) -> tuple[list, list]:
+    """Paths → (photos, videos) by content (index.scan.is_video); videos empty unless ``videos``
+    (``--no-videos``)."""
     from .scan import is_video
 
     photos = [p for p in paths if not is_video(p)]
-    videos = [] if args.no_videos else [p for p in paths if is_video(p)]
-    return photos, videos
+    return photos, [p for p in paths if is_video(p)] if videos else []
 
 
 def _engine(p: argparse.ArgumentParser) -> None:
@@ -263,10 +259,6 @@ def _engine(p: argparse.ArgumentParser) -> None:
                    help="GPUs per actor (default 0: actors embed on the CPU; 0.5: two actors share a GPU)")
     g.add_argument("--shard-dir", help="embedding shards, kept for a re-run to resume (default: OUT.shards)")
     g.add_argument("--shard-size", type=int, help="images per shard (default 256)")
-
-
-_RAY_OPTIONS = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_per_worker", "shard_dir",
-                "shard_size")
 
 
 def _read_lines(path: str | Path) -> list[str]:
@@ -298,132 +290,208 @@ def _report_outside(outside) -> None:
         print(f"{len(outside)} symbolic link(s) leaving the folder skipped", file=sys.stderr)
 
 
-def _load(args, payload: dict | None = None):
-    """The model of ``--model`` on ``--device``, its image tower on ``--backend`` (training/inference/backend.py),
-    prepared for bulk embedding in the commands that embed a gallery (those with ``--batch-size``) and for one
-    query at a time in the others; an unset ``--batch-size`` sized for the device (``embed.default_batch_size``).
-    ``payload``: the model file, when already read (:func:`_decode_early`)."""
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a command loads and how it runs: ``path`` (``--model``; None: the shipped model), ``device``
+    (``--device``), ``backend`` (``--backend``; None: ``$JOINTSPACE_BACKEND``, else auto) and what the backend is
+    prepared for: ``throughput`` in the commands that embed a gallery, ``latency`` for one query at a time."""
+    path: str | None = None
+    device: str = "auto"
+    backend: str | None = None
+    prepare: str = "latency"
+
+
+@dataclass(frozen=True)
+class ScanRules:
+    """Which files a folder scan takes: ``exclude`` (``--exclude``), the default excludes (unless
+    ``--no-default-excludes``) and videos (unless ``--no-videos``)."""
+    exclude: tuple[str, ...] = ()
+    default_excludes: bool = True
+    videos: bool = True
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What ``index build`` indexes: ``images`` (``--images``: a folder, or a file listing image files) or the
+    ``split`` of a captioned data set (``--data``, ``--split``), and its caption corpus: ``captions`` (a text file)
+    or ``caption_split`` (another split of the data set); by default the indexed split's captions."""
+    images: str | None = None
+    data: str | None = None
+    split: str | None = None
+    captions: str | None = None
+    caption_split: str | None = None
+
+
+@dataclass
+class Found:
+    """What :func:`_find_sources` found: the photos and videos to embed, the captions (each with the position of
+    its image in ``photos``, or None), the folder filters are relative to (None: no one folder) and the symbolic
+    links left out because they leave the folder."""
+    photos: list
+    videos: list
+    captions: list[tuple[str, int | None]]
+    image_root: str | None = None
+    outside: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BankChoice:
+    """``index build``'s query bank: none when ``off`` (``--no-querybank``); ``source`` (``--querybank``: a text
+    file of captions, or a captioned data set whose ``split`` is the bank, ``--querybank-split``); ``beta``
+    (``--qb-beta``; None: the model bank's, else the default)."""
+    source: str | None = None
+    split: str = "train"
+    beta: float | None = None
+    off: bool = False
+
+
+def _load(choice: ModelChoice, payload: dict | None = None):
+    """The model of ``choice`` on its device, its image tower on its backend (training/inference/backend.py),
+    prepared as ``choice.prepare`` says; returns the model and the device. ``payload``: the model file, when
+    already read (:func:`_decode_early`)."""
     from training.models.checkpoint import load_model
     from training.inference.backend import backend_choice, use_backend
     from training.inference.device import resolve_device
 
-    path = model_file(args.model)
-    device = resolve_device(args.device)
-    backend = backend_choice(getattr(args, "backend", None))      # an unknown JOINTSPACE_BACKEND: before the load
+    path = model_file(choice.path)
+    device = resolve_device(choice.device)
+    backend = backend_choice(choice.backend)      # an unknown JOINTSPACE_BACKEND: before the load
     model = load_model(path, device, payload)
-    bulk = hasattr(args, "batch_size")
-    use_backend(model, backend, prepare="throughput" if bulk else "latency")
-    _batch_size(args, device)
+    use_backend(model, backend, prepare=choice.prepare)
     return model, device
 
 
-def _batch_size(args, device) -> None:
-    """An unset ``--batch-size`` of the commands that embed, sized for the device."""
+def _batch_size(given: int | None, device) -> int:
+    """``--batch-size`` as given, or unset, sized for the device (``embedding.default_batch_size``)."""
+    if given is not None:
+        return given
     from training.inference.embedding import default_batch_size
 
-    if getattr(args, "batch_size", 0) is None:
-        args.batch_size = default_batch_size(device)
+    return default_batch_size(device)
 
 
-def _decode_early(args, paths: list, payload: dict):
+def _decode_early(payload: dict, paths: list, device, embedding, tta: str):
     """``index build``'s photos, decoding from before the model (whose file's ``payload`` is read) loads
-    (``embed.decode_photos``, well ahead): the workers decode on the cores that building the model and loading its
-    backend leave idle. None: in-process decoding as usual — no photos, the Ray engine, or an ensemble, whose
-    preprocessing is known once it is built."""
-    from training.inference.device import resolve_device
+    (``embed.decode_photos``, well ahead, as ``embedding`` says, on ``device``): the workers decode on the cores
+    that building the model and loading its backend leave idle. None: in-process decoding as usual — no photos,
+    or an ensemble, whose preprocessing is known once it is built."""
     from training.models.checkpoint import stored_preprocess
 
     from .embed import PhotoDecoding, decode_photos
 
     preprocess = stored_preprocess(payload)
-    if args.engine == "ray" or not paths or preprocess is None:
+    if not paths or preprocess is None:
         return None
-    device = resolve_device(args.device)
-    _batch_size(args, device)
-    return decode_photos(preprocess, paths, args.batch_size, args.workers, device, tta=args.tta,
-                         how=PhotoDecoding(ahead=True, decode=args.decode))
+    return decode_photos(preprocess, paths, embedding.batch_size, embedding.workers, device, tta=tta,
+                         how=PhotoDecoding(ahead=True, decode=embedding.decode))
+
+
+def _check_engine(engine: str, tta: str | None, ray_flags: dict) -> None:
+    """``--engine`` against the options that need the other engine: ``ray_flags`` (the Ray options by flag, None
+    when not given) need ``--engine ray``; ``--tta`` needs the in-process engine. Said before the model loads, as
+    is an unreachable cluster."""
+    if engine != "ray":
+        given = [flag for flag, value in ray_flags.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need(s) --engine ray")
+        return
+    if tta not in (None, "none"):
+        raise ValueError(f"--tta {tta} needs --engine in-process (the Ray engine's shards embed one view per image)")
+    for flag in ("--ray-workers", "--shard-size"):
+        if ray_flags[flag] is not None and ray_flags[flag] < 1:
+            raise ValueError(f"{flag} must be at least 1")
+    if ray_flags["--ray-address"]:
+        from .ray_embed import check_address
+
+        check_address(ray_flags["--ray-address"])      # before the model loads: an unreachable cluster fails at once
+
+
+def _find_sources(sources: Sources, rules: ScanRules) -> Found:
+    """The photos, videos and captions ``index build`` indexes (:class:`Sources`), a folder scanned by ``rules``."""
+    from training.data.datasets import load_dataset
+
+    from .scan import scan_media
+
+    if sources.data:
+        if not sources.split:
+            raise ValueError("--data needs --split (the split whose images are indexed)")
+        dataset = load_dataset(sources.data)
+        records = dataset.split(sources.split).images
+        captions: list[tuple[str, int | None]]
+        if sources.captions:
+            captions = [(t, None) for t in _read_lines(sources.captions)]
+        elif sources.caption_split and sources.caption_split != sources.split:
+            captions = [(c, None) for r in dataset.split(sources.caption_split).images for c in r.captions]
+        else:
+            captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
+        return Found([r.path for r in records], [], captions)
+    if sources.caption_split:
+        raise ValueError("--caption-split needs --data")
+    captions = [(t, None) for t in _read_lines(sources.captions)] if sources.captions else []
+    if not sources.images:
+        raise ValueError("give --images or --data")
+    listing = Path(sources.images)
+    if listing.is_file():
+        listed = [p if p.is_absolute() else listing.parent / p for p in map(Path, _read_lines(listing))]
+        return Found(*_split_media(listed, rules.videos), captions)
+    scan = scan_media(sources.images, rules.exclude, rules.default_excludes, photos=True, videos=rules.videos)
+    return Found(*scan.by_kind(), captions, sources.images, scan.outside)
 
 
 def cmd_build(args) -> int:
     started = time.perf_counter()
-    from training.data.datasets import load_dataset
     from training.inference.backend import backend_choice
+    from training.inference.device import resolve_device
     from training.models.checkpoint import load_checkpoint
 
     from .changes import BuildOptions
     from .gallery import EmbedOptions, build
-    from .scan import scan_media
+    from .moments import Sampling
 
     max_memory = _memory_budget(args.max_index_memory, args.factory)
-    if args.engine != "ray":
-        given = [f"--{o.replace('_', '-')}" for o in _RAY_OPTIONS if getattr(args, o) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} need(s) --engine ray")
-    else:
-        if args.tta not in (None, "none"):
-            raise ValueError(f"--tta {args.tta} needs --engine in-process (the Ray engine's shards embed one view "
-                             f"per image)")
-        for option in ("ray_workers", "shard_size"):
-            if getattr(args, option) is not None and getattr(args, option) < 1:
-                raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
-        if args.ray_address:
-            from .ray_embed import check_address
-
-            check_address(args.ray_address)      # before the model loads: an unreachable cluster fails at once
-    ocr = _ocr_config(args)                  # before the model loads: a missing engine or language fails at once
-    backend_choice(getattr(args, "backend", None))         # an unknown JOINTSPACE_BACKEND, too
-    payload = load_checkpoint(model_file(args.model))      # and a missing or refused model file, before the scan
-    image_root = args.images
-    outside: list[tuple[str, str]] = []
-    sampling = _sampling(args)
-    video_paths: list = []
-    if args.data:
-        if not args.split:
-            raise ValueError("--data needs --split (the split whose images are indexed)")
-        dataset = load_dataset(args.data)
-        records = dataset.split(args.split).images
-        paths = [r.path for r in records]
-        captions: list[tuple[str, int | None]]
-        if args.captions:
-            captions = [(t, None) for t in _read_lines(args.captions)]
-        elif args.caption_split and args.caption_split != args.split:
-            captions = [(c, None) for r in dataset.split(args.caption_split).images for c in r.captions]
-        else:
-            captions = [(c, pos) for pos, r in enumerate(records) for c in r.captions]
-    else:
-        if args.caption_split:
-            raise ValueError("--caption-split needs --data")
-        listing = Path(args.images)
-        if listing.is_file():
-            paths = [p if p.is_absolute() else listing.parent / p for p in map(Path, _read_lines(args.images))]
-            paths, video_paths = _split_media(paths, args)
-            image_root = None
-        else:
-            scan = scan_media(args.images, args.exclude, not args.no_default_excludes, photos=True,
-                              videos=not args.no_videos)
-            paths, video_paths = scan.by_kind()
-            outside = scan.outside
-        captions = [(t, None) for t in _read_lines(args.captions)] if args.captions else []
-    _report_outside(outside)
+    _check_engine(args.engine, args.tta, {"--ray-address": args.ray_address, "--ray-workers": args.ray_workers,
+                                          "--ray-cpus-per-worker": args.ray_cpus_per_worker,
+                                          "--ray-gpus-per-worker": args.ray_gpus_per_worker,
+                                          "--shard-dir": args.shard_dir, "--shard-size": args.shard_size})
+    ocr = _ocr_config(args.ocr, args.ocr_lang)   # before the model loads: a missing engine or language fails at once
+    backend_choice(args.backend)                           # an unknown JOINTSPACE_BACKEND, too
+    path = model_file(args.model)
+    payload = load_checkpoint(path)                        # and a missing or refused model file, before the scan
+    sampling = Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
+    found = _find_sources(Sources(args.images, args.data, args.split, args.captions, args.caption_split),
+                          ScanRules(tuple(args.exclude), not args.no_default_excludes, not args.no_videos))
+    paths, video_paths = found.photos, found.videos
+    _report_outside(found.outside)
     if not paths and not video_paths:
         raise ValueError("no images or videos to index")
     if video_paths and args.engine == "ray":
         raise ValueError("--engine ray embeds photos only: index videos in-process (or give --no-videos)")
-    args.tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
+    tta = args.tta or ("none" if args.engine == "ray" else DEFAULT_TTA)
     if not args.quiet:                 # something at once: the model takes seconds to load before the bar shows
         videos_found = f" and {_count(len(video_paths), 'video')}" if video_paths else ""
         print(f"indexing {_count(len(paths), 'photo')}{videos_found}; loading the model…", file=sys.stderr)
-    decoding = _decode_early(args, paths, payload)
+    device = resolve_device(args.device)
+    embedding = EmbedOptions(_batch_size(args.batch_size, device), args.workers, not args.quiet, sampling,
+                             args.decode)
+    decoding = None if args.engine == "ray" else _decode_early(payload, paths, device, embedding, tta)
     try:
-        model, _ = _load(args, payload)
-        bank = _querybank(args, model)
-        options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory, image_root=image_root,
-                               max_memory=max_memory, querybank=bank, tta=args.tta, ocr=ocr)
+        model, _ = _load(ModelChoice(args.model, args.device, args.backend, prepare="throughput"), payload)
+        bank = _querybank(model, BankChoice(args.querybank, args.querybank_split, args.qb_beta, args.no_querybank),
+                          args.workers, not args.quiet)
+        options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory,
+                               image_root=found.image_root, max_memory=max_memory, querybank=bank, tta=tta, ocr=ocr)
         if args.engine == "ray":
-            report = _build_on_ray(args, model, paths, captions, options)
+            from .ray_embed import DEFAULT_SHARD_SIZE, RayOptions
+
+            ray = RayOptions(shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
+                             workers=2 if args.ray_workers is None else args.ray_workers,
+                             cpus_per_worker=args.ray_cpus_per_worker or 1,
+                             gpus_per_worker=args.ray_gpus_per_worker or 0, batch_size=embedding.batch_size,
+                             progress=not args.quiet, decode=args.decode)
+            shard_dir = args.shard_dir or str(Path(args.out)) + ".shards"
+            report = _build_on_ray(args.out, model, path, paths, found.captions, options, ray, shard_dir)
         else:
-            report = build(args.out, model, paths, captions, video_paths, options,
-                           EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode), decoding)
+            report = build(args.out, model, paths, found.captions, video_paths, options, embedding, decoding)
     finally:
         if decoding is not None:
             decoding.close()
@@ -457,10 +525,10 @@ def _correction_line(bank) -> str:
     return f"hubness-corrected ({' and '.join(sides)}; {bank.origin} query bank: {counts}; beta {bank.beta:g})"
 
 
-def _querybank(args, model: EmbeddingModel):
-    """The query bank of ``index build``: none with ``--no-querybank``; with ``--querybank``, embedded captions
-    (a text file) or captions + images (the chosen split of a captioned data set); else the bank the model
-    carries (training/inference/querybank.py), if any."""
+def _querybank(model: EmbeddingModel, choice: BankChoice, workers: int | None, progress: bool):
+    """The query bank of ``index build`` (:class:`BankChoice`): none when off; with a source, embedded captions
+    (a text file) or captions + images (the chosen split of a captioned data set, decoded by ``workers``
+    processes); else the bank the model carries (training/inference/querybank.py), if any."""
     from dataclasses import replace
 
     from training.data.datasets import load_dataset
@@ -469,29 +537,28 @@ def _querybank(args, model: EmbeddingModel):
     from .embed import embed_texts
     from .querybank import DEFAULT_BETA, QueryBank, model_bank
 
-    if args.no_querybank:
+    if choice.off:
         return None
-    if not args.querybank:
-        bank = model_bank(model, progress=not args.quiet)
-        return replace(bank, beta=args.qb_beta) if bank is not None and args.qb_beta is not None else bank
-    beta = DEFAULT_BETA if args.qb_beta is None else args.qb_beta
-    source = Path(args.querybank)
+    if not choice.source:
+        bank = model_bank(model, progress=progress)
+        return replace(bank, beta=choice.beta) if bank is not None and choice.beta is not None else bank
+    beta = DEFAULT_BETA if choice.beta is None else choice.beta
+    source = Path(choice.source)
     if source.is_file():
         texts = _read_lines(source)
         if not texts:
             raise ValueError(f"--querybank: {source} holds no captions")
-        return QueryBank(captions=embed_texts(model, texts, progress=not args.quiet), beta=beta, origin=str(source))
+        return QueryBank(captions=embed_texts(model, texts, progress=progress), beta=beta, origin=str(source))
     if not source.is_dir():
         raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
-    split = load_dataset(source).split(args.querybank_split)
+    split = load_dataset(source).split(choice.split)
     if not any(r.captions for r in split.images):
         raise ValueError(f"--querybank: {source} holds no captions")
     # as evaluation embeds a split: a frozen backbone's features come from (and go to) the feature cache, so
     # rebuilding with the same bank does not run the CNN over the training images again
-    images, captions, _ = embed_split(model, split, device=device_of(model), workers=args.workers,
-                                      progress=not args.quiet)
+    images, captions, _ = embed_split(model, split, device=device_of(model), workers=workers, progress=progress)
     return QueryBank(captions=captions.numpy(), images=images.numpy(), beta=beta,
-                     origin=f"{source} ({args.querybank_split})")
+                     origin=f"{source} ({choice.split})")
 
 
 def _memory_budget(text: str | None, factory: str | None) -> int | None:
@@ -507,26 +574,23 @@ def _memory_budget(text: str | None, factory: str | None) -> int | None:
         raise ValueError(f"--max-index-memory: {err}") from None
 
 
-def _build_on_ray(args, model: EmbeddingModel, paths, captions, options):
-    from training.inference.pretrained import resolve
-
+def _build_on_ray(out: str, model: EmbeddingModel, model_path: Path, paths: list, captions: list, options, ray,
+                  shard_dir: str):
+    """A new index at ``out`` of the photos of ``paths`` and ``captions``, the photos embedded on Ray actors
+    (``ray``: ``index.ray_embed.RayOptions``) into ``shard_dir`` by ``model`` (its file: ``model_path``)."""
     from .gallery import build_from_embeddings
-    from .ray_embed import DEFAULT_SHARD_SIZE, RayOptions, embed_with_ray
+    from .ray_embed import embed_with_ray
 
-    shard_dir = args.shard_dir or str(Path(args.out)) + ".shards"
-    log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
-    ray = RayOptions(shard_size=args.shard_size or DEFAULT_SHARD_SIZE, address=args.ray_address,
-                     workers=2 if args.ray_workers is None else args.ray_workers,
-                     cpus_per_worker=args.ray_cpus_per_worker or 1, gpus_per_worker=args.ray_gpus_per_worker or 0,
-                     batch_size=args.batch_size, progress=not args.quiet, decode=args.decode)
-    run = embed_with_ray(model, resolve(args.model).read_bytes(), paths, shard_dir, ray, log=log)
+    log = (lambda line: print(line, file=sys.stderr)) if ray.progress else (lambda _: None)
+    run = embed_with_ray(model, model_path.read_bytes(), paths, shard_dir, ray, log=log)
     print(f"ray: {len(run.embedded)} shard(s) embedded, {len(run.reused)} reused from {run.shard_dir}",
           file=sys.stderr)
-    return build_from_embeddings(args.out, model, paths, run.embeddings, captions, options, progress=not args.quiet)
+    return build_from_embeddings(out, model, paths, run.embeddings, captions, options, progress=ray.progress)
 
 
 def cmd_add(args) -> int:
     from .gallery import EmbedOptions, add
+    from .moments import Sampling
     from .scan import IMAGE_SUFFIXES, scan_media
 
     paths, outside, missing, not_media = [], [], [], []
@@ -551,14 +615,15 @@ def cmd_add(args) -> int:
     unique: dict[Path, Path] = {}           # a file given alone and inside a given folder: added once
     for path in paths:
         unique.setdefault(Path(path).resolve(), Path(path))
-    paths, video_paths = _split_media(list(unique.values()), args)
-    sampling = _sampling(args)
+    paths, video_paths = _split_media(list(unique.values()), not args.no_videos)
+    sampling = Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
     if not paths and not video_paths and not captions:
         raise ValueError("nothing to add: give image or video paths and/or --captions")
     read_manifest(args.index)
-    model, _ = _load(args)
+    model, device = _load(ModelChoice(args.model, args.device, args.backend, prepare="throughput"))
     report = add(args.index, model, paths, captions, video_paths,
-                 EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
+                 EmbedOptions(_batch_size(args.batch_size, device), args.workers, not args.quiet, sampling,
+                              args.decode))
     _report_skipped(report.skipped)
     for already in report.already:
         print(f"already in the index, unchanged: {already}", file=sys.stderr)
@@ -600,14 +665,16 @@ def _and(parts: list[str]) -> str:
 
 def cmd_sync(args) -> int:
     from .gallery import EmbedOptions, sync
+    from .moments import Sampling
 
-    sampling = _sampling(args)
+    sampling = Sampling(args.video_rate, args.video_max_frames, args.video_window, args.video_cut)
     if not Path(args.images).is_dir():                # said before the model loads, as a missing index is
         raise FileNotFoundError(f"no image directory at {args.images}")
     read_manifest(args.index)
-    model, _ = _load(args)
+    model, device = _load(ModelChoice(args.model, args.device, args.backend, prepare="throughput"))
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
-                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
+                  EmbedOptions(_batch_size(args.batch_size, device), args.workers, not args.quiet, sampling,
+                               args.decode))
     _report_skipped(report.skipped)
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \
@@ -651,11 +718,12 @@ def cmd_search(args) -> int:
         raise ValueError("the query text and the words to subtract must not be empty")
     # a text query on the CPU: the model's text side alone, the index searched on the CPU (--device cuda: the
     # whole model and the index on the GPU, as a photo query)
-    query = _text_query(args, manifest) if args.text is not None and args.device != "cuda" else None
+    query = _text_query(model_file(args.model), args.text, args.subtract, manifest, args.index) \
+        if args.text is not None and args.device != "cuda" else None
     if query is not None:
         gallery = Gallery.load(args.index)
     else:
-        model, device = _load(args)
+        model, device = _load(ModelChoice(args.model, args.device, args.backend))
         gallery = Gallery.load(args.index, model=model, device=device)
     try:
         min_score = check_min_score(gallery.manifest["similarity"], args.min_score)
@@ -683,32 +751,32 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _text_query(args, manifest: dict):
-    """A text query's vector: from the model's text tower alone (ONNX Runtime, training/inference/text_tower.py),
-    prepared from the whole model the first time a model file is used; from the whole model in PyTorch (its
-    image tower left as it is) when its text side runs in PyTorch only. Refuses an index built with another
-    model, as loading the model does."""
+def _text_query(path: Path, text: str, subtract: list[str], manifest: dict, index: str):
+    """The vector of the sentence ``text`` less the words of ``subtract`` by the model of ``path``: from its text
+    tower alone (ONNX Runtime, training/inference/text_tower.py), prepared from the whole model the first time a
+    model file is used; from the whole model in PyTorch (its image tower left as it is) when its text side runs in
+    PyTorch only. Refuses an index (``manifest``, at ``index``) built with another model, as loading the model
+    does."""
     from training.inference import text_tower
 
     from .gallery import check_fingerprint
 
-    path = model_file(args.model)
     tower = text_tower.load(path)
     if tower is None:
         from training.inference.embedding import embed_texts
         from training.models.checkpoint import load_model
 
         model = load_model(path)
-        check_fingerprint(manifest, model.fingerprint, args.index)
+        check_fingerprint(manifest, model.fingerprint, index)
         if not text_tower.prepared(path):
             if text_tower.unsupported_reason(model) is None:
                 print("jointspace index search: preparing this model's text encoder for quick searches (once per "
                       "model file)", file=sys.stderr)
             tower = text_tower.prepare(model, path)
         if tower is None:
-            return embed_texts(model.eval(), [args.text], [args.subtract]).cpu().numpy()
-    check_fingerprint(manifest, tower.fingerprint, args.index)
-    return tower.embed([args.text], [args.subtract])
+            return embed_texts(model.eval(), [text], [subtract]).cpu().numpy()
+    check_fingerprint(manifest, tower.fingerprint, index)
+    return tower.embed([text], [subtract])
 
 
 def _table(results: list[dict], root: str, strong: bool | None = None) -> str:

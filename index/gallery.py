@@ -29,7 +29,7 @@ from .segments import SegmentedIndex
 
 if TYPE_CHECKING:
     # the updates import torch and the embedding code where they embed: loading and searching an index
-    # (``jointspace index search --text``, index/cli.py) needs neither
+    # (``jointspace index search --text``, index/cli_search.py) needs neither
     import torch
 
     from training.inference.embedding import FileEmbeddings, ImageDecoding

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from index.cli import model_file
+    from training.inference.pretrained import model_file
     from index.embed import embed_texts
     from index.changes import BuildOptions
     from index.gallery import EmbedOptions, Gallery, build

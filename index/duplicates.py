@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .choices import DEFAULT_THRESHOLD
 from .phash import distances, hash_file
 
-DEFAULT_THRESHOLD = 0.85     # cosine; measured on the shipped model: benchmarks/results/duplicates.json
 # the lowest threshold asked for: at 0.70 one pair in ten is already two distinct photos (the sweep of
 # benchmarks/duplicates.py); below 0.5 a threshold groups what the model merely finds alike, not copies
 FLOOR = 0.5

@@ -20,7 +20,8 @@ from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target
 from .generations import current_generation, read_generation, read_manifest
 from .metadata import Metadata
 from .ocr import OcrConfig, start_reading
-from .order import SORT_DEPTH, by_time, check_sort
+from .choices import SORT_DEPTH
+from .order import by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
 from .qbnorm import correction, queries_for, references_for, unfold
 from .relevance import Descriptions, Ranking, Reference, both_sides, is_strong
@@ -28,7 +29,7 @@ from .segments import SegmentedIndex
 
 if TYPE_CHECKING:
     # the updates import torch and the embedding code where they embed: loading and searching an index
-    # (``jointspace index search --text``, index/cli.py) needs neither
+    # (``jointspace index search --text``, index/cli_search.py) needs neither
     import torch
 
     from training.inference.embedding import FileEmbeddings, ImageDecoding

@@ -1,7 +1,7 @@
 """A search's hits joined with what the index knows of each: its score and relevance (index/relevance.py) beside
 its metadata row (index/metadata.py) — the file, folder, capture time, size, a video moment's span, and for a
 keyword or hybrid search the words it matched (index/hybrid.py). One
-implementation for ``jointspace index search`` (index/cli.py) and the service's image search
+implementation for ``jointspace index search`` (index/cli_search.py) and the service's image search
 (service/api/search.py); each shows the fields it shows."""
 from __future__ import annotations
 

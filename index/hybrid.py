@@ -24,13 +24,12 @@ from typing import Sequence
 
 import numpy as np
 
+from .choices import DEFAULT_MODE, MODES, SORT_DEPTH
 from .keywords import MAX_HITS, query_words
-from .order import SORT_DEPTH, by_time, check_sort
+from .order import by_time, check_sort
 from .query import page
 from .relevance import Ranking
 
-MODES = ("vector", "keyword", "hybrid")
-DEFAULT_MODE = "vector"
 RRF_K = 60
 WEIGHTS = {"vector": 1.0, "keyword": 1.0}
 DEPTH = 100

@@ -19,9 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .video_decode import DEFAULT_MAX_FRAMES, DEFAULT_RATE
-
-DEFAULT_WINDOW = 5.0            # seconds a moment spans (fixed windows)
+from .choices import DEFAULT_MAX_FRAMES, DEFAULT_RATE, DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)

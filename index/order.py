@@ -1,7 +1,7 @@
 """The order of an image search's results: ``relevance`` (best first, the index's ranking) or by capture time,
 ``newest`` or ``oldest`` first — applied after the relevance cut.
 
-A sorted search takes the best :data:`SORT_DEPTH` images that pass the filters, drops those scoring under
+A sorted search takes the best ``SORT_DEPTH`` images (index/choices.py) that pass the filters, drops those scoring under
 ``min_score``, and orders the rest by capture time (the metadata's ``taken``: EXIF DateTimeOriginal, else the
 file's mtime; a video moment: its video's), ties broken by image id, then pages them: the list is the same
 whatever ``k`` and ``offset`` ask, so paging is stable. Images without a capture time come last (in id order),
@@ -15,10 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .query import MAX_OFFSET
-
-SORTS = ("relevance", "newest", "oldest")
-SORT_DEPTH = MAX_OFFSET        # the best results a sorted search orders by time (pages beyond it are empty)
+from .choices import SORTS
 
 
 def check_sort(sort: str) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from training.data.fileio import atomic_path
+from training.data.user_cache import cache_folder
 from training.inference.folding import DEFAULT_BETA, fold_items, fold_queries
 
 if TYPE_CHECKING:      # torch and the bank's embedding code are imported where a bank is made, not to search
@@ -253,7 +253,7 @@ def unfold(manifest: dict, role: str, vector: np.ndarray) -> np.ndarray:
 
 def cache_root() -> Path:
     """Where embedded model banks are cached: ``$JOINTSPACE_CACHE/querybank`` (``~/.cache/jointspace/querybank``)."""
-    return Path(os.environ.get("JOINTSPACE_CACHE", Path.home() / ".cache" / "jointspace")) / "querybank"
+    return cache_folder("querybank")
 
 
 def _cache_file(model: EmbeddingModel, captions: list[str], root: Path) -> Path:

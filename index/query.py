@@ -17,7 +17,6 @@ from typing import Sequence
 
 import numpy as np
 
-MAX_OFFSET = 10_000          # the deepest page a search may ask for (results skipped before the first one returned)
 SCORE_RANGES = {"cosine": (-1.0, 1.0), "order": (None, 0.0)}     # what each similarity's scores can be
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"

@@ -94,7 +94,7 @@ class Clip(NamedTuple):
 CLIPS = [Clip("space.mp4", ("astronaut.jpg", "rocket.jpg", "galaxies.jpg"), "2022:07:20 10:00:00"),
          Clip("at_home.mp4", ("cat.jpg", "coffee.jpg", "flower.jpg"), "2023:12:24 18:00:00")]
 _EXIF_IFD, _DATETIME_ORIGINAL = 0x8769, 0x9003
-SCENE_SECONDS = 5          # one moment of the index's default window (index.moments.DEFAULT_WINDOW) per scene
+SCENE_SECONDS = 5          # one moment of the index's default window (index.choices.DEFAULT_WINDOW) per scene
 CLIP_FPS = 8
 CLIP_SIZE = (640, 480)
 ZOOM = 1.15                # each scene zooms in from the whole photo to 1/ZOOM of it, about its centre

@@ -19,9 +19,10 @@ from typing import Iterable, Sequence
 from training.data.media import file_head, sniff_video
 from training.data.preprocess import HEIF_SUFFIXES, RAW_SUFFIXES
 
+from .choices import VIDEO_SUFFIXES
+
 IMAGE_SUFFIXES = ({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".avif"} | HEIF_SUFFIXES
                   | RAW_SUFFIXES)
-VIDEO_SUFFIXES = {".mp4", ".mov", ".m4v", ".webm", ".mkv", ".avi"}
 # never indexed: thumbnail caches (freedesktop, Synology) and hidden files and folders (".*")
 DEFAULT_EXCLUDES = (".thumbnails", "@eaDir", ".*")
 

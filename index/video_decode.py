@@ -26,13 +26,13 @@ from PIL import Image
 from training.data.media import decoder_error
 from training.data.preprocess import ImageGeometryError, check_geometry
 
+from .choices import DEFAULT_MAX_FRAMES, DEFAULT_RATE
+
 MAX_SIDE = 8192                 # pixels: larger streams (16k × 16k) are refused before decoding
 MAX_FPS = 1000.0                # a claimed frame rate above this is no real video
 MAX_DURATION = 7 * 24 * 3600.0  # seconds: a claimed duration above a week is a lie
 MAX_DECODE_ERRORS = 8           # damaged packets skipped in a video before it is taken to end there
 SEEK_GAP = 4.0                  # seconds: a target farther than this ahead is reached by seeking, not decoding
-DEFAULT_RATE = 1.0              # sampled frames a second
-DEFAULT_MAX_FRAMES = 3600       # per video
 FRAME_SIDE = 512                # frames are scaled (before conversion to RGB) so the shorter side is at most this
 
 

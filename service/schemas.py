@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from index.duplicates import HASH_DISTANCE
-from index.order import SORT_DEPTH
-from index.query import MAX_OFFSET, parse_time
+from index.choices import MAX_OFFSET, SORT_DEPTH
+from index.query import parse_time
 from index.relevance import REFERENCE_SIZE, STRONG
 
 from .contract import (MAX_ID, Bound, Limits, Time, bind, json_int, json_number, json_int_field,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from training.inference.names import BACKENDS   # torch-free: the parser is built without the model code
+    from training.inference.names import BACKEND_HELP, BACKENDS   # torch-free: the parser is built without the model code
 
     p = sub.add_parser("serve", help="serve text→image and image→caption search over HTTP",
                        description="Settings not given as flags come from JOINTSPACE_* environment variables "
@@ -29,9 +29,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                "(shared admission count, metrics of the whole service); 0 = what "
                                                "the device wants: 1 on a CPU, one a core up to 8 on CUDA (env "
                                                "JOINTSPACE_WORKERS, default 0)")
-    p.add_argument("--backend", choices=BACKENDS, help="what runs the image backbones: auto (OpenVINO, else ONNX "
-                                                       "Runtime, on a CPU; cuda on a CUDA device), eager, openvino, "
-                                                       "openvino-bf16, onnxruntime or cuda (env JOINTSPACE_BACKEND)")
+    p.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     p.add_argument("--no-batching", dest="batching", action="store_const", const=False,
                    help="encode every request on its own (env JOINTSPACE_BATCHING=false)")
     p.add_argument("--max-batch", type=int, help="env JOINTSPACE_MAX_BATCH (default 64)")
@@ -71,7 +69,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args) -> int:
-    from index.cli import model_file, read_index
+    from index.generations import read_manifest
+    from training.inference.pretrained import model_file
 
     from .settings import Settings
 
@@ -82,7 +81,7 @@ def cmd_serve(args) -> int:
         raise ValueError("serve needs an index: --index or JOINTSPACE_INDEX (and the model it was built with: "
                          "--model, JOINTSPACE_MODEL, or the shipped model by default)")
     settings.model = str(model_file(settings.model))
-    read_index(settings.index)
+    read_manifest(settings.index)                # a wrong index is said before the model loads
     with bind(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
         workers = _workers(settings)
         if workers == 1:

@@ -78,7 +78,7 @@ def embedded_gallery(model, synth_dir):
 
 def build_index(model_path, synth_dir, out, querybank=None):
     """A FAISS index of ``gallery_records(synth_dir)``, built with ``model_path`` (``querybank``: the
-    ``index.querybank.QueryBank`` to store the items against)."""
+    ``index.qbnorm.QueryBank`` to store the items against)."""
     from index.changes import BuildOptions
     from index.gallery import EmbedOptions, build
     from training.models.checkpoint import load_model

@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import tables  # noqa: E402
 from benchmarks.gpu_host import TIMING, Utilisation  # noqa: E402
 from benchmarks.load_client import ClientPool  # noqa: E402
-from index.cli import timing_line  # noqa: E402
+from index.cli_build import timing_line  # noqa: E402
 from training.inference.overlap import Timeline  # noqa: E402
 
 

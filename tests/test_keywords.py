@@ -103,13 +103,6 @@ def test_words_split_names_at_digits_and_separators():
     assert query_words("The sunset on a Boulevard, the SUNSET") == ["sunset", "boulevard"]
 
 
-def test_the_cli_knows_the_modes_without_importing_them():
-    from index.cli import SEARCH_MODES
-    from index.hybrid import DEFAULT_MODE, MODES
-
-    assert SEARCH_MODES == MODES and DEFAULT_MODE == "vector"
-
-
 def test_rrf_fuses_ranks():
     fused = rrf([[1, 2, 3], [3, 4]], [1.0, 1.0], k=60)
     assert [i for i, _ in fused] == [3, 1, 2, 4]          # 3: in both lists; then by rank in one list

@@ -4,7 +4,7 @@ tells the start-up from the steady rate, and ``index build`` says both."""
 import numpy as np
 import torch
 
-from index.cli import timing_line
+from index.cli_build import timing_line
 from training.inference.overlap import Overlap, Timeline
 
 

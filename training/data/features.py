@@ -28,6 +28,7 @@ from .fileio import atomic_path, write_json
 from PIL import Image
 
 from .preprocess import REDUCING_GAP, ImagePreprocess, embed_side, open_image, register_heif
+from .user_cache import cache_folder
 
 
 class ImageFiles(Dataset):
@@ -94,7 +95,7 @@ def load_pixels(paths, preprocess: ImagePreprocess, workers: int | None = 2, pro
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("JOINTSPACE_CACHE", Path.home() / ".cache" / "jointspace")) / "features"
+    return cache_folder("features")
 
 
 def _weights_digest(module: torch.nn.Module) -> str:

@@ -59,6 +59,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from training.data.user_cache import cache_folder
 from training.models.ensemble import EnsembleEmbedding
 from training.models.protocol import EmbeddingModel, has_attention
 
@@ -80,7 +81,7 @@ def backend_choice(given: str | None = None) -> str:
 
 def cache_root() -> Path:
     """Where converted graphs are kept: ``$JOINTSPACE_CACHE/backends`` (``~/.cache/jointspace/backends``)."""
-    return Path(os.environ.get("JOINTSPACE_CACHE") or Path.home() / ".cache" / "jointspace") / "backends"
+    return cache_folder("backends")
 
 
 def pixel_affine(preprocess: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,3 +35,14 @@ def model_path(name: str = DEFAULT) -> Path:
 def resolve(model: str | Path | None) -> Path:
     """``model`` when given, else the default shipped model (what ``--model`` falls back to)."""
     return Path(model) if model else model_path(DEFAULT)
+
+
+def model_file(given: str | Path | None) -> Path:
+    """The model.pt a command (``index ...``, ``serve``) loads: ``given``, else the shipped model.
+    FileNotFoundError saying so when there is no such file."""
+    path = resolve(given)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file at {path}" + (" (--model: a model.pt written by `jointspace "
+                                                               "train`, or leave it out for the shipped model)"
+                                                               if given else ""))
+    return path

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
 
 import numpy as np
 
+from training.data.user_cache import cache_folder
+
 if TYPE_CHECKING:
     from training.models.protocol import EmbeddingModel
 
@@ -46,7 +48,7 @@ PROBE_SUBTRACT = (("a dog on a beach", ("dog",)), ("a city street at night", ("c
 
 def cache_root() -> Path:
     """Where converted text towers are kept: ``$JOINTSPACE_CACHE/text`` (``~/.cache/jointspace/text``)."""
-    return Path(os.environ.get("JOINTSPACE_CACHE") or Path.home() / ".cache" / "jointspace") / "text"
+    return cache_folder("text")
 
 
 def file_digest(path: str | Path) -> str:

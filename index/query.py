@@ -87,7 +87,8 @@ MEDIA = (None, "photo", "video")     # what a search may be limited to (None: ph
 class ImageFilter:
     """Which gallery images a search may return: under ``folder`` (a path relative to the gallery's root folder,
     or absolute), taken in ``[taken_after, taken_before)`` (Unix seconds) and of one ``media`` type (``photo``, or
-    ``video``: the moments of videos; None: both)."""
+    ``video``: the moments of videos; None: both). A range with ``taken_before`` not later than ``taken_after``
+    holds no instant: a valid filter that lets no image through."""
     folder: str | None = None
     taken_after: float | None = None
     taken_before: float | None = None
@@ -98,10 +99,6 @@ class ImageFilter:
             raise ValueError("folder must not be empty")
         if self.media not in MEDIA:
             raise ValueError(f"media must be one of {', '.join(m for m in MEDIA if m)}, not {self.media!r}")
-        if (self.taken_after is not None and self.taken_before is not None
-                and self.taken_after >= self.taken_before):
-            raise ValueError(f"taken_after ({format_time(self.taken_after)}) must be earlier than taken_before "
-                             f"({format_time(self.taken_before)}): the date range is empty")
 
     @classmethod
     def parse(cls, folder: str | None = None, taken_after: str | None = None,

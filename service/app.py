@@ -5,8 +5,9 @@ Routes (service/api/, one module per resource): the ``/v1`` API — the model ro
 ``/v1/captions`` and ``/v1/paraphrases``), the gallery (``/v1/folders``, ``/v1/images/{id}``), its
 near-duplicates (``/v1/duplicates``) and its videos (``/v1/videos/{id}``, ``/v1/videos/{id}/frame``) — plus
 ``/healthz``, ``/readyz`` and ``/metrics``, which stay open when an API key is set, and the web search page at ``GET /`` (service/page.py). OpenAPI at ``/openapi.json``
-(``/docs``: Swagger UI from the app's own files, service/apidocs.py), written for this app's settings: its limits,
-its error responses, and API-key security only when a key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
+(``/docs``: Swagger UI from the app's own files, service/apidocs.py) is FastAPI's, generated from the routes'
+declarations, which are made for this app's settings: its limits (the bound request models, ``?size=`` up to
+``max_thumbnail``), its error responses, and API-key security only when a key is set (service/contract.py). Every error is JSON ``{"detail": "..."}``. A ``Host`` the service is not
 configured for is answered 421, and no other origin may read it unless configured (service/trust.py).
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Sequence
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -66,14 +66,15 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
             await state.stop()
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN: off, /docs is served from this app's files
-    app = _App(title="jointspace", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+    app = FastAPI(title="jointspace", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                swagger_ui_oauth2_redirect_url=None,
                description="Image–text retrieval in a common vector space: search a photo gallery with a "
                            "sentence, rank captions for an image.")
     app.state.service, app.state.operations = state, table
     # security is declared, and enforced, only when there is a key
     keyed = settings.api_key is not None
-    for router in (table.router(), gallery_api.router, videos_api.router, duplicates_api.router):
+    for router in (table.router(), gallery_api.router(settings.max_thumbnail),
+                   videos_api.router(settings.max_thumbnail), duplicates_api.router):
         app.include_router(router, dependencies=[Depends(require_api_key)] if keyed else None,
                            responses=error_responses(400, 401, 429) if keyed else None)
     app.include_router(health_api.router)
@@ -97,28 +98,6 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     app.add_middleware(TrustedHostMiddleware, hosts=allowed_hosts(settings.allowed_hosts, settings.host))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
-
-
-class _App(FastAPI):
-    def openapi(self) -> dict:
-        return _openapi(self, self.state.service, self.state.operations)
-
-
-def _openapi(app: FastAPI, state: ServiceState, table: ServedTable) -> dict:
-    """FastAPI's document, with the JSON bodies the model routes refer to (the table of operations states each
-    route's request body: service/api/routing.py) and the limit FastAPI cannot see (``?size=`` up to
-    ``max_thumbnail``)."""
-    if app.openapi_schema:
-        return app.openapi_schema
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    settings = state.settings
-    doc.setdefault("components", {}).setdefault("schemas", {}).update(table.schemas)
-    for param in (p for path in ("/v1/images/{image_id}", "/v1/videos/{video_id}/frame")
-                  for op in doc["paths"][path].values() for p in op["parameters"]):
-        if param["name"] == "size":
-            param["schema"] = {"type": "integer", "minimum": 16, "maximum": settings.max_thumbnail}
-    app.openapi_schema = doc
-    return doc
 
 
 def _validation_message(errors) -> str:

@@ -39,8 +39,8 @@ OPERATIONS: tuple[Route, ...] = (
                     "`min_score` (paging and threshold) and the filters `folder`, `taken_after`, `taken_before`, "
                     "`media` (applied inside the index search: the best `k` of the images that pass; `media`: only "
                     "photos or only video moments), and `sort` (`relevance`, or `newest`/`oldest` by capture time "
-                    "after a relevance cut: `min_score`, or without it the strong matches; an unknown value is 422). An unknown folder is 404; an empty date "
-                    "range 422. A model with region attention (STT-ATT) cannot compose: 409.",
+                    "after a relevance cut: `min_score`, or without it the strong matches; an unknown value is 422). An unknown folder is 404; a date range "
+                    "that holds no instant (`taken_before` not later than `taken_after`) matches no image. A model with region attention (STT-ATT) cannot compose: 409.",
         send="send JSON {\"text\": ..., \"k\": ...}, or for a composed query multipart/form-data with an 'image' file "
              "(and optional 'add', 'subtract', 'k') or JSON {\"image_id\": ..., \"add\": [...], \"subtract\": [...], "
              "\"k\": ...}"),

@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from index.duplicates import HASH_DISTANCE
 from index.choices import MAX_OFFSET, SORT_DEPTH
-from index.query import parse_time
 from index.relevance import REFERENCE_SIZE, STRONG
 
 from .contract import (MAX_ID, Bound, Limits, Time, bind, json_int, json_number, json_int_field,
@@ -62,20 +61,12 @@ class Filters(Request):
                                                        "DateTimeOriginal, else the file's modification time",
                                      examples=["2024-06-01"])
     taken_before: Time | None = Field(None, description="only photos taken before this date (00:00 UTC) or RFC "
-                                                        "3339 date-time; must be later than taken_after (an empty "
-                                                        "range is 422)", examples=["2024-09-01T00:00:00Z"])
+                                                        "3339 date-time; a range with taken_before not later than "
+                                                        "taken_after holds no instant and matches no image (200, "
+                                                        "no results)", examples=["2024-09-01T00:00:00Z"])
     media: Literal["photo", "video"] | None = Field(None, description="only photos (`photo`) or only moments of "
                                                                       "videos (`video`); absent: both in one "
                                                                       "ranking", examples=["video"])
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        """``taken_after`` earlier than ``taken_before`` (when both are given): what JSON Schema cannot say."""
-        after, before = self.taken_after, self.taken_before
-        if after is not None and before is not None and parse_time(after) >= parse_time(before):
-            raise ValueError(f"taken_after ({after}) must be earlier than taken_before ({before}): the date range "
-                             f"is empty")
-        return self
 
 
 class ImageSearch(Filters, Paging):

@@ -115,7 +115,8 @@ def test_the_document_states_the_configured_limits(tiny_model_path, tiny_index_d
                                                                      "image/webp", "image/bmp", "image/tiff",
                                                                      "image/heic", "image/heif", "image/avif"]
     size = next(p for p in paths["/v1/images/{image_id}"]["get"]["parameters"] if p["name"] == "size")
-    assert size["schema"] == {"type": "integer", "minimum": 16, "maximum": 300}
+    assert {k: size["schema"][k] for k in ("type", "minimum", "maximum")} == {"type": "integer", "minimum": 16,
+                                                                           "maximum": 300}
     # every error response has the one error body; a 503 says when to retry
     for path, ops in paths.items():
         for method, op in ops.items():
@@ -289,3 +290,107 @@ def test_unpaired_surrogates_and_bad_multipart_parts_are_4xx(tiny_model_path, ti
         ]:
             r = c.post("/v1/search/images", files=files, data=data)
             assert r.status_code == status and message in r.json()["detail"], (files.keys(), data, r.text)
+
+
+# --- the document is FastAPI's, from the routes' declarations; what needs no body is answered before it is read ---
+
+def test_the_document_is_generated_from_the_routes_declarations(tiny_model_path, tiny_index_dir):
+    """No ``openapi()`` of the app's own: FastAPI writes the document from the routes — a model route's JSON body is
+    its endpoint's declared ``body`` parameter (the bound models, in ``components``), ``?size=`` is the declared
+    query parameter with the app's limit. The one thing a route adds, as ``openapi_extra``, is its multipart form:
+    FastAPI states one media type per operation, and the form is generated from the same bound model."""
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    from service.api.routing import ServedTable
+
+    settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_k=9,
+                        max_thumbnail=200)
+    app = create_app(settings)
+    assert type(app).openapi is FastAPI.openapi
+    doc = app.openapi()
+    table: ServedTable = app.state.operations
+    routes = {c.path: c.original_route for c in iter_route_contexts(app.routes)
+              if isinstance(c.original_route, APIRoute)}
+    for route in table.routes:
+        declared = routes[route.path]
+        extra = declared.openapi_extra or {}
+        assert set(extra) <= {"requestBody", "x-requires-decoder"}, route.path
+        assert set(extra.get("requestBody", {}).get("content", {})) <= {"multipart/form-data"}, route.path
+        content = doc["paths"][route.path]["post"]["requestBody"]["content"]
+        if route.json:
+            body = declared.body_field
+            assert body is not None and body.field_info.media_type == "application/json"
+            assert {b["$ref"].rsplit("/", 1)[1] for b in content["application/json"]["schema"].get(
+                "oneOf", [content["application/json"]["schema"]])} == {
+                    table.models[route.path, op.name].__name__ for op in route.json}
+        else:
+            assert declared.body_field is None and "application/json" not in content
+        assert ("multipart/form-data" in content) == (route.form is not None)
+    assert doc["components"]["schemas"]["TextSearch"]["properties"]["k"]["maximum"] == 9
+    assert all(r.openapi_extra is None for path, r in routes.items() if path not in {t.path for t in table.routes})
+    for path in ("/v1/images/{image_id}", "/v1/videos/{video_id}/frame"):
+        size = next(p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "size")
+        assert size["schema"]["maximum"] == 200 and routes[path].openapi_extra is None
+
+
+def test_what_needs_no_body_is_answered_before_the_body_is_read(tiny_model_path, tiny_index_dir, monkeypatch):
+    """A model route answers what it can know without the body — not ready (503), a missing or wrong API key
+    (401), a decoder the model lacks (409), a content type it does not take (415) — before anything reads the
+    body: neither FastAPI (``Request.body``/``Request.form``) nor the service's own reader is called, so a
+    malformed or huge body changes nothing about the answer. A request that passes is read (and answered)."""
+    from starlette.requests import Request
+
+    reads: list[str] = []
+    body, form = Request.body, Request.form
+
+    async def spied_body(self):
+        reads.append("body")
+        return await body(self)
+
+    def spied_form(self, **kwargs):
+        reads.append("form")
+        return form(self, **kwargs)
+
+    monkeypatch.setattr(Request, "body", spied_body)
+    monkeypatch.setattr(Request, "form", spied_form)
+    junk = {"content": b"{not json" + b"9" * 5000, "headers": {"content-type": "application/json"}}
+    upload = {"files": {"image": ("a.png", b"\x89PNG" + b"\x00" * 50_000, "image/png")}, "data": {"k": "oops"}}
+
+    def answered(client, status, path, **kwargs):
+        reads.clear()
+        r = client.post(path, **kwargs)
+        assert r.status_code == status and (status == 200 or r.json()["detail"]), r.text
+        return list(reads)
+
+    broken = create_app(Settings(model=str(tiny_model_path.parent / "missing.pt"), index=str(tiny_index_dir),
+                                 reload_interval_s=0))
+    with TestClient(broken) as c:
+        deadline = time.monotonic() + 30
+        while not c.get("/readyz").json()["status"].startswith("error") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for kwargs in (junk, upload):
+            assert answered(c, 503, "/v1/search/images", **kwargs) == []
+    keyed = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
+                                api_key="s3cret", auth_failures_per_minute=0))
+    with TestClient(keyed) as c:
+        while c.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        for path in ("/v1/search/images", "/v1/search/captions", "/v1/paraphrases", "/v1/captions"):
+            for kwargs in (junk, upload):
+                assert answered(c, 401, path, **kwargs) == [], path
+                assert answered(c, 401, path, headers={**kwargs.get("headers", {}), "x-api-key": "wrong"},
+                                **{k: v for k, v in kwargs.items() if k != "headers"}) == [], path
+        key = {"x-api-key": "s3cret"}
+        for path in ("/v1/captions", "/v1/paraphrases"):                 # this model has no decoder
+            assert answered(c, 409, path, content=junk["content"], headers={**junk["headers"], **key}) == []
+            assert answered(c, 409, path, headers=key, **upload) == []
+        assert answered(c, 415, "/v1/search/images", content=b"<x/>" * 10_000,
+                        headers={"content-type": "application/xml", **key}) == []
+        assert answered(c, 415, "/v1/search/captions", content=b"0" * 100_000,
+                        headers={"content-type": "text/plain", **key}) == []
+        # past those, the body is read: by the service's strict JSON reader, then by FastAPI for the declared body
+        assert answered(c, 422, "/v1/search/images", content=junk["content"],
+                        headers={**junk["headers"], **key}) == ["body"]
+        assert set(answered(c, 200, "/v1/search/images", json={"text": "a red circle"}, headers=key)) == {"body"}
+        assert answered(c, 422, "/v1/search/images", headers=key, **upload) == ["form"]

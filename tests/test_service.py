@@ -287,7 +287,7 @@ def test_composed_queries_are_batched_and_match_sequential(tiny_model_path, tiny
     ("get", "/v1/images/-1", {}, 422, "image_id"),
     ("get", "/v1/images/abc", {}, 422, "image_id"),
     ("get", "/v1/images/1?size=4", {}, 422, "size"),
-    ("get", "/v1/images/1?size=5000", {}, 422, "at most 1024"),
+    ("get", "/v1/images/1?size=5000", {}, 422, "less than or equal to 1024"),
     ("get", "/v1/nothing-here", {}, 404, "Not Found"),
     ("post", "/v1/captions", {"files": {"image": ("a.png", _png(), "image/png")}}, 409, "sentence decoder"),
     ("post", "/v1/paraphrases", {"json": {"text": "a dog runs", "n": 3}}, 409, "sentence decoder"),

@@ -544,11 +544,7 @@ def test_threshold_filters_and_pages_on_the_page(photo_server, tab, tmp_path):
     assert all("2021-05-03" <= d[6:] < "2021-05-12" for d in dates)
     _screenshot(page, tmp_path, "filtered.png")
 
-    # bad refinements: the API's 422 is shown in the page's words (the field by its label, no "Value error")
-    page.fill("#taken-after", "2021-05-13")
-    _search(page, QUERY)
-    _wait_error(page, "taken_after (2021-05-13) must be earlier than taken_before")
-    assert "date range is empty" in page.inner_text("#error")
+    # a bad refinement: the API's 422 is shown in the page's words (the field by its label, no "Value error")
     page.fill("#taken-after", "")
     page.fill("#min-score", "5")
     _search(page, QUERY)

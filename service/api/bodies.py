@@ -1,8 +1,8 @@
 """Reading a request body, the same way on every model route (service/api/routing.py): its content type
 (multipart/form-data, or JSON: ``application/json`` and any ``application/*+json``; anything else is 415 with what
-to send), and the body validated by its pydantic model (service/schemas.py), a multipart form's plain fields by the
-same model (service/contract.py ``Form``). Errors are located in the body as FastAPI locates its own:
-``["body", field]``."""
+to send); a JSON body read strictly (no ``NaN``, no integer of hundreds of digits) before FastAPI validates it as
+the route's endpoint declares; a multipart form read here and its plain fields validated by the same pydantic model
+(service/contract.py ``Form``). Errors are located in the body as FastAPI locates its own: ``["body", field]``."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
 from ..contract import Form, invalid
@@ -80,16 +80,6 @@ async def json_value(request: Request) -> Any:
                                        "msg": "JSON decode error", "ctx": {"error": err.msg}}]) from None
     except (UnicodeDecodeError, RecursionError, ValueError):
         raise HTTPException(400, "There was an error parsing the body") from None
-
-
-def validated(value: Any, model: type[M]) -> M:
-    """A JSON value (:func:`json_value`) validated by ``model``, its errors located in the body as FastAPI reports
-    them for a body model."""
-    try:
-        return model.model_validate(value, from_attributes=True)    # FastAPI's mode: its message for a non-object
-    except ValidationError as err:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
-                                      for e in err.errors(include_url=False)]) from None
 
 
 async def read_form(request: Request, state: ServiceState, form: Form[M]) -> tuple[bytes, M]:

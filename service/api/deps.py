@@ -8,13 +8,13 @@ import pathlib
 import secrets
 import stat
 import time
-from typing import Any
+from typing import Any, Callable, Literal, TypeVar
 
 import torch
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from index.metadata import ImageRow
+from index.metadata import ImageRow, VideoRow
 from training.data.decode_cost import DecodeBusy
 from index.video_decode import FRAME_SIDE, MAX_SIDE, VideoError, frame_at, frame_cost
 
@@ -132,25 +132,30 @@ def _decode_busy(err: DecodeBusy, state: ServiceState, name: str) -> HTTPExcepti
 
 def gallery_file(image_id: int, state: ServiceState) -> pathlib.Path:
     """The file of a gallery image; 404 when the id is unknown or the file is gone."""
-    return gallery_entry(image_id, state)[1]
+    return gallery_entry(state.loaded.gallery.meta.image, image_id, "image")[1]
 
 
-def gallery_entry(image_id: int, state: ServiceState) -> tuple[ImageRow, pathlib.Path, os.stat_result]:
-    """A gallery image's metadata row, file and the file's ``stat``; 404 when the id is unknown, the file is gone,
-    or its path now leads through a symbolic link (the index stores every path with its links resolved, so a link
-    there was made after indexing: it is not followed, docs/index.md)."""
-    row = state.loaded.gallery.meta.image(image_id)
+Row = TypeVar("Row", ImageRow, VideoRow)
+
+
+def gallery_entry(lookup: Callable[[int], Row | None], item_id: int,
+                  what: Literal["image", "video"]) -> tuple[Row, pathlib.Path, os.stat_result]:
+    """A gallery image's or video's metadata row (``lookup``: the metadata's ``image`` or ``video``), its file and
+    the file's ``stat``; 404 when the id is unknown, the file is gone, or its path now leads through a symbolic link
+    (the index stores every path with its links resolved, so a link there was made after indexing: it is not
+    followed, docs/index.md)."""
+    row = lookup(item_id)
     if row is None:
-        raise HTTPException(404, f"no gallery image with id {image_id}")
+        raise HTTPException(404, f"no gallery {what} with id {item_id}")
     path = pathlib.Path(row.path)
     try:
         info = path.stat()
     except OSError:
         info = None
     if info is None or not stat.S_ISREG(info.st_mode):
-        raise HTTPException(404, f"gallery image {image_id} is no longer on disk")
+        raise HTTPException(404, f"gallery {what} {item_id} is no longer on disk")
     if os.path.realpath(path) != os.path.abspath(path):
-        raise HTTPException(404, f"gallery image {image_id} is not served: its path now leads through a symbolic "
+        raise HTTPException(404, f"gallery {what} {item_id} is not served: its path now leads through a symbolic "
                                  f"link (run jointspace index sync)")
     return row, path, info
 

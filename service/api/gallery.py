@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from ..contract import IMAGE_TYPES, Error, error_responses
@@ -21,13 +21,9 @@ from ..schemas import Folder, Folders
 from ..state import ServiceState
 from .deps import gallery_entry, moment_seconds, service
 from .files import get_and_head, ImageId, decoded, file_response, not_modified
-from .videos import check_size, frame_response, headers_only, media_headers
-
-router = APIRouter(prefix="/v1")
+from .videos import frame_response, headers_only, media_headers, thumbnail_size
 
 
-@router.get("/folders", response_model=Folders, responses=error_responses(503),
-            summary="The gallery's folders (for the folder filter), with how many images each holds directly")
 async def folders(state: ServiceState = Depends(service)):
     gallery = state.loaded.gallery
     loop = asyncio.get_running_loop()
@@ -44,23 +40,22 @@ _IMAGE_HEADERS = {"ETag": {"description": "the image's version (content hash, si
                                     "schema": {"type": "string"}, "required": True}}
 
 
-@get_and_head(router, "/images/{image_id}", responses={**error_responses(404, 413, 422, 503),
-                  200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
-                        "description": "the image file (its sniffed type), or with ?size= a JPEG thumbnail",
-                        "headers": _IMAGE_HEADERS},
-                  206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
-                        "description": "the image file's bytes asked for with a `Range` header (not with ?size=)",
-                        "headers": {**_IMAGE_HEADERS, "Content-Range": {"schema": {"type": "string"}}}},
-                  304: {"description": "Not Modified: If-None-Match names the image's current ETag (or is *), or "
-                                       "If-Modified-Since is no older than the file"},
-                  416: {"model": Error, "description": "the Range header starts at or past the end of the file",
-                        "headers": {"Content-Range": {"schema": {"type": "string"}}}}},
-                  response_class=Response, summary="A gallery image file, or a JPEG thumbnail with ?size= (a video "
-                                                   "moment: its thumbnail frame as a JPEG)")
-async def get_image(request: Request, image_id: ImageId, state: ServiceState = Depends(service),
-                    size: int | None = Query(None, ge=16, description="longest side of a JPEG thumbnail")):
-    check_size(size, state)
-    row, path, info = gallery_entry(image_id, state)
+_IMAGE_RESPONSES: dict[int | str, dict] = {
+    **error_responses(404, 413, 422, 503),
+    200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
+          "description": "the image file (its sniffed type), or with ?size= a JPEG thumbnail", "headers": _IMAGE_HEADERS},
+    206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in IMAGE_TYPES},
+          "description": "the image file's bytes asked for with a `Range` header (not with ?size=)",
+          "headers": {**_IMAGE_HEADERS, "Content-Range": {"schema": {"type": "string"}}}},
+    304: {"description": "Not Modified: If-None-Match names the image's current ETag (or is *), or "
+                         "If-Modified-Since is no older than the file"},
+    416: {"model": Error, "description": "the Range header starts at or past the end of the file",
+          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
+
+
+async def image_response(request: Request, image_id: int, state: ServiceState, size: int | None) -> Response:
+    """``GET``/``HEAD /v1/images/{image_id}``: the file, or a JPEG thumbnail of longest side ``size``."""
+    row, path, info = gallery_entry(state.loaded.gallery.meta.image, image_id, "image")
     if row.video_id is not None:          # a video moment: its frame
         video = state.loaded.gallery.meta.video(row.video_id)
         seconds = moment_seconds(row)
@@ -86,3 +81,20 @@ async def get_image(request: Request, image_id: ImageId, state: ServiceState = D
     except ImageError as err:
         raise HTTPException(404 if err.status == 415 else err.status, f"gallery image {image_id}: {err.detail}")
     return Response(data, media_type=media, headers=headers)
+
+
+def router(max_thumbnail: int) -> APIRouter:
+    """The gallery's routes, ``?size=`` declared up to ``max_thumbnail`` (``JOINTSPACE_MAX_THUMBNAIL``)."""
+    routes = APIRouter(prefix="/v1")
+    routes.get("/folders", response_model=Folders, responses=error_responses(503),
+               summary="The gallery's folders (for the folder filter), with how many images each holds "
+                       "directly")(folders)
+
+    @get_and_head(routes, "/images/{image_id}", responses=_IMAGE_RESPONSES, response_class=Response,
+                  summary="A gallery image file, or a JPEG thumbnail with ?size= (a video moment: its thumbnail "
+                          "frame as a JPEG)")
+    async def get_image(request: Request, image_id: ImageId, state: ServiceState = Depends(service),
+                        size: int = thumbnail_size(max_thumbnail, "longest side of a JPEG thumbnail")):
+        return await image_response(request, image_id, state, size)
+
+    return routes

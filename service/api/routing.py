@@ -9,8 +9,11 @@ apart by the body's content type (and a JSON body by its keys), and its document
 
 Read by:
 
-* the app (:class:`ServedTable`): one route per :class:`Route`, its bodies bound to the app's limits, its request
-  body stated in the OpenAPI document from those bodies (``openapi_extra``; the models in ``components``);
+* the app (:class:`ServedTable`): one route per :class:`Route`, its bodies bound to the app's limits; its endpoint
+  declares the JSON body (a union chosen by the ``when`` keys when several), which FastAPI reads, validates and
+  states in the OpenAPI document, and its route class answers first what needs no body (503, 401, 409, 415) and
+  reads a multipart form itself (the form reaches the document as ``openapi_extra``: FastAPI states one media type
+  per operation);
 * admission and in-flight counting (:meth:`ServedTable.admission`, service/middleware.py): which class a request
   is counted under, from its path and whether its body is multipart (the body is not parsed there);
 * the state (:func:`queues`, service/state.py): one batcher per queue, running its engine method.
@@ -18,19 +21,23 @@ Read by:
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, ClassVar, Sequence
+from typing import Annotated, Any, Awaitable, Callable, ClassVar, Coroutine, Sequence, Union
 
 import torch
-from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel
+from fastapi import APIRouter, Body, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Discriminator, Tag
 
 from ..contract import Form, Json, Limits, Upload, Uploaded, error_responses
 from ..engine import Engine
 from ..settings import Settings
 from ..state import DIRECT, BatcherSpec, ServiceState
-from .bodies import body_kind, json_value, read_form, validated
-from .deps import POST_ERRORS, check_deadline, service, submit, upload_pixels
+from .bodies import body_kind, json_value, read_form
+from .deps import POST_ERRORS, check_deadline, require_api_key, service, submit, upload_pixels
 
 DECODER_NOTE = ("Needs a model with a sentence decoder (Show, Translate and Tell; `/readyz` says `\"decoder\": "
                 "true`); with any other model this route answers 409 and says why.")
@@ -183,22 +190,32 @@ class ServedTable:
             route = next((r for (m, p), r in self._admission.items() if m == method and path.endswith(p)), None)
         return route.admitted if route is not None else None
 
-    @property
-    def schemas(self) -> dict[str, dict]:
-        """The JSON bodies' schemas, for the OpenAPI document's ``components`` (the routes refer to them)."""
-        return {model.__name__: model.model_json_schema(ref_template="#/components/schemas/{model}")
-                for model in self.models.values()}
+    def json_body(self, route: Route) -> Any:
+        """The route's JSON body as its endpoint declares it (None: the route takes no JSON): the bound model, or
+        for several a union chosen by their ``when`` keys — the object's key picks the model that validates it, so
+        a 422 names that model's fields — which the OpenAPI document states as ``oneOf``."""
+        models = [(op, self.models[route.path, op.name]) for op in route.json]
+        if not models:
+            return None
+        if len(models) == 1:
+            return models[0][1]
+        keys = {op.body.when: op.name for op, _ in models if isinstance(op.body, Json)}
 
-    def _request_body(self, route: Route) -> dict:
-        """The route's request body in the OpenAPI document: its JSON models (``oneOf`` when several) and its
-        form."""
-        content: dict[str, dict] = {}
-        refs = [{"$ref": f"#/components/schemas/{self.models[route.path, op.name].__name__}"} for op in route.json]
-        if refs:
-            content["application/json"] = {"schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}
-        if route.form is not None:
-            content["multipart/form-data"] = self.forms[route.path, route.form.name].openapi(self.max_upload_bytes)
-        return {"required": True, "content": content}
+        def pick(value: Any) -> str:
+            found = next((key for key in keys if key is not None and isinstance(value, dict) and key in value), None)
+            return keys[found] if found is not None or None in keys else next(iter(keys.values()))
+
+        members = tuple(Annotated[model, Tag(op.name)] for op, model in models)
+        return Annotated[Union[members], Discriminator(pick)]  # noqa: UP007 (the members are known at run time)
+
+    def _form_body(self, route: Route) -> dict | None:
+        """The route's multipart form in the OpenAPI document, from its bound model (service/contract.py
+        ``Form.openapi``): FastAPI states one media type per operation — the declared JSON body's — so a route's
+        form reaches the document as ``openapi_extra``."""
+        if route.form is None:
+            return None
+        form = self.forms[route.path, route.form.name].openapi(self.max_upload_bytes)
+        return {"content": {"multipart/form-data": form}, **({} if route.json else {"required": True})}
 
     def router(self, **include: Any) -> APIRouter:
         """An ``APIRouter`` with one route per :class:`Route` of the table (``include``: ``APIRouter`` arguments,
@@ -206,41 +223,86 @@ class ServedTable:
         router = APIRouter(**include)
         for route in self.routes:
             decoder = route.decoder or any(op.decoder for op in route.operations)
-            extra: dict[str, Any] = {"requestBody": self._request_body(route)}
+            extra: dict[str, Any] = {}
+            form = self._form_body(route)
+            if form is not None:
+                extra["requestBody"] = form
             if route.decoder:
                 extra["x-requires-decoder"] = True
             description = "\n\n".join(d for d in (route.description, DECODER_NOTE if route.decoder else None) if d)
             router.add_api_route(route.path, self._endpoint(route), methods=[route.method], name=route.name,
                                  response_model=route.response_model, summary=route.summary,
-                                 description=description or None, openapi_extra=extra,
+                                 description=description or None, openapi_extra=extra or None,
+                                 route_class_override=self._route_class(route),
                                  responses=error_responses(*POST_ERRORS, *route.errors, *((409,) if decoder else ())))
         return router
 
     def _endpoint(self, route: Route) -> Callable[..., Awaitable[Any]]:
-        form, models = route.form, self.models
-        parser = self.forms[route.path, form.name] if form is not None else None
-        json = {op.body.when: op for op in route.json if isinstance(op.body, Json)}
-        kinds = tuple(dict.fromkeys(op.body.kind for op in route.operations))
+        """The route's endpoint for a JSON body, its signature the contract FastAPI reads, validates and documents:
+        ``body`` is :meth:`json_body`. (A multipart form is read and answered before it, by the route's class.)"""
+        ops = [(op, self.models[route.path, op.name]) for op in route.json]
 
-        async def read(request: Request, state: ServiceState = Depends(service)) -> Call:
-            """The request's operation and its validated body: 409 first when the route needs the decoder, then
-            415 for a content type no operation takes, then the body's own 4xx."""
-            if route.decoder:
-                _need_decoder(state, route.operations[0])
-            kind = body_kind(request, kinds, route.send)
-            body: Any
-            if kind == "form" and form is not None and parser is not None:
-                data, fields = await read_form(request, state, parser)
-                op, body = form, Uploaded(data, fields)
-            else:                       # JSON: the operation whose key the object has, else the default
-                value = await json_value(request)
-                op = next((o for key, o in json.items() if key is not None and isinstance(value, dict)
-                           and key in value), json.get(None) or next(iter(json.values())))
-                body = validated(value, models[route.path, op.name])
+        async def endpoint(request: Request, body: Any = None) -> Any:
+            state: ServiceState = request.app.state.service
+            op = next(op for op, model in ops if type(body) is model)
             _need_decoder(state, op)
-            return Call(request, state, op, body)
+            return await op.handle(Call(request, state, op, body), body)
 
-        async def endpoint(call: Call = Depends(read)) -> Any:
-            return await call.operation.handle(call, call.body)
-
+        params = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
+        declared = self.json_body(route)
+        if declared is not None:
+            params.append(inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            annotation=Annotated[declared, Body()]))
+        endpoint.__signature__ = inspect.Signature(params)      # type: ignore[attr-defined]
         return endpoint
+
+    def _route_class(self, route: Route) -> type[APIRoute]:
+        """The route's class: what must be known before the body is read runs first, on the raw request — the
+        service ready (503), the API key (401, 429, 400), the decoder the route needs (409), a content type it takes
+        (415) — then a multipart form is read and answered here (service/contract.py ``Form``), and a JSON body is
+        read strictly (``bodies.json_value``: 422 for ``NaN`` or an integer of over 100 digits, 400 for bytes that
+        are not JSON) before FastAPI reads it again and validates it as the endpoint declares. Admission and
+        in-flight counting come earlier still, in middleware (service/middleware.py)."""
+        form, kinds = route.form, tuple(dict.fromkeys(op.body.kind for op in route.operations))
+        parser = self.forms[route.path, form.name] if form is not None else None
+        keyed = len(route.json) > 1
+
+        class OperationRoute(APIRoute):
+            def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+                declared = super().get_route_handler()
+
+                async def handler(request: Request) -> Response:
+                    state = await service(request)
+                    await require_api_key(request, None, None)
+                    if route.decoder:
+                        _need_decoder(state, route.operations[0])
+                    if body_kind(request, kinds, route.send) == "form" and form is not None and parser is not None:
+                        data, fields = await read_form(request, state, parser)
+                        _need_decoder(state, form)
+                        body = Uploaded(data, fields)
+                        return _response(await form.handle(Call(request, state, form, body), body))
+                    await json_value(request)
+                    try:
+                        return await declared(request)
+                    except RequestValidationError as err:
+                        if keyed:
+                            raise _untagged(err) from None
+                        raise
+
+                return handler
+
+        return OperationRoute
+
+
+def _response(answer: Any) -> Response:
+    """A handler's answer as the response: a ``Response`` as it is, a response model serialised once."""
+    if isinstance(answer, Response):
+        return answer
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+def _untagged(err: RequestValidationError) -> RequestValidationError:
+    """The errors of a body chosen among several by :meth:`ServedTable.json_body`'s union, each located in the body
+    as a single model's would be (``["body", field]``): without the union's tag."""
+    return RequestValidationError([{**e, "loc": (e["loc"][0], *e["loc"][2:])} if e["loc"][:1] == ("body",)
+                                   and len(e["loc"]) > 1 else e for e in err.errors()])

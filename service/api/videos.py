@@ -9,25 +9,21 @@ the file's media type is sniffed from its content. A frame is decoded under the 
 from __future__ import annotations
 
 import io
+from typing import Any
 import os
 import pathlib
-import stat
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from PIL import Image
 
-from index.metadata import VideoRow
 from index.video_decode import MAX_SIDE, VideoError, frame_at, frame_cost
 from training.data.media import file_head, sniff_video
 
 from ..contract import Error, error_responses
 from ..state import ServiceState
-from .deps import private_headers, service
+from .deps import gallery_entry, private_headers, service
 from .files import get_and_head, VideoId, decoded, file_response, not_modified, validators
-
-router = APIRouter(prefix="/v1")
 
 VIDEO_TYPES = ("video/mp4", "video/quicktime", "video/webm", "video/x-matroska", "video/x-msvideo")
 _VALIDATOR_HEADERS = {
@@ -40,24 +36,6 @@ _NOT_MODIFIED = {"description": "Not Modified: If-None-Match names the current E
                                 "If-Modified-Since is no older than the file", "headers": _VALIDATOR_HEADERS}
 
 
-def video_entry(video_id: int, state: ServiceState) -> tuple[VideoRow, pathlib.Path, os.stat_result]:
-    """A gallery video's row, file and the file's ``stat``; 404 when the id is unknown or the file is gone."""
-    row = state.loaded.gallery.meta.video(video_id)
-    if row is None:
-        raise HTTPException(404, f"no gallery video with id {video_id}")
-    path = pathlib.Path(row.path)
-    try:
-        info = path.stat()
-    except OSError:
-        info = None
-    if info is None or not stat.S_ISREG(info.st_mode):
-        raise HTTPException(404, f"gallery video {video_id} is no longer on disk")
-    if os.path.realpath(path) != os.path.abspath(path):       # a link made after indexing: not followed
-        raise HTTPException(404, f"gallery video {video_id} is not served: its path now leads through a symbolic "
-                                 f"link (run jointspace index sync)")
-    return row, path, info
-
-
 def media_headers(content: str, info: os.stat_result, state: ServiceState, variant: object) -> dict[str, str]:
     """The caching and validator headers of a gallery file, or of what is made of it (``variant``)."""
     gallery = state.loaded.gallery
@@ -65,32 +43,18 @@ def media_headers(content: str, info: os.stat_result, state: ServiceState, varia
                                                    gallery.generation, variant)}
 
 
-@get_and_head(router, "/videos/{video_id}", responses={**error_responses(404, 422, 503),
-                  200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
-                        "description": "the whole video file (its media type sniffed from its content)",
-                        "headers": {**_VALIDATOR_HEADERS, "Accept-Ranges": {"schema": {"type": "string"}}}},
-                  206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
-                        "description": "the bytes asked for with a `Range: bytes=first-last` header (and an "
-                                       "If-Range naming the current ETag or Last-Modified, if any)",
-                        "headers": {**_VALIDATOR_HEADERS, "Content-Range": {"schema": {"type": "string"}},
-                                    "Accept-Ranges": {"schema": {"type": "string"}}}},
-                  304: _NOT_MODIFIED,
-                  416: {"model": Error, "description": "the Range header starts at or past the end of the file",
-                        "headers": {"Content-Range": {"schema": {"type": "string"}}}}},
-                  response_class=Response,
-                  summary="A gallery video file; a `Range` header gets those bytes (206)")
-async def get_video(request: Request, video_id: VideoId, state: ServiceState = Depends(service)):
-    row, path, info = video_entry(video_id, state)
+async def video_response(request: Request, video_id: int, state: ServiceState) -> Response:
+    """``GET``/``HEAD /v1/videos/{video_id}``: the file (or the bytes of a ``Range``)."""
+    row, path, info = gallery_entry(state.loaded.gallery.meta.video, video_id, "video")
     media = sniff_video(file_head(path)) or "application/octet-stream"
     return file_response(request, path, info.st_size, media, media_headers(row.sha256 or row.path, info, state, "file"))
 
 
-def check_size(size: int | None, state: ServiceState) -> None:
-    """``?size=`` within ``max_thumbnail`` (a setting, so not in the Query: the OpenAPI document states it,
-    service/app.py)."""
-    if size is not None and size > state.settings.max_thumbnail:
-        raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "size"), "input": size,
-                                       "msg": f"size must be at most {state.settings.max_thumbnail}"}])
+def thumbnail_size(max_thumbnail: int, description: str) -> Any:
+    """The ``?size=`` query parameter of a thumbnail or frame: an integer from 16 to ``max_thumbnail`` (a setting,
+    declared per app so that the OpenAPI document states it); absent, the parameter is None (no thumbnail), which
+    no client sends."""
+    return Query(None, ge=16, le=max_thumbnail, description=description)
 
 
 def _jpeg(path: pathlib.Path, seconds: float, size: int | None, max_pixels: int) -> bytes:
@@ -130,20 +94,53 @@ async def frame_response(request: Request, path: pathlib.Path, seconds: float, s
     return Response(data, media_type="image/jpeg", headers=headers)
 
 
-@get_and_head(router, "/videos/{video_id}/frame", responses={
-                      **error_responses(404, 422, 503),
-                      200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
-                            "description": "the frame at `t` seconds (the first at or after it; past the end, the "
-                                           "last frame), as a JPEG", "headers": _VALIDATOR_HEADERS},
-                      304: _NOT_MODIFIED},
-                  response_class=Response, summary="A frame of a gallery video as a JPEG (a thumbnail with ?size=)")
-async def get_frame(request: Request, video_id: VideoId, state: ServiceState = Depends(service),
-                    t: float = Query(0.0, ge=0, le=7 * 24 * 3600, description="seconds from the start"),
-                    size: int | None = Query(None, ge=16, description="longest side of the JPEG")):
-    check_size(size, state)
-    row, path, info = video_entry(video_id, state)
+async def frame_of_video(request: Request, video_id: int, state: ServiceState, t: float,
+                         size: int | None) -> Response:
+    """``GET``/``HEAD /v1/videos/{video_id}/frame``: the frame at ``t`` seconds as a JPEG, of longest side
+    ``size``."""
+    row, path, info = gallery_entry(state.loaded.gallery.meta.video, video_id, "video")
     if row.duration is not None:
         t = min(t, row.duration)                     # past the end: the last frame
     headers = media_headers(row.sha256 or row.path, info, state, f"frame {t!r} {size}")
     frame_size = (row.width, row.height) if row.width and row.height else None
     return await frame_response(request, path, t, size, frame_size, state, f"gallery video {video_id}", headers)
+
+
+_VIDEO_RESPONSES: dict[int | str, dict] = {
+    **error_responses(404, 422, 503),
+    200: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
+          "description": "the whole video file (its media type sniffed from its content)",
+          "headers": {**_VALIDATOR_HEADERS, "Accept-Ranges": {"schema": {"type": "string"}}}},
+    206: {"content": {t: {"schema": {"type": "string", "format": "binary"}} for t in VIDEO_TYPES},
+          "description": "the bytes asked for with a `Range: bytes=first-last` header (and an If-Range naming the "
+                         "current ETag or Last-Modified, if any)",
+          "headers": {**_VALIDATOR_HEADERS, "Content-Range": {"schema": {"type": "string"}},
+                      "Accept-Ranges": {"schema": {"type": "string"}}}},
+    304: _NOT_MODIFIED,
+    416: {"model": Error, "description": "the Range header starts at or past the end of the file",
+          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
+_FRAME_RESPONSES: dict[int | str, dict] = {
+    **error_responses(404, 422, 503),
+    200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
+          "description": "the frame at `t` seconds (the first at or after it; past the end, the last frame), as a "
+                         "JPEG", "headers": _VALIDATOR_HEADERS},
+    304: _NOT_MODIFIED}
+
+
+def router(max_thumbnail: int) -> APIRouter:
+    """The video routes, ``?size=`` of a frame declared up to ``max_thumbnail`` (``JOINTSPACE_MAX_THUMBNAIL``)."""
+    routes = APIRouter(prefix="/v1")
+
+    @get_and_head(routes, "/videos/{video_id}", responses=_VIDEO_RESPONSES, response_class=Response,
+                  summary="A gallery video file; a `Range` header gets those bytes (206)")
+    async def get_video(request: Request, video_id: VideoId, state: ServiceState = Depends(service)):
+        return await video_response(request, video_id, state)
+
+    @get_and_head(routes, "/videos/{video_id}/frame", responses=_FRAME_RESPONSES, response_class=Response,
+                  summary="A frame of a gallery video as a JPEG (a thumbnail with ?size=)")
+    async def get_frame(request: Request, video_id: VideoId, state: ServiceState = Depends(service),
+                        t: float = Query(0.0, ge=0, le=7 * 24 * 3600, description="seconds from the start"),
+                        size: int = thumbnail_size(max_thumbnail, "longest side of the JPEG")):
+        return await frame_of_video(request, video_id, state, t, size)
+
+    return routes

@@ -461,6 +461,7 @@ def cmd_build(args) -> int:
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
           f"into {args.out} ({report.generation}); {_correction_line(bank)}")
     print(timing_line(report.timeline, started, time.perf_counter()))
+    _prepare_text_search(args, model)
     return 0
 
 
@@ -588,6 +589,7 @@ def cmd_add(args) -> int:
     model, _ = _load(args)
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
+    _prepare_text_search(args, model)
     _report_skipped(report.skipped)
     for already in report.already:
         print(f"already in the index, unchanged: {already}", file=sys.stderr)
@@ -619,6 +621,14 @@ def cmd_add(args) -> int:
     return 0
 
 
+def _prepare_text_search(args, model: EmbeddingModel) -> None:
+    """The model's text tower for ``index search --text``, prepared while the model is loaded (once per model
+    file; training/inference/text_tower.py ``ensure``: never fails the command)."""
+    from training.inference.text_tower import ensure
+
+    ensure(model, model_file(args.model), progress=not args.quiet)
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
@@ -637,6 +647,7 @@ def cmd_sync(args) -> int:
     model, _ = _load(args)
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
                   EmbedOptions(args.batch_size, args.workers, not args.quiet, sampling, args.decode))
+    _prepare_text_search(args, model)
     _report_skipped(report.skipped)
     _report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \

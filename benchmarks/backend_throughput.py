@@ -19,7 +19,9 @@ Before the first round one untimed build per backend fills the caches every late
 converted graph (its conversion time is reported apart) and the query bank's caption vectors. The modes and
 backends take turns within a round, so a drifting background load hits them alike; the table gives each
 configuration's median over the rounds. ``--baseline DIR`` adds eager rows of the code in ``DIR`` (e.g.
-``git worktree add /tmp/base 6d5a208``): the same build, the same photos, in the same run.
+``git worktree add /tmp/base 6d5a208``): the same build, the same photos, in the same run; with
+``--baseline-backends`` the baseline runs every backend this checkout runs, and each row is compared with the
+baseline's row of its own backend.
 
 Ranking (``ranking``): the dev split of ``--data`` embedded as ``index build`` embeds a gallery (its decoding,
 ``--tta``, default ``flip-crop``) on each backend, the captions with the text tower, scored with the model's own
@@ -189,9 +191,15 @@ def summary(rows: list[dict]) -> list[dict]:
                     "embed_photos_per_s": float(np.median([r["embed_photos_per_s"] for r in mine])),
                     "seconds": float(np.median([r["seconds"] for r in mine])),
                     "peak_rss_mb": float(max(r["peak_rss_mb"] for r in mine)), "rounds": len(mine)})
+
+    def find(code: str, backend: str, tta: str) -> dict | None:
+        return next((r for r in out if (r["code"], r["backend"], r["tta"]) == (code, backend, tta)), None)
+
     for row in out:
-        for name, code, backend in (("vs_eager", "this", "eager"), ("vs_baseline", "baseline", "eager")):
-            ref = next((r for r in out if (r["code"], r["backend"], r["tta"]) == (code, backend, row["tta"])), None)
+        for name, code in (("vs_eager", "this"), ("vs_baseline", "baseline")):
+            # against eager; against the baseline's own row of this backend when it ran one, else its eager row
+            ref = find(code, "eager", row["tta"]) if name == "vs_eager" else \
+                find(code, row["backend"], row["tta"]) or find(code, "eager", row["tta"])
             row[name] = row["photos_per_s"] / ref["photos_per_s"] if ref else None
     return out
 
@@ -215,7 +223,7 @@ def throughput(args) -> int:
               flush=True)
         conversion = []
         for label, code in codes:            # untimed: fills the backend and query-bank caches
-            for backend in backends if label == "this" else [None]:
+            for backend in backends if label == "this" or args.baseline_backends else [None]:
                 first = build_once(images, work / "index", "none", backend, code)
                 conversion.append({"code": label, "backend": backend or "eager", "used": first["backend"],
                                    "converted": first["converted"], "backend_s": first["backend_s"],
@@ -227,7 +235,7 @@ def throughput(args) -> int:
         for round_ in range(1, args.rounds + 1):
             for tta in args.tta:
                 for label, code in codes:
-                    for backend in backends if label == "this" else [None]:
+                    for backend in backends if label == "this" or args.baseline_backends else [None]:
                         out = work / f"index-{label}-{backend}-{tta}"
                         r = build_once(images, out, tta, backend, code)
                         shutil.rmtree(out, ignore_errors=True)
@@ -246,9 +254,11 @@ def throughput(args) -> int:
     result = {"description": f"jointspace index build with its defaults on {len(photos)} generated "
                              f"{args.megapixels:g} MP JPEGs (the shipped model) per backend and --tta mode "
                              f"(python benchmarks/backend_throughput.py --photos {args.photos} --megapixels "
-                             f"{args.megapixels:g} --rounds {args.rounds})",
+                             f"{args.megapixels:g} --rounds {args.rounds}"
+                             f"{' --baseline … --baseline-backends' if args.baseline and args.baseline_backends else ''})",
               **stamp(args.note), "photos": len(photos), "megapixels": args.megapixels, "rounds": args.rounds,
               "baseline": args.baseline_label or (str(args.baseline) if args.baseline else None),
+              "baseline_backends": bool(args.baseline and args.baseline_backends),
               "conversion": conversion, "rows": rows, "summary": summary(rows)}
     save(Path(args.out), result, "throughput")
     for s in result["summary"]:
@@ -317,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     ap.add_argument("--baseline", help="a checkout of other code (e.g. an older commit's worktree): its eager rows too")
     ap.add_argument("--baseline-label", help="what the results call the baseline (default: its path)")
+    ap.add_argument("--baseline-backends", action="store_true",
+                    help="the baseline runs every backend of --backends, not eager alone")
     ap.add_argument("--data", default="../shared/datasets/flickr8k", help="ranking: the captioned data set")
     ap.add_argument("--images", type=int, default=0, help="ranking: the first N dev images (0: all)")
     ap.add_argument("--model", help="ranking: model.pt (default: the shipped model)")

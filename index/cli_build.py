@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from training.inference.pretrained import model_file
 
-from .cli_common import (ModelChoice, batch_size_for, counted, load_chosen_model, read_lines, report_outside,
-                         report_skipped, split_media)
+from .cli_common import (ModelChoice, batch_size_for, counted, load_chosen_model, prepare_text_search, read_lines,
+                         report_outside, report_skipped, split_media)
 from .tta import DEFAULT_TTA
 
 if TYPE_CHECKING:
@@ -211,6 +211,7 @@ def cmd_build(args) -> int:
     print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
           f"into {args.out} ({report.generation}); {_correction_line(bank)}")
     print(timing_line(report.timeline, started, time.perf_counter()))
+    prepare_text_search(args.model, model, not args.quiet)
     return 0
 
 

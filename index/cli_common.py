@@ -59,6 +59,14 @@ class ModelChoice:
     prepare: str = "latency"
 
 
+def prepare_text_search(model_path: str | None, model, progress: bool) -> None:
+    """The model's text tower for ``index search --text``, prepared while the model is loaded (once per model
+    file; training/inference/text_tower.py ``ensure``: never fails the command). ``model_path``: ``--model``."""
+    from training.inference.text_tower import ensure
+
+    ensure(model, model_file(model_path), progress=progress)
+
+
 def load_chosen_model(choice: ModelChoice, payload: dict | None = None):
     """The model of ``choice`` on its device, its image tower on its backend (training/inference/backend.py),
     prepared as ``choice.prepare`` says; returns the model and the device. ``payload``: the model file, when

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from .choices import VIDEO_SUFFIXES
-from .cli_common import (ModelChoice, batch_size_for, counted, joined, load_chosen_model, read_lines,
-                         report_outside, report_skipped, split_media)
+from .cli_common import (ModelChoice, batch_size_for, counted, joined, load_chosen_model, prepare_text_search,
+                         read_lines, report_outside, report_skipped, split_media)
 from .generations import read_manifest
 
 
@@ -47,6 +47,7 @@ def cmd_add(args) -> int:
     report = add(args.index, model, paths, captions, video_paths,
                  EmbedOptions(batch_size_for(args.batch_size, device), args.workers, not args.quiet, sampling,
                               args.decode))
+    prepare_text_search(args.model, model, not args.quiet)
     report_skipped(report.skipped)
     for already in report.already:
         print(f"already in the index, unchanged: {already}", file=sys.stderr)
@@ -90,6 +91,7 @@ def cmd_sync(args) -> int:
     report = sync(args.index, model, args.images, args.exclude, not args.no_default_excludes, not args.no_videos,
                   EmbedOptions(batch_size_for(args.batch_size, device), args.workers, not args.quiet, sampling,
                                args.decode))
+    prepare_text_search(args.model, model, not args.quiet)
     report_skipped(report.skipped)
     report_outside(report.outside)
     videos = {"videos_added": len(report.video_ids), "videos_removed": report.removed_videos} \

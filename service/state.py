@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from training.data.features import usable_cores
 from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.checkpoint import load_model
+from training.inference import text_tower
 from training.inference.backend import use_backend
 from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
@@ -45,6 +47,13 @@ from .workers import Worker
 log = logging.getLogger("jointspace.service")
 # an absolute path (POSIX or Windows) not inside a word or URL: group 1 is its last name
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
+
+
+def text_tower_command(model_path: str, fingerprint: str) -> list[str]:
+    """The process that prepares a served model's text tower in the background (lowered priority; it converts
+    only the model of that fingerprint)."""
+    return [sys.executable, "-m", "training.inference.text_tower", model_path, "--nice", "10",
+            "--fingerprint", fingerprint]
 
 
 def cpu_threads(setting: int, workers: int = 1) -> int:
@@ -268,12 +277,43 @@ class ServiceState:
             gc.freeze()
             log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], gallery.root,
                      gallery.generation)
+            if self.worker is None or self.worker.index == 0:
+                self._tasks.append(asyncio.create_task(self._prepare_text_tower(), name="jointspace-text-tower"))
         except Exception as err:  # noqa: BLE001 - reported by /readyz and the log
             self.error = f"{type(err).__name__}: {err}"
             log.error("loading failed: %s", self.error)
             return
         if self.settings.reload_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._watch(), name="jointspace-reload"))
+
+    async def _prepare_text_tower(self) -> None:
+        """Once ready, in the background: the served model file's text tower for ``index search --text``
+        (training/inference/text_tower.py), prepared unless the cache holds it, in a process of its own at low
+        priority (``python -m training.inference.text_tower``), so that neither readiness nor the requests wait
+        for it and a failed conversion cannot take the service down. Stopping the service stops it."""
+        try:
+            path = str(resolve(self.settings.model))
+            if text_tower.unsupported_reason(self.model) is not None \
+                    or await asyncio.to_thread(text_tower.prepared, path):
+                return
+            proc = await asyncio.create_subprocess_exec(*text_tower_command(path, self.model.fingerprint),
+                                                        stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.PIPE)
+        except Exception as err:  # noqa: BLE001 - a search prepares it later: the service goes on
+            log.warning("text encoder for terminal searches: not prepared in the background: %s: %s",
+                        type(err).__name__, err)
+            return
+        log.info("text encoder for terminal searches: preparing it in the background (process %d)", proc.pid)
+        try:
+            _, err = await proc.communicate()
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        lines = err.decode(errors="replace").strip().splitlines()
+        (log.info if proc.returncode == 0 else log.warning)(
+            "%s (exit %d)", lines[-1] if lines else "text encoder for terminal searches: no answer", proc.returncode)
 
     def _open_gallery(self, root: str | Path) -> Gallery:
         # the segments the loaded generation shares with the new one are taken as they are, not read again

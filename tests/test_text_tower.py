@@ -2,8 +2,10 @@
 embeds a query as the whole model does, and `index search --text` then loads neither torch nor the image side."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +56,8 @@ def test_a_model_whose_text_encoder_reads_the_vocabulary_says_why_and_is_not_con
 
 
 def test_text_search_runs_without_torch_once_prepared(tiny_index_dir, tiny_model_path, tmp_path):
-    """The first text search with the shipped model prepares its tower; the next imports no torch at all, and both
+    """`index build` prepares the shipped model's tower, so the first text search afterwards converts nothing and
+    imports no torch; a search whose model has no prepared tower (an index built before) prepares it, and both
     print the same results. A model whose tower cannot be converted still searches (in PyTorch)."""
     demo = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": str(REPO), "JOINTSPACE_CACHE": str(tmp_path / "cache")}
@@ -67,14 +70,25 @@ def test_text_search_runs_without_torch_once_prepared(tiny_index_dir, tiny_model
                             str(demo / "index"), "--quiet", "--workers", "0", "--no-videos", "--no-ocr"],
                            env=env, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    runs = []
-    for _ in range(2):
+    folder = text_tower.folder_for(pretrained.model_path(), tmp_path / "cache" / "text")
+    facts = json.loads((folder / "tower.json").read_text())          # the build prepared it
+    assert "unsupported" not in facts and (folder / "text.onnx").is_file()
+    prepared_at = (folder / "tower.json").stat().st_mtime_ns
+
+    def search() -> tuple[list, str]:
         run = subprocess.run([sys.executable, "-c", script, "index", "search", "--index", str(demo / "index"),
                               "--text", "a cat", "--k", "3", "--json"], env=env, capture_output=True, text=True)
-        runs.append((json.loads(run.stdout)["results"], run.stderr))
-    (first, first_err), (second, second_err) = runs
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)["results"], run.stderr
+
+    after_build, after_build_err = search()             # the first search: nothing converted, no torch
+    assert "preparing" not in after_build_err and '"torch": false' in after_build_err.splitlines()[-1]
+    assert (folder / "tower.json").stat().st_mtime_ns == prepared_at
+    shutil.rmtree(folder)                               # as after an index built before the build prepared it
+    (first, first_err), (second, second_err) = search(), search()
     assert "preparing this model's text encoder" in first_err and "preparing" not in second_err
     assert '"torch": false' in second_err.splitlines()[-1]
+    assert [r["path"] for r in after_build] == [r["path"] for r in first]
     assert [r["path"] for r in first] == [r["path"] for r in second]
     assert Path(first[0]["path"]).name == "cat.jpg"
     assert [r["score"] for r in first] == pytest.approx([r["score"] for r in second], abs=1e-4)
@@ -86,3 +100,138 @@ def test_text_search_runs_without_torch_once_prepared(tiny_index_dir, tiny_model
                              capture_output=True, text=True)
         assert run.returncode == 0 and len(json.loads(run.stdout)["results"]) == 2, run.stderr
         assert "preparing" not in run.stderr
+
+
+def _build_tiny(synth_small, model_path, out) -> int:
+    """`index build` of the tiny data set's test split in this process (so that it can be patched)."""
+    from service.cli import main
+
+    return main(["index", "build", "--data", str(synth_small), "--split", "test", "--model", str(model_path),
+                 "--out", str(out), "--workers", "0", "--no-ocr"])
+
+
+def test_a_conversion_that_fails_does_not_fail_the_build_and_says_why(synth_small, tiny_model_path, tmp_path,
+                                                                      monkeypatch, capsys):
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(text_tower, "unsupported_reason", lambda model: None)      # taken for a convertible one
+
+    def broken(model, scratch, facts):
+        raise RuntimeError("the exporter gave up")
+    monkeypatch.setattr(text_tower, "_convert", broken)
+    assert _build_tiny(synth_small, tiny_model_path, tmp_path / "index") == 0
+    assert (tmp_path / "index" / "CURRENT").is_file()
+    err = capsys.readouterr().err
+    assert "preparing the model's text encoder" in err
+    assert "text encoder for terminal searches: not prepared: the conversion failed: RuntimeError: the exporter " \
+           "gave up" in err
+    facts = json.loads((text_tower.folder_for(tiny_model_path) / "tower.json").read_text())
+    assert facts["unsupported"] == "the conversion failed: RuntimeError: the exporter gave up"
+    assert text_tower.load(tiny_model_path) is None          # a search embeds in PyTorch, and does not try again
+    # a failure that may pass (out of memory, a disk error): nothing kept, the build still done, tried next time
+    shutil.rmtree(text_tower.folder_for(tiny_model_path))
+
+    def out_of_memory(model, scratch, facts):
+        raise MemoryError()
+    monkeypatch.setattr(text_tower, "_convert", out_of_memory)
+    assert _build_tiny(synth_small, tiny_model_path, tmp_path / "index2") == 0
+    assert "not prepared: MemoryError" in capsys.readouterr().err
+    assert not text_tower.prepared(tiny_model_path)
+    assert not [p for p in (tmp_path / "cache" / "text").iterdir()]          # no half-written folder left
+
+
+def test_index_add_prepares_what_the_build_could_not(synth_small, tiny_model_path, tmp_path, monkeypatch, capsys):
+    """`index add` (and `sync`) prepare the tower too: a build whose preparation failed for a passing reason
+    leaves it to them."""
+    from service.cli import main
+
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = text_tower.prepare
+    monkeypatch.setattr(text_tower, "prepare", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    assert _build_tiny(synth_small, tiny_model_path, tmp_path / "index") == 0
+    assert calls == [tiny_model_path] and text_tower.prepared(tiny_model_path)      # its folder: why not
+    shutil.rmtree(text_tower.folder_for(tiny_model_path))
+    photo = next((synth_small / "images").glob("*.jpg"))
+    capsys.readouterr()
+    assert main(["index", "add", "--index", str(tmp_path / "index"), "--model", str(tiny_model_path), str(photo),
+                 "--workers", "0"]) == 0
+    assert calls == [tiny_model_path] * 2 and text_tower.prepared(tiny_model_path)
+    assert main(["index", "add", "--index", str(tmp_path / "index"), "--model", str(tiny_model_path), str(photo),
+                 "--workers", "0", "--quiet"]) == 0
+    assert len(calls) == 2                                  # prepared already: not again
+
+
+def _ready_service(settings, timeout=60.0):
+    from fastapi.testclient import TestClient
+
+    from server_process import wait_ready
+    from service.app import create_app
+
+    client = TestClient(create_app(settings))
+    client.__enter__()
+    wait_ready(client, timeout)
+    return client
+
+
+def test_serve_prepares_the_text_tower_in_the_background_without_delaying_readiness(
+        tiny_model_path, tiny_index_dir, tmp_path, monkeypatch):
+    """Once ready, serve starts the preparation in a process of its own: /readyz does not wait for it, the
+    requests are answered meanwhile, and stopping the service stops it."""
+    import service.state
+    from service.settings import Settings
+
+    monkeypatch.setattr(text_tower, "unsupported_reason", lambda model: None)
+    started = tmp_path / "started"
+    # a preparation that takes a minute: it writes its pid, then sleeps
+    slow = [sys.executable, "-c", f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); "
+                                  f"time.sleep(60)"]
+    seen = []
+    monkeypatch.setattr(service.state, "text_tower_command", lambda path, fp: seen.append((path, fp)) or slow)
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    client = _ready_service(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() or not started.read_text():
+            assert time.monotonic() < deadline, "the background preparation never started"
+            time.sleep(0.05)
+        pid = int(started.read_text())
+        os.kill(pid, 0)                                      # still preparing…
+        assert client.get("/readyz").status_code == 200      # …and ready all the same
+        assert client.post("/v1/search/images", json={"text": "a red circle", "k": 2}).status_code == 200
+        assert seen == [(str(tiny_model_path), load_model(tiny_model_path).fingerprint)]
+    finally:
+        client.__exit__(None, None, None)
+    deadline = time.monotonic() + 10
+    while _alive(pid):                                       # stopped with the service
+        assert time.monotonic() < deadline, "the background preparation outlived the service"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_serve_runs_the_real_preparation_and_leaves_the_cache_prepared(tiny_model_path, tiny_index_dir, tmp_path,
+                                                                        monkeypatch):
+    """The process serve starts (python -m training.inference.text_tower) prepares the served model file's folder
+    (for the tiny model: one that says why its searches run in PyTorch); a second start finds it prepared."""
+    from service.settings import Settings
+
+    real = text_tower.unsupported_reason
+    monkeypatch.setattr(text_tower, "unsupported_reason", lambda model: None)   # in this process: it is started
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    client = _ready_service(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
+    try:
+        deadline = time.monotonic() + 90
+        while not text_tower.prepared(tiny_model_path):
+            assert time.monotonic() < deadline, "serve did not prepare the text tower"
+            time.sleep(0.1)
+    finally:
+        client.__exit__(None, None, None)
+    facts = json.loads((text_tower.folder_for(tiny_model_path) / "tower.json").read_text())
+    assert facts["unsupported"] == real(load_model(tiny_model_path))

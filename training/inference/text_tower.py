@@ -14,17 +14,27 @@ words to subtract) the graph's vectors must agree with eager PyTorch's (``embedd
 without its own tokenizer, region attention, an ensemble, a conversion that disagrees) gets a folder that says
 why, and its queries are embedded by the whole model in PyTorch, as before.
 
+:func:`ensure` prepares a model's folder where the whole model is loaded anyway and a few seconds are cheap —
+after ``index build/add/sync`` have embedded their photos, and at ``serve``'s start-up, where
+``python -m training.inference.text_tower MODEL`` runs it in a process of its own at low priority once the service
+is ready — so that a user's first terminal search finds it prepared. A conversion that fails says why in the folder
+as an unsupported one does (a failure that may pass — out of memory, a cache that cannot be written — leaves no
+folder, and is tried again next time); it never fails the command that asked for it.
+
 :func:`load` reads a prepared folder (None when there is none) into a :class:`TextTower`, whose
 :meth:`TextTower.embed` is ``embedding.embed_texts`` for one query: ``normalise(r(text) − Σ r(w))`` (W2VV §IV-C
 for the words to subtract), normalised as the model's similarity normalises.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -169,7 +179,12 @@ def prepare(model: EmbeddingModel, model_path: str | Path, root: Path | None = N
         facts: dict[str, Any] = {"format": FORMAT, "fingerprint": model.fingerprint,
                                  "similarity": model.cfg.model.similarity, "dim": model.cfg.model.embed_dim}
         if reason is None:
-            reason = _convert(model, scratch, facts)
+            try:
+                reason = _convert(model, scratch, facts)
+            except (OSError, MemoryError):      # may pass: no folder, tried again next time
+                raise
+            except Exception as err:  # noqa: BLE001 - whatever the exporter or the runtime raise: said in the folder
+                reason = f"the conversion failed: {type(err).__name__}: {err}".replace("\n", " ")[:500]
         if reason is not None:
             facts = {"format": FORMAT, "unsupported": reason}
         (scratch / "tower.json").write_text(json.dumps(facts, indent=1))
@@ -180,7 +195,48 @@ def prepare(model: EmbeddingModel, model_path: str | Path, root: Path | None = N
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
         return None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return load(model_path, root)
+
+
+def ensure(model: EmbeddingModel, model_path: str | Path, progress: bool = True, root: Path | None = None) -> str:
+    """Prepares the text tower of the model file ``model_path`` from ``model`` (that file's model, already loaded)
+    unless the cache holds it already, converting a copy on the CPU when ``model`` runs elsewhere; never raises.
+    Returns what happened, in words: ``prepared in S s``, ``already prepared`` or ``not prepared: why`` (the
+    folder keeps why, or nothing could be written and it is tried again next time). ``progress``: a line on
+    stderr before a conversion and one with its outcome; without it, only a conversion that failed is said."""
+    reason = None
+    try:
+        if prepared(model_path, root):
+            return "already prepared"
+        reason = unsupported_reason(model)
+        if reason is None and progress:
+            print("preparing the model's text encoder for quick terminal searches (once per model file)…",
+                  file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        if reason is None and next(model.parameters()).device.type != "cpu":
+            from training.models.checkpoint import load_model
+
+            model = load_model(model_path)          # traced and checked on the CPU, where it runs
+        tower = prepare(model, model_path, root)
+        outcome = (f"prepared in {time.perf_counter() - started:.1f} s" if tower is not None else
+                   "not prepared: " + (_recorded_reason(model_path, root) or "nothing kept (tried again next time)"))
+    except Exception as err:  # noqa: BLE001 - a search converts it later, or runs in PyTorch: never a failed command
+        outcome = f"not prepared: {type(err).__name__}: {err}".replace("\n", " ")
+    if progress or (reason is None and not outcome.startswith("prepared")):
+        print(f"text encoder for terminal searches: {outcome}"
+              + ("; a terminal text search loads the whole model" if outcome.startswith("not") else ""),
+              file=sys.stderr, flush=True)
+    return outcome
+
+
+def _recorded_reason(model_path: str | Path, root: Path | None) -> str | None:
+    try:
+        return json.loads((folder_for(model_path, root) / "tower.json").read_text()).get("unsupported")
+    except (OSError, ValueError):
+        return None
 
 
 @contextmanager
@@ -246,3 +302,31 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
     if not agreement >= AGREEMENT:
         return f"the converted graph disagrees with PyTorch (cosine {agreement:.6f} < {AGREEMENT})"
     return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m training.inference.text_tower MODEL``: :func:`ensure` for the model file ``MODEL`` (serve runs it
+    in the background once ready: service/state.py); ``--nice N`` lowers its priority first."""
+    ap = argparse.ArgumentParser(prog="python -m training.inference.text_tower", description=main.__doc__)
+    ap.add_argument("model", help="a model.pt")
+    ap.add_argument("--nice", type=int, default=0, help="added to the process's niceness before anything else")
+    ap.add_argument("--fingerprint", help="convert only when the file holds the model of this fingerprint")
+    args = ap.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+    if prepared(args.model):
+        print("text encoder for terminal searches: already prepared", file=sys.stderr)
+        return 0
+    from training.models.checkpoint import load_model
+
+    model = load_model(args.model)
+    if args.fingerprint and model.fingerprint != args.fingerprint:
+        print(f"text encoder for terminal searches: not prepared: {args.model} holds another model than the one "
+              f"served ({model.fingerprint[:12]}…, not {args.fingerprint[:12]}…)", file=sys.stderr)
+        return 1
+    outcome = ensure(model, args.model)
+    return 0 if outcome.startswith(("prepared", "already")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

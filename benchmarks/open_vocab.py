@@ -101,10 +101,12 @@ def imagenet_classes(root: Path) -> list[tuple[str, str]]:
     return [(line.split("\t")[0], line.split("\t")[3].split(",")[0].strip()) for line in rows]
 
 
-def build(model: Path, out: Path, images: Path, captions: Path) -> float:
+def build(model: Path, out: Path, images: Path, captions: Path, backend: str | None = None) -> float:
+    """``jointspace index build`` with its defaults (``backend``: the image tower's, else ``auto``); seconds."""
     start = time.perf_counter()
+    extra = ["--backend", backend] if backend else []
     subprocess.run([*JOINTSPACE, "index", "build", "--model", str(model), "--images", str(images), "--captions",
-                    str(captions), "--out", str(out)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+                    str(captions), "--out", str(out), *extra], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
@@ -134,10 +136,12 @@ def served(args) -> int:
         name, _, path = spec.rpartition("=")
         name, path = name or Path(path).stem, Path(path)
         model = load_model(path)
-        row: dict = {"name": name, "model": str(path), "model_mb": round(path.stat().st_size / 1e6, 1)}
+        row: dict = {"name": name, "model": str(path), "model_mb": round(path.stat().st_size / 1e6, 1),
+                     "backend": args.backend or "auto"}
         # the demo gallery
         demo_index = work / f"demo-{name}"
-        build(model=path, out=demo_index, images=samples / "photos", captions=samples / "captions.txt")
+        build(model=path, out=demo_index, images=samples / "photos", captions=samples / "captions.txt",
+              backend=args.backend)
         gallery = Gallery.load(demo_index, model=model)
         try:
             ids, photos = name_ids(gallery), ImageFilter(media="photo")
@@ -157,13 +161,14 @@ def served(args) -> int:
             named = {i: n for n, i in ids.items()}
             row["people_first"] = {q: bool(h) and named[h[0][0]] in PEOPLE_PHOTOS
                                    for q, h in zip(PEOPLE_QUERIES, gallery.search_images(people, 1, flt=photos))}
+            row["people_found"] = int(sum(row["people_first"].values()))
             row["user_queries"] = {q: bool(h) and h[0][0] == ids[photo]
                                    for h, (q, photo) in zip(hits[len(truth):], USER_QUERIES.items())}
         finally:
             gallery.close()
         # ImageNet samples
         inet_index = work / f"imagenet-{name}"
-        seconds = build(model=path, out=inet_index, images=root / "images", captions=corpus)
+        seconds = build(model=path, out=inet_index, images=root / "images", captions=corpus, backend=args.backend)
         row["index_s_per_photo"] = round(seconds / len(classes), 3)
         gallery = Gallery.load(inet_index, model=model)
         try:
@@ -280,7 +285,10 @@ class Arrays:
                      "bank": texts("bank", bank_captions),
                      "classes": texts("classes", [TEMPLATE.format(n) for _, n in classes]),
                      "bank_classes": texts("bank_classes", class_sentences(names, "a {}")),
-                     "demo": texts("demo", [t for t, _ in truth])}
+                     "demo": texts("demo", [t for t, _ in truth]),
+                     "people": texts("people", PEOPLE_QUERIES)}
+        self.demo_photos = [p.name for p in photos]
+        self.train_captions = [r.captions for r in train.images]
         self.features = {
             "train": torch.from_numpy(np.array(extract_features(base, [r.path for r in train.images],
                                                              compute=Compute(workers=1)))),
@@ -340,11 +348,18 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
                                                           for k in (1, 5))
     r = t2i(classes, emb["imagenet"], torch.arange(n))
     out["imagenet_t2i_r1"], out["imagenet_t2i_r5"] = (round(100 * float((r < k).float().mean()), 1) for k in (1, 5))
-    out["demo_first"] = int((t2i(arrays.text["demo"], emb["demo"], arrays.demo_owner) == 0).sum())
+    demo = corrected(arrays.text["demo"], emb["demo"], bank_cap)
+    out["demo_first"] = int((ranks(demo, arrays.demo_owner) == 0).sum())
+    own = demo.gather(1, arrays.demo_owner[:, None])[:, 0]
+    others = demo.scatter(1, arrays.demo_owner[:, None], float("-inf")).max(1).values
+    out["demo_min_margin"] = round(float((own - others).min()), 4)
+    best = corrected(arrays.text["people"], emb["demo"], bank_cap).argmax(1)
+    out["people_found"] = int(sum(arrays.demo_photos[int(i)] in PEOPLE_PHOTOS for i in best))
     return out
 
 
 FIXED = {"quantile": 0.999999, "temperature": 1e6}      # r₀ above every photo, τ huge: σ(·) = 0.5 for all
+COSMO = {"confidence_floor": 0.48, "confidence": 10.0, "confidence_at": 0.3, "weight": 1.25}
 LEVERS: list[tuple[str, str, dict | None, str]] = [
     # name, what it is, concepts overrides (None: no concept head), the query bank (lever_metrics)
     ("no concepts, no correction", "the model without a concept head, raw cosine scores", None, "none"),
@@ -374,16 +389,36 @@ LEVERS: list[tuple[str, str, dict | None, str]] = [
     ("top 1", "", {"top_k": 1}, "captions"),
     ("3 templates", "'a photo of a {}.', 'a {}', 'a close-up photo of a {}.' averaged",
      {"templates": ["a photo of a {}.", "a {}", "a close-up photo of a {}."]}, "captions"),
-]
+] + [(name, what, {**COSMO, **overrides}, "captions") for name, what, overrides in [
+    ("COSMO gate", "w 1.25; a photo its classifiers cannot name gets down to 0.48 w: f 0.48, alpha 10, kappa0 0.3", {}),
+    ("COSMO gate, kappa0 0.2", "", {"confidence_at": 0.2}),
+    ("COSMO gate, f 0.4", "", {"confidence_floor": 0.4}),
+    ("COSMO gate + people", "and the person sentence for a photo the trained embedding sees a person in (w_p 0.25)",
+     {"people_weight": 0.25}),
+]] + [("w 1.25", "the typicality gate alone at the COSMO gate's w", {"weight": 1.25}, "captions"),
+      ("people", "the person sentence (w_p 0.25) with the default gate", {"people_weight": 0.25}, "captions")]
+
+
+def without_concepts(model):
+    """``model`` without its concept head (every other tensor as it was): the levers' base, fitted one per lever."""
+    from training.models.config_schema import complete
+    from training.models.model import build_model
+
+    if model.concepts is None:
+        return model
+    config = model.cfg.model_dump()
+    config["concepts"] = {**config["concepts"], "enabled": False, "people_weight": 0.0}
+    plain = build_model(complete(config), model.vocab, load_weights=True)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("concepts.")})
+    plain.extra = {k: v for k, v in (model.extra or {}).items() if k != "concepts"}
+    return plain.eval()
 
 
 def levers(args) -> int:
     from training.fit_concepts import fit, with_concepts
     from training.models.checkpoint import load_model
 
-    base = load_model(args.model)
-    if base.concepts is not None:
-        raise SystemExit("levers starts from a model without a concept head (it fits one per lever)")
+    base = without_concepts(load_model(args.model))
     arrays = Arrays(base, args)
     rows = []
     for name, what, overrides, bank in LEVERS:
@@ -392,7 +427,7 @@ def levers(args) -> int:
         model = base
         if overrides is not None:
             model = with_concepts(base, overrides)
-            fit(model, arrays.features["train"].numpy(), log=lambda *_: None)
+            fit(model, arrays.features["train"].numpy(), log=lambda *_: None, captions=arrays.train_captions)
         size = None
         with tempfile.TemporaryDirectory() as tmp:
             if overrides is not None:
@@ -417,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model", action="append", required=True, metavar="[NAME=]PATH", help="a model.pt (repeatable)")
     s.add_argument("--imagenet", required=True, help="the ImageNet sample photos' folder (classes.tsv, images/)")
     s.add_argument("--work", required=True, help="a scratch folder (indexes, the sample photos)")
+    s.add_argument("--backend", help="the image tower's backend for index build (e.g. openvino-bf16; default auto)")
     s.set_defaults(func=served)
     lv = sub.add_parser("levers", help="the concept head's settings on arrays")
     lv.add_argument("--model", required=True, help="a model.pt without a concept head")

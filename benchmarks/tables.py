@@ -244,17 +244,17 @@ def t_open_vocab_served() -> str:
         d = r.get("people_first")
         return "–" if d is None else f"{sum(bool(v) for v in d.values())} of {len(d)}"
 
-    headers = ["model", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
+    headers = ["model", "backend", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
                "demo captions finding their photo first (smallest margin)", "\"a cup of coffee\", \"a rocket\"",
                "people queries finding a person first",
                "strong match on the demo: captions / things no photo shows / absent things / nonsense",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
-    cells = [[r["name"], f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
+    cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
               f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
               f"{r['demo_first']} of 20" + (f" ({r['demo_min_margin']:+.3f})" if "demo_min_margin" in r else ""),
               ", ".join("✓" if ok else "✗" for ok in r["user_queries"].values()), people(r), strong(r),
               imagenet_strong(r), f(r["index_s_per_photo"], 3), f(r["model_mb"])] for r in rows]
-    return with_provenance(headers, cells, rows, data, right={3, 8, 9})
+    return with_provenance(headers, cells, rows, data, right={4, 9, 10})
 
 
 def t_open_vocab_levers() -> str:
@@ -262,12 +262,15 @@ def t_open_vocab_levers() -> str:
     data = load("open_vocab.json")
     rows = data.get("levers", [])
     headers = ["lever", "what", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
-               "demo (of 20)", "Flickr8k dev R-sum", "head ms / photo", "model.pt MB (float16 slim)"]
+               "demo (of 20; smallest margin)", "people queries (of 6)", "Flickr8k dev R-sum", "head ms / photo",
+               "model.pt MB (float16 slim)"]
     cells = [[r["name"], r["lever"], f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
-              f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}", str(r["demo_first"]),
+              f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
+              str(r["demo_first"]) + (f" ({r['demo_min_margin']:+.3f})" if "demo_min_margin" in r else ""),
+              str(r["people_found"]) if "people_found" in r else "–",
               f(r["dev_rsum"]) + ("" if r.get("dev_views") == "flip-crop" else " (one view)"),
               f(r["head_ms_per_photo"], 3), f(r["model_mb_half"])] for r in rows]
-    return with_provenance(headers, cells, rows, data, right={4, 5, 6, 7})
+    return with_provenance(headers, cells, rows, data, right={4, 5, 6, 7, 8})
 
 
 def t_ensemble_cost() -> str:

@@ -214,7 +214,8 @@ def bank_for(root: Path, manifest: dict) -> QueryBank | None:
 def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
     """The reference set of each side of the index (index/relevance.py), as that side stores its items; empty for
     an index without a bank, or with a bank written before reference sets. The image side's carries the bank's
-    reference captions and sentences as its :class:`Descriptions` when the bank holds sentences."""
+    reference captions and sentences (and its reference photos, for r(q)) as its :class:`Descriptions` when the bank
+    holds sentences."""
     entry = manifest.get("querybank") or {}
     if not entry.get("references"):
         return {}
@@ -228,7 +229,8 @@ def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
         if entry["references"].get("sentences") and "reference_sentences" in z:
             said = [z[k].astype(np.float32) for k in ("reference_captions", "reference_sentences") if k in z]
             descriptions = Descriptions(np.concatenate(said), z["reference_nulls"].astype(np.float32)
-                                        if entry["references"].get("nulls") and "reference_nulls" in z else None)
+                                        if entry["references"].get("nulls") and "reference_nulls" in z else None,
+                                        z["reference_images"].astype(np.float32) if "reference_images" in z else None)
         for role in ("images", "captions"):
             if role not in entry["references"]:
                 continue

@@ -22,7 +22,10 @@ tabby."``, with the bank's reference captions: :class:`Descriptions`) checks the
 query is nearly as good a description of the hit as the best sentences the model has for it. With ``b(v)`` the
 mean of photo ``v``'s :data:`DESCRIPTION_TOP` best cosines among the reference sentences (the neighbourhood term
 r(v) of CSLS, cross-domain similarity local scaling, Conneau et al., ICLR 2018, on the text side only), the
-query's *description margin* is ``m(q, v) = q·v − b(v)`` and
+query's *description margin* is ``m(q, v) = q·v − b(v) − λ r(q)``, with ``r(q)`` the mean of the query's
+:data:`QUERY_TOP` best cosines among the reference photos (CSLS's other neighbourhood term, weighted by λ =
+:data:`QUERY_WEIGHT`: a query that typical training photos already answer well — "a sunset over the ocean" — needs a
+closer fit to count as a description of an unusual photo than one they answer poorly — "old coins"), and
 
     text-side relevance(q, v) = σ(logit(STRONG) + (m − M₀) / τ)    (M₀: DESCRIPTION_MARGIN, τ: DESCRIPTION_SPREAD)
 
@@ -44,7 +47,9 @@ import numpy as np
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
 DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
-DESCRIPTION_MARGIN = -0.22  # M₀: the description margin at which the text side reaches STRONG (set on the demo)
+DESCRIPTION_MARGIN = -0.26  # M₀: the description margin at which the text side reaches STRONG (set on the demo)
+QUERY_TOP = 10              # r(q): the mean of a query's 10 best cosines among the reference photos
+QUERY_WEIGHT = 0.25         # λ: r(q)'s weight in the description margin (set on the demo)
 DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
 NULL_COUNT = 380            # null sentences (null_sentences)
 NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences
@@ -92,14 +97,16 @@ def null_sentences(count: int = NULL_COUNT, seed: int = 0) -> list[str]:
 
 class Descriptions:
     """The reference sentences of an image index (unit vectors, as the model embeds text): what the model can say
-    of a photo, against which a query's fit to a hit is measured (the module's text side), and the null sentences
-    (None: no null side)."""
+    of a photo, against which a query's fit to a hit is measured (the module's text side), the null sentences
+    (None: no null side) and the reference photos (unit image vectors, unfolded; None: no r(q) term)."""
 
-    def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None):
+    def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None, photos: np.ndarray | None = None):
         self.sentences = _rows(sentences, "reference sentences")
         self.nulls = None if nulls is None else _rows(nulls, "null sentences")
-        if self.nulls is not None and self.nulls.shape[1] != self.sentences.shape[1]:
-            raise ValueError("null and reference sentences must have the same width")
+        self.photos = None if photos is None else _rows(photos, "reference photos")
+        for other in (self.nulls, self.photos):
+            if other is not None and other.shape[1] != self.sentences.shape[1]:
+                raise ValueError("null sentences, reference photos and reference sentences must have the same width")
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -115,14 +122,22 @@ class Descriptions:
             out[:, 1] = _top_mean(photos @ self.nulls.T, NULL_TOP)
         return out
 
+    def query_floor(self, query: np.ndarray) -> float:
+        """r(q): the mean of the raw ``query``'s :data:`QUERY_TOP` best cosines among the reference photos (0
+        without them)."""
+        if self.photos is None:
+            return 0.0
+        return float(_top_mean((self.photos @ np.asarray(query, dtype=np.float32))[None], QUERY_TOP)[0])
+
     def relevance(self, query: np.ndarray, photos: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
         """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smaller of
-        its description margin ``q·v − b(v)`` calibrated at :data:`DESCRIPTION_MARGIN` and its null margin
+        its description margin ``q·v − b(v) − λ r(q)`` calibrated at :data:`DESCRIPTION_MARGIN` and its null margin
         ``q·v − n(v)`` calibrated at :data:`NULL_MARGIN`. ``floors``: their :meth:`floors` when known."""
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         floors = self.floors(photos) if floors is None else np.asarray(floors, dtype=np.float32)
         raw = photos @ np.asarray(query, dtype=np.float32)
-        return np.minimum(calibrated(raw - floors[:, 0], DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN))
+        described = raw - floors[:, 0] - QUERY_WEIGHT * self.query_floor(query)
+        return np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN))
 
 
 def _rows(vectors: np.ndarray, what: str) -> np.ndarray:

@@ -142,3 +142,88 @@ def test_train_fits_the_head_and_the_bank_names_the_classes(synth_small, tmp_pat
     assert len(carried(again)["captions"]) == 1020
     assert cli_main(["concepts", "--model", str(tmp_path / "model.pt"), "--data", str(synth_small),
                      "--set", "weight=1"]) == 2
+
+
+# --- the COSMO confidence gate and the people side ----------------------------------------------------------------
+
+def test_confidence_gate_has_one_weight_per_photo_and_rises_with_the_classifiers_confidence():
+    torch.manual_seed(0)
+    model = build_model(lite0_config(confidence_floor=0.2, confidence=8.0, confidence_at=0.3),
+                        Vocabulary.build(["a dog", "a cat"])).eval()
+    fitted(model)
+    head = model.concepts
+    x = torch.rand(1, model.feature_dim) * 4
+    scaled = torch.cat([x * s for s in (0.25, 1.0, 4.0, 16.0)])     # r(x) is scale-free, the logits are not
+    with torch.no_grad():
+        kappa, g, r = head.confidence(scaled), head.gate_weights(scaled), head.typicality(scaled)
+    assert g.shape == kappa.shape == (4,)
+    torch.testing.assert_close(r, r[:1].expand(4))
+    assert (kappa.diff() > 0).all() and (g.diff() > 0).all()
+    r0, tau = head.gate
+    typical = head.cfg.weight * torch.sigmoid((r0 - r) / tau)
+    torch.testing.assert_close(g, typical * (0.2 + 0.8 * torch.sigmoid(8.0 * (kappa - 0.3))))
+    assert (g < typical).all() and (g > 0.2 * typical).all()
+
+
+def test_confidence_gate_is_the_typicality_gate_at_its_limits():
+    torch.manual_seed(0)
+    vocab = Vocabulary.build(["a dog", "a cat"])
+    plain, cosmo = (build_model(lite0_config(**kw), vocab).eval()
+                    for kw in ({}, {"confidence_floor": 0.25, "confidence": 1e4}))
+    cosmo.load_state_dict(plain.state_dict())
+    feats = fitted(plain)
+    fitted(cosmo)
+    x = feats[:5] * torch.tensor([0.1, 1, 4, 16, 64])[:, None]
+    with torch.no_grad():
+        r0, tau = plain.concepts.gate
+        old = plain.concepts.cfg.weight * torch.sigmoid((r0 - plain.concepts.typicality(x)) / tau)
+        torch.testing.assert_close(plain.concepts.gate_weights(x), old)          # f = 1: the typicality gate
+        sure = cosmo.concepts.confidence(x) > cosmo.concepts.cfg.confidence_at
+        assert sure.any() and (~sure).any()
+        limit = torch.where(sure, old, 0.25 * old)                               # α → ∞: w or f · w
+        torch.testing.assert_close(cosmo.concepts.gate_weights(x), limit, atol=1e-4, rtol=0)
+    assert "concepts.person" not in plain.state_dict()       # no people side: the buffers of older files only
+
+
+def test_people_side_is_fitted_on_captions_and_adds_the_person_sentence():
+    from training.concepts import logistic, names_a_person
+
+    assert names_a_person(["a man rides a bike", "a person on a bike", "a red bike"])
+    assert not names_a_person(["a dog runs", "a dog on grass", "a man watches a dog"])
+    z = torch.linspace(-1, 1, 400)
+    labels = torch.rand(400, generator=torch.Generator().manual_seed(0)) < torch.sigmoid((z - 0.2) / 0.1)
+    z0, tau = logistic(z, labels)
+    assert z0 == pytest.approx(0.2, abs=0.05) and tau == pytest.approx(0.1, abs=0.05)
+
+    torch.manual_seed(0)
+    model = build_model(lite0_config(people_weight=0.5), Vocabulary.build(["a man", "a dog", "a photo of a person"]))
+    model.eval()
+    feats = torch.rand(60, model.feature_dim, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        unit = F.normalize(model.image_proj(feats), dim=-1)
+    axis = unit[:, 0] > unit[:, 0].median()                          # "a person" where the first component is high
+    captions = [["a man walks"] * 5 if a else ["a dog runs"] * 5 for a in axis.tolist()]
+    with pytest.raises(ValueError, match="captions"):
+        fit(model, feats, log=lambda *_: None, names=NAMES)
+    report = fit(model, feats, log=lambda *_: None, names=NAMES, captions=captions)
+    head = model.concepts
+    assert report["person_photos"] == int(axis.sum()) and report["person_mean_pi"] > report["other_mean_pi"]
+    with torch.no_grad():
+        pi = head.person_weights(unit)
+        g = head.gate_weights(feats, pi)
+        expected = F.normalize(unit + g[:, None] * head.concept_vectors(feats)
+                               + 0.5 * pi[:, None] * head.person[1], dim=-1)
+        torch.testing.assert_close(model.embed_features(feats), expected)
+        torch.testing.assert_close(g, head.gate_weights(feats) * (1 - pi))
+    assert float(head.person[1].norm()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_concept_keys_are_checked():
+    with pytest.raises(ConfigError, match="concepts.confidense"):
+        build_config({"concepts": {"confidense": 5.0}})
+    with pytest.raises(ConfigError, match="concepts.confidence_at"):
+        build_config({"concepts": {"confidence_at": 1.5}})
+    with pytest.raises(ConfigError, match="concepts.confidence_floor"):
+        build_config({"concepts": {"confidence_floor": -0.1}})
+    with pytest.raises(ConfigError, match="concepts.people_weight"):
+        build_config({"concepts": {"people_weight": -1.0}})

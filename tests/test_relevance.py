@@ -17,8 +17,9 @@ from index.embed import embed_photos, embed_texts
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
 from index.qbnorm import model_bank
-from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, REFERENCE_SIZE,
-                             STRONG, Descriptions, both_sides, calibrated, is_strong, null_sentences, reference_rows,
+from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, QUERY_TOP,
+                             QUERY_WEIGHT, REFERENCE_SIZE, STRONG, Descriptions, both_sides, calibrated, is_strong,
+                             null_sentences, reference_rows,
                              strong_match, strong_threshold)
 from service.app import create_app
 from service.cli import main as cli_main
@@ -264,6 +265,27 @@ def test_the_text_side_grows_with_the_query_score_and_is_the_smaller_of_its_two_
     # without null sentences only the description margin counts
     assert np.allclose([Descriptions(sentences).relevance(q, photo[None])[0] for q in queries],
                        calibrated(raw - floors[0], DESCRIPTION_MARGIN))
+
+
+def test_a_query_typical_photos_answer_well_needs_a_closer_fit_to_describe_a_photo():
+    rng = np.random.default_rng(1)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)            # noqa: E731
+    sentences, nulls, photos = (unit(rng.standard_normal((n, 16))) for n in (40, 30, 50))
+    plain, csls = Descriptions(sentences, nulls), Descriptions(sentences, nulls, photos)
+    photo = unit(rng.standard_normal(16))
+    common, rare = photos[0], unit(rng.standard_normal(16))          # a query right on a reference photo, one not
+    for query in (common, rare):
+        r = np.sort(photos @ query)[-QUERY_TOP:].mean()
+        assert csls.query_floor(query) == pytest.approx(r, abs=1e-6) and plain.query_floor(query) == 0.0
+        floors = csls.floors(photo[None])[0]
+        raw = float(query @ photo)
+        want = min(calibrated(np.array([raw - floors[0] - QUERY_WEIGHT * r]), DESCRIPTION_MARGIN)[0],
+                   calibrated(np.array([raw - floors[1]]), NULL_MARGIN)[0])
+        assert csls.relevance(query, photo[None])[0] == pytest.approx(want)
+        assert csls.relevance(query, photo[None])[0] <= plain.relevance(query, photo[None])[0] + 1e-12 or r < 0
+    assert csls.query_floor(common) > csls.query_floor(rare)
+    with pytest.raises(ValueError, match="same width"):
+        Descriptions(sentences, nulls, photos[:, :8])
 
 
 def test_the_null_sentences_are_fixed_by_their_seed_and_apart_from_the_nonsense_queries_measured():

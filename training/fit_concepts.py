@@ -4,7 +4,12 @@
    (timm's class names), averaged over the templates and normalised;
 2. the prototypes: spherical k-means of the backbone features of five sixths of the training photos;
 3. the gate: r₀ = the ``concepts.quantile`` quantile of r(x) over the held-out sixth, τ = ``concepts.temperature``
-   × (its 50 % minus its 10 % quantile).
+   × (its 50 % minus its 10 % quantile); the confidence term's α and κ₀ are config keys, selected on Flickr8k dev
+   and the ImageNet samples (benchmarks/open_vocab.py);
+4. with ``concepts.people_weight`` > 0, the people side: d, the unit difference of the mean trained embedding of
+   the training photos whose captions name a person (:data:`PERSON_WORDS` in at least half of them) and of the
+   others; z₀, τ_p by a logistic regression of that label on d · u; s_p, ``concepts.people_sentences`` embedded
+   and averaged.
 
 ``jointspace train`` fits it when ``concepts.enabled``; ``jointspace concepts`` fits it for a trained model. A
 model whose carried query bank predates the fit gets its bank images embedded again (they are image embeddings),
@@ -12,6 +17,7 @@ and ``concepts.bank_template`` adds a sentence per class to the bank's captions.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence, cast
@@ -25,6 +31,55 @@ from training.models.concepts import ConceptHead, class_names, class_sentences
 from training.models.model import JointEmbedding
 
 HELD_OUT_EVERY = 6      # every sixth training photo is held out of the k-means, to place r₀
+PERSON_WORDS = re.compile(r"\b(man|men|woman|women|boy|boys|girl|girls|person|people|child|children|kid|kids|"
+                          r"baby|toddler|lady|ladies|guy|guys|player|players|crowd|couple|family|someone|"
+                          r"he|she|they)\b", re.IGNORECASE)
+
+
+def names_a_person(captions: Sequence[str]) -> bool:
+    """Whether a photo shows a person, by its captions: at least half of them name one (:data:`PERSON_WORDS`)."""
+    return 2 * sum(bool(PERSON_WORDS.search(c)) for c in captions) >= max(len(captions), 1)
+
+
+@torch.no_grad()
+def logistic(z: torch.Tensor, labels: torch.Tensor, steps: int = 50) -> tuple[float, float]:
+    """A one-feature logistic regression P(label | z) = σ((z − z₀) / τ) by Newton's method (a tiny ridge keeps
+    separable data finite): (z₀, τ)."""
+    x = torch.stack([z.double(), torch.ones_like(z, dtype=torch.float64)], 1)
+    y = labels.double()
+    w = torch.zeros(2, dtype=torch.float64)
+    for _ in range(steps):
+        p = torch.sigmoid(x @ w)
+        grad = x.t() @ (p - y) + 1e-3 * w
+        hess = (x * (p * (1 - p))[:, None]).t() @ x + 1e-3 * torch.eye(2, dtype=torch.float64)
+        w = w - torch.linalg.solve(hess, grad)
+    if not float(w[0]) > 0:
+        raise ValueError("the person label does not rise along the person direction: the people side cannot be "
+                         "fitted on these photos (set concepts.people_weight: 0)")
+    return float(-w[1] / w[0]), float(1 / w[0])
+
+
+@torch.no_grad()
+def fit_people(model: JointEmbedding, features: torch.Tensor, captions: Sequence[Sequence[str]]) -> dict:
+    """Step 4 of the module on ``model.concepts``: d, z₀, τ_p and s_p from the training photos' features and
+    captions (one list per photo, in the features' order)."""
+    head = cast(ConceptHead, model.concepts)
+    if len(captions) != len(features):
+        raise ValueError(f"{len(captions)} photos' captions for {len(features)} photos' features")
+    labels = torch.tensor([names_a_person(c) for c in captions])
+    if bool(labels.all()) or not bool(labels.any()):
+        raise ValueError("fitting the people side needs training photos both with and without a person in their "
+                         "captions")
+    unit = torch.cat([F.normalize(model.project_features(chunk.to(next(model.parameters()).device)).float().cpu(),
+                                  dim=-1) for chunk in features.split(1024)])
+    d = F.normalize(unit[labels].mean(0) - unit[~labels].mean(0), dim=0)
+    z0, tau = logistic(unit @ d, labels)
+    said = F.normalize(embed_texts(model, list(head.cfg.people_sentences)).float().cpu(), dim=-1)
+    head.person.copy_(torch.stack([d, F.normalize(said.mean(0), dim=0)]))
+    head.person_gate.copy_(torch.tensor([z0, tau]))
+    pi = head.person_weights(unit)
+    return {"person_photos": int(labels.sum()), "z0": z0, "tau_p": tau,
+            "person_mean_pi": float(pi[labels].mean()), "other_mean_pi": float(pi[~labels].mean())}
 
 
 @torch.no_grad()
@@ -55,9 +110,10 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
 
 @torch.no_grad()
 def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callable[[str], None] = print,
-        names: Sequence[str] | None = None) -> dict:
-    """Fits ``model.concepts`` on the pooled backbone features ``(N, D)`` of the training photos; returns what
-    was fitted (r₀, τ, the held-out gate's mean)."""
+        names: Sequence[str] | None = None, captions: Sequence[Sequence[str]] | None = None) -> dict:
+    """Fits ``model.concepts`` on the pooled backbone features ``(N, D)`` of the training photos (and, for the
+    people side, their ``captions``: one list per photo); returns what was fitted (r₀, τ, the held-out gate's
+    mean, the people side's)."""
     head = model.concepts
     if not isinstance(head, ConceptHead):
         raise ValueError("this model has no concept head (concepts.enabled: false)")
@@ -83,13 +139,25 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     q = torch.quantile(r, torch.tensor([cfg.quantile, 0.1, 0.5]))
     tau = max(float(cfg.temperature * (q[2] - q[1])), 1e-4)
     head.gate.copy_(torch.tensor([float(q[0]), tau]))
+    people: dict = {}
+    if head.people:
+        if captions is None:
+            raise ValueError("concepts.people_weight > 0 fits the people side on the training photos' captions; "
+                             "none were given")
+        people = fit_people(model, feats, captions)
     head.fitted.fill_(True)
-    gate = head.gate_weights(feats[held])
+    held_unit = F.normalize(model.project_features(feats[held].to(next(model.parameters()).device)).float().cpu(),
+                            dim=-1)
+    gate = head.gate_weights(feats[held], head.person_weights(held_unit) if head.people else None)
     model.train(was)
     report = {"r0": float(q[0]), "tau": tau, "held_out": int(held.sum()), "prototypes": int(head.prototypes.shape[0]),
-              "gate_mean_held_out": float(gate.mean()), "classes": head.n_classes, "templates": list(cfg.templates)}
+              "gate_mean_held_out": float(gate.mean()), "classes": head.n_classes, "templates": list(cfg.templates),
+              **people}
     log(f"concepts: r0 {report['r0']:.4f}, tau {tau:.4f}; mean gate over {report['held_out']} held-out training "
-        f"photos {report['gate_mean_held_out']:.3f} (of w = {cfg.weight})")
+        f"photos {report['gate_mean_held_out']:.3f} (of w = {cfg.weight})"
+        + (f"; people: z0 {people['z0']:.4f}, tau_p {people['tau_p']:.4f}, mean pi {people['person_mean_pi']:.2f} "
+           f"on {people['person_photos']} person photos, {people['other_mean_pi']:.2f} on the others"
+           if people else ""))
     return report
 
 
@@ -146,7 +214,7 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
     model.to(device)
     feats = extract_features(model, [r.path for r in train_set.images],
                              compute=Compute(device=device, workers=workers, progress=progress))
-    report = fit(model, feats, log=log)
+    report = fit(model, feats, log=log, captions=[r.captions for r in train_set.images])
     model.cpu()
     model.extra["concepts"] = report
     slim = read_checkpoint(model_file).get("slim")

@@ -17,8 +17,31 @@ model's own text embedding of sentences naming class y ("a photo of a tabby cat.
 
 r₀ a low quantile of r over held-out training photos and τ a fraction of r's spread there. A Flickr8k-like photo
 (r ≫ r₀) keeps the embedding the ranking loss trained; a photo of a rocket or a cup of coffee gets the words its
-backbone has for it. The image embedding is normalise(normalise(W f + b) + g(x) · c(x)); queries are unchanged.
-An unfitted head is the identity.
+backbone has for it.
+
+The gate also reads the classifiers' own confidence, as COSMO weighs its "seen" and zero-shot experts (Atzmon &
+Chechik, CVPR 2019, §4: a gate on the seen expert's max-softmax confidence): with κ(x) the largest class
+probability of the mean classifier at temperature 1,
+
+    g(x) = w · σ((r₀ − r(x)) / τ) · (f + (1 − f) · σ(α · (κ(x) − κ₀))) · (1 − π(x)),
+
+so among the photos unlike the training photos (the typicality factor: a Flickr8k-like photo stays closed however
+sure its classifiers are), one the classifiers name with confidence gets up to w of their words and one they
+cannot name (a texture they call "maze" at 0.17) down to f · w; f = 1 (``confidence_floor``) is the typicality gate
+alone. ImageNet has no person class, so a photo of a
+person would otherwise be pulled towards the things around the person (a helmet, a tripod); π(x) is the trained
+embedding's own belief that x shows a person,
+
+    π(x) = σ((d · u(x) − z₀) / τ_p),    u(x) = normalise(W f + b),
+
+d the unit difference of the mean trained embedding of training photos whose captions name a person and of those
+whose captions do not, z₀ and τ_p a logistic regression of that label on d · u over the training photos
+(training/concepts.py). Such a photo gets the model's own sentence for a person instead of the classifiers' words:
+
+    v(x) = normalise(u(x) + g(x) · c(x) + w_p · π(x) · s_p),
+
+s_p the mean embedding of ``people_sentences``; w_p = 0 (``people_weight``) leaves π out (π = 0). Queries are
+unchanged. An unfitted head is the identity.
 """
 from __future__ import annotations
 
@@ -52,6 +75,8 @@ class ConceptHead(nn.Module):
     prototypes: torch.Tensor         # (K, ΣD), unit rows
     gate: torch.Tensor               # r₀, τ
     fitted: torch.Tensor             # bool
+    person: torch.Tensor             # (2, E): d, s_p (only with people_weight > 0)
+    person_gate: torch.Tensor        # z₀, τ_p (only with people_weight > 0)
 
     def __init__(self, cfg: ConceptsSection, classifiers: list[nn.Linear], part_dims: list[int], embed_dim: int):
         super().__init__()
@@ -69,16 +94,23 @@ class ConceptHead(nn.Module):
         self.register_buffer("prototypes", torch.zeros(cfg.prototypes, feature_dim))
         self.register_buffer("gate", torch.tensor([0.0, 1.0]))
         self.register_buffer("fitted", torch.tensor(False))
+        if cfg.people_weight > 0:       # only then: files without the people side load as they were written
+            self.register_buffer("person", torch.zeros(2, embed_dim))
+            self.register_buffer("person_gate", torch.tensor([0.0, 1.0]))
+
+    @property
+    def people(self) -> bool:
+        return self.cfg.people_weight > 0
 
     @property
     def n_classes(self) -> int:
         return self.class_embeddings.shape[0]
 
-    def probabilities(self, features: torch.Tensor) -> torch.Tensor:
+    def probabilities(self, features: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
         """Pooled backbone features ``(B, ΣD)`` → class probabilities ``(B, C)``: the mean of the backbones'
-        softmax classifiers at ``class_temperature``."""
+        softmax classifiers at ``temperature`` (None: ``class_temperature``)."""
         parts = features.float().split(self.part_dims, dim=-1)
-        t = self.cfg.class_temperature
+        t = self.cfg.class_temperature if temperature is None else temperature
         return torch.stack([F.softmax(F.linear(part, head.weight.float(), head.bias.float()) / t, dim=-1)
                             for head, part in zip(self.heads, parts)]).mean(0)
 
@@ -97,16 +129,38 @@ class ConceptHead(nn.Module):
         sims = F.normalize(features.float(), dim=-1) @ self.prototypes.float().t()
         return sims.topk(min(self.cfg.neighbours, sims.shape[-1]), dim=-1).values.mean(-1)
 
-    def gate_weights(self, features: torch.Tensor) -> torch.Tensor:
-        """g(x) = w · σ((r₀ − r(x)) / τ) ``(B,)``."""
+    def confidence(self, features: torch.Tensor) -> torch.Tensor:
+        """κ(x) ``(B,)``: the largest class probability of the mean classifier at temperature 1 (COSMO §4)."""
+        return self.probabilities(features, 1.0).max(-1).values
+
+    def person_weights(self, unit: torch.Tensor) -> torch.Tensor:
+        """π(x) = σ((d · u(x) − z₀) / τ_p) ``(B,)`` from the unit projections ``u`` ``(B, E)``; zeros without the
+        people side."""
+        if not self.people:
+            return torch.zeros(unit.shape[0], device=unit.device)
+        z0, tau = self.person_gate.float()
+        return torch.sigmoid((unit.float() @ self.person[0].float() - z0) / tau)
+
+    def gate_weights(self, features: torch.Tensor, people: torch.Tensor | None = None) -> torch.Tensor:
+        """g(x) = w · σ((r₀ − r(x)) / τ) · (f + (1 − f) · σ(α (κ(x) − κ₀))) · (1 − π(x)) ``(B,)``; ``people``:
+        π(x) (None: 0)."""
         r0, tau = self.gate.float()
-        return self.cfg.weight * torch.sigmoid((r0 - self.typicality(features)) / tau)
+        g = self.cfg.weight * torch.sigmoid((r0 - self.typicality(features)) / tau)
+        floor = self.cfg.confidence_floor
+        if floor < 1:       # COSMO (Atzmon & Chechik 2019, §4): the seen expert's max-softmax confidence gates
+            sure = torch.sigmoid(self.cfg.confidence * (self.confidence(features) - self.cfg.confidence_at))
+            g = g * (floor + (1 - floor) * sure)
+        return g if people is None else g * (1 - people)
 
     def forward(self, features: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
-        """Pooled backbone features ``(B, ΣD)`` and their projection ``(B, E)`` → normalise(W f + b) + g(x) · c(x),
-        not yet normalised (the similarity does that); the unit projection alone while the head is unfitted."""
+        """Pooled backbone features ``(B, ΣD)`` and their projection ``(B, E)`` → u + g(x) · c(x) + w_p · π(x) · s_p
+        (the module's v(x)), not yet normalised (the similarity does that); the unit projection alone while the
+        head is unfitted."""
         unit = F.normalize(projected, dim=-1)
         if not bool(self.fitted):
             return unit
-        fused = unit.float() + self.gate_weights(features).unsqueeze(-1) * self.concept_vectors(features)
+        people = self.person_weights(unit) if self.people else None
+        fused = unit.float() + self.gate_weights(features, people).unsqueeze(-1) * self.concept_vectors(features)
+        if people is not None:
+            fused = fused + (self.cfg.people_weight * people).unsqueeze(-1) * self.person[1].float()
         return fused.to(projected.dtype)

@@ -205,6 +205,17 @@ class ConceptsSection(RunSection):
     quantile: float = Key(0.1, "r0: this quantile of r over held-out training photos", gt=0.0, lt=1.0)
     temperature: float = Key(1.0, "tau, as a fraction of r's spread (its 50 % minus its 10 % quantile) over "
                                   "held-out training photos", gt=0.0)
+    confidence_floor: float = Key(1.0, "f: the COSMO gate's share of w for a photo its classifiers cannot name "
+                                       "(their mean largest softmax probability at temperature 1 well below "
+                                       "kappa0); one they name with confidence gets all of w; 1: the typicality "
+                                       "gate alone", ge=0.0, le=1.0)
+    confidence: float = Key(10.0, "alpha: how sharply the COSMO gate moves from f to 1 with the confidence", gt=0.0)
+    confidence_at: float = Key(0.3, "kappa0: the confidence halfway between", ge=0.0, le=1.0)
+    people_weight: float = Key(0.0, "w_p: the weight of the person sentence added to a photo the trained embedding "
+                                    "sees a person in (and the ImageNet gate closed by as much); 0: off", ge=0.0)
+    people_sentences: list[str] = Key(["a photo of a person.", "a photo of a man.", "a photo of a woman.",
+                                       "a photo of people."], "the person sentences, embedded by the model's own "
+                                                              "text encoder and averaged", min_length=1)
     bank_template: Optional[str] = Key(None, "a sentence per ImageNet class added to the query bank's captions, e.g. "
                                              "'a {}' (measured: docs/benchmarks.md#open-vocabulary); None: none")
 

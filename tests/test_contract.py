@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from server_process import spawn, wait_ready
+from server_process import poll_readyz, spawn, wait_ready
 from service.app import create_app
 from service.settings import Settings
 
@@ -366,16 +366,13 @@ def test_what_needs_no_body_is_answered_before_the_body_is_read(tiny_model_path,
     broken = create_app(Settings(model=str(tiny_model_path.parent / "missing.pt"), index=str(tiny_index_dir),
                                  reload_interval_s=0))
     with TestClient(broken) as c:
-        deadline = time.monotonic() + 30
-        while not c.get("/readyz").json()["status"].startswith("error") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_readyz(c, lambda answer: answer.json()["status"].startswith("error"), timeout=30)
         for kwargs in (junk, upload):
             assert answered(c, 503, "/v1/search/images", **kwargs) == []
     keyed = create_app(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0,
                                 api_key="s3cret", auth_failures_per_minute=0))
     with TestClient(keyed) as c:
-        while c.get("/readyz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(c)
         for path in ("/v1/search/images", "/v1/search/captions", "/v1/paraphrases", "/v1/captions"):
             for kwargs in (junk, upload):
                 assert answered(c, 401, path, **kwargs) == [], path

@@ -27,8 +27,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b = isub.add_parser("build", help="embed a gallery (and a caption corpus) and write a new index")
     b.add_argument("--model", help="model.pt (default: the shipped real-photo model, docs/model-card.md)")
     src = b.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", help="a directory of images (searched recursively), or a text file listing image "
-                                      "files, one a line (relative to the file's folder)")
+    src.add_argument("--images", help="a directory of images (searched recursively), one photo or video, or a text "
+                                      "file listing image files, one a line (relative to the file's folder)")
     src.add_argument("--data", help="a captioned data set (Karpathy JSON / Flickr8k / COCO); needs --split")
     b.add_argument("--split", choices=["train", "val", "test"], help="the split of --data to index")
     b.add_argument("--out", required=True, help="index directory (an existing index there is replaced atomically)")

@@ -48,7 +48,8 @@ class ScanRules:
 
 @dataclass(frozen=True)
 class Sources:
-    """What ``index build`` indexes: ``images`` (``--images``: a folder, or a file listing image files) or the
+    """What ``index build`` indexes: ``images`` (``--images``: a folder, one photo or video, or a text file listing
+    image files) or the
     ``split`` of a captioned data set (``--data``, ``--split``), and its caption corpus: ``captions`` (a text file)
     or ``caption_split`` (another split of the data set); by default the indexed split's captions."""
     images: str | None = None
@@ -120,6 +121,7 @@ def _check_engine(engine: str, tta: str | None, ray_flags: dict) -> None:
 def _find_sources(sources: Sources, rules: ScanRules) -> Found:
     """The photos, videos and captions ``index build`` indexes (:class:`Sources`), a folder scanned by ``rules``."""
     from training.data.datasets import load_dataset
+    from training.data.media import file_head, sniff_image, sniff_video
 
     from .scan import scan_media
 
@@ -142,6 +144,9 @@ def _find_sources(sources: Sources, rules: ScanRules) -> Found:
     if not sources.images:
         raise ValueError("give --images or --data")
     listing = Path(sources.images)
+    head = file_head(listing) if listing.is_file() else b""
+    if sniff_image(head) or sniff_video(head):            # one photo or video
+        return Found(*split_media([listing], rules.videos), captions)
     if listing.is_file():
         listed = [p if p.is_absolute() else listing.parent / p for p in map(Path, read_lines(listing))]
         return Found(*split_media(listed, rules.videos), captions)
@@ -208,7 +213,8 @@ def cmd_build(args) -> int:
             decoding.close()
     report_skipped(report.skipped)
     videos = f", {len(report.video_ids)} videos ({report.moments} moments)" if video_paths else ""
-    print(f"indexed {len(report.image_ids) - report.moments} images{videos} and {len(report.caption_ids)} captions "
+    print(f"indexed {counted(len(report.image_ids) - report.moments, 'image')}{videos} and "
+          f"{counted(len(report.caption_ids), 'caption')} "
           f"into {args.out} ({report.generation}); {_correction_line(bank)}")
     print(timing_line(report.timeline, started, time.perf_counter()))
     prepare_text_search(args.model, model, not args.quiet)

@@ -20,7 +20,11 @@ def split_media(paths, videos: bool) -> tuple[list, list]:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    """The non-empty lines of the UTF-8 text file ``path``; ValueError naming it when it is not text."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a UTF-8 text file (one path or caption a line)") from None
     return [line for line in lines if line]
 
 

@@ -278,3 +278,18 @@ def test_two_writers_adding_one_file_leave_one_entry(model, tiny_model_path, tmp
     capsys.readouterr()
     rows = _paths(out, model)
     assert sorted(rows) == ["a.jpg", "new/b.jpg"] and rows["new/b.jpg"].id != first
+
+
+def test_build_takes_one_photo_or_a_listing_and_says_what_else_it_cannot_read(tiny_model_path, tmp_path, capsys):
+    photo = _photo(tmp_path / "one.jpg", 1)
+    out = tmp_path / "gallery"
+    build = ["index", "build", "--model", str(tiny_model_path), "--out", str(out), "--quiet", "--workers", "0",
+             "--no-querybank", "--tta", "none", "--images"]
+    assert cli_main([*build, str(photo)]) == 0
+    assert capsys.readouterr().out.startswith("indexed 1 image and 0 captions")
+    (tmp_path / "list.txt").write_text("one.jpg\n")
+    assert cli_main([*build, str(tmp_path / "list.txt")]) == 0
+    assert capsys.readouterr().out.startswith("indexed 1 image and 0 captions")
+    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00 not text, not an image")
+    assert cli_main([*build, str(tmp_path / "blob.bin")]) == 2
+    assert f"{tmp_path / 'blob.bin'} is not a UTF-8 text file" in capsys.readouterr().err

@@ -656,7 +656,7 @@ def t_backend_throughput(file: str = "backend_throughput.json") -> str:
         runs = [x["process_s"] for x in data.get("rows", [])
                 if (x["code"], x["backend"], x["tta"]) == (r["code"], r["backend"], r["tta"])]
         return f(statistics.median(runs), 1) if runs else "—"
-    cells = [[r["tta"], r["backend"] if r["code"] == "this" else f"eager ({baseline})",
+    cells = [[r["tta"], r["backend"] if r["code"] == "this" else f"{r['backend']} ({baseline})",
               f(r["photos_per_s"], 2), f(r["embed_photos_per_s"], 2), f"×{f(r['vs_eager'], 2)}" if r["vs_eager"] else "—",
               f"×{f(r['vs_baseline'], 2)}" if r.get("vs_baseline") else "—", process_s(r), f(r["peak_rss_mb"], 0)]
              for r in rows]
@@ -940,7 +940,11 @@ def t_cli_search() -> str:
     table = md_table(["command", "gallery", "runs", "wall s (median)", "wall s (max)", "peak RSS MB (max)",
                       "target"], cells, right={2, 3, 4, 5})
     hw, date, commit = provenance({}, data, "cli_search.json")
-    return f"{table}\n\nHardware: {hw}; date: {date}; commit: {commit}."
+    cost = data.get("text_tower_preparation")
+    said = (f"Preparing the text tower at `index build` (once per model file) adds {f(cost['build_added_s'], 1)} s "
+            f"to a build of the demo (median of {cost['build_repeats']} builds with and without it; the build "
+            f"itself reports {f(cost['build_reported_s'], 1)} s). " if cost else "")
+    return f"{table}\n\n{said}Hardware: {hw}; date: {date}; commit: {commit}."
 
 
 def t_ocr_keyword() -> str:

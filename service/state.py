@@ -306,12 +306,12 @@ class ServiceState:
             return
         log.info("text encoder for terminal searches: preparing it in the background (process %d)", proc.pid)
         try:
-            _, err = await proc.communicate()
+            _, said = await proc.communicate()
         except asyncio.CancelledError:
             proc.kill()
             await proc.wait()
             raise
-        lines = err.decode(errors="replace").strip().splitlines()
+        lines = said.decode(errors="replace").strip().splitlines()
         (log.info if proc.returncode == 0 else log.warning)(
             "%s (exit %d)", lines[-1] if lines else "text encoder for terminal searches: no answer", proc.returncode)
 

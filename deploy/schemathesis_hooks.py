@@ -4,7 +4,8 @@
 The upload routes' ``image`` part declares the image types the service reads (``encoding.image.contentType``:
 JPEG, PNG, GIF, WebP, BMP, TIFF, HEIC/HEIF, AVIF) and the service sniffs the bytes, so a schema-valid upload is a
 real image of one of those types. Schemathesis has no generator for them; these strategies draw small real images
-(size, colours and a shape vary) in each format. A second hook orders the two date filters (below).
+(size, colours and a shape vary) in each format. A second hook works around a false positive of the negative-data
+check on forms with a file part (below).
 """
 from __future__ import annotations
 
@@ -76,44 +77,3 @@ def _file_parts_as_text(response, case, media_type):
 
 
 _checks._form_body_is_valid_as_sent = _file_parts_as_text
-
-
-# --- a rule JSON Schema cannot state: taken_after must be earlier than taken_before ----------------------------------
-#
-# Both filters are dates or date-times, each valid on its own; together they must make a non-empty range, which the
-# service checks (422, and the schema's description says so) but JSON Schema cannot express across two fields. Left
-# alone, the fuzzer's positive phase would send inverted ranges as "valid" data. This hook puts a generated pair in
-# order (or drops taken_before when both are the same instant); a body where either value is not a valid time —
-# negative data — is left as generated.
-import datetime as _dt  # noqa: E402
-
-
-def _instant(value):
-    """A date (00:00 UTC) or an RFC 3339 date-time as an aware datetime; None for anything else."""
-    if not isinstance(value, str):
-        return None
-    try:
-        if len(value) == 10:
-            return _dt.datetime.combine(_dt.date.fromisoformat(value), _dt.time(), _dt.UTC)
-        when = _dt.datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
-        return when if when.tzinfo is not None else None
-    except (ValueError, OverflowError):
-        return None
-
-
-def _ordered_range(body):
-    if isinstance(body, dict) and "taken_after" in body and "taken_before" in body:
-        after, before = _instant(body["taken_after"]), _instant(body["taken_before"])
-        if after is not None and before is not None and after >= before:
-            body = dict(body)
-            if after == before:
-                del body["taken_before"]
-            else:
-                body["taken_after"], body["taken_before"] = body["taken_before"], body["taken_after"]
-    return body
-
-
-@schemathesis.hook
-def map_case(ctx, case):
-    case.body = _ordered_range(case.body)
-    return case

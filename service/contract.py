@@ -34,7 +34,9 @@ from index.query import SCORE_RANGES, parse_time
 
 from .settings import Settings
 
-MAX_ID = 2 ** 63 - 1        # ids are FAISS/SQLite int64
+# ids are FAISS/SQLite int64, assigned from 0 up; the API takes them up to 2**53 - 1, the largest integer every JSON
+# reader holds exactly (RFC 7493, I-JSON) — and FastAPI's OpenAPI document writes a bound as a float
+MAX_ID = 2 ** 53 - 1
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic",
                "image/heif", "image/avif")
 

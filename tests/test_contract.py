@@ -2,8 +2,11 @@
 the service's own /openapi.json — valid ones, which must be accepted, and schema-violating ones, which must be
 refused — against a real ``jointspace serve`` process, with every check on (server errors, status codes, content
 types, response schemas and headers, negative data rejection, positive data acceptance, unsupported methods,
-authentication). Two runs, each over every operation: a retrieval-only model without an API key (the decoder
-routes answer 409), and a model with a sentence decoder with an API key set. Fixed seed, bounded examples.
+authentication). Three runs, each over every operation: a retrieval-only model without an API key (the decoder
+routes answer 409), and a model with a sentence decoder with an API key set, both with deploy/schemathesis_hooks.py
+(real images of every declared type as uploads); and schemathesis as it ships, no hooks, with
+deploy/schemathesis.toml (its one setting: the upload operations' 415 for bytes that are no image is not a refusal
+of valid data). Fixed seed, bounded examples.
 
 Plus direct checks of what the document states (limits from the settings, security only with a key, the routes
 that need a decoder, the error responses) and of the 409."""
@@ -27,6 +30,7 @@ from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKS = REPO / "deploy" / "schemathesis_hooks.py"
+CONFIG = REPO / "deploy" / "schemathesis.toml"
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 SEED, MAX_EXAMPLES = 0, 30
 
@@ -53,7 +57,9 @@ def _serve(model: Path, index: Path, env: dict) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.parametrize("variant", ["retrieval model, no API key", "decoder model, API key"])
+@pytest.mark.parametrize("variant", ["retrieval model, no API key", "decoder model, API key",
+                                     "retrieval model, no API key, no hooks"],
+                         ids=["hooks_retrieval_open", "hooks_decoder_keyed", "no_hooks_retrieval_open"])
 def test_schemathesis_finds_no_contract_breach(variant, tiny_model_path, tiny_index_dir, tiny_stt_model_path,
                                                tiny_stt_index_dir, tmp_path):
     if not SCHEMATHESIS.exists():
@@ -73,8 +79,12 @@ def test_schemathesis_finds_no_contract_breach(variant, tiny_model_path, tiny_in
                "--no-color", "--request-timeout", "30"]
         if key:
             cmd += ["-H", f"X-API-Key: {key}"]
-        result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)})
+        env = {k: v for k, v in os.environ.items() if k != "SCHEMATHESIS_HOOKS"}
+        if "no hooks" in variant:       # schemathesis as it ships, every check on: only deploy/schemathesis.toml
+            cmd[1:1] = ["--config-file", str(CONFIG)]
+        else:                           # real images of every declared type (deploy/schemathesis_hooks.py)
+            env["SCHEMATHESIS_HOOKS"] = str(HOOKS)
+        result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -303,6 +313,7 @@ def test_the_document_is_generated_from_the_routes_declarations(tiny_model_path,
     from fastapi.routing import APIRoute, iter_route_contexts
 
     from service.api.routing import ServedTable
+    from service.contract import MAX_ID
 
     settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0, max_k=9,
                         max_thumbnail=200)
@@ -328,6 +339,9 @@ def test_the_document_is_generated_from_the_routes_declarations(tiny_model_path,
             assert declared.body_field is None and "application/json" not in content
         assert ("multipart/form-data" in content) == (route.form is not None)
     assert doc["components"]["schemas"]["TextSearch"]["properties"]["k"]["maximum"] == 9
+    # FastAPI writes a schema's bounds as floats: the largest id is one a float holds exactly
+    image_id = doc["components"]["schemas"]["ImageIdSearch"]["properties"]["image_id"]
+    assert image_id["maximum"] == MAX_ID and float(MAX_ID) == MAX_ID
     assert all(r.openapi_extra is None for path, r in routes.items() if path not in {t.path for t in table.routes})
     for path in ("/v1/images/{image_id}", "/v1/videos/{video_id}/frame"):
         size = next(p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "size")

@@ -9,9 +9,9 @@ the file's media type is sniffed from its content. A frame is decoded under the 
 from __future__ import annotations
 
 import io
-from typing import Any
 import os
 import pathlib
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
@@ -52,8 +52,8 @@ async def video_response(request: Request, video_id: int, state: ServiceState) -
 
 def thumbnail_size(max_thumbnail: int, description: str) -> Any:
     """The ``?size=`` query parameter of a thumbnail or frame: an integer from 16 to ``max_thumbnail`` (a setting,
-    declared per app so that the OpenAPI document states it); absent, the parameter is None (no thumbnail), which
-    no client sends."""
+    declared per app so that the OpenAPI document states it). The endpoint's parameter is annotated ``int`` so
+    that the document states an integer; when it is absent its value is None: no thumbnail, the file itself."""
     return Query(None, ge=16, le=max_thumbnail, description=description)
 
 

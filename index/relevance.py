@@ -47,9 +47,9 @@ import numpy as np
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
 DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
-DESCRIPTION_MARGIN = -0.26  # M₀: the description margin at which the text side reaches STRONG (set on the demo)
+DESCRIPTION_MARGIN = -0.25  # M₀: the description margin at which the text side reaches STRONG (set on the demo)
 QUERY_TOP = 10              # r(q): the mean of a query's 10 best cosines among the reference photos
-QUERY_WEIGHT = 0.25         # λ: r(q)'s weight in the description margin (set on the demo)
+QUERY_WEIGHT = 0.2          # λ: r(q)'s weight in the description margin (set on the demo)
 DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
 NULL_COUNT = 380            # null sentences (null_sentences)
 NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences

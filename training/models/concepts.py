@@ -36,7 +36,7 @@ embedding's own belief that x shows a person,
 
 d the unit difference of the mean trained embedding of training photos whose captions name a person and of those
 whose captions do not, z₀ and τ_p a logistic regression of that label on d · u over the training photos
-(training/concepts.py). Such a photo gets the model's own sentence for a person instead of the classifiers' words:
+(training/fit_concepts.py). Such a photo gets the model's own sentence for a person instead of the classifiers' words:
 
     v(x) = normalise(u(x) + g(x) · c(x) + w_p · π(x) · s_p),
 

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from index import querybank
+from index import qbnorm
 from training.data import features
 from training.data.user_cache import CACHE_ENV, cache_folder
 from training.inference import backend, text_tower
 
 CACHES = {"backends": backend.cache_root, "text": text_tower.cache_root, "features": features.default_cache_dir,
-          "querybank": querybank.cache_root}
+          "querybank": qbnorm.cache_root}
 
 
 @pytest.mark.parametrize("value", [None, ""])

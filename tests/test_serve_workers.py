@@ -20,7 +20,7 @@ from index.gallery import EmbedOptions, add
 from service.cli import main as cli_main
 from service.workers import SharedAdmission, Worker, auto_workers, worker_settings
 from service.settings import Settings
-from server_process import REPO, free_port, spawn
+from server_process import REPO, alive, free_port, spawn
 from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
 
@@ -57,14 +57,6 @@ def _until(condition, timeout: float = 60.0, poll: float = 0.1):
             return value
         time.sleep(poll)
     return condition()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_two_workers_serve_as_one_service(tiny_model_path, index_copy, synth_small):
@@ -125,7 +117,7 @@ def test_two_workers_serve_as_one_service(tiny_model_path, index_copy, synth_sma
         proc.terminate()
         code = proc.wait(timeout=60)
     assert code == 0
-    assert not [p for p in pids if _alive(int(p))]                   # no worker left behind
+    assert not [p for p in pids if alive(int(p))]                   # no worker left behind
     with socket.socket() as s:                                       # and the port is free again
         s.bind(("127.0.0.1", port))
 
@@ -142,7 +134,7 @@ def test_sigint_stops_every_worker(tiny_model_path, tiny_index_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not [p for p in pids if _alive(int(p))]
+    assert not [p for p in pids if alive(int(p))]
 
 
 def test_a_busy_port_is_refused_at_once_with_workers(tiny_model_path, tiny_index_dir, capsys):
@@ -288,4 +280,4 @@ def test_a_worker_that_keeps_dying_stops_the_service(tiny_model_path, tiny_index
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not [p for p in seen if _alive(int(p))]
+    assert not [p for p in seen if alive(int(p))]

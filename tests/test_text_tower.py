@@ -15,6 +15,7 @@ import torch
 from training.inference import pretrained, text_tower
 from training.inference.embedding import embed_texts
 from training.models.checkpoint import load_model
+from server_process import alive, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,7 +165,6 @@ def test_index_add_prepares_what_the_build_could_not(synth_small, tiny_model_pat
 def _ready_service(settings, timeout=60.0):
     from fastapi.testclient import TestClient
 
-    from server_process import wait_ready
     from service.app import create_app
 
     client = TestClient(create_app(settings))
@@ -202,17 +202,9 @@ def test_serve_prepares_the_text_tower_in_the_background_without_delaying_readin
     finally:
         client.__exit__(None, None, None)
     deadline = time.monotonic() + 10
-    while _alive(pid):                                       # stopped with the service
+    while alive(pid):                                       # stopped with the service
         assert time.monotonic() < deadline, "the background preparation outlived the service"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_serve_runs_the_real_preparation_and_leaves_the_cache_prepared(tiny_model_path, tiny_index_dir, tmp_path,

@@ -76,7 +76,8 @@ demo: $(DEMO)/photos-index/CURRENT  ## real photos searched with the shipped mod
 $(DEMO)/samples/captions.txt: | $(BIN)/jointspace
 	$(BIN)/jointspace index samples --out $(DEMO)/samples
 
-$(DEMO)/photos-index/CURRENT: $(DEMO)/samples/captions.txt
+# the shipped model is a prerequisite: an index built with an earlier model file is rebuilt, not refused by serve
+$(DEMO)/photos-index/CURRENT: $(DEMO)/samples/captions.txt training/pretrained/flickr8k.pt
 	$(BIN)/jointspace index build --images $(DEMO)/samples/photos --captions $(DEMO)/samples/captions.txt \
 		--out $(DEMO)/photos-index --workers 0
 

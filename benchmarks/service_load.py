@@ -44,6 +44,7 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -351,6 +352,17 @@ def raw_limit(engine: Engine, items: list, batch: int, seconds: float, search) -
 
 # --- setup when no model is given ------------------------------------------------------------------------------
 
+def baseline_model_and_index(checkout: Path, work: Path, images: int) -> tuple[Path, Path]:
+    """The same untrained demo model and generated gallery as :func:`default_model_and_index`, made by the code of
+    ``checkout`` (its own ``benchmarks/service_load.py``), so that its server reads files written in its own format
+    (a model file stores its config, and a checkout refuses keys it does not know)."""
+    code = ("import sys, pathlib; sys.path.insert(0, 'benchmarks'); import service_load; "
+            f"service_load.default_model_and_index(pathlib.Path({str(work)!r}), {images})")
+    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+    subprocess.run([sys.executable, "-c", code], cwd=checkout, env={**os.environ, "PYTHONPATH": path}, check=True)
+    return work / "model.pt", work / "index"
+
+
 def default_model_and_index(work: Path, images: int) -> tuple[Path, Path, Path]:
     from training.config import load_config
     from training.data.synth import generate
@@ -404,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory(prefix="jointspace-bench-")
+    baseline_files = None
     if args.model is None and args.index is None:
         args.model, args.index, _ = default_model_and_index(Path(tmp.name), 600)
+        if args.baseline is not None:   # the baseline's own model file and index: an older checkout cannot read a
+            baseline_files = baseline_model_and_index(args.baseline, Path(tmp.name) / "baseline", 600)  # newer config
     elif args.model is None:                            # an index alone: built with the shipped model (make demo's)
         from training.inference.pretrained import resolve
 
@@ -444,12 +459,18 @@ def main(argv: list[str] | None = None) -> int:
     # machine the background load drifts, and this way both modes see the same drift. Throughput is the median
     # over the repeats; latency percentiles pool every request of the cell.
     configs = server_configs(args)
-    servers = [start_server(args.model, args.index, c["batching"], args.max_batch, args.max_wait_ms, args.backend,
-                            c["workers"], Path(c["checkout"]) if c["checkout"] else None) for c in configs]
+    servers: list = []
     rows = []
     ceiling = {}
     overload = None
     try:
+        for c in configs:     # inside the try: a server that fails to start stops the ones already running
+            checkout = Path(c["checkout"]) if c["checkout"] else None
+            model_file, index_dir = args.model, args.index
+            if checkout is not None and baseline_files is not None:
+                model_file, index_dir = baseline_files
+            servers.append(start_server(model_file, index_dir, c["batching"], args.max_batch, args.max_wait_ms,
+                                        args.backend, c["workers"], checkout))
         port_on = servers[0][1]
         health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
         for c in args.concurrency:     # the HTTP stack's own ceiling: GET /healthz does no work at all

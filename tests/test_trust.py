@@ -2,6 +2,7 @@
 default), how its images may be cached (private, no-store with a key, ETag and 304), the files it serves (never through a
 symbolic link made after indexing), and index paths with URI characters (model files that may only hold tensors
 and plain values: tests/test_model.py)."""
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -293,3 +294,31 @@ def test_the_failure_limiter_refills_and_forgets():
     limiter.failed("c")                                    # three addresses, two remembered: "a" forgotten
     assert limiter.wait("a") == 0
     assert FailureLimiter(0).wait("a") == 0
+
+
+def test_a_model_route_checks_its_key_once_and_parses_its_json_once(tiny_model_path, tiny_index_dir, monkeypatch):
+    """The route class reads the key and the JSON body before FastAPI does (service/api/routing.py): the key is
+    then accepted for the request (the router's dependency, which states it in the document, does not check it
+    again) and the strictly parsed value is what FastAPI validates (Starlette's parser never runs)."""
+    import types
+
+    import starlette.requests
+
+    import service.api.deps as deps
+
+    keys: list[str | None] = []
+    given = deps._given_key
+    monkeypatch.setattr(deps, "_given_key", lambda request: keys.append(given(request)) or keys[-1])
+    parsed: list[bytes] = []
+    monkeypatch.setattr(starlette.requests, "json", types.SimpleNamespace(
+        loads=lambda body: parsed.append(body) or json.loads(body)))
+    with _ready(_client(tiny_model_path, tiny_index_dir, api_key="s3cret")) as c:
+        r = c.post("/v1/search/images", json={"text": "a dog", "k": 2}, headers={"X-API-Key": "s3cret"})
+        assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
+        assert keys == ["s3cret"] and parsed == []
+        keys.clear()
+        assert c.get("/v1/folders", headers={"X-API-Key": "s3cret"}).status_code == 200   # the dependency alone
+        assert keys == ["s3cret"]
+        keys.clear()
+        r = c.post("/v1/search/images", json={"text": "a dog"}, headers={"X-API-Key": "guess"})
+        assert r.status_code == 401 and keys == ["guess"]

@@ -29,6 +29,7 @@ _bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_AP
 
 # the error responses of every POST route (the 401 is added to every /v1 route when a key is set: service/app.py)
 POST_ERRORS = (400, 408, 413, 415, 422, 503)
+KEY_ACCEPTED = "jointspace.api_key_accepted"   # in a request's scope state once its API key is accepted
 
 
 async def service(request: Request) -> ServiceState:
@@ -67,8 +68,8 @@ async def require_api_key(request: Request, key: str | None = Depends(_api_key_h
     Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
     state: ServiceState = request.app.state.service
     expected = state.settings.api_key
-    if expected is None:
-        return
+    if expected is None or request.scope.get("state", {}).get(KEY_ACCEPTED):
+        return      # no key, or accepted already for this request (a model route checks before reading the body)
     given = _given_key(request)
     client = request.client.host if request.client else ""
     wait = state.auth_failures.wait(client)
@@ -80,6 +81,7 @@ async def require_api_key(request: Request, key: str | None = Depends(_api_key_h
             state.auth_failures.failed(client)
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})
+    request.scope.setdefault("state", {})[KEY_ACCEPTED] = True
 
 
 def _shed(err: Shed, state: ServiceState) -> HTTPException:

@@ -261,7 +261,9 @@ class ServedTable:
         service ready (503), the API key (401, 429, 400), the decoder the route needs (409), a content type it takes
         (415) — then a multipart form is read and answered here (service/contract.py ``Form``), and a JSON body is
         read strictly (``bodies.json_value``: 422 for ``NaN`` or an integer of over 100 digits, 400 for bytes that
-        are not JSON) before FastAPI reads it again and validates it as the endpoint declares. Admission and
+        are not JSON) into the request's JSON cache, which FastAPI reads (the body is parsed once) and validates
+        as the endpoint declares. The API key, checked here, is marked accepted, so the router's dependency that
+        states it in the document does not check it again. Admission and
         in-flight counting come earlier still, in middleware (service/middleware.py)."""
         form, kinds = route.form, tuple(dict.fromkeys(op.body.kind for op in route.operations))
         parser = self.forms[route.path, form.name] if form is not None else None
@@ -281,7 +283,7 @@ class ServedTable:
                         _need_decoder(state, form)
                         body = Uploaded(data, fields)
                         return _response(await form.handle(Call(request, state, form, body), body))
-                    await json_value(request)
+                    request._json = await json_value(request)   # Starlette's own cache: FastAPI reads this value
                     try:
                         return await declared(request)
                     except RequestValidationError as err:

@@ -277,7 +277,7 @@ def ranking(args) -> int:
     import torch
 
     import querybank_dev
-    from index.embed import embed_photos, embed_texts
+    from index.embed import embed_photos, embed_sentences
     from index.qbnorm import model_bank
     from training.data.datasets import load_dataset
     from training.inference.backend import attached, use_backend
@@ -287,7 +287,7 @@ def ranking(args) -> int:
     dev = load_dataset(args.data).split("val").images[:args.images or None]
     paths = [r.path for r in dev]
     model = load_model(resolve(args.model))
-    captions = embed_texts(model, [c for r in dev for c in r.captions], progress=False)
+    captions = embed_sentences(model, [c for r in dev for c in r.captions], progress=False)
     cap_to_img = np.array([i for i, r in enumerate(dev) for _ in r.captions])
     bank = model_bank(model, progress=False)
     empty = np.zeros((0, captions.shape[1]), np.float32)

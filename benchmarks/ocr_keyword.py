@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from training.inference.pretrained import model_file
-    from index.embed import embed_texts
+    from index.embed import embed_sentences
     from index.changes import BuildOptions
     from index.gallery import EmbedOptions, Gallery, build
     import index.hybrid as hybrid
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     gallery = Gallery.load(work / "with_ocr", model=model)
     by_path = {r.path: r.id for r in gallery.meta.all_images()}
     queries = [(" ".join(t.words), by_path[str(Path(t.path).resolve())], t) for t in texts]
-    vectors = np.asarray(embed_texts(model, [q for q, _, _ in queries]))
+    vectors = np.asarray(embed_sentences(model, [q for q, _, _ in queries]))
     def ranks_of(mode: str) -> list[int | None]:
         ranks: list[int | None] = []
         for (text, target, _), vector in zip(queries, vectors):

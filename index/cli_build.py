@@ -252,7 +252,7 @@ def _querybank(model: EmbeddingModel, choice: BankChoice, workers: int | None, p
     from training.data.datasets import load_dataset
     from training.inference.embedding import device_of, embed_split
 
-    from .embed import embed_texts
+    from .embed import embed_sentences
     from .qbnorm import DEFAULT_BETA, QueryBank, model_bank
 
     if choice.off:
@@ -266,7 +266,7 @@ def _querybank(model: EmbeddingModel, choice: BankChoice, workers: int | None, p
         texts = read_lines(source)
         if not texts:
             raise ValueError(f"--querybank: {source} holds no captions")
-        return QueryBank(captions=embed_texts(model, texts, progress=progress), beta=beta, origin=str(source))
+        return QueryBank(captions=embed_sentences(model, texts, progress=progress), beta=beta, origin=str(source))
     if not source.is_dir():
         raise FileNotFoundError(f"--querybank: no such file or data set: {source}")
     split = load_dataset(source).split(choice.split)

@@ -184,7 +184,7 @@ def embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], batch_size:
     return files_to_embeddings(model, paths, progress=progress, decoding=decoding)
 
 
-def embed_texts(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
+def embed_sentences(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:
     """Sentences → ``(len(texts), D)`` float32 embeddings (``training.inference.embedding.embed_texts``)."""
     model.eval()
     vectors = texts_to_embeddings(model, texts, batch_size=batch_size, progress=progress)

@@ -295,7 +295,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     if options.querybank is not None and model.cfg.model.similarity != "cosine":
         raise ValueError(f"querybank normalisation applies to cosine-similarity models; this one uses "
                          f"{model.cfg.model.similarity!r}")
-    from .embed import embed_texts
+    from .embed import embed_sentences
 
     if not emb.kept and not (videos is not None and videos.moments):
         raise ValueError(f"none of the {len(image_paths)} images and {len(videos.paths) if videos else 0} videos "
@@ -303,7 +303,7 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
     kept = set(emb.kept)
     changes = ChangeSet(image_vectors=emb.vectors, image_rows=_photo_rows(image_paths, emb), image_ids=emb.kept,
                         next_image_id=len(image_paths), videos=videos,
-                        caption_vectors=embed_texts(model, [t for t, _ in captions], progress=progress),
+                        caption_vectors=embed_sentences(model, [t for t, _ in captions], progress=progress),
                         captions=[(t, g if g in kept else None) for t, g in captions])
     report = build_from_vectors(root, ModelFacts.of(model), changes, options)
     report.skipped = emb.skipped + (videos.skipped if videos is not None else [])
@@ -327,7 +327,7 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     symbolic link to it are one file), and never indexed twice: a file the index holds as it is (the same size and
     mtime, else the same content hash) is not added again but listed in ``already``; one whose content changed
     is embedded again under a new id, its old entry removed (as ``sync`` does)."""
-    from .embed import embed_texts
+    from .embed import embed_sentences
 
     root = Path(root)
     photos, videos_held = _held(root) if image_paths or video_paths else ({}, {})
@@ -338,7 +338,7 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
                          OcrConfig.from_manifest(manifest.get("ocr")), photo_hashes) if image_paths else None)
     same = {image_paths[i] for i in emb.passed} if emb is not None else set()
     videos = _embed_videos(model, video_paths, embedding)
-    cap_vectors = embed_texts(model, list(captions), progress=embedding.progress) if captions else None
+    cap_vectors = embed_sentences(model, list(captions), progress=embedding.progress) if captions else None
     stale_photos = {photos[Path(image_paths[i])].id for i in (emb.kept if emb is not None else [])
                     if Path(image_paths[i]) in photos}
     read_videos = [Path(videos.paths[i]) for i in videos.kept] if videos is not None else []

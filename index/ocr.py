@@ -194,7 +194,7 @@ def tsv_words(tsv: str) -> tuple[Word, ...]:
     return tuple(words)
 
 
-def read_photo(path: str | Path, config: OcrConfig, likelihood: float | None = None) -> PhotoText:
+def ocr_photo(path: str | Path, config: OcrConfig, likelihood: float | None = None) -> PhotoText:
     """The gate, then (when it passes) Tesseract, on one photo file. ``likelihood``: the gate's score, when the
     indexer already took it from the photo it decoded to embed (index/embed.py), so a photo the gate rejects is
     not opened again. An unreadable file reads as no text (its embedding, which runs first, reports it)."""
@@ -210,7 +210,7 @@ def read_photo(path: str | Path, config: OcrConfig, likelihood: float | None = N
 
 
 class TextReading:
-    """:func:`read_photo` over photos as the indexer hands them over, on ``workers`` threads (default: the CPU
+    """:func:`ocr_photo` over photos as the indexer hands them over, on ``workers`` threads (default: the CPU
     count, at most 8), while it goes on embedding the others: Tesseract's runs share the cores with the embedding
     instead of following it. Made by :func:`start_reading`."""
 
@@ -222,7 +222,7 @@ class TextReading:
 
     def add(self, path: str | Path, likelihood: float | None = None) -> None:
         """Reads the photo at ``path`` (``likelihood``: the gate's score, when known)."""
-        self._reads[str(path)] = self._pool.submit(read_photo, path, self.config, likelihood)
+        self._reads[str(path)] = self._pool.submit(ocr_photo, path, self.config, likelihood)
 
     def texts(self) -> dict[str, PhotoText]:
         """``{path: PhotoText}`` of every photo added, once all are read."""
@@ -236,9 +236,9 @@ class TextReading:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def read_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None,
+def ocr_photos(paths: Sequence[str | Path], config: OcrConfig, workers: int | None = None,
                 likelihoods: Sequence[float | None] | None = None) -> list[PhotoText]:
-    """:func:`read_photo` over files, in order, on a :class:`TextReading`'s threads. ``likelihoods``: the gate's
+    """:func:`ocr_photo` over files, in order, on a :class:`TextReading`'s threads. ``likelihoods``: the gate's
     score of each, where already known."""
     known = list(likelihoods) if likelihoods is not None else [None] * len(paths)
     if len(known) != len(paths):
@@ -296,7 +296,7 @@ def read_rows(rows: Sequence[tuple], config: OcrConfig | None, workers: int | No
         return done
     paths = [path for path, _ in rest]
     known = [getattr(info, "text_likelihood", None) for _, info in rest]   # taken while embedding (index/embed.py)
-    return {**done, **dict(zip(paths, read_photos(paths, config, workers, known)))}
+    return {**done, **dict(zip(paths, ocr_photos(paths, config, workers, known)))}
 
 
 def store(meta, rows: Iterable[tuple], texts: dict[str, PhotoText], config: OcrConfig | None) -> None:

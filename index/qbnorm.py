@@ -123,7 +123,7 @@ class QueryBank:
 
     def save(self, root: Path, cache: Path | None = None) -> dict:
         """Writes the bank beside the generations (once per content: ``querybank-<key>.npz``) and returns its
-        manifest entry. The file of a bank met before is copied from ``cache`` (default :func:`cache_root`) once
+        manifest entry. The file of a bank met before is copied from ``cache`` (default :func:`bank_cache`) once
         its vectors are read back and match its name, instead of computing the reference sets again; a new one is
         made and kept there too (where the cache can be written)."""
         name = f"querybank-{self.key()}.npz"
@@ -161,7 +161,7 @@ class QueryBank:
 
     def _cached(self, name: str, cache: Path | None) -> bytes | None:
         """The cached file ``name`` when it holds this bank (its vectors read back and keyed alike), else None."""
-        path = (cache_root() if cache is None else Path(cache)) / name
+        path = (bank_cache() if cache is None else Path(cache)) / name
         try:
             data = path.read_bytes()
             with np.load(io.BytesIO(data)) as z:
@@ -176,7 +176,7 @@ class QueryBank:
         return data if complete and stored.key() == name[len("querybank-"):-len(".npz")] else None
 
     def _keep(self, name: str, data: bytes, cache: Path | None) -> None:
-        path = (cache_root() if cache is None else Path(cache)) / name
+        path = (bank_cache() if cache is None else Path(cache)) / name
         if path.exists():
             return
         try:
@@ -253,7 +253,7 @@ def unfold(manifest: dict, role: str, vector: np.ndarray) -> np.ndarray:
 
 # --- the bank a model carries ------------------------------------------------------------------------------------
 
-def cache_root() -> Path:
+def bank_cache() -> Path:
     """Where embedded model banks are cached: ``$JOINTSPACE_CACHE/querybank`` (``~/.cache/jointspace/querybank``)."""
     return cache_folder("querybank")
 
@@ -267,9 +267,9 @@ def embed_bank_captions(model: EmbeddingModel, captions: list[str], progress: bo
                         ) -> tuple[np.ndarray, bool]:
     """The bank's captions embedded with ``model`` (float16), from the cache when there; returns the vectors and
     whether they came from the cache. A cache that cannot be written (a read-only home) is skipped."""
-    from .embed import embed_texts
+    from .embed import embed_sentences
 
-    path = _cache_file(model, captions, cache_root() if cache is None else cache)
+    path = _cache_file(model, captions, bank_cache() if cache is None else cache)
     if path.is_file():
         try:
             vectors = np.load(path)
@@ -277,7 +277,7 @@ def embed_bank_captions(model: EmbeddingModel, captions: list[str], progress: bo
                 return vectors, True
         except (OSError, ValueError):
             pass                                      # unreadable: embed again and rewrite it
-    vectors = embed_texts(model, captions, progress=progress).astype(np.float16)
+    vectors = embed_sentences(model, captions, progress=progress).astype(np.float16)
     try:
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as fh:

@@ -69,11 +69,11 @@ def gallery_records(synth_dir):
 
 def embedded_gallery(model, synth_dir):
     """``gallery_records(synth_dir)`` embedded by ``model``: (records, captions, image vectors, caption vectors)."""
-    from index.embed import embed_photos, embed_texts
+    from index.embed import embed_photos, embed_sentences
 
     records, captions = gallery_records(synth_dir)
     images = embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors
-    return records, captions, images, embed_texts(model, [c for c, _ in captions], progress=False)
+    return records, captions, images, embed_sentences(model, [c for c, _ in captions], progress=False)
 
 
 def build_index(model_path, synth_dir, out, querybank=None):
@@ -129,7 +129,7 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
     photo; for ``b`` the 5% of them that are ``b`` outscore every photo. Read-only."""
     import numpy as np
 
-    from index.embed import embed_photos, embed_texts
+    from index.embed import embed_photos, embed_sentences
     from index.changes import BuildOptions, ChangeSet, ModelFacts
     from index.gallery import build_from_vectors
     from index.qbnorm import QueryBank
@@ -137,7 +137,7 @@ def relevance_index_dir(synth_small, tiny_model_path, tmp_path_factory):
     from training.models.checkpoint import load_model
 
     model = load_model(tiny_model_path)
-    a, b = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    a, b = embed_sentences(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
     a, b = a / np.linalg.norm(a), b / np.linalg.norm(b)
     assert a @ b < 0.999, "the two queries must differ"
     rng = np.random.default_rng(0)

@@ -282,7 +282,7 @@ def test_the_cache_is_keyed_by_the_towers_fingerprint(model, tmp_path):
 
 def test_the_cache_lives_under_jointspace_cache(model, tmp_path, monkeypatch):
     monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path))
-    assert backend_mod.cache_root() == tmp_path / "backends"
+    assert backend_mod.graph_cache() == tmp_path / "backends"
     try:
         assert use_backend(model, "onnxruntime") == "onnxruntime"
         assert backend_of(model).path.parent == tmp_path / "backends"

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from conftest import build_index, tiny_config
 from server_process import wait_ready
-from index.embed import embed_texts
+from index.embed import embed_sentences
 from index.gallery import Gallery
 from service.app import create_app
 from service.cli import main as cli_main
@@ -54,7 +54,7 @@ def _vectors(model, images, min_side):
 def _expected(models, weights, images, texts, min_side):
     """The members' normalised embeddings, weighted, concatenated, normalised: (image, text) scores."""
     img = [_vectors(m, images, min_side) for m in models]
-    txt = [torch.from_numpy(embed_texts(m, texts, progress=False)) for m in models]
+    txt = [torch.from_numpy(embed_sentences(m, texts, progress=False)) for m in models]
     def cat(parts):
         return F.normalize(torch.cat([w * F.normalize(p, dim=-1) for w, p in zip(weights, parts)], 1), dim=-1)
 
@@ -73,13 +73,13 @@ def test_ensemble_round_trip_ranks_by_the_members_concatenation(members, ensembl
     assert side == 40 and [m.preprocess.min_side for m in models] == [32, 40]
     expected = _expected(models, [1.0, 0.5], paths, QUERIES, side)                  # (images, queries)
     # Σ w_i² cos_i / Σ w_i²: the weighted mean of the members' cosines
-    cosines = [(_vectors(m, paths, side) @ torch.from_numpy(embed_texts(m, QUERIES, progress=False)).t())
+    cosines = [(_vectors(m, paths, side) @ torch.from_numpy(embed_sentences(m, QUERIES, progress=False)).t())
                for m in models]
     torch.testing.assert_close(expected, (cosines[0] + 0.25 * cosines[1]) / 1.25, atol=1e-5, rtol=0)
 
     index_dir = build_index(ensemble_path, synth_small, tmp_path / "index")
     gallery = Gallery.load(index_dir, model=loaded)
-    q = embed_texts(loaded, QUERIES, progress=False)
+    q = embed_sentences(loaded, QUERIES, progress=False)
     for row, hits in zip(expected.t(), gallery.search_images(q, 5)):
         assert [i for i, _ in hits] == torch.argsort(-row)[:5].tolist()
         assert np.allclose([s for _, s in hits], [row[i].item() for i, _ in hits], atol=1e-5)

@@ -15,7 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
-from index.embed import embed_texts
+from index.embed import embed_sentences
 from index.faiss_index import VectorIndex
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
@@ -99,7 +99,7 @@ FILTERS = [
 @pytest.mark.parametrize("flt", FILTERS, ids=lambda f: f"{f.folder}|{f.taken_after}|{f.taken_before}")
 def test_filtered_search_equals_a_brute_force_filter(model, gallery_dir, flt):
     gallery = Gallery.load(gallery_dir, model=model)
-    queries = embed_texts(model, QUERIES, progress=False)
+    queries = embed_sentences(model, QUERIES, progress=False)
     for offset, min_score in ((0, None), (2, None), (0, 0.0)):
         got = gallery.search_images(queries, 8, flt, offset=offset, min_score=min_score)
         for q, hits in zip(queries, got):
@@ -166,7 +166,7 @@ def _day(i):
 
 def test_http_filters_paging_and_threshold_match_the_library(client, model, gallery_dir):
     gallery = Gallery.load(gallery_dir, model=model)
-    q = embed_texts(model, ["a red circle"], progress=False)[0]
+    q = embed_sentences(model, ["a red circle"], progress=False)[0]
     body = {"text": "a red circle", "k": 6, "folder": "trip", "taken_after": _day(2), "taken_before": _day(25)}
     flt = ImageFilter.parse("trip", _day(2), _day(25))
     r = client.post("/v1/search/images", json=body)
@@ -295,7 +295,7 @@ def _cli_search(tiny_model_path, gallery_dir, capsys, *args):
 
 def test_cli_search_with_filters_threshold_paging_and_an_example_photo(tiny_model_path, gallery_dir, model, capsys):
     gallery = Gallery.load(gallery_dir, model=model)
-    q = embed_texts(model, ["a red circle"], progress=False)[0]
+    q = embed_sentences(model, ["a red circle"], progress=False)[0]
     rc, hits, _ = _cli_search(tiny_model_path, gallery_dir, capsys, "--text", "a red circle", "--k", "4", "--offset",
                               "1", "--folder", "trip", "--taken-after", _day(1), "--taken-before", _day(28))
     assert rc == 0

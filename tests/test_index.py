@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from index.embed import embed_photos, embed_texts
+from index.embed import embed_photos, embed_sentences
 from index.faiss_index import FLAT_LIMIT, SQ_FROM, VectorIndex, default_factory
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, IndexMismatchError, add, build, remove
@@ -45,7 +45,7 @@ def test_search_matches_exact_ranking_and_metadata(model, tiny_index_dir, synth_
 
     img = embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors
     queries = [records[0].captions[0], records[5].captions[1], "a green star"]
-    q = embed_texts(model, queries, progress=False)
+    q = embed_sentences(model, queries, progress=False)
     exact = model.similarity(torch.from_numpy(img), torch.from_numpy(q)).t().numpy()   # (queries, images)
     hits = gallery.search_images(q, 5)
     for row, got in zip(exact, hits):
@@ -94,7 +94,7 @@ def test_add_and_remove_by_id_without_rebuild(model, index_copy, synth_small):
     own = embed_photos(model, [train_images[1].path], progress=False, workers=0).vectors
     assert np.allclose(after.images.reconstruct(n_img + 1), own[0], atol=1e-5)
     assert after.meta.image(n_img + 1).path == str(Path(train_images[1].path).resolve())
-    q = embed_texts(model, ["a brand new caption"], progress=False)
+    q = embed_sentences(model, ["a brand new caption"], progress=False)
     assert after.captions.reconstruct(n_cap).tolist() == pytest.approx(q[0].tolist(), abs=1e-5)
 
     report = remove(index_copy, image_ids=[0, n_img + 1, 10_000], caption_ids=[n_cap])
@@ -161,7 +161,7 @@ add(sys.argv[1], load_model(sys.argv[2]), captions=["written by a process that d
 def test_killed_update_leaves_previous_index_loadable(model, tiny_model_path, index_copy):
     before = Gallery.load(index_copy, model=model)
     gen, n_cap = before.generation, before.captions.ntotal
-    q = embed_texts(model, ["a red circle"], progress=False)
+    q = embed_sentences(model, ["a red circle"], progress=False)
     expected = before.search_images(q, 5)
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(index_copy), str(tiny_model_path)],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
@@ -204,7 +204,7 @@ def test_order_similarity_index_is_exact(synth_small, tmp_path):
           embedding=EmbedOptions(progress=False, workers=0))
     gallery = Gallery.load(tmp_path / "index", model=model)
     img = torch.from_numpy(embed_photos(model, [r.path for r in records], progress=False, workers=0).vectors)
-    cap = torch.from_numpy(embed_texts(model, [c for c, _ in captions], progress=False))
+    cap = torch.from_numpy(embed_sentences(model, [c for c, _ in captions], progress=False))
     sim = model.similarity(img, cap)                                    # (images, captions), eq. 9
     t2i = gallery.search_images(cap[:7].numpy(), 4)
     for c, hits in enumerate(t2i):
@@ -362,7 +362,7 @@ def test_evaluate_index_compose_and_service_embed_alike(model, synth_small):
     assert indexed.kept == list(range(len(paths))) and not indexed.skipped
     torch.testing.assert_close(torch.from_numpy(indexed.vectors), img, atol=1e-6, rtol=0)
     torch.testing.assert_close(files.cpu(), img, atol=1e-6, rtol=0)
-    torch.testing.assert_close(torch.from_numpy(embed_texts(model, texts, batch_size=7, progress=False)), cap,
+    torch.testing.assert_close(torch.from_numpy(embed_sentences(model, texts, batch_size=7, progress=False)), cap,
                                atol=1e-6, rtol=0)                   # batching does not change a sentence's vector
     composed = compose_query(model, image_features_of(model, paths[3]))                 # no words: the image itself
     torch.testing.assert_close(composed, img[3], atol=1e-6, rtol=0)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from index.embed import embed_texts
+from index.embed import embed_sentences
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build, remove, sync
 from index.hybrid import TextPaging, rrf, search_text
 from index.keywords import folder_text, name_text, query_words
-from index.ocr import GATE, OcrConfig, OcrUnavailableError, check_engine, likelihood_of, read_photo
+from index.ocr import GATE, OcrConfig, OcrUnavailableError, check_engine, likelihood_of, ocr_photo
 from training.data.datasets import load_dataset
 from training.models.checkpoint import load_model
 from server_process import wait_ready
@@ -88,7 +88,7 @@ def plain_index(photos, model, tmp_path_factory):
 def _search(root, model, text, mode, k=5, **kw):
     gallery = Gallery.load(root, model=model)
     try:
-        query = embed_texts(model, [text])
+        query = embed_sentences(model, [text])
         ranking = search_text(gallery, query, text, mode, TextPaging(k, **kw))
         rows = gallery.meta.images([i for i, _ in ranking.hits])
         return [(Path(rows[i].path).name, s, m) for (i, s), m in zip(ranking.hits, ranking.matched)], ranking
@@ -112,12 +112,12 @@ def test_rrf_fuses_ranks():
 def test_the_gate_passes_the_sign_and_tesseract_reads_it(photos):
     check_engine("eng")
     assert likelihood_of(photos / SIGN) >= GATE
-    read = read_photo(photos / SIGN, OcrConfig())
+    read = ocr_photo(photos / SIGN, OcrConfig())
     assert read.read and {"SUNSET", "BOULEVARD"} <= {w.text for w in read.words if w.confidence >= 50}
     flat = photos.parent / "flat.png"
     Image.new("RGB", (300, 200), (120, 130, 140)).save(flat)
-    assert likelihood_of(flat) == 0.0 and read_photo(flat, OcrConfig()) == read_photo(flat, OcrConfig())
-    assert not read_photo(flat, OcrConfig()).read
+    assert likelihood_of(flat) == 0.0 and ocr_photo(flat, OcrConfig()) == ocr_photo(flat, OcrConfig())
+    assert not ocr_photo(flat, OcrConfig()).read
 
 
 def test_a_build_takes_the_gate_from_the_photo_it_decoded(photos, model, tmp_path, monkeypatch):
@@ -155,7 +155,7 @@ def test_photos_are_read_while_the_others_are_embedded(photos, model, tmp_path, 
     real_add, real_embed = ocr.TextReading.add, embedding.embed_pixels
     monkeypatch.setattr(ocr.TextReading, "add", lambda self, *a: order.append("read") or real_add(self, *a))
     monkeypatch.setattr(embedding, "embed_pixels", lambda *a, **k: order.append("embed") or real_embed(*a, **k))
-    monkeypatch.setattr(ocr, "read_photos", lambda *a, **k: pytest.fail("photos read after the embedding"))
+    monkeypatch.setattr(ocr, "ocr_photos", lambda *a, **k: pytest.fail("photos read after the embedding"))
     files = sorted(p for p in photos.iterdir())
     root = tmp_path / "index"
     build(root, model, files[:-1], options=BuildOptions(image_root=photos, ocr=OcrConfig()),
@@ -224,7 +224,7 @@ def test_a_failing_tesseract_reads_as_no_text(photos, tmp_path, monkeypatch):
     monkeypatch.setattr(ocr, "TESSERACT", str(failing))
     with pytest.raises(RuntimeError, match="tesseract exited 1: Error: cannot read input"):
         ocr.read_words(Image.new("RGB", (64, 32), "white"))
-    assert read_photo(photos / SIGN, OcrConfig()) == ocr.PhotoText(0.0, False)
+    assert ocr_photo(photos / SIGN, OcrConfig()) == ocr.PhotoText(0.0, False)
     monkeypatch.setattr(ocr, "TESSERACT", str(tmp_path / "absent"))
     with pytest.raises(RuntimeError, match="not installed"):
         ocr.read_words(Image.new("RGB", (64, 32), "white"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from index.embed import embed_photos, embed_texts
+from index.embed import embed_photos, embed_sentences
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, add, build, sync
 from index.generations import read_manifest
@@ -31,7 +31,7 @@ def model(tiny_model_path):
 def parts(model, synth_small):
     """The gallery (val + test) and the bank (train) of the synthetic set, embedded once."""
     bank_records = load_dataset(synth_small).split("train").images
-    bank = QueryBank(captions=embed_texts(model, [c for r in bank_records for c in r.captions], progress=False),
+    bank = QueryBank(captions=embed_sentences(model, [c for r in bank_records for c in r.captions], progress=False),
                      images=embed_photos(model, [r.path for r in bank_records], progress=False,
                                               workers=0).vectors, beta=BETA)
     return *embedded_gallery(model, synth_small), bank
@@ -101,7 +101,7 @@ def test_added_and_synced_images_get_offsets_from_the_stored_bank(model, parts, 
     for i, vec in zip(report.image_ids, folded):
         assert np.allclose(gallery.images.reconstruct(i), vec, atol=1e-4)
         assert np.allclose(gallery.image_vector(i), new[report.image_ids.index(i)], atol=1e-5)
-    new_cap = embed_texts(model, ["a brand new caption"], progress=False)
+    new_cap = embed_sentences(model, ["a brand new caption"], progress=False)
     assert np.allclose(gallery.captions.reconstruct(report.caption_ids[0]), bank.fold("captions", new_cap)[0],
                        atol=1e-4)
     gallery.close()

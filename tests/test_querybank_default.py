@@ -11,12 +11,12 @@ from PIL import Image
 
 import index.embed
 import index.gallery
-from index.embed import embed_photos, embed_texts
+from index.embed import embed_photos, embed_sentences
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
 from index.generations import read_manifest
 import index.qbnorm
-from index.qbnorm import cache_root, embed_bank_captions, model_bank
+from index.qbnorm import bank_cache, embed_bank_captions, model_bank
 from server_process import wait_ready
 from service.cli import main as cli_main
 from training.config import build_config
@@ -146,8 +146,8 @@ def test_index_build_uses_the_model_bank_by_default(tiny_model_path, model, synt
     records = load_dataset(synth_small).split("val").images
     assert manifest["tta"] == "flip-crop"          # the default: each image, a closer crop and their mirror images
     img = embed_photos(model, [r.path for r in records], progress=False, workers=0, tta="flip-crop").vectors
-    queries = embed_texts(model, ["a red circle", "a blue square"], progress=False)
-    offsets = item_offsets(torch.from_numpy(embed_texts(model, bank["captions"], progress=False)),
+    queries = embed_sentences(model, ["a red circle", "a blue square"], progress=False)
+    offsets = item_offsets(torch.from_numpy(embed_sentences(model, bank["captions"], progress=False)),
                            torch.from_numpy(img), 20.0).numpy()
     gallery = Gallery.load(out, model=model)
     info = gallery.info()["hubness_correction"]
@@ -168,11 +168,11 @@ def test_the_model_carries_its_bank_captions_vectors_and_a_build_embeds_none_of_
                                                                                     synth_small, tmp_path,
                                                                                     monkeypatch):
     """A trained model's bank carries its captions' vectors (one byte a dimension, within half a step of
-    embed_texts), used by index build only for the model whose fingerprint they name."""
+    embed_sentences), used by index build only for the model whose fingerprint they name."""
     bank = carried(model)
     assert bank["vectors_of"] == model.fingerprint and bank["caption_vectors"].dtype == torch.int8
     carried_vectors = caption_vectors(bank, model)
-    direct = embed_texts(model, list(bank["captions"]), progress=False)
+    direct = embed_sentences(model, list(bank["captions"]), progress=False)
     assert carried_vectors.shape == direct.shape
     assert (np.abs(carried_vectors - direct).max(1) <= bank["caption_scales"].numpy() / 2 + 1e-6).all()
 
@@ -207,19 +207,19 @@ def test_the_embedded_bank_is_cached_per_model(model, synth_small, model_copy, t
     assert not hit and len(list(cache.glob("*.npy"))) == 1
     second, hit = embed_bank_captions(model, captions, progress=False, cache=cache)
     assert hit and np.array_equal(first, second)
-    assert np.allclose(first, embed_texts(model, captions, progress=False), atol=2e-3)
+    assert np.allclose(first, embed_sentences(model, captions, progress=False), atol=2e-3)
     # the CLI goes through the cache under $JOINTSPACE_CACHE: a second build embeds only the gallery's captions
     assert _build(tiny_model_path, synth_small, tmp_path / "a") == 0
-    assert len(list(cache_root().glob(f"{model.fingerprint[:20]}-*.npy"))) == 1
+    assert len(list(bank_cache().glob(f"{model.fingerprint[:20]}-*.npy"))) == 1
     sizes = []
-    real = index.embed.embed_texts
+    real = index.embed.embed_sentences
 
     def counted(m, texts, **kw):
         sizes.append(len(texts))
         return real(m, texts, **kw)
 
     # what the bank is embedded with, and the gallery's captions (index/gallery.py imports it where it embeds)
-    monkeypatch.setattr(index.embed, "embed_texts", counted)
+    monkeypatch.setattr(index.embed, "embed_sentences", counted)
     assert _build(tiny_model_path, synth_small, tmp_path / "b") == 0
     n_val = sum(len(r.captions) for r in load_dataset(synth_small).split("val").images)
     assert sizes == [n_val]
@@ -347,7 +347,7 @@ def test_tta_changes_the_gallery_vectors_not_the_query_time_cost(model, synth_sm
     assert not np.allclose(gb.image_vector(0), ga.image_vector(0), atol=1e-4)
     assert np.allclose(np.linalg.norm([gb.image_vector(i) for i in range(4)], axis=1), 1.0, atol=1e-4)
     # a query is embedded the same way for both (one view) and searched the same way
-    q = embed_texts(model, ["a red circle"], progress=False)
+    q = embed_sentences(model, ["a red circle"], progress=False)
     ra, rb = ga.search_images(q, 5)[0], gb.search_images(q, 5)[0]
     assert len(ra) == len(rb) == 5
     ga.close()

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from conftest import STRONG_TEXT, WEAK_TEXT, build_index, embedded_gallery
 from index.changes import BuildOptions, ChangeSet
-from index.embed import embed_photos, embed_texts
+from index.embed import embed_photos, embed_sentences
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
 from index.qbnorm import model_bank
@@ -144,7 +144,7 @@ def test_an_index_without_a_reference_set_has_no_relevance(model, parts, bank_in
 
 def test_the_crafted_index_has_a_strong_match_for_one_query_and_none_for_the_other(model, relevance_index_dir):
     gallery = Gallery.load(relevance_index_dir, model=model)
-    queries = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    queries = embed_sentences(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
     strong, weak = gallery.ranked("images", queries, gallery.search_images(queries, 5))
     assert strong.hits[0][0] == 0 and strong.relevance[0] == 1.0 and strong.strong_match is True
     assert weak.strong_match is False and max(weak.relevance) <= 0.95
@@ -160,7 +160,7 @@ def _client(model_path, index):
 def test_the_service_gives_each_hit_its_relevance_and_each_list_its_strong_match(model, tiny_model_path,
                                                                                 relevance_index_dir):
     gallery = Gallery.load(relevance_index_dir, model=model)
-    queries = embed_texts(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
+    queries = embed_sentences(model, [STRONG_TEXT, WEAK_TEXT], progress=False)
     want = gallery.ranked("images", queries, gallery.search_images(queries, 12))
     with _client(tiny_model_path, relevance_index_dir) as c:
         assert wait_ready(c).get("/readyz").json()["strong_relevance"] == STRONG

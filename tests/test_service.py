@@ -18,7 +18,7 @@ from PIL import Image
 
 from conftest import batch_stats, serve_app
 from server_process import free_port, poll_readyz, wait_ready, wait_serving
-from index.embed import embed_texts
+from index.embed import embed_sentences
 from index.gallery import EmbedOptions, Gallery, add, remove
 from service.app import create_app
 from service.settings import Settings
@@ -72,7 +72,7 @@ def test_text_search_returns_the_exact_ranking(client, model, tiny_index_dir):
     scores = [x["score"] for x in results]
     assert scores == sorted(scores, reverse=True)
     gallery = Gallery.load(tiny_index_dir, model=model)
-    q = embed_texts(model, ["a red circle above a blue square"], progress=False)
+    q = embed_sentences(model, ["a red circle above a blue square"], progress=False)
     exact = [(i, s) for i, s in gallery.search_images(q, 5)[0]]
     assert [x["id"] for x in results] == [i for i, _ in exact]
     assert np.allclose(scores, [s for _, s in exact], atol=1e-5)
@@ -142,7 +142,7 @@ def test_composed_query_image_plus_minus_words(client, model, tiny_index_dir):
 
     # the JSON text search is unchanged
     text = client.post("/v1/search/images", json={"text": "a green star", "k": 4}).json()["results"]
-    q = embed_texts(model, ["a green star"], progress=False)
+    q = embed_sentences(model, ["a green star"], progress=False)
     assert [x["id"] for x in text] == [i for i, _ in gallery.search_images(q, 4)[0]]
 
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image, ImageDraw
 
-from index.embed import embed_texts
+from index.embed import embed_sentences
 from index.changes import BuildOptions
 from index.gallery import EmbedOptions, Gallery, build
 from index.order import SORTS, by_time
@@ -58,7 +58,7 @@ def gallery_dir(model, tmp_path_factory):
 def expected(model, gallery_dir):
     """The relevance ranking, a min_score between its 7th and 8th hit, and the 7 hits above it by capture time."""
     gallery = Gallery.load(gallery_dir)
-    query = embed_texts(model, [QUERY], progress=False)
+    query = embed_sentences(model, [QUERY], progress=False)
     ranked = gallery.search_images(query, len(DAYS))[0]
     cut = (ranked[6][1] + ranked[7][1]) / 2
     assert ranked[6][1] > cut > ranked[7][1]
@@ -72,7 +72,7 @@ def expected(model, gallery_dir):
 
 def test_newest_orders_the_hits_above_min_score_by_capture_time_and_pages_stably(model, gallery_dir, expected):
     gallery = Gallery.load(gallery_dir)
-    query = embed_texts(model, [QUERY], progress=False)
+    query = embed_sentences(model, [QUERY], progress=False)
     try:
         newest = gallery.search_images(query, 20, min_score=expected["cut"], sort="newest")[0]
         assert [i for i, _ in newest] == expected["newest"]
@@ -153,7 +153,7 @@ def test_keyword_and_hybrid_search_sort_their_hits_above_min_score_too(model, ga
 
     text = "p03 p07 p10 a red circle"                   # file names as words: keyword hits
     gallery = Gallery.load(gallery_dir)
-    query = embed_texts(model, [text], progress=False)
+    query = embed_sentences(model, [text], progress=False)
     try:
         ranked = search_text(gallery, query, text, mode, TextPaging(k=len(DAYS)))
         assert ranked.hits and any(ranked.matched)

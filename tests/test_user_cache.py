@@ -10,8 +10,8 @@ from training.data import features
 from training.data.user_cache import CACHE_ENV, cache_folder
 from training.inference import backend, text_tower
 
-CACHES = {"backends": backend.cache_root, "text": text_tower.cache_root, "features": features.default_cache_dir,
-          "querybank": qbnorm.cache_root}
+CACHES = {"backends": backend.graph_cache, "text": text_tower.tower_cache, "features": features.default_cache_dir,
+          "querybank": qbnorm.bank_cache}
 
 
 @pytest.mark.parametrize("value", [None, ""])

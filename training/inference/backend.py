@@ -79,7 +79,7 @@ def backend_choice(given: str | None = None) -> str:
     return choice(given, os.environ.get(ENV), BACKENDS, "inference backend", "--backend", ENV)
 
 
-def cache_root() -> Path:
+def graph_cache() -> Path:
     """Where converted graphs are kept: ``$JOINTSPACE_CACHE/backends`` (``~/.cache/jointspace/backends``)."""
     return cache_folder("backends")
 
@@ -552,7 +552,7 @@ def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Pat
                 prepare: str = "latency") -> str:
     """Runs ``model``'s image tower on the backend ``name`` (:func:`backend_choice`: the flag, else
     ``$JOINTSPACE_BACKEND``, else ``auto``) from now on, converting it (or reading its cached conversion from
-    ``cache``, default :func:`cache_root`). Returns the backend in use: ``eager`` when asked, when the model is not
+    ``cache``, default :func:`graph_cache`). Returns the backend in use: ``eager`` when asked, when the model is not
     one a backend runs (:func:`eager_reason`), when the backend runs on another device than the model's, or when
     loading failed — said in one log line. ``prepare``: the way of running it that is compiled and tried at load
     (``latency``: one row at a time, an interactive service; ``throughput``: batches across CPU streams, bulk
@@ -572,7 +572,7 @@ def use_backend(model: EmbeddingModel, name: str | None = None, cache: str | Pat
         if choice != "auto":
             log.warning("inference backend %s not used: %s; the image tower runs in eager PyTorch", choice, reason)
         return "eager"
-    root = Path(cache) if cache is not None else cache_root()
+    root = Path(cache) if cache is not None else graph_cache()
     failures = []
     for candidate in auto_backends(cast(torch.device, device)) if choice == "auto" else (choice,):
         try:

@@ -56,12 +56,12 @@ PROBES = ("a cat", "x", "two dogs play in the snow beside a red barn on a winter
 PROBE_SUBTRACT = (("a dog on a beach", ("dog",)), ("a city street at night", ("cars", "rain")))
 
 
-def cache_root() -> Path:
+def tower_cache() -> Path:
     """Where converted text towers are kept: ``$JOINTSPACE_CACHE/text`` (``~/.cache/jointspace/text``)."""
     return cache_folder("text")
 
 
-def file_digest(path: str | Path) -> str:
+def sha256_of(path: str | Path) -> str:
     """sha256 of a file's bytes, read in blocks (a 43 MB model.pt: about 0.05 s)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -72,7 +72,7 @@ def file_digest(path: str | Path) -> str:
 
 def folder_for(model_path: str | Path, root: Path | None = None) -> Path:
     """The cache folder of the model file ``model_path``'s text tower (it need not exist)."""
-    return (cache_root() if root is None else root) / f"{file_digest(model_path)[:32]}-f{FORMAT}"
+    return (tower_cache() if root is None else root) / f"{sha256_of(model_path)[:32]}-f{FORMAT}"
 
 
 def normalize(x: np.ndarray, similarity: str) -> np.ndarray:

@@ -118,7 +118,8 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     if not isinstance(head, ConceptHead):
         raise ValueError("this model has no concept head (concepts.enabled: false)")
     cfg = head.cfg
-    feats = torch.from_numpy(np.array(features, dtype=np.float32))     # a copy: the cache is read-only
+    feats = (features.detach().float().clone() if isinstance(features, torch.Tensor)     # a copy: the cache is
+             else torch.from_numpy(np.array(features, dtype=np.float32)))                   # read-only
     if feats.ndim != 2 or feats.shape[1] != head.prototypes.shape[1]:
         raise ValueError(f"the concept head reads ({head.prototypes.shape[1]},) backbone features; got "
                          f"{tuple(feats.shape)}")

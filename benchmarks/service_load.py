@@ -305,6 +305,28 @@ def label(config: dict) -> str:
             f"batching={'on' if config['batching'] else 'off'}")
 
 
+def tree_rss_mb(pid: int) -> float:
+    """The resident memory of a process and every process below it (``serve --workers``: the parent and its
+    workers), in MB, from /proc (0 where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total / 1024
+
+
 def commit_of(checkout: Path) -> str | None:
     import subprocess
 
@@ -460,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     # over the repeats; latency percentiles pool every request of the cell.
     configs = server_configs(args)
     servers: list = []
+    ready_s: list[float] = []       # each server's start → /readyz, the servers started one after another
+    memory_mb: list[float] = []     # each server's process tree's resident memory once every cell has run
     rows = []
     ceiling = {}
     overload = None
@@ -469,8 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             model_file, index_dir = args.model, args.index
             if checkout is not None and baseline_files is not None:
                 model_file, index_dir = baseline_files
+            started = time.perf_counter()
             servers.append(start_server(model_file, index_dir, c["batching"], args.max_batch, args.max_wait_ms,
                                         args.backend, c["workers"], checkout))
+            ready_s.append(time.perf_counter() - started)
         port_on = servers[0][1]
         health = [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
         for c in args.concurrency:     # the HTTP stack's own ceiling: GET /healthz does no work at all
@@ -511,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.overload and "text" in args.routes and on is not None:
             overload = [overload_cell(args, servers[on], payloads["text"], rows, policy)
                         for policy in args.overload_clients]
+        memory_mb = [tree_rss_mb(proc.pid) for proc, _ in servers]
     finally:
         for proc, _ in servers:
             proc.terminate()
@@ -526,10 +553,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         on_off_table(args, rows, ceiling)
     print_overload(overload)
+    servers_out = [{**config, "ready_s": ready, "rss_mb": mb}
+                   for config, ready, mb in zip(configs, ready_s, memory_mb or [None] * len(configs))]
+    for row in servers_out:
+        print(f"{label(row)}: start → ready {row['ready_s']:.1f} s, resident memory after the run "
+              f"{row['rss_mb'] or 0:.0f} MB")
     if any(r["errors"] for r in rows):
         print("WARNING: some requests did not answer 200 (see the errors column of the JSON)")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "raw": raw, "http_ceiling": ceiling, "device": device,
+        args.out.write_text(json.dumps({"rows": rows, "servers": servers_out, "raw": raw, "http_ceiling": ceiling,
+                                        "device": device,
                                         "backend": attached(model), "cpus": os.cpu_count(), "overload": overload,
                                         "baseline_commit": commit_of(args.baseline) if args.baseline else None,
                                         "hardware": args.hardware, "date": time.strftime("%Y-%m-%d", time.gmtime()),

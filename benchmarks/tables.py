@@ -457,6 +457,11 @@ def t_serve_workers_cpu(file: str = "serve_workers_cpu.json") -> str:
         base, one, two = row.get("baseline"), row.get("w1"), row.get("w2")
         out.append([route, str(c), *cell(base), *cell(one), ratio(one, base), *cell(two), ratio(two, one),
                     f(recorded.get((route, c)), 0)])
+    servers = {("baseline" if r.get("checkout") else f"w{r['workers']}"): r for r in data.get("servers", [])}
+    for what, key, digits in (("start → ready, s", "ready_s", 1), ("resident memory after the run, MB", "rss_mb", 0)):
+        if servers:     # one value per server, in its req/s column
+            base, one, two = (f(servers[n].get(key), digits) if n in servers else "—" for n in ("baseline", "w1", "w2"))
+            out.append([what, "", base, "", "", one, "", "", "", two, "", "", "", ""])
     headers = ["route", "concurrency", f"main ({data.get('baseline_commit') or '?'}): req/s", "p50 ms", "p99 ms",
                "--workers 1: req/s", "p50 ms", "p99 ms", "workers 1 / main", "--workers 2: req/s", "p50 ms",
                "p99 ms", "workers 2 / 1", "service_load_cpu.json: req/s"]

@@ -328,8 +328,6 @@ def tree_rss_mb(pid: int) -> float:
 
 
 def commit_of(checkout: Path) -> str | None:
-    import subprocess
-
     done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True)
     return done.stdout.strip() or None

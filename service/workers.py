@@ -61,8 +61,8 @@ START_FAILED = 3             # a worker's exit code when loading the model or th
 
 def auto_workers(device_type: str, cores: int) -> int:
     """``--workers 0`` (the default): one process on a CPU host, a plain ``serve`` (one copy of the model in
-    memory; on 2 cores a second process answered 1.5–2× as many requests at concurrency 32 and 128 for twice the
-    memory and a later ``/readyz``: docs/service.md), and one a core up to 8 on a CUDA host, where the CPUs' work
+    memory; on 2 cores a second process answered 1.5–2× as many requests at concurrency 32 and 128 for 1.8× the
+    resident memory: docs/service.md), and one a core up to 8 on a CUDA host, where the CPUs' work
     — HTTP, JSON, decoding uploads — is what one interpreter cannot keep up with."""
     return 1 if device_type != "cuda" else max(1, min(cores, MAX_AUTO_WORKERS))
 

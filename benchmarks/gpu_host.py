@@ -310,7 +310,7 @@ def service(model: Path, index: Path, texts: list[str], files: list[Path], args,
     from benchmarks.service_load import raw_limit
     from index.gallery import Gallery
     from service.engine import Engine
-    from training.inference.shapes import resolve as resolve_shapes
+    from training.inference.shapes import resolve_shapes
 
     uploads = [(f.name, f.read_bytes()) for f in files]
     requests = {"text": text_requests(texts, 10), "image": image_requests(uploads, 10)}

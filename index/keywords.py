@@ -96,7 +96,7 @@ def folder_text(folder: str | None) -> str:
     return " ".join(w for p in parts for w in words(p))
 
 
-def ensure(conn: sqlite3.Connection) -> None:
+def ensure_tables(conn: sqlite3.Connection) -> None:
     """Creates the keyword tables and triggers (inside the caller's transaction); a database that had images but no
     keyword table gets its rows from the images and captions tables."""
     existed = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'keywords'").fetchone() is not None

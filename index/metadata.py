@@ -149,7 +149,7 @@ class Metadata:
                 for name, sql_type in PHOTO_COLUMNS + MOMENT_COLUMNS + HASH_COLUMNS:   # migrate a table written before these
                     if name not in have:
                         self._conn.execute(f"ALTER TABLE images ADD COLUMN {name} {sql_type}")
-                keywords.ensure(self._conn)          # the keyword index (index/keywords.py)
+                keywords.ensure_tables(self._conn)          # the keyword index (index/keywords.py)
         have = {r[1] for r in self._conn.execute("PRAGMA table_info(images)")}
         self._select_images = "SELECT " + ", ".join(c if c in have else f"NULL AS {c}" for c in _IMAGE_COLUMNS) \
             + " FROM images"

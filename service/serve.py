@@ -82,7 +82,7 @@ def cmd_serve(args) -> int:
                          "--model, JOINTSPACE_MODEL, or the shipped model by default)")
     settings.model = str(model_file(settings.model))
     read_manifest(settings.index)                # a wrong index is said before the model loads
-    with bind(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
+    with bind_socket(settings.host, settings.port) as listening:  # a busy port is said at once, before torch and the model
         workers = _workers(settings)
         if workers == 1:
             return _serve(settings, listening, args.log_level)
@@ -168,7 +168,7 @@ def _serve(settings: Settings, listening: socket.socket, log_level: str, worker:
     return 0 if server.started else 1
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host``:``port`` (as uvicorn binds one: SO_REUSEADDR, so a port in TIME_WAIT is
     taken); OSError saying what to do when the port is taken or the address is not this machine's."""
     try:

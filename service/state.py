@@ -31,7 +31,7 @@ from training.inference.backend import use_backend
 from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
 from training.inference.shapes import Shapes
-from training.inference.shapes import resolve as resolve_shapes
+from training.inference.shapes import resolve_shapes
 from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher

@@ -11,7 +11,10 @@ traceback means one thing.
   ``training/inference/generate.py``). Route modules are unique among themselves (one folder).
 - **Classes**: no two classes defined in the three packages share a name, nested and private ones included (a
   pydantic model of the HTTP contract and the index's record of the same thing have different names:
-  ``service.schemas.ImageHit``, ``index.hits.GalleryHit``)."""
+  ``service.schemas.ImageHit``, ``index.hits.GalleryHit``).
+- **Functions**: no two public module-level functions share a name, except the entry points every module of a kind
+  has (:data:`ROLE_FUNCTIONS`: ``main`` of a runnable module, ``add_commands`` of a CLI module, ``router`` of a
+  route module): the index's ``embed_sentences`` is not called ``embed_texts`` like the model library's."""
 import ast
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "index", "service")
 PER_PACKAGE = {"__init__.py", "cli.py"}       # a package's own: every package may have one
 ROUTES = Path("service", "api")               # route modules: named after the resource they serve
+ROLE_FUNCTIONS = {"main", "add_commands", "router"}     # a module's entry point of its kind
 
 
 def _modules(root: Path) -> list[Path]:
@@ -54,6 +58,18 @@ def shared_class_names(root: Path) -> dict[str, list[str]]:
     return {name: where for name, where in by_name.items() if len(where) > 1}
 
 
+def shared_function_names(root: Path) -> dict[str, list[str]]:
+    """Public module-level function names defined in more than one module of the three packages (the
+    :data:`ROLE_FUNCTIONS` left out) → where (``module:line``)."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in _modules(root):
+        for node in ast.parse((root / path).read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_") \
+                    and node.name not in ROLE_FUNCTIONS:
+                by_name[node.name].append(f"{path.as_posix()}:{node.lineno}")
+    return {name: where for name, where in by_name.items() if len(where) > 1}
+
+
 def test_one_module_per_name():
     modules = {p.as_posix() for p in _modules(ROOT)}
     # the walk reaches every package and subpackage, the exceptions included
@@ -64,6 +80,10 @@ def test_one_module_per_name():
 
 def test_one_class_per_name():
     assert shared_class_names(ROOT) == {}
+
+
+def test_one_public_function_per_name():
+    assert shared_function_names(ROOT) == {}
 
 
 def test_the_checks_catch_a_second_meaning(tmp_path):
@@ -85,6 +105,12 @@ def test_the_checks_catch_a_second_meaning(tmp_path):
     assert shared_class_names(tmp_path) == {"Bank": ["index/querybank.py:2", "training/inference/querybank.py:1"],
                                             "Hit": ["index/querybank.py:1", "service/api/gallery.py:1"],
                                             "_Row": ["index/gallery.py:1", "service/schemas.py:1"]}
+    write("index/embed.py", "def embed_texts():\n    pass\n\n\ndef main():\n    pass\n\n\ndef _read():\n    pass\n")
+    write("training/inference/embedding.py", "def embed_texts():\n    pass\n\n\ndef main():\n    pass\n")
+    write("service/api/videos.py", "def _read():\n    pass\n\n\nclass Reader:\n    def embed_texts(self):\n"
+                                   "        pass\n")
+    assert shared_function_names(tmp_path) == {"embed_texts": ["index/embed.py:1",
+                                                               "training/inference/embedding.py:1"]}
     write("service/gallery.py")          # a second module outside service/api named as the route module
     assert shared_module_names(tmp_path)["gallery.py"] == ["index/gallery.py", "service/api/gallery.py",
                                                            "service/gallery.py"]

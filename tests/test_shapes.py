@@ -15,7 +15,7 @@ from service.app import create_app
 from service.engine import Engine, Options
 from service.settings import Settings
 from training.models.checkpoint import load_model
-from training.inference.shapes import Chunk, bucket_sizes, plan, resolve
+from training.inference.shapes import Chunk, bucket_sizes, plan, resolve_shapes
 
 
 def test_bucket_sizes_and_plans():
@@ -38,10 +38,10 @@ def test_bucket_sizes_and_plans():
                 assert all(c.count == c.size for c in chunks)          # no padding at all
             elif n <= 64:
                 assert len(chunks) == 1 and chunks[0].size < 2 * n     # one pass, less than double
-    assert resolve("auto", 64, "auto", "cuda") == resolve("auto", 64, "pad", "cuda")
-    assert resolve("auto", 64, "auto", "cpu") is None                  # no per-shape cost on a CPU: any size
-    assert resolve("auto", 64, "split", "cpu").images == "split"
-    assert resolve("auto", 64, "off", "cuda") is None
+    assert resolve_shapes("auto", 64, "auto", "cuda") == resolve_shapes("auto", 64, "pad", "cuda")
+    assert resolve_shapes("auto", 64, "auto", "cpu") is None                  # no per-shape cost on a CPU: any size
+    assert resolve_shapes("auto", 64, "split", "cpu").images == "split"
+    assert resolve_shapes("auto", 64, "off", "cuda") is None
 
 
 def test_settings_name_a_bad_batch_size():
@@ -93,7 +93,7 @@ def _same(a, b):
 def test_only_bucket_shapes_reach_the_encoders_and_results_equal_the_unpadded(loaded, mode):
     model, gallery = loaded
     plain = Engine(model, gallery)
-    shapes = resolve("1,2,4,8", 8, mode, "cpu")
+    shapes = resolve_shapes("1,2,4,8", 8, mode, "cpu")
     bucketed = Engine(model, gallery, shapes)
     rec = _Recorder(model)
     texts = ["a red circle", "a blue square above a green triangle", "two shapes", "a yellow star", "a circle"]
@@ -121,7 +121,7 @@ def test_only_bucket_shapes_reach_the_encoders_and_results_equal_the_unpadded(lo
 
 def test_warm_up_runs_every_image_size_and_the_text_extremes(loaded):
     model, gallery = loaded
-    engine = Engine(model, gallery, resolve("1,2,4", 4, "pad", "cpu"))
+    engine = Engine(model, gallery, resolve_shapes("1,2,4", 4, "pad", "cpu"))
     rec = _Recorder(model)
     seconds = engine.warm_up((1, 2, 4))
     assert rec.texts == [1, 4] and rec.images == [1, 2, 4] and seconds > 0

@@ -12,7 +12,7 @@ on each of them. Instead a batch of ``n`` requests is run as
 
 Buckets are powers of two up to ``max_batch`` (and ``max_batch`` itself) unless configured. The inference path
 (embedding.py) takes a :class:`Shapes` and runs every forward pass at one of its sizes; the service chooses it from its
-settings (:func:`resolve`) and warms each size before it says ready.
+settings (:func:`resolve_shapes`) and warms each size before it says ready.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class Shapes:
     texts: str = "pad"
 
 
-def resolve(sizes_spec: str, max_batch: int, mode: str, device_type: str) -> Shapes | None:
+def resolve_shapes(sizes_spec: str, max_batch: int, mode: str, device_type: str) -> Shapes | None:
     """The service's shapes from its settings. ``mode``: ``auto`` (on CUDA images and texts padded; on the CPU
     none — a CPU has no first-call cost per shape, and padding cost the shipped model's text route at c = 32
     about a fifth of its throughput: docs/service.md), ``pad``, ``split`` or ``off``."""

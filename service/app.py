@@ -32,7 +32,7 @@ from .api import duplicates as duplicates_api
 from .api import gallery as gallery_api
 from .api import health as health_api
 from .api import videos as videos_api
-from .api.deps import require_api_key
+from .api.deps import api_key_schemes, require_api_key
 from .api.routing import Route, ServedTable, queues
 from .operations import OPERATIONS
 from .settings import Settings
@@ -73,9 +73,11 @@ def create_app(settings: Settings | None = None, model=None, gallery=None,
     app.state.service, app.state.operations = state, table
     # security is declared, and enforced, only when there is a key
     keyed = settings.api_key is not None
-    for router in (table.router(), gallery_api.router(settings.max_thumbnail),
-                   videos_api.router(settings.max_thumbnail), duplicates_api.router):
-        app.include_router(router, dependencies=[Depends(require_api_key)] if keyed else None,
+    for router, check in ((table.router(), api_key_schemes),        # the model routes' class checks it itself
+                          (gallery_api.router(settings.max_thumbnail), require_api_key),
+                          (videos_api.router(settings.max_thumbnail), require_api_key),
+                          (duplicates_api.router, require_api_key)):
+        app.include_router(router, dependencies=[Depends(check)] if keyed else None,
                            responses=error_responses(400, 401, 429) if keyed else None)
     app.include_router(health_api.router)
     add_page(app)

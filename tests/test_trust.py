@@ -298,8 +298,8 @@ def test_the_failure_limiter_refills_and_forgets():
 
 def test_a_model_route_checks_its_key_once_and_parses_its_json_once(tiny_model_path, tiny_index_dir, monkeypatch):
     """The route class reads the key and the JSON body before FastAPI does (service/api/routing.py): the key is
-    then accepted for the request (the router's dependency, which states it in the document, does not check it
-    again) and the strictly parsed value is what FastAPI validates (Starlette's parser never runs)."""
+    checked there only (the router's dependency states its schemes in the document without checking it) and the
+    strictly parsed value is what FastAPI validates (Starlette's parser never runs)."""
     import types
 
     import starlette.requests

@@ -29,7 +29,6 @@ _bearer = HTTPBearer(auto_error=False, description="the key set as JOINTSPACE_AP
 
 # the error responses of every POST route (the 401 is added to every /v1 route when a key is set: service/app.py)
 POST_ERRORS = (400, 408, 413, 415, 422, 503)
-KEY_ACCEPTED = "jointspace.api_key_accepted"   # in a request's scope state once its API key is accepted
 
 
 async def service(request: Request) -> ServiceState:
@@ -68,8 +67,8 @@ async def require_api_key(request: Request, key: str | None = Depends(_api_key_h
     Retry-After, whatever key it sends, until it has waited (``FailureLimiter``)."""
     state: ServiceState = request.app.state.service
     expected = state.settings.api_key
-    if expected is None or request.scope.get("state", {}).get(KEY_ACCEPTED):
-        return      # no key, or accepted already for this request (a model route checks before reading the body)
+    if expected is None:
+        return
     given = _given_key(request)
     client = request.client.host if request.client else ""
     wait = state.auth_failures.wait(client)
@@ -81,7 +80,13 @@ async def require_api_key(request: Request, key: str | None = Depends(_api_key_h
             state.auth_failures.failed(client)
         raise HTTPException(401, "missing or wrong API key (send it as X-API-Key: KEY or Authorization: Bearer KEY)",
                             headers={"WWW-Authenticate": "Bearer"})
-    request.scope.setdefault("state", {})[KEY_ACCEPTED] = True
+
+
+async def api_key_schemes(key: str | None = Depends(_api_key_header),
+                          bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """The API key's two security schemes, as :func:`require_api_key` states them in the OpenAPI document, for the
+    routes whose class checks the key itself, before the body is read (the model routes: service/api/routing.py):
+    the document says what they require, and the key is checked once, there."""
 
 
 def _shed(err: Shed, state: ServiceState) -> HTTPException:

@@ -262,9 +262,9 @@ class ServedTable:
         (415) — then a multipart form is read and answered here (service/contract.py ``Form``), and a JSON body is
         read strictly (``bodies.json_value``: 422 for ``NaN`` or an integer of over 100 digits, 400 for bytes that
         are not JSON) into the request's JSON cache, which FastAPI reads (the body is parsed once) and validates
-        as the endpoint declares. The API key, checked here, is marked accepted, so the router's dependency that
-        states it in the document does not check it again. Admission and
-        in-flight counting come earlier still, in middleware (service/middleware.py)."""
+        as the endpoint declares. The API key is checked here only: the router states its schemes in the document
+        (``deps.api_key_schemes``) without checking it. Admission and in-flight counting come earlier still, in
+        middleware (service/middleware.py)."""
         form, kinds = route.form, tuple(dict.fromkeys(op.body.kind for op in route.operations))
         parser = self.forms[route.path, form.name] if form is not None else None
         keyed = len(route.json) > 1
@@ -279,8 +279,8 @@ class ServedTable:
                     if route.decoder:
                         _need_decoder(state, route.operations[0])
                     if body_kind(request, kinds, route.send) == "form" and form is not None and parser is not None:
+                        _need_decoder(state, form)          # 409 before an upload is read for nothing
                         data, fields = await read_form(request, state, parser)
-                        _need_decoder(state, form)
                         body = Uploaded(data, fields)
                         return _response(await form.handle(Call(request, state, form, body), body))
                     request._json = await json_value(request)   # Starlette's own cache: FastAPI reads this value

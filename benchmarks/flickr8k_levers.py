@@ -82,7 +82,7 @@ def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(REPO))
-    from index.embed import embed_sentences
+    from index.embed import embed_text_queries
     from index.gallery import Gallery
     from training.data.datasets import load_dataset
     from training.models.checkpoint import load_model
@@ -93,7 +93,7 @@ def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:
     cap_to_img = np.array([pos for _, pos in captions])
     gallery = Gallery.load(index_dir, model=model)
     try:
-        queries = embed_sentences(model, [c for c, _ in captions], progress=False)
+        queries = embed_text_queries(model, [c for c, _ in captions], progress=False)
         t2i = [[i for i, _ in row].index(int(cap_to_img[q])) + 1
                for q, row in enumerate(gallery.search_images(queries, len(records)))]
         vectors = np.stack([gallery.image_vector(i) for i in range(len(records))])

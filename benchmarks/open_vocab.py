@@ -115,7 +115,7 @@ def name_ids(gallery) -> dict[str, int]:
 
 
 def served(args) -> int:
-    from index.embed import embed_sentences
+    from index.embed import embed_text_queries
     from index.gallery import Gallery
     from index.query import ImageFilter
     from training.models.checkpoint import load_model
@@ -146,7 +146,7 @@ def served(args) -> int:
         try:
             ids, photos = name_ids(gallery), ImageFilter(media="photo")
             truth = demo_truth()
-            queries = embed_sentences(model, [t for t, _ in truth] + list(USER_QUERIES), progress=False)
+            queries = embed_text_queries(model, [t for t, _ in truth] + list(USER_QUERIES), progress=False)
             hits = gallery.search_images(queries, len(ids), flt=photos)
             strong = [r.strong_match for r in gallery.ranked("images", queries, [h[:10] for h in hits])]
             row["strong_present"] = None if None in strong else int(sum(bool(x) for x in strong[:len(truth)]))
@@ -157,7 +157,7 @@ def served(args) -> int:
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
             row["demo_min_margin"] = round(min(own_margin(h, ids[photo]) for h, (_, photo) in zip(hits, truth)), 4)
-            people = embed_sentences(model, PEOPLE_QUERIES, progress=False)
+            people = embed_text_queries(model, PEOPLE_QUERIES, progress=False)
             named = {i: n for n, i in ids.items()}
             row["people_first"] = {q: bool(h) and named[h[0][0]] in PEOPLE_PHOTOS
                                    for q, h in zip(PEOPLE_QUERIES, gallery.search_images(people, 1, flt=photos))}
@@ -181,7 +181,7 @@ def served(args) -> int:
                 ranked = [texts[c] for c, _ in hits]
                 i2t.append(ranked.index(sentence) + 1 if sentence in ranked else 99)
             t2i = []
-            queries = embed_sentences(model, sentences, progress=False)
+            queries = embed_text_queries(model, sentences, progress=False)
             for hits, want in zip(gallery.search_images(queries, 5), truth_ids):
                 ranked = [i for i, _ in hits]
                 t2i.append(ranked.index(int(want)) + 1 if int(want) in ranked else 99)
@@ -205,9 +205,9 @@ def served(args) -> int:
 
 def strong_count(model, gallery, texts: list[str], flt=None) -> list[int] | None:
     """``[queries with a strong match on their first page of 10, queries]`` (None: the index has no relevance)."""
-    from index.embed import embed_sentences
+    from index.embed import embed_text_queries
 
-    queries = embed_sentences(model, texts, progress=False)
+    queries = embed_text_queries(model, texts, progress=False)
     strong = [r.strong_match for r in gallery.ranked("images", queries, gallery.search_images(queries, 10, flt=flt))]
     return None if None in strong else [int(sum(bool(x) for x in strong)), len(texts)]
 

@@ -174,7 +174,7 @@ def build_and_measure(model_path: str | None, images: list[Path], captions: list
     every own caption searched in the images and every image's stored vector in the captions."""
     import torch
 
-    from index.embed import embed_sentences
+    from index.embed import embed_text_queries
     from index.gallery import Gallery
     from training.evaluate import KS, summarize
     from training.models.checkpoint import load_model
@@ -191,7 +191,7 @@ def build_and_measure(model_path: str | None, images: list[Path], captions: list
     gallery = Gallery.load(out / "index", model=model)
     try:
         own = [(c, i) for i, cs in truth.items() for c in cs]
-        queries = embed_sentences(model, [captions[c] for c, _ in own], progress=False)
+        queries = embed_text_queries(model, [captions[c] for c, _ in own], progress=False)
         t2i = [[i for i, _ in row].index(img) + 1
                for (_, img), row in zip(own, gallery.search_images(queries, len(images)))]
         vectors = np.stack([gallery.image_vector(i) for i in truth])

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from index.embed import embed_sentences  # noqa: E402
+from index.people import text_queries  # noqa: E402
 from index.changes import BuildOptions  # noqa: E402
 from index.gallery import EmbedOptions, Gallery, build  # noqa: E402
 from index.query import ImageFilter  # noqa: E402
@@ -104,7 +105,7 @@ def evaluate(index_dir: Path, model, truth: list[dict], k: int = 10) -> dict:
                     queries.append(caption)
                     targets.append((n, (span["start"], span["end"])))
         q = embed_sentences(model, queries, progress=False)
-        hits = gallery.search_images(q, len(moments), allowed=moments)
+        hits = gallery.search_images(text_queries(q, queries), len(moments), allowed=moments)
         ids, blobs = gallery.meta.video_vectors()
         video_vectors = np.stack([np.frombuffer(b, np.float32) for b in blobs])
         video_scores = q @ video_vectors.T

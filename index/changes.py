@@ -32,6 +32,7 @@ import numpy as np
 
 from training.data.fileio import write_json
 
+from . import people
 from .faiss_index import default_factory, factory_for_memory
 from .generations import FORMAT, current_generation, locked, new_generation, prune_banks, read_generation
 from .metadata import Metadata
@@ -73,6 +74,7 @@ class UpdateReport:
 class ChangeSet:
     """One change to an index, written by :func:`apply` as one new generation (module docstring)."""
     image_vectors: np.ndarray | None = None      # (n, D): the new photos' vectors, unfolded
+    image_unfamiliarity: np.ndarray | None = None   # (n,): their a(x) for the person discount (index/people.py)
     image_rows: Sequence[tuple] = ()             # per new photo: (path, PhotoInfo or None)
     image_ids: Sequence[int] | None = None       # their ids (a build: positions in its list); None: the next ones
     next_image_id: int = 0                       # at least this after the photos (a build: its list's length)
@@ -110,10 +112,13 @@ class ModelFacts:
     fingerprint: str
     similarity: str                              # the model's similarity (cosine | order)
     name: str = ""
+    person_discount: float = 0.0                 # λ of its person discount (index/people.py); 0: none
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
-        return cls(model.fingerprint, model.cfg.model.similarity, model.cfg.name)
+        from training.inference.embedding import person_discount
+
+        return cls(model.fingerprint, model.cfg.model.similarity, model.cfg.name, person_discount(model))
 
 
 @dataclass(frozen=True)
@@ -168,14 +173,16 @@ class Target:
             factory = factory_for_memory(images, dim, options.max_memory) if options.max_memory is not None else \
                 default_factory(images, dim)
         bank = options.querybank
-        width = {role: (bank.fold(role, np.zeros((0, dim), np.float32)).shape[1] if bank is not None else dim)
-                 for role in ("images", "captions")}
-        sides = (NewSide("images", model.similarity, width["images"], factory, sample=True),
-                 NewSide("captions", model.similarity, width["captions"], options.caption_factory))
         now = time.time()
         manifest = {"format": FORMAT, "model_fingerprint": model.fingerprint, "similarity": model.similarity,
                     "dim": dim, "model_name": model.name, "created": now, "index_id": uuid.uuid4().hex,
                     "next_image_id": 0, "next_caption_id": 0, "next_video_id": 0, "tta": options.tta}
+        if model.person_discount > 0 and model.similarity == "cosine":
+            manifest[people.KEY] = people.entry(model.person_discount)
+        width = {role: (bank.fold(role, np.zeros((0, dim), np.float32)).shape[1] if bank is not None else dim)
+                 + people.discounted(manifest, role) for role in ("images", "captions")}
+        sides = (NewSide("images", model.similarity, width["images"], factory, sample=True),
+                 NewSide("captions", model.similarity, width["captions"], options.caption_factory))
         if options.image_root is not None:
             manifest["image_root"] = str(Path(options.image_root).resolve())
         if options.ocr is not None:
@@ -241,6 +248,8 @@ def apply(target: Target, changes: ChangeSet) -> UpdateReport:
     report = UpdateReport()
     # ids: the photos' (given or the next ones), then their videos' and the moments', then the captions'
     vectors, rows = _matrix(changes.image_vectors, dim), list(changes.image_rows)
+    unfamiliarity = (np.zeros(len(vectors), np.float32) if changes.image_unfamiliarity is None
+                     else np.asarray(changes.image_unfamiliarity, np.float32).reshape(-1))
     if changes.image_ids is None:
         ids = _next_ids(manifest, "next_image_id", len(rows))
     else:
@@ -253,6 +262,7 @@ def apply(target: Target, changes: ChangeSet) -> UpdateReport:
         moment_vectors, moment_rows, video_rows = take_video_ids(manifest, changes.videos)
         ids = np.concatenate([ids, _next_ids(manifest, "next_image_id", len(moment_rows))])
         vectors, rows = np.concatenate([vectors, moment_vectors]), rows + moment_rows
+        unfamiliarity = np.concatenate([unfamiliarity, np.zeros(len(moment_rows), np.float32)])   # moments: a = 0
         report.video_ids, report.moments = [int(r[0]) for r in video_rows], len(moment_rows)
     if changes.texts is None and rows:
         changes = read_texts(changes, manifest)
@@ -271,7 +281,8 @@ def apply(target: Target, changes: ChangeSet) -> UpdateReport:
     if changes.removed_captions:
         target.captions.remove(sorted(changes.removed_captions))
     if len(ids):
-        target.images.add(bank.fold("images", vectors) if bank is not None else vectors, ids)
+        target.images.add(people.fold(manifest, "images", bank.fold("images", vectors) if bank is not None
+                                      else vectors, unfamiliarity), ids)
     if len(caption_ids):
         caption_vectors = _matrix(changes.caption_vectors, dim)
         target.captions.add(bank.fold("captions", caption_vectors) if bank is not None else caption_vectors,

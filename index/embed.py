@@ -28,6 +28,7 @@ from training.inference.tensor_views import EncodedJPEG, decode_choice, encoded_
 from training.models.protocol import EmbeddingModel
 
 from .ocr import PhotoText, grey_thumbnail, text_likelihood
+from .people import text_queries
 from .phash import perceptual_hash
 from .tta import TTA
 
@@ -182,6 +183,12 @@ def embed_photos(model: EmbeddingModel, paths: Sequence[str | Path], batch_size:
     if decoding is None:
         decoding = decode_photos(model.preprocess, paths, batch_size, workers, device_of(model), indexed, tta)
     return files_to_embeddings(model, paths, progress=progress, decoding=decoding)
+
+
+def embed_text_queries(model: EmbeddingModel, texts: Sequence[str], progress: bool = True) -> np.ndarray:
+    """Text queries as the image search reads them: :func:`embed_sentences` with each text's person flag last
+    (``(n, D + 1)``, index/people.py)."""
+    return text_queries(embed_sentences(model, texts, progress=progress), texts)
 
 
 def embed_sentences(model: EmbeddingModel, texts: Sequence[str], batch_size: int = 256, progress: bool = True) -> np.ndarray:

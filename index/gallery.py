@@ -23,7 +23,7 @@ from .ocr import OcrConfig, start_reading
 from .choices import SORT_DEPTH
 from .order import by_time, check_sort
 from .query import ImageFilter, PhotoTable, page
-from .qbnorm import correction, queries_for, references_for, unfold
+from .qbnorm import correction, plain_queries, queries_for, references_for, unfold
 from .relevance import Descriptions, Ranking, Reference, both_sides, is_strong
 from .segments import SegmentedIndex
 
@@ -149,7 +149,7 @@ class Gallery:
         relevance = reference.relevance(queries_for(self.manifest, role, queries), [[s for _, s in h] for h in hits])
         if reference.descriptions is not None:
             relevance = [both_sides(r, self._text_side(reference.descriptions, q, h))
-                         for q, h, r in zip(np.asarray(queries, dtype=np.float32), hits, relevance)]
+                         for q, h, r in zip(plain_queries(self.manifest, queries), hits, relevance)]
         return [Ranking(list(h), r) for h, r in zip(hits, relevance)]
 
     def _text_side(self, descriptions: Descriptions, query: np.ndarray, hits: Sequence[tuple[int, float]]
@@ -301,7 +301,8 @@ def build_from_embeddings(root: str | Path, model: EmbeddingModel, image_paths: 
         raise ValueError(f"none of the {len(image_paths)} images and {len(videos.paths) if videos else 0} videos "
                          f"could be read: nothing to index")
     kept = set(emb.kept)
-    changes = ChangeSet(image_vectors=emb.vectors, image_rows=_photo_rows(image_paths, emb), image_ids=emb.kept,
+    changes = ChangeSet(image_vectors=emb.vectors, image_unfamiliarity=emb.unfamiliarity,
+                        image_rows=_photo_rows(image_paths, emb), image_ids=emb.kept,
                         next_image_id=len(image_paths), videos=videos,
                         caption_vectors=embed_sentences(model, [t for t, _ in captions], progress=progress),
                         captions=[(t, g if g in kept else None) for t, g in captions])
@@ -345,6 +346,7 @@ def add(root: str | Path, model: EmbeddingModel, image_paths: Sequence[str | Pat
     stale_videos = {videos_held[p].id for p in read_videos if p in videos_held}
     report = update(root, model.fingerprint, ChangeSet(
         image_vectors=emb.vectors if emb is not None else None,
+        image_unfamiliarity=emb.unfamiliarity if emb is not None else None,
         image_rows=_photo_rows(image_paths, emb) if emb is not None else [], videos=videos,
         caption_vectors=cap_vectors, captions=[(t, None) for t in captions],
         removed_images=stale_photos | _moments_of(root, stale_videos), removed_videos=stale_videos))
@@ -586,8 +588,9 @@ def sync(root: str | Path, model: EmbeddingModel, images: str | Path, exclude: S
         stale = sorted(gone + changed + doubles + [r.id for r in all_rows if r.video_id in stale_videos])
         rows = _photo_rows(new, emb) if emb is not None else []
         manifest.setdefault("image_root", str(folder))
-        report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None, image_rows=rows,
-                                         videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos)))
+        report = apply(target, ChangeSet(image_vectors=emb.vectors if emb is not None else None,
+                                         image_unfamiliarity=emb.unfamiliarity if emb is not None else None,
+                                         image_rows=rows, videos=video_emb, removed_images=stale, removed_videos=sorted(stale_videos)))
     photo_ids = report.image_ids[:len(rows)]
     report.image_ids = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) not in indexed]
     report.changed = [i for i, (p, _) in zip(photo_ids, rows) if Path(p) in indexed]

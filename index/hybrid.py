@@ -27,6 +27,7 @@ import numpy as np
 from .choices import DEFAULT_MODE, MODES, SORT_DEPTH
 from .keywords import MAX_HITS, query_words
 from .order import by_time, check_sort
+from .people import text_queries
 from .query import page
 from .relevance import Ranking
 
@@ -76,12 +77,14 @@ DEFAULT_PAGING = TextPaging()
 
 def search_text(gallery, query: np.ndarray, text: str, mode: str = DEFAULT_MODE, paging: TextPaging = DEFAULT_PAGING,
                 allowed: np.ndarray | None = None) -> TextRanking:
-    """One text query (``query``: its embedding, shape ``(1, dim)``; ``text``: its words) on a loaded
+    """One text query (``query``: its embedding, shape ``(1, dim)``; ``text``: its words, which also say whether it
+    names a person: index/people.py) on a loaded
     :class:`~index.gallery.Gallery` in ``mode``, the hits ``paging`` says; ``allowed``: the image ids a filter lets
     through (None: all)."""
     k, offset, min_score, sort = paging.k, paging.offset, paging.min_score, paging.sort
     check_mode(mode)
     check_sort(sort)
+    query = text_queries(query, [text])       # whether it names a person, for the person discount (index/people.py)
     terms = query_words(text)
     keyword: list[tuple[int, float]] = []
     if mode != "vector":

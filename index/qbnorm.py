@@ -47,6 +47,7 @@ from training.inference.folding import DEFAULT_BETA, fold_items, fold_queries
 if TYPE_CHECKING:      # torch and the bank's embedding code are imported where a bank is made, not to search
     from training.models.protocol import EmbeddingModel
 
+from . import people
 from .relevance import Descriptions, Reference, null_sentences, reference_rows
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
@@ -236,19 +237,28 @@ def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
                 continue
             rows = z[f"reference_{role}"].astype(np.float32)
             key = f"reference_{role}_offsets"
-            out[role] = Reference(fold_items(rows, z[key]) if key in z else rows,
+            items = fold_items(rows, z[key]) if key in z else rows
+            out[role] = Reference(people.fold(manifest, role, items),          # reference photos: a = 0
                                   descriptions if role == "images" else None)
     return out
 
 
 def queries_for(manifest: dict, role: str, queries: np.ndarray) -> np.ndarray:
-    """Queries against the index of ``role``: ``[q, 1]`` when it is folded, else as they are."""
-    return fold_queries(np.asarray(queries, dtype=np.float32)) if folded(manifest, role) else queries
+    """Queries against the index of ``role``: ``[q, 1]`` when it is folded, else ``q``; then P(q) when that side
+    has the person discount (index/people.py; a text query's flag, given as one column after its embedding)."""
+    vectors, flags = people.split(manifest, queries)
+    out = fold_queries(vectors) if folded(manifest, role) else vectors
+    return np.concatenate([out, flags[:, None]], axis=1) if people.discounted(manifest, role) else out
+
+
+def plain_queries(manifest: dict, queries: np.ndarray) -> np.ndarray:
+    """Queries as a caller gives them (a text query with its person flag, or not) → their embeddings alone."""
+    return people.split(manifest, queries)[0]
 
 
 def unfold(manifest: dict, role: str, vector: np.ndarray) -> np.ndarray:
-    """A stored vector of ``role`` without its offset coordinate (the embedding itself)."""
-    return vector[..., :-1] if folded(manifest, role) else vector
+    """A stored vector of ``role`` without its offset and discount coordinates (the embedding itself)."""
+    return vector[..., :int(manifest["dim"])]
 
 
 # --- the bank a model carries ------------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ def encode_shard(spec: ShardSpec, emb: FileEmbeddings, fingerprint: str) -> byte
         "paths": np.array(spec.paths, dtype=str),
         "vectors": np.ascontiguousarray(emb.vectors, dtype=np.float32),
         "kept": np.asarray(emb.kept, dtype=np.int64),
+        "unfamiliarity": (np.zeros(0, np.float32) if emb.unfamiliarity is None       # empty: the model has none
+                          else np.asarray(emb.unfamiliarity, dtype=np.float32)),
         "skipped_path": np.array([p for p, _ in emb.skipped], dtype=str),
         "skipped_reason": np.array([r for _, r in emb.skipped], dtype=str),
     }
@@ -149,17 +151,19 @@ def read_shard(path: Path, spec: ShardSpec, fingerprint: str) -> FileEmbeddings 
                 return None
             vectors = np.ascontiguousarray(z["vectors"], dtype=np.float32)
             kept = [int(i) for i in z["kept"]]
+            unfamiliarity = np.asarray(z["unfamiliarity"], dtype=np.float32)
             skipped = list(zip(z["skipped_path"].tolist(), z["skipped_reason"].tolist()))
             columns = {name: z[f"info_{name}"].tolist() for name in _INFO_FIELDS}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):     # absent, truncated by another tool, not a shard
         return None
     if len(vectors) != len(kept) or any(not 0 <= i < len(spec.paths) for i in kept) \
-            or any(len(c) != len(kept) for c in columns.values()):
+            or any(len(c) != len(kept) for c in columns.values()) or len(unfamiliarity) not in (0, len(kept)):
         return None
     columns["phash"] = [None if v == NO_HASH else v for v in columns["phash"]]
     columns["text_likelihood"] = [None if v != v else v for v in columns["text_likelihood"]]    # NaN: none
     info = [PhotoInfo(**{name: columns[name][j] for name in _INFO_FIELDS}) for j in range(len(kept))]
-    return FileEmbeddings(vectors, kept, skipped, info)
+    return FileEmbeddings(vectors, kept, skipped, info,
+                          unfamiliarity=unfamiliarity if len(unfamiliarity) or not kept else None)
 
 
 def gather(shards: Sequence[tuple[ShardSpec, FileEmbeddings]], dim: int) -> FileEmbeddings:
@@ -167,8 +171,13 @@ def gather(shards: Sequence[tuple[ShardSpec, FileEmbeddings]], dim: int) -> File
     vectors = [e.vectors for _, e in shards if len(e.kept)]
     kept = [spec.start + i for spec, e in shards for i in e.kept]
     out = np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32)
+    given = [e.unfamiliarity for _, e in shards if len(e.kept)]
+    known = [u for u in given if u is not None]
+    unfamiliarity = (np.concatenate(known).astype(np.float32)                  # a model with a person discount
+                     if known and len(known) == len(given) else None)
     return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept,
-                           [s for _, e in shards for s in e.skipped], [i for _, e in shards for i in e.info])
+                           [s for _, e in shards for s in e.skipped], [i for _, e in shards for i in e.info],
+                           unfamiliarity=unfamiliarity)
 
 
 # --- the actors --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from index.hybrid import TextPaging, search_text
+from index.people import text_queries
 from index.query import page
 from index.relevance import Ranking
 from training.inference.compose import example_queries
@@ -126,10 +127,10 @@ class Engine:
         queries = self._text_vectors([t for t, _ in items], [o.subtract for o in opts]).cpu().numpy()
         plain = [i for i, o in enumerate(opts) if o.mode == "vector"]
         out: list[Ranking] = [Ranking([]) for _ in items]
-        if plain:
-            for i, ranking in zip(plain, gallery.ranked("images", queries[plain],
-                                                        _paged(gallery, "images", queries[plain],
-                                                               [opts[i] for i in plain]))):
+        if plain:                             # with each text's person flag (index/people.py)
+            flagged = text_queries(queries[plain], [items[i][0] for i in plain])
+            for i, ranking in zip(plain, gallery.ranked("images", flagged,
+                                                        _paged(gallery, "images", flagged, [opts[i] for i in plain]))):
                 out[i] = ranking
         for i, o in enumerate(opts):          # keyword and hybrid modes, one query at a time (index/hybrid.py)
             if o.mode != "vector":

@@ -186,10 +186,10 @@ def test_confidence_gate_is_the_typicality_gate_at_its_limits():
 
 
 def test_people_side_is_fitted_on_captions_and_adds_the_person_sentence():
-    from training.fit_concepts import logistic, names_a_person
+    from training.fit_concepts import logistic, shows_a_person
 
-    assert names_a_person(["a man rides a bike", "a person on a bike", "a red bike"])
-    assert not names_a_person(["a dog runs", "a dog on grass", "a man watches a dog"])
+    assert shows_a_person(["a man rides a bike", "a person on a bike", "a red bike"])
+    assert not shows_a_person(["a dog runs", "a dog on grass", "a man watches a dog"])
     z = torch.linspace(-1, 1, 400)
     labels = torch.rand(400, generator=torch.Generator().manual_seed(0)) < torch.sigmoid((z - 0.2) / 0.1)
     z0, tau = logistic(z, labels)

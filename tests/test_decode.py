@@ -252,7 +252,7 @@ def test_embedding_files_for_a_cuda_model_pins_its_batches(monkeypatch, tmp_path
 
     monkeypatch.setattr(embed, "DataLoader", loader)
     model = torch.nn.Linear(1, 1)
-    model.preprocess, model.cfg = SHIPPED, tiny_config(model={"embed_dim": 4})
+    model.preprocess, model.cfg, model.concepts = SHIPPED, tiny_config(model={"embed_dim": 4}), None
     out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], embed.FileReading(workers=None),
                                    progress=False)
     assert out.vectors.shape == (0, 4)
@@ -275,8 +275,8 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     monkeypatch.setattr(index_embed.Path, "read_bytes", lambda self: reads.append(self.name) or real_read(self))
     monkeypatch.setattr(index_embed, "decode_image", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
     model = torch.nn.Linear(1, 1)
-    model.preprocess, model.cfg = Preprocess(32, 32), tiny_config(model={"embed_dim": 4})
-    monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels, shapes=None: torch.zeros(len(pixels), 4))
+    model.preprocess, model.cfg, model.concepts = Preprocess(32, 32), tiny_config(model={"embed_dim": 4}), None
+    monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels, shapes=None, unfamiliarity=False: torch.zeros(len(pixels), 4))
     out = index_embed.embed_photos(model, [same, edited], workers=0, progress=False, indexed=indexed)
     assert out.passed == [0] and out.kept == [1] and not out.skipped
     assert sorted(reads) == ["edited.jpg", "same.jpg"] and len(decodes) == 1       # each read once, one decoded

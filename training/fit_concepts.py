@@ -6,10 +6,14 @@
 3. the gate: r₀ = the ``concepts.quantile`` quantile of r(x) over the held-out sixth, τ = ``concepts.temperature``
    × (its 50 % minus its 10 % quantile); the confidence term's α and κ₀ are config keys, selected on Flickr8k dev
    and the ImageNet samples (benchmarks/open_vocab.py);
-4. with ``concepts.people_weight`` > 0, the people side: d, the unit difference of the mean trained embedding of
-   the training photos whose captions name a person (:data:`PERSON_WORDS` in at least half of them) and of the
-   others; z₀, τ_p by a logistic regression of that label on d · u; s_p, ``concepts.people_sentences`` embedded
-   and averaged.
+4. with ``concepts.person_discount`` > 0, the person discount's t(x): B, the first ``concepts.familiar_dims``
+   principal components of the unit backbone features of the training photos but the held-out sixth (the
+   eigenvectors of their second moment), every training photo kept as B f̂ (float16); t₀ = the
+   ``concepts.familiar_quantile`` quantile of t over the held-out sixth, each against the other photos;
+5. with ``concepts.people_weight`` > 0, the people side: d, the unit difference of the mean trained embedding of
+   the training photos whose captions name a person (training/inference/person_words.py's words in at least half
+   of them) and of the others; z₀, τ_p by a logistic regression of that label on d · u; s_p,
+   ``concepts.people_sentences`` embedded and averaged.
 
 ``jointspace train`` fits it when ``concepts.enabled``; ``jointspace concepts`` fits it for a trained model. A
 model whose carried query bank predates the fit gets its bank images embedded again (they are image embeddings),
@@ -17,7 +21,6 @@ and ``concepts.bank_template`` adds a sentence per class to the bank's captions.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence, cast
@@ -27,18 +30,17 @@ import torch
 import torch.nn.functional as F
 
 from training.inference.embedding import embed_texts
+from training.inference.person_words import names_person
 from training.models.concepts import ConceptHead, class_names, class_sentences
 from training.models.model import JointEmbedding
 
 HELD_OUT_EVERY = 6      # every sixth training photo is held out of the k-means, to place r₀
-PERSON_WORDS = re.compile(r"\b(man|men|woman|women|boy|boys|girl|girls|person|people|child|children|kid|kids|"
-                          r"baby|toddler|lady|ladies|guy|guys|player|players|crowd|couple|family|someone|"
-                          r"he|she|they)\b", re.IGNORECASE)
 
 
-def names_a_person(captions: Sequence[str]) -> bool:
-    """Whether a photo shows a person, by its captions: at least half of them name one (:data:`PERSON_WORDS`)."""
-    return 2 * sum(bool(PERSON_WORDS.search(c)) for c in captions) >= max(len(captions), 1)
+def shows_a_person(captions: Sequence[str]) -> bool:
+    """Whether a photo shows a person, by its captions: at least half of them name one
+    (training/inference/person_words.py)."""
+    return 2 * sum(names_person(c) for c in captions) >= max(len(captions), 1)
 
 
 @torch.no_grad()
@@ -66,7 +68,7 @@ def fit_people(model: JointEmbedding, features: torch.Tensor, captions: Sequence
     head = cast(ConceptHead, model.concepts)
     if len(captions) != len(features):
         raise ValueError(f"{len(captions)} photos' captions for {len(features)} photos' features")
-    labels = torch.tensor([names_a_person(c) for c in captions])
+    labels = torch.tensor([shows_a_person(c) for c in captions])
     if bool(labels.all()) or not bool(labels.any()):
         raise ValueError("fitting the people side needs training photos both with and without a person in their "
                          "captions")
@@ -80,6 +82,30 @@ def fit_people(model: JointEmbedding, features: torch.Tensor, captions: Sequence
     pi = head.person_weights(unit)
     return {"person_photos": int(labels.sum()), "z0": z0, "tau_p": tau,
             "person_mean_pi": float(pi[labels].mean()), "other_mean_pi": float(pi[~labels].mean())}
+
+
+@torch.no_grad()
+def fit_familiar(head: ConceptHead, features: torch.Tensor, held: torch.Tensor) -> dict:
+    """Step 4 of the module: B, the kept photos and t₀ from the training photos' backbone features ``(N, ΣD)``;
+    ``held``: the held-out photos (a bool mask) t₀ is placed on."""
+    unit = F.normalize(features.float(), dim=-1)
+    dims = head.familiar_basis.shape[1]
+    if len(unit) <= head.cfg.familiar_neighbours:
+        raise ValueError(f"the person discount's t(x) needs more than {head.cfg.familiar_neighbours} training photos "
+                         f"(concepts.familiar_neighbours); got {len(unit)}")
+    fitted = unit[~held]                  # the components from the others: t₀ is placed on photos they did not see
+    _, vectors = torch.linalg.eigh((fitted.t() @ fitted).double())   # ascending: the last are the first components
+    basis = vectors[:, -dims:].flip(1).float()
+    head.familiar_basis.copy_(basis.half())
+    head.familiar_photos = (unit @ head.familiar_basis.float()).half()
+    rows = torch.nonzero(held)[:, 0]
+    sims = (unit[rows] @ head.familiar_basis.float()) @ head.familiar_photos.float().t()
+    sims[torch.arange(len(rows)), rows] = float("-inf")               # a held-out photo is not its own neighbour
+    t = sims.topk(head.cfg.familiar_neighbours, dim=-1).values.mean(-1)
+    t0 = float(torch.quantile(t, head.cfg.familiar_quantile))
+    head.familiar_gate.copy_(torch.tensor([t0, head.cfg.familiar_temperature]))
+    return {"familiar_t0": t0, "familiar_photos": len(unit), "familiar_dims": dims,
+            "familiar_t_median": float(t.median())}
 
 
 @torch.no_grad()
@@ -140,6 +166,7 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     q = torch.quantile(r, torch.tensor([cfg.quantile, 0.1, 0.5]))
     tau = max(float(cfg.temperature * (q[2] - q[1])), 1e-4)
     head.gate.copy_(torch.tensor([float(q[0]), tau]))
+    familiar = fit_familiar(head, feats, held) if head.discounts_people else {}
     people: dict = {}
     if head.people:
         if captions is None:
@@ -153,9 +180,11 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     model.train(was)
     report = {"r0": float(q[0]), "tau": tau, "held_out": int(held.sum()), "prototypes": int(head.prototypes.shape[0]),
               "gate_mean_held_out": float(gate.mean()), "classes": head.n_classes, "templates": list(cfg.templates),
-              **people}
+              **familiar, **people}
     log(f"concepts: r0 {report['r0']:.4f}, tau {tau:.4f}; mean gate over {report['held_out']} held-out training "
         f"photos {report['gate_mean_held_out']:.3f} (of w = {cfg.weight})"
+        + (f"; person discount: t0 {familiar['familiar_t0']:.4f} over {familiar['familiar_photos']} photos"
+           if familiar else "")
         + (f"; people: z0 {people['z0']:.4f}, tau_p {people['tau_p']:.4f}, mean pi {people['person_mean_pi']:.2f} "
            f"on {people['person_photos']} person photos, {people['other_mean_pi']:.2f} on the others"
            if people else ""))

@@ -117,17 +117,32 @@ def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, 
     return torch.cat(out)
 
 
+def person_discount(model: EmbeddingModel) -> float:
+    """λ of the model's person discount (its concept head's ``person_discount``, training/models/concepts.py); 0
+    for a model without one."""
+    head = model.concepts
+    return float(head.cfg.person_discount) if head is not None and head.discounts_people else 0.0
+
+
 @torch.no_grad()
-def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None) -> torch.Tensor:
+def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | None = None,
+                 unfamiliarity: bool = False) -> torch.Tensor:
     """uint8 pixels ``(B, crops, 3, S, S)`` (``model.preprocess.pixels``, stacked) → image embeddings ``(B, E)``,
     float32 on the model's device, every forward pass at a bucket size of ``shapes`` when given: the backbone
-    features from the model's inference backend (:func:`backend.tower_features`), the rest in PyTorch. The caller
-    puts the model in eval mode."""
+    features from the model's inference backend (:func:`backend.tower_features`), the rest in PyTorch. With
+    ``unfamiliarity`` (a model with a person discount, :func:`person_discount`): ``(B, E + 1)``, each photo's a(x)
+    (concepts.py ``unfamiliarity``) after its embedding. The caller puts the model in eval mode."""
     device = device_of(model)
+    if unfamiliarity and not person_discount(model):
+        raise ValueError("this model has no person discount (concepts.person_discount): no unfamiliarity to give")
 
     def run(batch: torch.Tensor) -> torch.Tensor:
         with inference_autocast(model, device):
-            return model.embed_features(tower_features(model, batch, device)).float()
+            features = tower_features(model, batch, device)
+            vectors = model.embed_features(features).float()
+            if unfamiliarity:
+                vectors = torch.cat([vectors, model.concepts.unfamiliarity(features).float()[:, None]], dim=1)
+            return vectors
     return _bucketed(run, pixels, shapes)
 
 
@@ -208,6 +223,8 @@ class FileEmbeddings:
     # positions ``read`` found nothing to embed in (the index's reader: files whose bytes are the indexed ones)
     passed: list[int] = field(default_factory=list)
     timeline: Timeline = field(default_factory=Timeline)    # when each batch's vectors were in hand (overlap.py)
+    # (m,) float32: each image's a(x) for the person discount (concepts.py); None: the model has no person discount
+    unfamiliarity: np.ndarray | None = None
 
 
 class _Decoded(Dataset):
@@ -347,7 +364,8 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
     shapes = fixed_batches(decoding.batch_size, device_of(model), pad)
     vectors, kept, skipped, info, passed = [], [], [], [], []
     # double-buffered on a GPU: a batch's upload and download overlap the next one's forward pass (overlap.py)
-    flight = Overlap(lambda batch: embed_pixels(model, batch, shapes), device_of(model))
+    unfamiliarity = person_discount(model) > 0      # then each row carries the photo's a(x) last (embed_pixels)
+    flight = Overlap(lambda batch: embed_pixels(model, batch, shapes, unfamiliarity), device_of(model))
 
     def done(finished) -> None:
         for (idx, extra), rows in finished:
@@ -368,9 +386,11 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
         done(flight.push(decoding.pixels(pixels, device_of(model)), (idx, extra)))
     done(flight.drain())
     bar.close()
-    out = np.concatenate(vectors) if vectors else np.zeros((0, model.cfg.model.embed_dim), np.float32)
-    return FileEmbeddings(np.ascontiguousarray(out, dtype=np.float32), kept, skipped, info, passed,
-                          flight.timeline)
+    dim = model.cfg.model.embed_dim
+    out = np.concatenate(vectors) if vectors else np.zeros((0, dim + unfamiliarity), np.float32)
+    return FileEmbeddings(np.ascontiguousarray(out[:, :dim], dtype=np.float32), kept, skipped, info, passed,
+                          flight.timeline,
+                          np.ascontiguousarray(out[:, dim], dtype=np.float32) if unfamiliarity else None)
 
 
 @torch.no_grad()

@@ -42,6 +42,21 @@ whose captions do not, z₀ and τ_p a logistic regression of that label on d ·
 
 s_p the mean embedding of ``people_sentences``; w_p = 0 (``people_weight``) leaves π out (π = 0). Queries are
 unchanged. An unfitted head is the identity.
+
+The head also says how unlike every training photo a photo is, for the person discount (index/people.py): the
+trained embedding learnt people from the training photos alone and scores a short query such as "a person" highest
+on the photos with the least content (a texture, a star field), so a text query that names a person
+(training/inference/person_words.py) is discounted by λ (``person_discount``) on a photo none of the training photos
+resembles:
+
+    t(x) = mean of the m largest (B f̂(x)) · (B f̂(n)) over the training photos n,    a(x) = σ((t₀ − t(x)) / τ_a),
+
+f̂ the unit backbone features, B their first ``familiar_dims`` principal components (the training photos are kept
+as B f̂(n), float16), t₀ a low quantile of t over held-out training photos (``familiar_quantile``) and τ_a
+``familiar_temperature``. Unlike r(x), which measures the distance to clusters, t(x) finds the single training photo
+a photo resembles: a photographer behind a tripod is near a few training photos of people with cameras, a gravel
+texture near none. Photos are unchanged; the index stores −λ · a(x) beside each photo and a query that names a person
+searches with 1 there.
 """
 from __future__ import annotations
 
@@ -66,6 +81,14 @@ def class_sentences(names: Sequence[str], template: str) -> list[str]:
     return [template.format(name) for name in names]
 
 
+def _photos_as_stored(head: nn.Module, state_dict: dict, prefix: str, *_args) -> None:
+    """The number of training photos a head keeps is its fit's: the buffer takes the stored one's shape."""
+    stored = state_dict.get(prefix + "familiar_photos")
+    kept = cast(torch.Tensor, head.familiar_photos)
+    if stored is not None and stored.shape != kept.shape:
+        head.familiar_photos = torch.zeros(stored.shape, dtype=torch.float16, device=kept.device)
+
+
 class ConceptHead(nn.Module):
     """The backbones' classifiers (frozen, as their packages ship them) and the fitted concept embeddings, prototypes
     and gate. ``part_dims``: the width of each backbone's pooled features in the concatenated feature vector, in the
@@ -77,6 +100,9 @@ class ConceptHead(nn.Module):
     fitted: torch.Tensor             # bool
     person: torch.Tensor             # (2, E): d, s_p (only with people_weight > 0)
     person_gate: torch.Tensor        # z₀, τ_p (only with people_weight > 0)
+    familiar_basis: torch.Tensor     # B (ΣD, d), float16 (only with person_discount > 0)
+    familiar_photos: torch.Tensor    # B f̂(n) (N, d), float16 (only with person_discount > 0)
+    familiar_gate: torch.Tensor      # t₀, τ_a (only with person_discount > 0)
 
     def __init__(self, cfg: ConceptsSection, classifiers: list[nn.Linear], part_dims: list[int], embed_dim: int):
         super().__init__()
@@ -97,6 +123,12 @@ class ConceptHead(nn.Module):
         if cfg.people_weight > 0:       # only then: files without the people side load as they were written
             self.register_buffer("person", torch.zeros(2, embed_dim))
             self.register_buffer("person_gate", torch.tensor([0.0, 1.0]))
+        if cfg.person_discount > 0:     # only then, as the people side
+            dims = min(cfg.familiar_dims, feature_dim)
+            self.register_buffer("familiar_basis", torch.zeros(feature_dim, dims, dtype=torch.float16))
+            self.register_buffer("familiar_photos", torch.zeros(0, dims, dtype=torch.float16))
+            self.register_buffer("familiar_gate", torch.tensor([0.0, 1.0]))
+            self.register_load_state_dict_pre_hook(_photos_as_stored)
 
     @property
     def people(self) -> bool:
@@ -132,6 +164,26 @@ class ConceptHead(nn.Module):
     def confidence(self, features: torch.Tensor) -> torch.Tensor:
         """κ(x) ``(B,)``: the largest class probability of the mean classifier at temperature 1 (COSMO §4)."""
         return self.probabilities(features, 1.0).max(-1).values
+
+    @property
+    def discounts_people(self) -> bool:
+        """Whether the head gives the person discount's a(x) (``person_discount`` > 0)."""
+        return self.cfg.person_discount > 0
+
+    def familiarity(self, features: torch.Tensor) -> torch.Tensor:
+        """t(x) ``(B,)``: the mean cosine (in the kept principal components) to the nearest training photos."""
+        basis = self.familiar_basis
+        reduced = F.normalize(features.float(), dim=-1).to(basis.device) @ basis.float()
+        sims = reduced @ self.familiar_photos.float().t()
+        return sims.topk(min(self.cfg.familiar_neighbours, sims.shape[-1]), dim=-1).values.mean(-1)
+
+    def unfamiliarity(self, features: torch.Tensor) -> torch.Tensor:
+        """a(x) = σ((t₀ − t(x)) / τ_a) ``(B,)``, in [0, 1]: 1 for a photo unlike every training photo; zeros without
+        the person discount or before the fit."""
+        if not self.discounts_people or not bool(self.fitted) or not len(self.familiar_photos):
+            return torch.zeros(features.shape[0], device=features.device)
+        t0, tau = self.familiar_gate.float()
+        return torch.sigmoid((t0 - self.familiarity(features)) / tau).to(features.device)
 
     def person_weights(self, unit: torch.Tensor) -> torch.Tensor:
         """π(x) = σ((d · u(x) − z₀) / τ_p) ``(B,)`` from the unit projections ``u`` ``(B, E)``; zeros without the

@@ -216,6 +216,15 @@ class ConceptsSection(RunSection):
     people_sentences: list[str] = Key(["a photo of a person.", "a photo of a man.", "a photo of a woman.",
                                        "a photo of people."], "the person sentences, embedded by the model's own "
                                                               "text encoder and averaged", min_length=1)
+    person_discount: float = Key(0.0, "lambda: what a text query that names a person "
+                                      "(training/inference/person_words.py) loses on a photo unlike every training "
+                                      "photo (a(x) = 1; index/people.py); 0: off", ge=0.0)
+    familiar_dims: int = Key(256, "t(x): the training photos' backbone features kept in this many principal "
+                                  "components (float16)", ge=1)
+    familiar_neighbours: int = Key(5, "t(x): mean cosine to this many nearest training photos", ge=1)
+    familiar_quantile: float = Key(0.005, "t0: this quantile of t over held-out training photos (a(x) = 1/2 there)",
+                                   gt=0.0, lt=1.0)
+    familiar_temperature: float = Key(0.005, "a(x) = sigmoid((t0 - t(x)) / this)", gt=0.0)
     bank_template: Optional[str] = Key(None, "a sentence per ImageNet class added to the query bank's captions, e.g. "
                                              "'a {}' (measured: docs/benchmarks.md#open-vocabulary); None: none")
 

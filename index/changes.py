@@ -262,7 +262,9 @@ def apply(target: Target, changes: ChangeSet) -> UpdateReport:
         moment_vectors, moment_rows, video_rows = take_video_ids(manifest, changes.videos)
         ids = np.concatenate([ids, _next_ids(manifest, "next_image_id", len(moment_rows))])
         vectors, rows = np.concatenate([vectors, moment_vectors]), rows + moment_rows
-        unfamiliarity = np.concatenate([unfamiliarity, np.zeros(len(moment_rows), np.float32)])   # moments: a = 0
+        moments_a = changes.videos.moment_unfamiliarity()           # a moment's: the mean of its frames'
+        unfamiliarity = np.concatenate([unfamiliarity, np.zeros(len(moment_rows), np.float32)
+                                        if moments_a is None else moments_a])
         report.video_ids, report.moments = [int(r[0]) for r in video_rows], len(moment_rows)
     if changes.texts is None and rows:
         changes = read_texts(changes, manifest)

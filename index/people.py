@@ -8,8 +8,8 @@ such as "a person" highest on the photos with the least content, so a text query
     score(q, x) = q · v(x) − o(x) − λ · P(q) · a(x),    P(q) = 1 if q names a person, else 0.
 
 Like QB-Norm's offset (index/qbnorm.py), the term is one more coordinate: an image index built with such a model
-(its manifest's ``people``: ``{"discount": λ}``) stores each photo as ``[v, −o, −λ · a]`` (video moments and an
-index's reference photos: a = 0) and a query is searched as ``[q, 1, P(q)]``, so that search stays one FAISS call
+(its manifest's ``people``: ``{"discount": λ}``) stores each photo as ``[v, −o, −λ · a]`` (a video moment: the mean
+of its frames' a; an index's reference photos: a = 0) and a query is searched as ``[q, 1, P(q)]``, so that search stays one FAISS call
 and the scores it returns are the discounted ones. Queries of text carry P(q) as one column after their embedding
 (:func:`text_queries`, ``(n, dim + 1)``); any other query (a photo) is searched with P = 0. The caption index is
 not discounted.
@@ -42,7 +42,7 @@ def entry(person_discount: float) -> dict:
 
 def fold(manifest: dict, role: str, vectors: np.ndarray, unfamiliarity: np.ndarray | None = None) -> np.ndarray:
     """Stored vectors of ``role`` (``[v]`` or ``[v, −o]``) → with ``−λ · a`` last when that side is discounted
-    (``unfamiliarity``: a per row; None: 0, as for video moments and reference photos); else unchanged."""
+    (``unfamiliarity``: a per row; None: 0, as for reference photos); else unchanged."""
     if not discounted(manifest, role):
         return vectors
     vectors = np.asarray(vectors, dtype=np.float32)

@@ -45,6 +45,9 @@ class VideoEmbeddings:
     vectors: list[np.ndarray] = field(default_factory=list)           # per kept video: its own vector (D,)
     segments: list[list[Segment]] = field(default_factory=list)
     segment_vectors: list[np.ndarray] = field(default_factory=list)   # per kept video: (moments, D)
+    # per kept video: (moments,) the mean of its frames' a(x) for the person discount (index/people.py); empty: the
+    # model has none
+    segment_unfamiliarity: list[np.ndarray] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     frames: int = 0                                                    # sampled frames embedded
 
@@ -68,6 +71,12 @@ class VideoEmbeddings:
         dim = self.vectors[0].shape[0] if self.vectors else 0
         return (np.concatenate(vectors).astype(np.float32) if vectors else np.zeros((0, dim), np.float32),
                 seg_rows, video_rows)
+
+    def moment_unfamiliarity(self) -> np.ndarray | None:
+        """Each moment's a(x), in the order of :meth:`rows` (None: the model has no person discount)."""
+        if not self.segment_unfamiliarity:
+            return None
+        return np.concatenate(self.segment_unfamiliarity).astype(np.float32)
 
 
 class _Frames(IterableDataset):
@@ -111,7 +120,7 @@ def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: S
     from tqdm.auto import tqdm
 
     from training.data.features import loader_options
-    from training.inference.embedding import device_of, embed_pixels, fixed_batches
+    from training.inference.embedding import device_of, embed_pixels, fixed_batches, person_discount
 
     model.eval()
     out = VideoEmbeddings(paths=[str(p) for p in paths])
@@ -126,17 +135,20 @@ def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: S
     frame_vectors: dict[int, list[np.ndarray]] = {}
     pending: list[tuple[int, torch.Tensor]] = []           # (pos, pixels) not yet embedded
     done: dict[int, dict] = {}
+    unfamiliarity = person_discount(model) > 0       # then each frame's row carries its a(x) last (embed_pixels)
 
     def flush():
         if pending:
-            vectors = embed_pixels(model, torch.stack([px for _, px in pending]), shapes).cpu().numpy()
+            vectors = embed_pixels(model, torch.stack([px for _, px in pending]), shapes,
+                                   unfamiliarity).cpu().numpy()
             for (pos, _), v in zip(pending, vectors):
                 frame_vectors.setdefault(pos, []).append(v)
             out.frames += len(pending)
             pending.clear()
 
     def finish(pos: int, facts: dict):
-        vectors = np.stack(frame_vectors.pop(pos))
+        rows = np.stack(frame_vectors.pop(pos))
+        vectors = rows[:, :model.cfg.model.embed_dim]
         ts = times.pop(pos)
         path = Path(paths[pos])
         sha, size, mtime = _file_facts(path)
@@ -155,6 +167,10 @@ def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: S
         out.vectors.append(mean_vector(vectors, model.similarity))
         out.segments.append(segs)
         out.segment_vectors.append(means)
+        if unfamiliarity:                  # a moment's a(x): the mean of its frames'
+            a = rows[:, model.cfg.model.embed_dim]
+            out.segment_unfamiliarity.append(np.array([a[lo:hi].mean() for lo, hi in (s.frames for s in segs)],
+                                                      np.float32))
 
     for pos, kind, value in tqdm(loader, desc="reading videos", unit="frame", disable=not progress):
         if kind == "frame":
@@ -178,7 +194,8 @@ def embed_videos(model: EmbeddingModel, paths: Sequence[str | Path], sampling: S
     for p in sorted(done):
         finish(p, done[p])
     order = np.argsort(out.kept, kind="stable")
-    for name in ("kept", "info", "vectors", "segments", "segment_vectors"):
+    for name in ("kept", "info", "vectors", "segments", "segment_vectors", "segment_unfamiliarity"):
         values = getattr(out, name)
-        setattr(out, name, [values[i] for i in order])
+        if values:
+            setattr(out, name, [values[i] for i in order])
     return out

@@ -214,3 +214,26 @@ def test_the_service_engine_and_the_text_search_discount_person_queries_alike(ti
         np.testing.assert_allclose([dict(terminal.hits)[i] for i in range(12)], want[0], atol=1e-5)
     finally:
         gallery.close()
+
+
+def test_a_video_moments_a_is_the_mean_of_its_frames(tmp_path):
+    from PIL import Image
+
+    from index.moments import Sampling
+    from index.video_decode import sample_frames
+    from index.video_embed import embed_videos
+    from index.video_writer import write_video
+
+    torch.manual_seed(0)
+    model = build_model(_config(0.2), Vocabulary.build(["a man", "a dog"])).eval()
+    fit(model, torch.rand(40, model.feature_dim, generator=torch.Generator().manual_seed(1)), log=lambda *_: None,
+        names=NAMES)
+    rng = np.random.default_rng(0)
+    frames = [Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)) for _ in range(8)]
+    clip = write_video(tmp_path / "c.mkv", frames, fps=2)
+    emb = embed_videos(model, [clip], Sampling(rate=1.0, window=2.0), workers=0, progress=False)
+    pixels = torch.stack([model.preprocess.pixels(im) for _, im in sample_frames(clip, rate=1.0)])
+    a = embed_pixels(model, pixels, unfamiliarity=True)[:, -1].numpy()
+    spans = [s.frames for s in emb.segments[0]]
+    assert len(spans) >= 2 and emb.segment_vectors[0].shape[1] == 32
+    np.testing.assert_allclose(emb.moment_unfamiliarity(), [a[lo:hi].mean() for lo, hi in spans], atol=1e-5)

@@ -185,6 +185,29 @@ def test_confidence_gate_is_the_typicality_gate_at_its_limits():
     assert "concepts.person" not in plain.state_dict()       # no people side: the buffers of older files only
 
 
+def test_split_gate_keeps_the_typicality_gate_for_familiar_photos_and_cosmos_for_the_others():
+    torch.manual_seed(0)
+    vocab = Vocabulary.build(["a dog", "a cat"])
+    cosmo, split = (build_model(lite0_config(confidence_floor=0.25, confidence=8.0, familiar_dims=16, **kw), vocab).eval()
+                    for kw in ({}, {"familiar_weight": 0.5}))
+    split.load_state_dict(cosmo.state_dict(), strict=False)
+    assert "concepts.familiar_photos" not in cosmo.state_dict() and "concepts.familiar_photos" in split.state_dict()
+    feats = fitted(cosmo)
+    report = fit(split, feats, log=lambda *_: None, names=NAMES)
+    head = split.concepts
+    assert report["familiar_t_gate"] == pytest.approx(float(head.familiar_gate[2]))
+    assert not head.discounts_people                                 # t(x) kept for the gate alone
+    x = torch.cat([feats[1:4], torch.rand(3, split.feature_dim) * 4])   # training photos, then unlike them
+    with torch.no_grad():
+        r0, tau = head.gate
+        typical = torch.sigmoid((r0 - head.typicality(x)) / tau)
+        _, tau_a, t_g = head.familiar_gate
+        unlike = torch.sigmoid((t_g - head.familiarity(x)) / tau_a)
+        g = head.gate_weights(x)
+        torch.testing.assert_close(g, (1 - unlike) * 0.5 * typical + unlike * cosmo.concepts.gate_weights(x))
+        torch.testing.assert_close(head.unfamiliarity(x), torch.zeros(6))      # no person discount: a = 0
+
+
 def test_people_side_is_fitted_on_captions_and_adds_the_person_sentence():
     from training.fit_concepts import logistic, shows_a_person
 

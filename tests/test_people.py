@@ -153,7 +153,7 @@ def test_the_head_fits_t0_and_gives_a_near_one_only_far_from_every_training_phot
     with torch.no_grad():
         assert bool((head.unfamiliarity(near) < 0.5).all()) and bool((head.unfamiliarity(far) > 0.99).all())
         t = head.familiarity(near)
-        t0, tau = head.familiar_gate
+        t0, tau, _ = head.familiar_gate
         assert float(t0) == pytest.approx(report["familiar_t0"]) and float(tau) == pytest.approx(0.005)
         torch.testing.assert_close(head.unfamiliarity(near), torch.sigmoid((t0 - t) / tau))
         # t(x) as written: the mean of the m largest cosines in the kept components

@@ -6,10 +6,12 @@
 3. the gate: r₀ = the ``concepts.quantile`` quantile of r(x) over the held-out sixth, τ = ``concepts.temperature``
    × (its 50 % minus its 10 % quantile); the confidence term's α and κ₀ are config keys, selected on Flickr8k dev
    and the ImageNet samples (benchmarks/open_vocab.py);
-4. with ``concepts.person_discount`` > 0, the person discount's t(x): B, the first ``concepts.familiar_dims``
-   principal components of the unit backbone features of the training photos but the held-out sixth (the
-   eigenvectors of their second moment), every training photo kept as B f̂ (float16); t₀ = the
-   ``concepts.familiar_quantile`` quantile of t over the held-out sixth, each against the other photos;
+4. with ``concepts.person_discount`` > 0 or ``concepts.familiar_weight``, t(x) (the person discount, the split
+   gate): B, the first ``concepts.familiar_dims`` principal components of the unit backbone features of the
+   training photos but the held-out sixth (the eigenvectors of their second moment), every training photo kept as
+   B f̂ (float16); t₀ = the
+   ``concepts.familiar_quantile`` quantile and t_g the ``concepts.familiar_split`` quantile of t over the held-out
+   sixth, each against the other photos;
 5. with ``concepts.people_weight`` > 0, the people side: d, the unit difference of the mean trained embedding of
    the training photos whose captions name a person (training/inference/person_words.py's words in at least half
    of them) and of the others; z₀, τ_p by a logistic regression of that label on d · u; s_p,
@@ -102,9 +104,9 @@ def fit_familiar(head: ConceptHead, features: torch.Tensor, held: torch.Tensor) 
     sims = (unit[rows] @ head.familiar_basis.float()) @ head.familiar_photos.float().t()
     sims[torch.arange(len(rows)), rows] = float("-inf")               # a held-out photo is not its own neighbour
     t = sims.topk(head.cfg.familiar_neighbours, dim=-1).values.mean(-1)
-    t0 = float(torch.quantile(t, head.cfg.familiar_quantile))
-    head.familiar_gate.copy_(torch.tensor([t0, head.cfg.familiar_temperature]))
-    return {"familiar_t0": t0, "familiar_photos": len(unit), "familiar_dims": dims,
+    t0, t_g = (float(torch.quantile(t, q)) for q in (head.cfg.familiar_quantile, head.cfg.familiar_split))
+    head.familiar_gate.copy_(torch.tensor([t0, head.cfg.familiar_temperature, t_g]))
+    return {"familiar_t0": t0, "familiar_t_gate": t_g, "familiar_photos": len(unit), "familiar_dims": dims,
             "familiar_t_median": float(t.median())}
 
 
@@ -166,7 +168,7 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     q = torch.quantile(r, torch.tensor([cfg.quantile, 0.1, 0.5]))
     tau = max(float(cfg.temperature * (q[2] - q[1])), 1e-4)
     head.gate.copy_(torch.tensor([float(q[0]), tau]))
-    familiar = fit_familiar(head, feats, held) if head.discounts_people else {}
+    familiar = fit_familiar(head, feats, held) if head.familiar else {}
     people: dict = {}
     if head.people:
         if captions is None:
@@ -183,7 +185,8 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
               **familiar, **people}
     log(f"concepts: r0 {report['r0']:.4f}, tau {tau:.4f}; mean gate over {report['held_out']} held-out training "
         f"photos {report['gate_mean_held_out']:.3f} (of w = {cfg.weight})"
-        + (f"; person discount: t0 {familiar['familiar_t0']:.4f} over {familiar['familiar_photos']} photos"
+        + (f"; familiarity: t0 {familiar['familiar_t0']:.4f}, t_g {familiar['familiar_t_gate']:.4f} over "
+           f"{familiar['familiar_photos']} photos"
            if familiar else "")
         + (f"; people: z0 {people['z0']:.4f}, tau_p {people['tau_p']:.4f}, mean pi {people['person_mean_pi']:.2f} "
            f"on {people['person_photos']} person photos, {people['other_mean_pi']:.2f} on the others"

@@ -57,6 +57,16 @@ as B f̂(n), float16), t₀ a low quantile of t over held-out training photos (`
 a photo resembles: a photographer behind a tripod is near a few training photos of people with cameras, a gravel
 texture near none. Photos are unchanged; the index stores −λ · a(x) beside each photo and a query that names a person
 searches with 1 there.
+
+The same t(x) splits the gate (ours; ``familiar_weight`` w_f): a photo like the training photos keeps the typicality
+gate the ranking was selected with, one unlike them gets COSMO's,
+
+    b(x) = σ((t_g − t(x)) / τ_a),
+    g(x) = σ((r₀ − r(x)) / τ) · ((1 − b(x)) · w_f + b(x) · w · (f + (1 − f) · σ(α (κ(x) − κ₀)))),
+
+t_g the ``familiar_split`` quantile of t over the held-out training photos. A Flickr8k photo the
+classifiers name with confidence (a dog breed) then no longer gets more of their words than the in-domain ranking
+wants, while a photo from elsewhere gets all of COSMO's gate. w_f None (the default): one gate for every photo.
 """
 from __future__ import annotations
 
@@ -100,9 +110,9 @@ class ConceptHead(nn.Module):
     fitted: torch.Tensor             # bool
     person: torch.Tensor             # (2, E): d, s_p (only with people_weight > 0)
     person_gate: torch.Tensor        # z₀, τ_p (only with people_weight > 0)
-    familiar_basis: torch.Tensor     # B (ΣD, d), float16 (only with person_discount > 0)
-    familiar_photos: torch.Tensor    # B f̂(n) (N, d), float16 (only with person_discount > 0)
-    familiar_gate: torch.Tensor      # t₀, τ_a (only with person_discount > 0)
+    familiar_basis: torch.Tensor     # B (ΣD, d), float16 (only with person_discount > 0 or familiar_weight)
+    familiar_photos: torch.Tensor    # B f̂(n) (N, d), float16 (likewise)
+    familiar_gate: torch.Tensor      # t₀, τ_a, t_g (likewise)
 
     def __init__(self, cfg: ConceptsSection, classifiers: list[nn.Linear], part_dims: list[int], embed_dim: int):
         super().__init__()
@@ -123,11 +133,11 @@ class ConceptHead(nn.Module):
         if cfg.people_weight > 0:       # only then: files without the people side load as they were written
             self.register_buffer("person", torch.zeros(2, embed_dim))
             self.register_buffer("person_gate", torch.tensor([0.0, 1.0]))
-        if cfg.person_discount > 0:     # only then, as the people side
+        if self.familiar:               # only then, as the people side
             dims = min(cfg.familiar_dims, feature_dim)
             self.register_buffer("familiar_basis", torch.zeros(feature_dim, dims, dtype=torch.float16))
             self.register_buffer("familiar_photos", torch.zeros(0, dims, dtype=torch.float16))
-            self.register_buffer("familiar_gate", torch.tensor([0.0, 1.0]))
+            self.register_buffer("familiar_gate", torch.tensor([0.0, 1.0, 0.0]))
             self.register_load_state_dict_pre_hook(_photos_as_stored)
 
     @property
@@ -166,6 +176,11 @@ class ConceptHead(nn.Module):
         return self.probabilities(features, 1.0).max(-1).values
 
     @property
+    def familiar(self) -> bool:
+        """Whether the head keeps the training photos for t(x): for the person discount or the split gate."""
+        return self.cfg.person_discount > 0 or self.cfg.familiar_weight is not None
+
+    @property
     def discounts_people(self) -> bool:
         """Whether the head gives the person discount's a(x) (``person_discount`` > 0)."""
         return self.cfg.person_discount > 0
@@ -182,7 +197,7 @@ class ConceptHead(nn.Module):
         the person discount or before the fit."""
         if not self.discounts_people or not bool(self.fitted) or not len(self.familiar_photos):
             return torch.zeros(features.shape[0], device=features.device)
-        t0, tau = self.familiar_gate.float()
+        t0, tau, _ = self.familiar_gate.float()
         return torch.sigmoid((t0 - self.familiarity(features)) / tau).to(features.device)
 
     def person_weights(self, unit: torch.Tensor) -> torch.Tensor:
@@ -194,14 +209,19 @@ class ConceptHead(nn.Module):
         return torch.sigmoid((unit.float() @ self.person[0].float() - z0) / tau)
 
     def gate_weights(self, features: torch.Tensor, people: torch.Tensor | None = None) -> torch.Tensor:
-        """g(x) = w · σ((r₀ − r(x)) / τ) · (f + (1 − f) · σ(α (κ(x) − κ₀))) · (1 − π(x)) ``(B,)``; ``people``:
-        π(x) (None: 0)."""
+        """g(x) = w · σ((r₀ − r(x)) / τ) · (f + (1 − f) · σ(α (κ(x) − κ₀))) · (1 − π(x)) ``(B,)``, split by
+        familiarity when ``familiar_weight`` is set (module docstring); ``people``: π(x) (None: 0)."""
         r0, tau = self.gate.float()
-        g = self.cfg.weight * torch.sigmoid((r0 - self.typicality(features)) / tau)
+        typical = torch.sigmoid((r0 - self.typicality(features)) / tau)
+        g = self.cfg.weight * typical
         floor = self.cfg.confidence_floor
         if floor < 1:       # COSMO (Atzmon & Chechik 2019, §4): the seen expert's max-softmax confidence gates
             sure = torch.sigmoid(self.cfg.confidence * (self.confidence(features) - self.cfg.confidence_at))
             g = g * (floor + (1 - floor) * sure)
+        if self.cfg.familiar_weight is not None:     # ours: photos like the training photos keep the typicality gate
+            _, tau_a, t_g = self.familiar_gate.float()
+            unlike = torch.sigmoid((t_g - self.familiarity(features)) / tau_a).to(g.device)
+            g = (1 - unlike) * self.cfg.familiar_weight * typical + unlike * g
         return g if people is None else g * (1 - people)
 
     def forward(self, features: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:

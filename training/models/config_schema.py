@@ -224,7 +224,13 @@ class ConceptsSection(RunSection):
     familiar_neighbours: int = Key(5, "t(x): mean cosine to this many nearest training photos", ge=1)
     familiar_quantile: float = Key(0.005, "t0: this quantile of t over held-out training photos (a(x) = 1/2 there)",
                                    gt=0.0, lt=1.0)
-    familiar_temperature: float = Key(0.005, "a(x) = sigmoid((t0 - t(x)) / this)", gt=0.0)
+    familiar_temperature: float = Key(0.005, "a(x) = sigmoid((t0 - t(x)) / this), and b(x) of the split gate alike",
+                                      gt=0.0)
+    familiar_weight: Optional[float] = Key(None, "w_f: the gate's weight for a photo like the training photos (t(x) "
+                                                 "above t_g): the typicality gate alone, w and the COSMO term for "
+                                                 "the others; None: one gate for every photo", ge=0.0)
+    familiar_split: float = Key(0.3, "t_g: this quantile of t over held-out training photos (the split gate's "
+                                     "middle)", gt=0.0, lt=1.0)
     bank_template: Optional[str] = Key(None, "a sentence per ImageNet class added to the query bank's captions, e.g. "
                                              "'a {}' (measured: docs/benchmarks.md#open-vocabulary); None: none")
 

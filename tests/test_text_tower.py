@@ -147,16 +147,17 @@ def test_index_add_prepares_what_the_build_could_not(synth_small, tiny_model_pat
 
     monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
     calls = []
-    real = text_tower.prepare
-    monkeypatch.setattr(text_tower, "prepare", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = text_tower._prepare_in
+    monkeypatch.setattr(text_tower, "_prepare_in", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    folder = text_tower.folder_for(tiny_model_path)
     assert _build_tiny(synth_small, tiny_model_path, tmp_path / "index") == 0
-    assert calls == [tiny_model_path] and text_tower.prepared(tiny_model_path)      # its folder: why not
+    assert calls == [folder] and text_tower.prepared(tiny_model_path)      # its folder: why not
     shutil.rmtree(text_tower.folder_for(tiny_model_path))
     photo = next((synth_small / "images").glob("*.jpg"))
     capsys.readouterr()
     assert main(["index", "add", "--index", str(tmp_path / "index"), "--model", str(tiny_model_path), str(photo),
                  "--workers", "0"]) == 0
-    assert calls == [tiny_model_path] * 2 and text_tower.prepared(tiny_model_path)
+    assert calls == [folder] * 2 and text_tower.prepared(tiny_model_path)
     assert main(["index", "add", "--index", str(tmp_path / "index"), "--model", str(tiny_model_path), str(photo),
                  "--workers", "0", "--quiet"]) == 0
     assert len(calls) == 2                                  # prepared already: not again

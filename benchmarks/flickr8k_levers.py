@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", help="run directory")
     ap.add_argument("--model", help="evaluate this model.pt instead of training (e.g. an ensemble)")
+    ap.add_argument("--from-log", metavar="RUN",
+                    help="record a finished `jointspace train` run from its log.jsonl instead: the validation of its "
+                         "best epoch (the model before its concept head, as the trainer selected it) and its elapsed "
+                         "seconds as the wall time")
     ap.add_argument("--data", required=True, help="the Flickr8k folder")
     ap.add_argument("--cold-cache", action="store_true", help="train with an empty feature cache")
     ap.add_argument("--querybank-norm", action="store_true", help="record the querybank-normalised metrics")
@@ -129,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --through-index: an option for index build, e.g. --index-option=--no-querybank or "
                          "--index-option=--tta --index-option=flip (repeatable)")
     args = ap.parse_args(argv)
-    if bool(args.model) == bool(args.config):
-        ap.error("give --config (and --out) to train, or --model to evaluate")
+    if sum(map(bool, (args.model, args.config, args.from_log))) != 1:
+        ap.error("give --config (and --out) to train, --model to evaluate, or --from-log RUN")
+    if args.from_log:
+        return from_log(args)
     if args.config and not args.out:
         ap.error("--config needs --out")
     scratch: list[str] = []        # a cold feature cache, a built index: removed when the row is written
@@ -141,6 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for path in scratch:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def from_log(args: argparse.Namespace) -> int:
+    """A row from a finished run's log.jsonl: its best epoch's validation metrics and the last epoch's elapsed
+    seconds (feature extraction included, from whatever cache the run found), dated by the log's last write."""
+    run_dir = Path(args.from_log)
+    lines = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    epochs = [e for e in lines if "val" in e]
+    best = max(epochs, key=lambda e: e["val"]["rsum"])
+    when = dt.date.fromtimestamp((run_dir / "log.jsonl").stat().st_mtime).isoformat()
+    row = {"name": args.name, "lever": args.lever, "config": f"the run {run_dir.name} (its config.yaml)",
+           "i2t": [round(best["val"]["i2t"][k], 1) for k in ("r1", "r5", "r10")],
+           "t2i": [round(best["val"]["t2i"][k], 1) for k in ("r1", "r5", "r10")],
+           "rsum": round(best["val"]["rsum"], 2), "wall_min": round(epochs[-1]["elapsed_s"] / 60, 1),
+           "peak_gib": None, "hardware": hardware(args.note), "date": when, "commit": commit()}
+    save_row(row)
+    print(json.dumps(row))
+    return 0
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

@@ -724,6 +724,19 @@ def t_tower_throughput() -> str:
     return table + f" {what[:1].upper()}{what[1:]}; {data['threads']} threads, torch {data['torch']}."
 
 
+def t_feature_extraction() -> str:
+    """benchmarks/feature_extraction.py: the feature cache's extraction in eager PyTorch and on the float32 backend."""
+    data = load("feature_extraction.json")
+    rows = data["rows"]
+    cells = [[str(r["views"]), r["runs"], f(r["photos_per_s"]), f"×{r['x_eager']:.2f}" if r.get("x_eager") else "—",
+              "—" if r.get("max_rel_diff_vs_eager") is None else f"{r['max_rel_diff_vs_eager']:.1e}"] for r in rows]
+    table = with_provenance(["views a photo", "runs the backbones", "photos/s", "× eager",
+                             "largest difference to eager (relative)"], cells, [{}] * len(cells), data,
+                            right={0, 2, 3})
+    what = data["description"]
+    return table + f" {what[:1].upper()}{what[1:]}; {data['threads']} threads, torch {data['torch']}."
+
+
 def t_video_retrieval() -> str:
     """benchmarks/video_retrieval.py: text → moment and text → video on generated clips, per moment setting."""
     data = load("video_cpu.json")
@@ -1041,6 +1054,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "embed_throughput": t_embed_throughput,
     "backend_throughput": t_backend_throughput,
     "tower_throughput": t_tower_throughput,
+    "feature_extraction": t_feature_extraction,
     "text_tower_cpu": t_text_tower,
     "backend_throughput_12mp": lambda: t_backend_throughput("backend_throughput_12mp.json"),
     "backend_ranking": t_backend_ranking,

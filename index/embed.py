@@ -19,18 +19,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from training.data.preprocess import (ZOOM, ImagePreprocess, MirroredViews, Preprocess, StackedPreprocess,
-                                      decode_image)
+from training.data.preprocess import ImagePreprocess, decode_image
 from training.inference.embedding import FileEmbeddings, ImageDecoding, device_of
 from training.inference.embedding import embed_image_files as files_to_embeddings
 from training.inference.embedding import embed_texts as texts_to_embeddings
+from training.inference.embedding import view_preprocess
 from training.inference.tensor_views import EncodedJPEG, decode_choice, encoded_jpeg
 from training.models.protocol import EmbeddingModel
 
 from .ocr import PhotoText, grey_thumbnail, text_likelihood
 from .people import text_queries
 from .phash import perceptual_hash
-from .tta import TTA
 
 
 @dataclass(frozen=True)
@@ -125,18 +124,6 @@ class _Photos:
 
     def __call__(self, path: str | Path, min_side: int | None = None):
         return read_photo(path, min_side, self.sha256.get(str(path)), self.encoded)
-
-
-def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
-    """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`) for a model (or its
-    ``preprocess``): ``none`` the model's own, ``flip`` each view and its mirror image, ``flip-crop`` also the
-    image enlarged 8/7 and cut to the centre, and its mirror image; features averaged (``MirroredViews``)."""
-    if tta not in TTA:
-        raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
-    base = model if isinstance(model, (Preprocess, StackedPreprocess)) else model.preprocess
-    if tta == "none":
-        return base
-    return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)
 
 
 @dataclass(frozen=True)

@@ -9,5 +9,7 @@ The manifest records the index's augmentation, so that ``add`` and ``sync`` embe
 (index/embed.py ``view_preprocess``)."""
 from __future__ import annotations
 
-TTA = ("none", "flip", "flip-crop")
+from training.inference.names import TTA
+
+__all__ = ["TTA", "DEFAULT_TTA"]
 DEFAULT_TTA = "flip-crop"        # the shipped model's dev ranking as served, by --tta: docs/results.md

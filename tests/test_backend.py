@@ -291,6 +291,39 @@ def test_the_cache_lives_under_jointspace_cache(model, tmp_path, monkeypatch):
         use_backend(model, "eager")
 
 
+# --- feature extraction over a data set (the feature cache) ----------------------------------------------------
+
+def test_feature_extraction_runs_on_a_float32_backend_with_eagers_features(model, tmp_path, monkeypatch):
+    from training.data.features import Compute, extract_features
+    from training.inference.backend import extraction_tower
+
+    monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(paths[-1])
+    trained = copy.deepcopy(model).train()
+    trained.backbone.eval()                                   # mixed modes, as a trainer holds them
+    modes = [m.training for m in trained.modules()]
+    views = MirroredViews(trained.preprocess, zoom=ZOOM)
+    for per_view, pre in ((False, None), (True, views)):
+        on_backend = extract_features(trained, paths, cache_dir=tmp_path / f"b{per_view}", preprocess=pre,
+                                      per_view=per_view, compute=Compute(progress=False, tower=extraction_tower))
+        eager = extract_features(trained, paths, cache_dir=tmp_path / f"e{per_view}", preprocess=pre,
+                                 per_view=per_view, compute=Compute(progress=False))
+        assert on_backend.shape == eager.shape == ((5, 4, 1280) if per_view else (5, 1280))
+        assert np.abs(np.array(on_backend) - np.array(eager)).max() <= 1e-4 * np.abs(np.array(eager)).max()
+    assert [m.training for m in trained.modules()] == modes   # the conversion traced it in eval mode: restored
+    assert attached(trained) == "eager"                       # nothing attached to the model
+    assert (tmp_path / "cache" / "backends").is_dir()         # the graph cached where the index's are
+    assert extraction_tower(trained) is not None
+    monkeypatch.setenv("JOINTSPACE_BACKEND", "eager")
+    assert extraction_tower(trained) is None                  # eager when asked
+    monkeypatch.delenv("JOINTSPACE_BACKEND")
+    assert extraction_tower(build_model(tiny_config(), Vocabulary.build(["a red circle"]))) is None  # trains
+
+
 # --- the flag and the environment variable -------------------------------------------------------------------
 
 def test_the_name_comes_from_the_flag_else_the_environment(monkeypatch):

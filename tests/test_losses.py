@@ -72,6 +72,28 @@ def test_same_image_captions_are_not_negatives():
     assert loss("max_violation", sim) > 0.0        # without ids the duplicate looks like a hard negative
 
 
+def test_infonce_is_a_softmax_over_each_anchors_positive_and_negatives():
+    tau = 0.1
+    def side(rows):   # each row: the anchor's positive first, then its negatives
+        return sum(-torch.log_softmax(torch.tensor(r) / tau, 0)[0].item() for r in rows)
+    images = [[0.9, 0.5, 0.1], [0.6, 0.3, 0.7], [0.4, 0.2, 0.8]]
+    captions = [[0.9, 0.3, 0.2], [0.6, 0.5, 0.8], [0.4, 0.1, 0.7]]
+    cfg = {"name": "infonce", "reduction": "sum", "lambda": 0.5, "options": {"temperature": tau}}
+    got = build_loss(LossSection.model_validate(cfg))(S).item()
+    assert got == pytest.approx(side(images) + 0.5 * side(captions), rel=1e-5)
+    # a caption of the anchor's own image is neither the positive nor a negative
+    sim = torch.tensor([[0.5, 0.9, 0.0], [0.5, 0.9, 0.0], [0.0, 0.0, 0.5]])
+    with_ids = build_loss(LossSection.model_validate(cfg))(sim, torch.tensor([0, 0, 1])).item()
+    assert with_ids < build_loss(LossSection.model_validate(cfg))(sim).item()
+    # the sharper τ, the more the hardest negative dominates: a well-separated batch costs almost nothing
+    easy = torch.eye(3)
+    assert build_loss(LossSection.model_validate({**cfg, "options": {"temperature": 0.01}}))(easy).item() < 1e-6
+    with pytest.raises(ValueError, match="temperatur"):
+        LossSection.model_validate({**cfg, "options": {"temperatur": 0.1}})
+    with pytest.raises(ValueError, match="temperature"):
+        LossSection.model_validate({**cfg, "options": {"temperature": 0}})
+
+
 def test_every_loss_is_differentiable_and_registered():
     assert set(LOSSES.names()) >= {"sum", "max_violation", "khardest", "hard", "semihard", "hard_semihard"}
     for name in LOSSES.names():

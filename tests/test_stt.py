@@ -216,13 +216,14 @@ def test_stt_att_trains_on_grid_regions_and_reloads(synth_small, tmp_path):
     assert len(caption_embeddings(model, pooled, n=1)[0]) == 1
     # evaluation reports every metric the other models report, scored with the attention similarity
     from training.data.datasets import load_dataset
+    from training.data.features import Compute
     from training.data.sources import image_source
     from training.evaluate import EvalOptions, attention_retrieval, evaluate_model
 
     test = load_dataset(synth_small).split("test")
     result = evaluate_model(model, test, progress=False, workers=0, options=EvalOptions(generation=False))
     assert {"rk_variants", "rprecision5", "mir", "pooled", "rsum"} <= set(result)
-    source = image_source(model, [r.path for r in test.images], workers=0, progress=False)
+    source = image_source(model, [r.path for r in test.images], compute=Compute(workers=0, progress=False))
     assert result["rsum"] == pytest.approx(attention_retrieval(model, test, source)["rsum"])
     assert result["rk_variants"]["i2t"]["any_txt"]["r1"] == pytest.approx(result["i2t"]["r1"])
 

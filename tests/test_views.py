@@ -1,5 +1,5 @@
-"""View augmentation of frozen-backbone features (``image.train_crops``): per-crop features, the ``views``
-source of the training split, and teacher-forced and self-critical training that read random views."""
+"""View augmentation of frozen-backbone features (``image.train_crops``, ``image.train_views``): per-crop features,
+the ``views`` source of the training split, and teacher-forced and self-critical training that read random views."""
 import json
 
 import numpy as np
@@ -113,6 +113,32 @@ def test_the_training_split_gets_views_with_the_evaluation_view_first(synth_smal
     assert trainable.source(trainable.train_set, trainable=True, augment=True).kind == "pixels"   # no features
 
 
+def test_train_views_are_the_views_the_index_averages(synth_small, tmp_path):
+    from training.data.features import Compute, extract_features
+    from training.inference.embedding import view_preprocess
+    from training.inference.names import TTA
+    from training.models.sections import ImageKeys
+    from training.train import Trainer
+
+    assert ImageKeys.model_fields["train_views"].annotation.__args__ == TTA      # the names are index build's --tta
+    trainer = Trainer(frozen_config(image={"train_views": "flip-crop"}), synth_small, tmp_path, progress=False,
+                      log=lambda *_: None)
+    plain = trainer.source(trainer.train_set, trainable=False)
+    views = trainer.source(trainer.train_set, trainable=False, augment=True)
+    assert views.kind == "views" and views.data.shape == (plain.data.shape[0], 4, plain.data.shape[1])
+    paths = [r.path for r in trainer.train_set.images]
+    index_views = extract_features(trainer.model, paths, cache_dir=tmp_path / "again", compute=Compute(progress=False),
+                                   preprocess=view_preprocess(trainer.model, "flip-crop"))
+    # the index's gallery features are these four views' mean; the first is the evaluation view
+    assert torch.allclose(views.data.mean(1), torch.from_numpy(np.array(index_views)), atol=1e-5)
+    assert torch.allclose(views.data[:, 0], plain.data, atol=1e-5)
+    assert not torch.allclose(views.data[:, 1], plain.data, atol=1e-3)                    # the mirror image
+    flip = Trainer(frozen_config(image={"train_views": "flip"}), synth_small, tmp_path / "flip", progress=False,
+                   log=lambda *_: None)
+    assert flip.source(flip.train_set, trainable=False, augment=True).data.shape[1] == 2
+    assert trainer.source(trainer.val_set, trainable=False).kind == "features"            # validation: one view
+
+
 def _changed(a, b) -> set[str]:
     return {k.split(".")[0] for k, v in a.state_dict().items() if not torch.equal(v, b.state_dict()[k])}
 
@@ -160,3 +186,9 @@ def test_view_augmentation_config_is_checked():
     assert tiny_config(image={"image_size": 260, "resize": 260}).image.image_size == 260
     with pytest.raises(ConfigError, match="STT-ATT"):
         tiny_config(image={"train_crops": 5}, attention={"enabled": True})
+    with pytest.raises(ConfigError, match="train_views"):
+        tiny_config(image={"train_views": "flip"}, attention={"enabled": True})
+    with pytest.raises(ConfigError, match="choose one"):
+        tiny_config(image={"train_views": "flip", "train_crops": 5, "image_size": 32, "train_resize": 40})
+    with pytest.raises(ConfigError, match="train_views"):
+        tiny_config(image={"train_views": "rotate"})

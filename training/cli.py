@@ -157,6 +157,7 @@ def cmd_zoo(args) -> int:
 
 def cmd_compose(args) -> int:
     from training.data.datasets import load_dataset
+    from training.data.features import Compute
     from training.data.fileio import write_json
     from training.data.sources import image_source
     from training.inference.compose import compose_query, image_features_of
@@ -170,7 +171,7 @@ def cmd_compose(args) -> int:
         return 2
     query = compose_query(model, image_features_of(model, args.image), args.add, args.subtract)
     gallery = embed_image_source(model, image_source(model, [r.path for r in dataset.images],
-                                                     progress=not args.quiet))
+                                                     compute=Compute(progress=not args.quiet)))
     scores = model.score(gallery, query.view(1, -1)).view(-1)
     top = scores.topk(min(args.top, len(scores)))
     ranking = [{"rank": i + 1, "score": round(float(s), 5), "image": str(dataset.images[j].path),
@@ -390,6 +391,7 @@ def cmd_querybank(args) -> int:
     from training.models.checkpoint import load_model
     from training.models.ensemble import EnsembleEmbedding
     from training.data.features import Compute
+    from training.inference.backend import extraction_tower
     from training.inference.querybank import BankDraw, make_bank
 
     if not Path(args.model).is_file():
@@ -431,7 +433,7 @@ def cmd_querybank(args) -> int:
                         section.images if args.images is None else args.images,
                         section.beta if args.beta is None else args.beta,
                         seed=model.cfg.train.seed if args.seed is None else args.seed)
-        bank = make_bank(model, _train_split(args.data), draw, Compute(progress=True))
+        bank = make_bank(model, _train_split(args.data), draw, Compute(progress=True, tower=extraction_tower))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

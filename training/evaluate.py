@@ -235,11 +235,12 @@ def evaluate_model(model: EmbeddingModel, dataset, device="cpu", cache_dir=None,
     ``_generations``), a query bank the metrics under ``qbnorm``, as ``options`` say (:class:`EvalOptions`); an
     STT-ATT model is ranked with its attention similarity (eqs. 13-17), the pooled vectors' metrics under
     ``pooled``."""
+    from training.data.features import Compute
     from training.data.sources import image_source
     from training.inference.embedding import embed_split
 
-    source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
-                          workers=workers, progress=progress, amp=amp)
+    source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir,
+                          compute=Compute(device=device, workers=workers, progress=progress, amp=amp))
     img, cap, cap_to_img = embed_split(model, dataset, device=device, workers=workers, amp=amp, source=source)
     result = full_evaluation(img, cap, cap_to_img, model.similarity)
     result.update(bir_metrics(img, cap, cap_to_img, model.similarity))

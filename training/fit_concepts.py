@@ -232,6 +232,7 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
     the query bank again when the model carries one (its images are image embeddings; ``concepts.bank_template``
     adds a sentence per class to its captions) and writes the model as ``written`` says."""
     from training.data.features import Compute, extract_features
+    from training.inference.backend import extraction_tower
     from training.inference.querybank import attach, carried, describe
     from training.models.checkpoint import load_model, read_checkpoint, save_model, save_slim
     from training.inference.querybank import BankDraw, make_bank
@@ -246,7 +247,8 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
     model.extra = dict(loaded.extra or {})
     model.to(device)
     feats = extract_features(model, [r.path for r in train_set.images],
-                             compute=Compute(device=device, workers=workers, progress=progress))
+                             compute=Compute(device=device, workers=workers, progress=progress,
+                                             tower=extraction_tower))
     report = fit(model, feats, log=log, captions=[r.captions for r in train_set.images])
     model.cpu()
     model.extra["concepts"] = report

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from training.data.features import Compute
+from training.inference.backend import extraction_tower
 from training.inference.querybank import BankDraw, attach, describe, make_bank
 from training.models.config_schema import RunConfig
 from .stt import STTTrainer
@@ -60,7 +61,7 @@ def attach_from_training(cfg: RunConfig, model_file: Path, train_set, device="cp
         return None
     model = load_model(model_file, device)
     bank = make_bank(model, train_set, BankDraw(section.captions, section.images, section.beta, seed=cfg.train.seed),
-                     Compute(device=device, workers=cfg.train.workers, progress=progress))
+                     Compute(device=device, workers=cfg.train.workers, progress=progress, tower=extraction_tower))
     attach(model_file, bank)
     log(f"querybank: {describe(bank)} attached to {model_file}")
     return bank

@@ -33,8 +33,9 @@ from training.data.features import Compute
 from training.data.fileio import atomic_path, write_text
 from training.data.sources import ImageSource, image_source, view_source
 from training.data.vocab import SPECIALS, Vocabulary, pad_batch
+from training.inference.backend import extraction_tower
 from training.inference.device import resolve_device
-from training.inference.embedding import autocast, embed_split
+from training.inference.embedding import autocast, embed_split, view_preprocess
 from training.models.factory import build_loss
 from training.models.losses import CrossBatchMemory, MemoryScores
 from training.models.model import build_model, freeze_modules
@@ -225,16 +226,21 @@ class Trainer:
 
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
-        views to precomputed features (not to a trainable backbone's pixels)."""
+        views, or reads ``image.train_views``' in place of one view, with precomputed features (not with a
+        trainable backbone's pixels)."""
         train, image = self.cfg.train, self.cfg.image
         paths = [r.path for r in dataset.images]
-        compute = Compute(device=self.device, workers=train.workers, progress=self.progress, amp=self.amp)
-        source = image_source(self.model, paths, trainable=trainable, cache_dir=image.cache_dir,
-                              device=compute.device, workers=compute.workers, progress=compute.progress,
-                              amp=compute.amp)
+        compute = Compute(device=self.device, workers=train.workers, progress=self.progress, amp=self.amp,
+                          tower=extraction_tower)
+        source = image_source(self.model, paths, trainable=trainable, cache_dir=image.cache_dir, compute=compute)
         if augment and image.train_crops and source.kind == "features":
-            source = view_source(self.model, paths, source, image.train_crops, image.train_resize,
+            source = view_source(self.model, paths, source,
+                                 self.model.preprocess.views(image.train_crops, image.train_resize),
                                  cache_dir=image.cache_dir, compute=compute)
+        elif augment and image.train_views != "none" and source.kind == "features":
+            # the views index build averages, the evaluation view among them (embedding.view_preprocess)
+            source = view_source(self.model, paths, source, view_preprocess(self.model, image.train_views),
+                                 cache_dir=image.cache_dir, compute=compute, with_base=False)
         return source
 
     def selection_score(self, val: dict) -> float:

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -155,6 +155,9 @@ class Compute:
     workers: int | None = 2
     progress: bool = True
     amp: bool = False
+    # given the model, what runs its frozen backbones over uint8 views (N, C, S, S) → (N, D), or None: the model's
+    # own forward pass (training/inference/backend.py ``extraction_tower``); asked only when features are extracted
+    tower: Callable[[Any], Callable[[torch.Tensor], torch.Tensor] | None] | None = None
 
 
 DEFAULT_COMPUTE = Compute()
@@ -191,12 +194,18 @@ def extract_features(model, paths: Sequence[str | Path], cache_dir: str | Path |
     was_training = model.backbone.training
     model.backbone.eval()
     device = torch.device(compute.device)
+    run = compute.tower(model) if compute.tower is not None and split is None and model.region_layout is None \
+        else None
     with atomic_path(array_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
         loader = image_loader(paths, pre, batch_size=max(1, batch_size // pre.crops) if per_view else batch_size,
                               workers=compute.workers, device=device)
         desc = f"{model.backbone_name} features" + (f" ({pre.crops} views)" if per_view else "")
         for idx, pixels in tqdm(loader, desc=desc, disable=not compute.progress, unit="batch"):
+            if run is not None:     # one view a row through the backend; a photo's views averaged as the model does
+                views = run(pixels.flatten(0, 1)).view(pixels.shape[0], pixels.shape[1], dim)
+                out[idx.numpy()] = (views if per_view else views.mean(1)).numpy()
+                continue
             images = pre.normalize(pixels.to(device, non_blocking=True))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute.amp and device.type == "cuda"):
                 out[idx.numpy()] = model.image_features(images, pool=not per_view).float().cpu().numpy()

@@ -244,6 +244,10 @@ class MirroredViews:
     def channels(self) -> int:
         return self.base.channels
 
+    def to_dict(self) -> dict:
+        """What a feature cache of these views is keyed by (training/data/features.py ``cache_manifest``)."""
+        return {"mirrored": self.base.to_dict(), "zoom": self.zoom}
+
     @property
     def min_side(self) -> int:
         return max(b.min_side for b in self._bases)

@@ -32,29 +32,31 @@ class ImageSource:
         return len(self.data)
 
 
-def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None, device="cpu",
-                 workers: int | None = 2,
-                 progress: bool = True, amp: bool = False) -> ImageSource:
+def image_source(model, paths: Sequence, trainable: bool = False, cache_dir=None,
+                 compute: Compute = DEFAULT_COMPUTE) -> ImageSource:
     """The source of ``paths`` for ``model``: the cached features of a frozen pretrained backbone (unless
-    ``trainable``), else the decoded pixels when they fit in :data:`PIXEL_CACHE_LIMIT`, else the files."""
+    ``trainable``), extracted as ``compute`` says, else the decoded pixels when they fit in
+    :data:`PIXEL_CACHE_LIMIT`, else the files."""
     if model.backbone_pretrained and not trainable:
-        feats = extract_features(model, paths, cache_dir=cache_dir,
-                                 compute=Compute(device=device, workers=workers, progress=progress, amp=amp))
+        feats = extract_features(model, paths, cache_dir=cache_dir, compute=compute)
         return ImageSource("features", torch.from_numpy(np.array(feats, dtype=np.float32)))  # in RAM, writable
     pre = model.preprocess
     if len(paths) * pre.crops * pre.channels * pre.image_size ** 2 <= PIXEL_CACHE_LIMIT:
-        return ImageSource("pixels", load_pixels(paths, pre, workers=workers, progress=progress))
+        return ImageSource("pixels", load_pixels(paths, pre, workers=compute.workers, progress=compute.progress))
     return ImageSource("files", ImageFiles(paths, pre))
 
 
-def view_source(model, paths: Sequence, base: ImageSource, crops: int, resize: int, cache_dir=None,
-                compute: Compute = DEFAULT_COMPUTE) -> ImageSource:
-    """``base`` (pooled features of the evaluation view) plus the features of ``crops`` crops of each image
-    resized to ``resize`` (the corners and centre, and their flips for 10): a ``views`` source, extracted as
-    ``compute`` says."""
+def view_source(model, paths: Sequence, base: ImageSource, views, cache_dir=None,
+                compute: Compute = DEFAULT_COMPUTE, with_base: bool = True) -> ImageSource:
+    """A ``views`` source: the features of each view of ``views`` (a preprocessing of several views a photo:
+    ``image.train_crops``' corner and centre crops, or ``image.train_views``' ``MirroredViews``), extracted as
+    ``compute`` says, after ``base`` (pooled features of the evaluation view) unless not ``with_base`` (the views
+    hold it already)."""
     if base.kind != "features":
         raise ValueError(f"view augmentation needs precomputed features of a frozen backbone, not {base.kind!r}")
-    pre = model.preprocess.views(crops, resize)
-    views = extract_features(model, paths, cache_dir=cache_dir, compute=compute, preprocess=pre, per_view=True)
-    base_features = cast(torch.Tensor, base.data)
-    return ImageSource("views", torch.cat([base_features[:, None], torch.from_numpy(np.array(views, np.float32))], 1))
+    per_view = extract_features(model, paths, cache_dir=cache_dir, compute=compute, preprocess=views,
+                                per_view=True)
+    views_features = torch.from_numpy(np.array(per_view, np.float32))
+    if not with_base:
+        return ImageSource("views", views_features)
+    return ImageSource("views", torch.cat([cast(torch.Tensor, base.data)[:, None], views_features], 1))

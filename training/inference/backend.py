@@ -545,6 +545,36 @@ def tower_features(model: EmbeddingModel, pixels: torch.Tensor, device: torch.de
     return model.image_features(model.preprocess.normalize(pixels.to(device, non_blocking=True)))
 
 
+def extraction_tower(model: EmbeddingModel) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What runs ``model``'s frozen backbones for a pass over a data set's images (the feature cache,
+    ``training/data/features.py``, as ``Compute.tower``): the first float32 CPU backend of :data:`AUTO` that loads,
+    whose features are eager PyTorch's (each conversion is checked to a cosine of at least 0.9999; docs/training.md
+    measures the speed), as ``forward``: uint8 views ``(N, C, S, S)`` → features ``(N, D)``. None where eager
+    PyTorch runs instead: a model on CUDA (its bf16 autocast extraction is kept), one a backend does not run
+    (:func:`eager_reason`), ``JOINTSPACE_BACKEND=eager``, or when none loads. Nothing is attached to the model, and
+    its modules keep their training modes (a conversion traces the model in eval mode)."""
+    reason = eager_reason(model)
+    if reason is not None or next(model.parameters()).device.type != "cpu" or backend_choice() == "eager":
+        return None
+    modes = [(module, module.training) for module in cast(nn.Module, model).modules()]
+    failures = []
+    try:
+        for name in AUTO:
+            try:
+                backend = _load(model, name, graph_cache(), "throughput")
+            except Exception as err:  # noqa: BLE001 - any failure to load or convert: the next one, else eager
+                failures.append(f"{name}: {type(err).__name__}: {err}".replace("\n", " "))
+                continue
+            log.info("feature extraction on %s (%s %s)", name, "converted to" if backend.converted else "read from",
+                     backend.path)
+            return backend.forward
+    finally:
+        for module, training in modes:
+            module.training = training
+    log.warning("feature extraction in eager PyTorch: no backend loaded (%s)", "; ".join(failures))
+    return None
+
+
 PREPARE = ("latency", "throughput")
 
 

@@ -36,8 +36,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from training.data.features import ImageFiles, loader_options, usable_cores
-from training.data.preprocess import MirroredViews, decode_image, embed_side, open_image
+from training.data.features import Compute, ImageFiles, loader_options, usable_cores
+from training.data.preprocess import (ZOOM, ImagePreprocess, MirroredViews, Preprocess, StackedPreprocess,
+                                      decode_image, embed_side, open_image)
 from training.data.sources import ImageSource, image_source
 from training.data.vocab import pad_batch
 from training.models.attention import embed_words
@@ -46,6 +47,7 @@ from training.models.ensemble import EnsembleEmbedding
 from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .backend import tower_features
+from .names import TTA
 from .overlap import Overlap, Timeline
 from .shapes import Shapes, plan
 from .tensor_views import EncodedJPEG, decode_choice, encoded_jpeg, encoded_pixels
@@ -122,6 +124,18 @@ def person_discount(model: EmbeddingModel) -> float:
     for a model without one."""
     head = model.concepts
     return float(head.cfg.person_discount) if head is not None and head.discounts_people else 0.0
+
+
+def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
+    """The preprocessing of gallery images under test-time augmentation ``tta`` (:data:`TTA`) for a model (or its
+    ``preprocess``): ``none`` the model's own, ``flip`` each view and its mirror image, ``flip-crop`` also the
+    image enlarged 8/7 and cut to the centre, and its mirror image; features averaged (``MirroredViews``)."""
+    if tta not in TTA:
+        raise ValueError(f"unknown test-time augmentation {tta!r} (known: {', '.join(TTA)})")
+    base = model if isinstance(model, (Preprocess, StackedPreprocess)) else model.preprocess
+    if tta == "none":
+        return base
+    return MirroredViews(base, zoom=ZOOM if tta == "flip-crop" else None)
 
 
 @torch.no_grad()
@@ -442,8 +456,8 @@ def embed_split(model: EmbeddingModel,
     ``device`` and ``amp`` are for extracting backbone features when ``source`` is not given.
     Returns ``(image_emb (N, E), caption_emb (M, E), cap_to_img (M,))``."""
     if source is None:
-        source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir, device=device,
-                              workers=workers, progress=progress, amp=amp)
+        source = image_source(model, [r.path for r in dataset.images], cache_dir=cache_dir,
+                              compute=Compute(device=device, workers=workers, progress=progress, amp=amp))
     img_emb = embed_image_source(model, source, workers=workers)
     was_training = model.training
     model.eval()

@@ -5,11 +5,14 @@ importing the model code.
 
 * :data:`BACKENDS` — what runs the image tower (``--backend``, ``JOINTSPACE_BACKEND``; training/inference/backend.py),
   described for ``--help`` by :data:`BACKEND_HELP`;
+* :data:`TTA` — the views of a photo whose features are averaged (``index build --tta``; training reads them one
+  at a time as ``image.train_views``; ``embedding.view_preprocess``);
 * :data:`DECODES` — where images to embed are decoded and cut into views (``--decode``, ``JOINTSPACE_DECODE``;
   training/inference/tensor_views.py), described by :data:`DECODE_HELP`.
 """
 from __future__ import annotations
 
+TTA = ("none", "flip", "flip-crop")
 BACKENDS = ("auto", "eager", "openvino", "openvino-bf16", "onnxruntime", "cuda")
 AUTO_CPU = ("openvino", "onnxruntime")   # what auto tries on a CPU, fastest first (docs/benchmarks.md#inference-...)
 AUTO_CUDA = ("cuda",)                    # what auto tries on a CUDA device

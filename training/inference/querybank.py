@@ -213,7 +213,7 @@ def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, s
     with ``model`` (a frozen backbone's features come from the feature cache, or from ``features``: the
     backbone features of every image of the split, in its order), decoded where and how ``compute`` says."""
     captions, images, beta, seed = draw.captions, draw.images, draw.beta, draw.seed
-    device, workers, progress = compute.device, compute.workers, compute.progress
+    workers, progress = compute.workers, compute.progress
     if model.cfg.model.similarity != "cosine":
         raise ValueError("a query bank corrects cosine scores; this model uses "
                          f"{model.cfg.model.similarity} similarity")
@@ -229,8 +229,7 @@ def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, s
         src = ImageSource("features", torch.from_numpy(np.array(features, dtype=np.float32)[drawn]))
         vectors = embed_image_source(model, src, workers=workers).cpu()
     elif records:
-        src = image_source(model, [r.path for r in records], device=device, workers=workers, progress=progress,
-                           amp=compute.amp)
+        src = image_source(model, [r.path for r in records], compute=compute)
         vectors = embed_image_source(model, src, workers=workers).cpu()
     rows, scales = quantize_images(vectors)
     n_caps = sum(len(r.captions) for r in dataset.images)

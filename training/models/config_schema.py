@@ -257,8 +257,9 @@ class RunConfig(RunSection):
         decoder = d.enabled and d.lambda_ic + d.lambda_para > 0
         if self.loss.memory and (decoder or attention or d.enabled):
             raise ValueError("loss.memory applies to the retrieval trainer (decoder and attention off)")
-        if im.train_crops and attention:
-            raise ValueError("image.train_crops does not apply to STT-ATT grid features (attention.enabled)")
+        for key, on in (("train_crops", im.train_crops), ("train_views", im.train_views != "none")):
+            if on and attention:
+                raise ValueError(f"image.{key} does not apply to STT-ATT grid features (attention.enabled)")
         if (im.train_blocks or im.pooling != "mean") and (im.crops != 1 or attention):
             raise ValueError("image.train_blocks and image.pooling: gpo need image.crops: 1 and no attention (the "
                              "cached activations are per view, pooled after the trained top)")

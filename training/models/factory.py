@@ -80,6 +80,8 @@ LOSSES: Registry[type[losses.Loss]] = Registry("loss", "loss.name", [
     Entry("hard", losses.HardOnly, None, "two-branch §3.3: the negatives scoring above the positive"),
     Entry("semihard", losses.SemiHardOnly, None,
           "two-branch §3.3: the negatives inside the margin, not above the positive"),
+    Entry("infonce", losses.InfoNCE, options.InfoNCEOptions,
+          "ours, after CLIP: softmax cross-entropy of each positive against the batch's negatives at τ"),
     Entry("bir_pairwise", bir.BiRPairwise, options.BiRPairwiseOptions, "BiR §5.1: one random negative per pair"),
     Entry("mse", w2vv.PredictionMSE, None, "W2VV eqs. 8-9: squared error to the image's features"),
 ])

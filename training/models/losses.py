@@ -147,6 +147,24 @@ class KHardest(RankingLoss):
         return self.over_anchors(costs.topk(k, dim=1).values.clamp(min=0).sum(1))
 
 
+class InfoNCE(RankingLoss):
+    """Ours, after CLIP (Radford et al. 2021, §2.3) and InfoNCE (van den Oord et al. 2018, eq. 4): each anchor's
+    positive against every negative of the batch, a softmax over scores / τ; captions of the anchor's own image
+    are neither positives nor negatives. ``margin`` does not apply."""
+
+    def __init__(self, margin: float = 0.2, lam: float = 1.0, reduction: str = "sum", k: int = 10,
+                 temperature: float = 0.05):
+        super().__init__(margin, lam, reduction, k)
+        if temperature <= 0:
+            raise ValueError(f"infonce temperature must be positive, got {temperature}")
+        self.temperature = float(temperature)
+
+    def reduce(self, scores, pos, positive):
+        negatives = scores.masked_fill(positive, float("-inf"))
+        logits = torch.cat([pos, negatives], 1) / self.temperature
+        return self.over_anchors(-torch.log_softmax(logits, 1)[:, 0])
+
+
 class _Selected(RankingLoss):
     """Two-branch §3.3: keep only triplets in one region of Fig. 2, averaged over the kept triplets."""
 

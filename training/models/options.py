@@ -111,3 +111,7 @@ class SmallCNNOptions(Section):
 
 class BiRPairwiseOptions(Section):
     methodology: Literal["i2t", "t2i", "both"] = Key("i2t", "which side the random negative replaces (BiR §5.3)")
+
+
+class InfoNCEOptions(Section):
+    temperature: float = Key(0.05, "τ: scores are divided by it before the softmax over the batch", gt=0.0)

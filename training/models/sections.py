@@ -41,6 +41,9 @@ class ImageKeys(RunSection):
                                             "or 10 crops of the image resized to train_resize; each sample reads one "
                                             "random view")
     train_resize: int = Key(256, "side the training crops are cut from", ge=8)
+    train_views: Literal["none", "flip", "flip-crop"] = Key(
+        "none", "view augmentation of a frozen backbone's training features with the views `index build --tta` "
+                "averages (training/inference/names.py TTA): each sample reads one of them at random; none = off")
     cache_dir: Optional[str] = Key(None, "feature cache; None = $JOINTSPACE_CACHE or ~/.cache/jointspace")
     channels_last: bool = Key(True, "faster CPU convolutions")
     train_blocks: int = Key(0, "partial fine-tuning of an EfficientNet: its last k units (the head convolution, then "
@@ -63,6 +66,8 @@ class ImageKeys(RunSection):
 
     @model_validator(mode="after")
     def _views_fit(self):
+        if self.train_crops and self.train_views != "none":
+            raise ValueError("train_crops and train_views are two kinds of training views: choose one")
         if self.train_crops and self.train_resize < self.image_size:
             raise ValueError(f"train_resize must be >= image_size ({self.image_size}) to cut training crops, got "
                              f"{self.train_resize}")

@@ -6,7 +6,7 @@ line's parser offers them without importing the model code.
 * ``flip-crop`` — those and a closer centre crop of the image (ImageNet's 0.875) and its mirror image, averaged.
 
 The manifest records the index's augmentation, so that ``add`` and ``sync`` embed new photos alike
-(index/embed.py ``view_preprocess``)."""
+(training/inference/embedding.py ``view_preprocess``; the names are training/inference/names.py's)."""
 from __future__ import annotations
 
 from training.inference.names import TTA

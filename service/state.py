@@ -10,7 +10,6 @@ import asyncio
 import gc
 import logging
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +46,6 @@ from .workers import Worker
 log = logging.getLogger("jointspace.service")
 # an absolute path (POSIX or Windows) not inside a word or URL: group 1 is its last name
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\",;()\[\]<>]*[\\/])?([^\s'\",;()\[\]<>\\/]*)")
-
-
-def text_tower_command(model_path: str, fingerprint: str) -> list[str]:
-    """The process that prepares a served model's text tower in the background (lowered priority; it converts
-    only the model of that fingerprint)."""
-    return [sys.executable, "-m", "training.inference.text_tower", model_path, "--nice", "10",
-            "--fingerprint", fingerprint]
 
 
 def cpu_threads(setting: int, workers: int = 1) -> int:
@@ -296,7 +288,7 @@ class ServiceState:
             if text_tower.unsupported_reason(self.model) is not None \
                     or await asyncio.to_thread(text_tower.prepared, path):
                 return
-            proc = await asyncio.create_subprocess_exec(*text_tower_command(path, self.model.fingerprint),
+            proc = await asyncio.create_subprocess_exec(*text_tower.command(path, self.model.fingerprint),
                                                         stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.DEVNULL,
                                                         stderr=asyncio.subprocess.PIPE)

@@ -187,7 +187,7 @@ def test_serve_prepares_the_text_tower_in_the_background_without_delaying_readin
     slow = [sys.executable, "-c", f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); "
                                   f"time.sleep(60)"]
     seen = []
-    monkeypatch.setattr(service.state, "text_tower_command", lambda path, fp: seen.append((path, fp)) or slow)
+    monkeypatch.setattr(text_tower, "command", lambda path, fp=None: seen.append((path, fp)) or slow)
     monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
     client = _ready_service(Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0))
     try:
@@ -237,8 +237,7 @@ def test_serve_prepares_nothing_when_told_not_to(tiny_model_path, tiny_index_dir
 
     monkeypatch.setattr(text_tower, "unsupported_reason", lambda model: None)
     seen = []
-    monkeypatch.setattr(service.state, "text_tower_command",
-                        lambda path, fp: seen.append(path) or [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(text_tower, "command", lambda path, fp=None: seen.append(path) or [sys.executable, "-c", "pass"])
     monkeypatch.setenv("JOINTSPACE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("JOINTSPACE_PREPARE_TEXT_TOWER", "false")
     settings = Settings(model=str(tiny_model_path), index=str(tiny_index_dir), reload_interval_s=0)

@@ -240,6 +240,16 @@ def ensure(model: EmbeddingModel, model_path: str | Path, progress: bool = True,
     return outcome
 
 
+NICE = 10      # the background preparation's added niceness: the service's requests come first
+
+
+def command(model_path: str | Path, fingerprint: str | None = None) -> list[str]:
+    """The process that runs :func:`ensure` for the model file ``model_path`` on its own, at lowered priority
+    (:func:`main`); ``fingerprint``: it converts only the model of that fingerprint."""
+    return [sys.executable, "-m", "training.inference.text_tower", str(model_path), "--nice", str(NICE),
+            *(["--fingerprint", fingerprint] if fingerprint else [])]
+
+
 def _recorded_reason(folder: Path) -> str | None:
     try:
         return json.loads((folder / "tower.json").read_text()).get("unsupported")

@@ -15,7 +15,6 @@ before the clock starts, once, as a training run pays it once for all its photos
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
+from benchmarks.flickr8k_levers import write_result  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "feature_extraction.json"
 
@@ -74,14 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             eager, backend = out["eager PyTorch"], out["float32 CPU backend"]
             rows[-1]["max_rel_diff_vs_eager"] = float(np.abs(backend - eager).max() / np.abs(eager).max())
             rows[-1]["x_eager"] = round(rows[-2]["seconds"] / rows[-1]["seconds"], 2)
-    result = {"description": f"extract_features over the first {len(paths)} Flickr8k training photos with the "
-                             f"shipped model's three backbones, decoding included, each variant into an empty cache "
-                             f"(python benchmarks/feature_extraction.py)",
-              "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": commit(),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, f"extract_features over the first {len(paths)} Flickr8k training photos with the shipped "
+                           f"model's three backbones, decoding included, each variant into an empty cache "
+                           f"(python benchmarks/feature_extraction.py)", rows, args.note)
     return 0
 
 

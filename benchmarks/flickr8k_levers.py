@@ -55,6 +55,23 @@ def commit() -> str:
         return "unknown"
 
 
+def write_result(path: str | Path, description: str, rows: list[dict], note: str = "", **facts) -> None:
+    """A benchmark's results file, written whole (a temporary file renamed over it): its ``description``, where and
+    when it was measured (:func:`hardware` with ``note``, the date, :func:`commit`), the torch version and its
+    threads, any other ``facts``, then the ``rows``."""
+    import torch
+
+    result = {"description": description, "hardware": hardware(note), "date": dt.date.today().isoformat(),
+              "commit": commit(), "torch": torch.__version__, "threads": torch.get_num_threads(), **facts,
+              "rows": rows}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+
+
 def run(cmd: list[str], env: dict | None = None) -> float:
     print("$", " ".join(cmd), flush=True)
     start = time.time()

@@ -16,7 +16,6 @@ as a backend does and normalises them in the tower (``ImageTower``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -30,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
+from benchmarks.flickr8k_levers import write_result  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "tower_throughput.json"
 
@@ -122,15 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["x_eager"] = round(row["views_per_s"] / base, 2) if base else None
         print(json.dumps(row), flush=True)
-    result = {"description": f"the shipped model's image tower (three backbones) over {args.batch} uint8 views "
-                             f"a call, {args.batches} calls a round, median of {args.rounds} rounds "
-                             f"(python benchmarks/tower_throughput.py)",
-              "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": commit(),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": args.batch,
-              "input": [channels, side, side], "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, f"the shipped model's image tower (three backbones) over {args.batch} uint8 views a call, "
+                           f"{args.batches} calls a round, median of {args.rounds} rounds "
+                           f"(python benchmarks/tower_throughput.py)", rows, args.note, batch=args.batch,
+                 input=[channels, side, side])
     return 0
 
 

@@ -31,11 +31,14 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BeforeValidator
 
-from ..contract import MAX_ID
+from ..contract import MAX_ID, Error
 from ..decoding import MediaBusy
 from ..state import ServiceState
 
 CHUNK = 256 * 1024
+RANGE_NOT_SATISFIABLE: dict[int | str, dict] = {          # the OpenAPI entry of what file_response answers 416
+    416: {"model": Error, "description": "the Range header starts at or past the end of the file",
+          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
 _DIGITS = re.compile(r"0|[1-9][0-9]*")
 _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)")
 

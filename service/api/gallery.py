@@ -15,12 +15,12 @@ import asyncio
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
-from ..contract import IMAGE_TYPES, Error, error_responses
+from ..contract import IMAGE_TYPES, error_responses
 from ..images import THUMBNAIL_BYTES_PER_PIXEL, ImageError, media_type_of, thumbnail, thumbnail_cost
 from ..schemas import Folder, Folders
 from ..state import ServiceState
 from .deps import gallery_entry, moment_seconds, service
-from .files import get_and_head, ImageId, decoded, file_response, not_modified
+from .files import RANGE_NOT_SATISFIABLE, get_and_head, ImageId, decoded, file_response, not_modified
 from .videos import frame_response, headers_only, media_headers, thumbnail_size
 
 
@@ -49,8 +49,7 @@ _IMAGE_RESPONSES: dict[int | str, dict] = {
           "headers": {**_IMAGE_HEADERS, "Content-Range": {"schema": {"type": "string"}}}},
     304: {"description": "Not Modified: If-None-Match names the image's current ETag (or is *), or "
                          "If-Modified-Since is no older than the file"},
-    416: {"model": Error, "description": "the Range header starts at or past the end of the file",
-          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
+    **RANGE_NOT_SATISFIABLE}
 
 
 async def image_response(request: Request, image_id: int, state: ServiceState, size: int | None) -> Response:

@@ -20,10 +20,11 @@ from PIL import Image
 from index.video_decode import MAX_SIDE, VideoError, frame_at, frame_cost
 from training.data.media import file_head, sniff_video
 
-from ..contract import Error, error_responses
+from ..contract import error_responses
 from ..state import ServiceState
 from .deps import gallery_entry, private_headers, service
-from .files import get_and_head, VideoId, decoded, file_response, not_modified, validators
+from .files import (RANGE_NOT_SATISFIABLE, get_and_head, VideoId, decoded, file_response, not_modified,
+                    validators)
 
 VIDEO_TYPES = ("video/mp4", "video/quicktime", "video/webm", "video/x-matroska", "video/x-msvideo")
 _VALIDATOR_HEADERS = {
@@ -117,8 +118,7 @@ _VIDEO_RESPONSES: dict[int | str, dict] = {
           "headers": {**_VALIDATOR_HEADERS, "Content-Range": {"schema": {"type": "string"}},
                       "Accept-Ranges": {"schema": {"type": "string"}}}},
     304: _NOT_MODIFIED,
-    416: {"model": Error, "description": "the Range header starts at or past the end of the file",
-          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
+    **RANGE_NOT_SATISFIABLE}
 _FRAME_RESPONSES: dict[int | str, dict] = {
     **error_responses(404, 422, 503),
     200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},

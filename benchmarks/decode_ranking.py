@@ -50,7 +50,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index.embed import PhotoDecoding, decode_photos, embed_texts, read_photo  # noqa: E402
+from index.embed import PhotoDecoding, decode_photos, embed_sentences, read_photo  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.data.fileio import write_json  # noqa: E402
@@ -213,7 +213,7 @@ def main() -> int:
     split = load_dataset(args.data).split("val")
     paths = [r.path for r in split.images]
     dev = DevCaptions(
-        torch.from_numpy(embed_texts(model, [c for r in split.images for c in r.captions], progress=False)),
+        torch.from_numpy(embed_sentences(model, [c for r in split.images for c in r.captions], progress=False)),
         torch.tensor([r.image_id for r in split.images for _ in r.captions], dtype=torch.long), model.similarity)
     if args.compare == "torch":
         return compare_decodes(args, model, paths, dev)

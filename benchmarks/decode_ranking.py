@@ -58,10 +58,12 @@ from training.data.preprocess import dct_scale  # noqa: E402
 from training.inference.embedding import FileReading, embed_image_files  # noqa: E402
 from training.evaluate import full_evaluation  # noqa: E402
 from training.models.checkpoint import load_model  # noqa: E402
+from training.ranking import KS  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "datasets" / "flickr8k"
 MODEL = ROOT / "training" / "pretrained" / "flickr8k.pt"
 MAX_LOSS = 0.5
+BOOTSTRAP_DRAWS = 1000      # paired_interval's resamples of the dev images
 RULE = ("images to embed are shrunk while decoding when the mean loss over the enlarged sides is at most "
         f"{MAX_LOSS} R-sum")
 RESIZE_RULE = ("the torch path box-reduces a large photo like the PIL path (REDUCE_LIKE_PIL) when that gives the "
@@ -102,6 +104,12 @@ class DevCaptions(NamedTuple):
 def rank(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions) -> dict:
     """R@1/5/10 both ways and the R-sum (``full_evaluation``) of ``files`` embedded by ``embed(files)`` (every one
     kept) against ``dev``, and the seconds that took; printed as ``label``."""
+    return ranked_with_ranks(label, files, embed, dev)[0]
+
+
+def ranked_with_ranks(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions
+                      ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`rank`'s metrics and the ranks they come from: ``(i2t (images,), t2i (captions,))``, 1-based."""
     start = time.time()
     emb = embed(files)
     assert emb.kept == list(range(len(files))), emb.skipped
@@ -109,7 +117,30 @@ def rank(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: Dev
     out = {"i2t": [m["i2t"][k] for k in ("r1", "r5", "r10")], "t2i": [m["t2i"][k] for k in ("r1", "r5", "r10")],
            "rsum": m["rsum"], "seconds": time.time() - start}
     print(f"  {label}: R-sum {out['rsum']:.2f} ({out['seconds']:.0f} s)", flush=True)
-    return out
+    return out, (m["_ranks"]["i2t"], m["_ranks"]["t2i"])
+
+
+def paired_interval(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                    image_of: torch.Tensor, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float]:
+    """The 95 % interval of R-sum(a) − R-sum(b), two rankings of the same images (``(i2t, t2i)`` ranks), over the
+    dev images drawn again with replacement, each with its captions (a paired bootstrap): how far apart the two
+    land by which photos the set happens to hold, against which a difference is read."""
+    n = len(a[0])
+    counts = torch.bincount(image_of, minlength=n).double()                      # captions per image
+
+    def per_image(ranks: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        i2t = torch.stack([(ranks[0] <= k).double() for k in KS], 1)                        # (n, 3)
+        t2i = torch.stack([torch.zeros(n, dtype=torch.float64).index_add_(0, image_of, (ranks[1] <= k).double())
+                           for k in KS], 1)                                                  # (n, 3): hits per image
+        return i2t, t2i
+
+    (ai, at), (bi, bt) = per_image(a), per_image(b)
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.stack([torch.bincount(torch.randint(n, (n,), generator=g), minlength=n) for _ in range(draws)]
+                          ).double()                                                         # (draws, n)
+    diff = 100 * ((weights @ (ai - bi)).sum(1) / weights.sum(1) + (weights @ (at - bt)).sum(1) / (weights @ counts))
+    low, high = torch.quantile(diff, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return [round(low, 3), round(high, 3)]
 
 
 def pixel_difference(model, files) -> dict:
@@ -159,18 +190,20 @@ def compare_decodes(args, model, paths, dev: DevCaptions) -> int:
         for label, side, big in sets:
             print(label, flush=True)
             files = list(paths) if big is None else enlarge(paths, big, tmp)
-            rows.append({"images": label, "side": side, "pixels": pixel_difference(model, files),
-                         "pil": rank("pil", files, decoded("pil"), dev),
-                         "torch": rank("torch", files, decoded("torch"), dev)})
-            rows[-1]["difference"] = round(rows[-1]["pil"]["rsum"] - rows[-1]["torch"]["rsum"], 4)
+            pil, pil_ranks = ranked_with_ranks("pil", files, decoded("pil"), dev)
+            mine, mine_ranks = ranked_with_ranks("torch", files, decoded("torch"), dev)
+            rows.append({"images": label, "side": side, "pixels": pixel_difference(model, files), "pil": pil,
+                         "torch": mine, "difference": round(pil["rsum"] - mine["rsum"], 4),
+                         "difference_95": paired_interval(pil_ranks, mine_ranks, dev.image_of)})
             if big is not None and args.both_resizes:      # the other way of resizing a large photo, for the rule
                 views.REDUCE_LIKE_PIL = not shipped
                 try:
-                    other = rank("torch", files, decoded("torch"), dev)
+                    other, other_ranks = ranked_with_ranks("torch", files, decoded("torch"), dev)
                 finally:
                     views.REDUCE_LIKE_PIL = shipped
                 rows[-1]["torch_other"] = {**other, "reduce_like_pil": not shipped,
-                                           "difference": round(rows[-1]["pil"]["rsum"] - other["rsum"], 4)}
+                                           "difference": round(pil["rsum"] - other["rsum"], 4),
+                                           "difference_95": paired_interval(pil_ranks, other_ranks, dev.image_of)}
             for f in files if big is not None else ():
                 f.unlink()
     finally:

@@ -892,15 +892,20 @@ def t_decode_ranking_torch() -> str:
     data = load("decode_ranking_torch.json")
     rows = data["rows"]
     other = any("torch_other" in r for r in rows)
-    cells = [[r["images"], f(r["pil"]["rsum"], 2), f(r["torch"]["rsum"], 2), f(r["difference"], 2),
-              *([f(r["torch_other"]["rsum"], 2) if "torch_other" in r else "same pixels"] if other else []),
+    def difference(row: dict) -> str:        # with its 95 % paired-bootstrap interval, where the file has one
+        lo_hi = row.get("difference_95")
+        return f(row["difference"], 2) + (f" ({f(lo_hi[0], 2)} to {f(lo_hi[1], 2)})" if lo_hi else "")
+
+    cells = [[r["images"], f(r["pil"]["rsum"], 2), f(r["torch"]["rsum"], 2), difference(r),
+              *([f'{f(r["torch_other"]["rsum"], 2)}; {difference(r["torch_other"])}' if "torch_other" in r
+                 else "same pixels"] if other else []),
               f(r["pixels"]["mean_abs"], 3), str(r["pixels"]["max_abs"]),
               f'{join(r["torch"]["i2t"])}; {join(r["torch"]["t2i"])}'] for r in rows]
     s = data["summary"]
     shipped = "box-reduced first" if s.get("reduce_like_pil", True) else "resized from the full decode"
-    headers = ["dev images", "R-sum, PIL decode", f"R-sum, torch decode ({shipped})", "difference",
-               *([f"R-sum, torch, {'resized from the full decode' if s.get('reduce_like_pil', True) else 'box-reduced first'}"]
-                 if other else []),
+    headers = ["dev images", "R-sum, PIL decode", f"R-sum, torch decode ({shipped})", "difference (95 % interval)",
+               *([f"R-sum, torch, {'resized from the full decode' if s.get('reduce_like_pil', True) else 'box-reduced first'}"
+                  "; difference (95 % interval)"] if other else []),
                "pixels: mean abs. difference", "largest", "torch: i2t R@1/5/10; t2i R@1/5/10"]
     table = with_provenance(headers, cells, rows, data, right=set(range(1, len(headers) - 1)))
     text = (f"\n\nImage backend: {data['backend']}; torch {data['torch']}. Target: {s['target']} — "

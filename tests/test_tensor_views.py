@@ -48,10 +48,10 @@ def _photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("pre", [SHIPPED, MirroredViews(SHIPPED, zoom=ZOOM), Preprocess(64, 72, crops=10),
                                  MirroredViews(Preprocess(64, 72, crops=5))],
                          ids=["stacked", "stacked-flip-crop", "ten-crop", "five-crop-flip"])
-def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos):
-    """Against the PIL views of the decode the torch path resizes from: the full decode (``REDUCE_LIKE_PIL`` off,
-    as shipped; for the shipped preprocessing the demo photos are not shrunk by PIL either)."""
-    assert not tv.REDUCE_LIKE_PIL
+def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos, monkeypatch):
+    """Against the PIL views of the decode the torch path resizes from: the full decode (``REDUCE_LIKE_PIL`` off;
+    for the shipped preprocessing the demo photos are not shrunk by PIL either, so it is the path as shipped)."""
+    monkeypatch.setattr(tv, "REDUCE_LIKE_PIL", False)
     for path in photos:
         data = path.read_bytes()
         pil = pre.pixels(decode_image(data, ".jpg").image)
@@ -66,9 +66,9 @@ def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos
 
 
 def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch, photos):
-    """``REDUCE_LIKE_PIL`` on: a photo PIL decodes at a DCT scale is box-reduced by that factor before the resize,
-    and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""
-    monkeypatch.setattr(tv, "REDUCE_LIKE_PIL", True)
+    """``REDUCE_LIKE_PIL`` on (as shipped): a photo PIL decodes at a DCT scale is box-reduced by that factor before
+    the resize, and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""
+    assert tv.REDUCE_LIKE_PIL
     pre = Preprocess(64, 72, crops=10)
     for path in photos:
         data = path.read_bytes()
@@ -81,7 +81,8 @@ def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch, photos)
 
 
 def test_a_large_photo_shrunk_by_pil_while_decoding_gives_close_views():
-    """A 12 MP JPEG: PIL decodes it at a DCT scale and reduces it, torch resizes the full decode once."""
+    """A 12 MP JPEG: PIL decodes it at a DCT scale and reduces it, torch box-reduces it by the same factor and
+    resizes that."""
     data = _jpeg(_photo_like(3000, 4000))
     pil = SHIPPED.pixels(decode_image(data, ".jpg", embed_side(SHIPPED)).image).int()
     got = tv.encoded_pixels(SHIPPED, [tv.encoded_jpeg(data, SHIPPED.min_side)], "cpu")[0].int()

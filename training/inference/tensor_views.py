@@ -9,8 +9,8 @@ The setting (:func:`decode_choice`; ``--decode``, ``JOINTSPACE_DECODE``; names i
   a DCT scale, ``preprocess.decode_image``);
 * ``torch``: a JPEG's bytes decoded by ``torchvision.io.decode_jpeg`` on the device (nvJPEG on CUDA, libjpeg-turbo on
   a CPU), a batch at once; turned upright by its EXIF orientation, then resized with antialiasing (bilinear, as
-  ``Preprocess`` resizes, from the full decode; :func:`shrunk` would box-reduce a large photo first by the factor
-  of the PIL path's DCT scale, :data:`REDUCE_LIKE_PIL`, off as measured), cropped and mirrored in torch straight
+  ``Preprocess`` resizes; :func:`shrunk` first box-reduces a large photo by the factor of the PIL path's DCT scale,
+  :data:`REDUCE_LIKE_PIL`, on as measured), cropped and mirrored in torch straight
   to each backbone's side and the model's uint8 layout (:func:`tensor_views`, the views ``pixels`` makes: one crop,
   five or ten, a stacked preprocessing's members in the top-left corner of the largest side, ``MirroredViews`` for
   ``--tta``).
@@ -153,15 +153,15 @@ def decode_batch(encoded: Sequence[EncodedJPEG], device: torch.device | str) -> 
     return [upright(im, e.orientation) for im, e in zip(images, encoded)]
 
 
-# off: a large photo is resized from the full decode (mean |R-sum difference| to PIL 0.42 against 1.00 box-reduced
-# first, benchmarks/decode_ranking.py --compare torch --both-resizes)
-REDUCE_LIKE_PIL = False
+# on: a large photo is box-reduced first (mean |R-sum difference| to PIL 0.71 against 1.04 resized from the full
+# decode, with the shipped model: benchmarks/decode_ranking.py --compare torch --both-resizes)
+REDUCE_LIKE_PIL = True
 
 
 def shrunk(image: torch.Tensor, min_side: int | None) -> torch.Tensor:
     """uint8 ``(3, H, W)`` reduced as the PIL path shrinks a JPEG while decoding it (``preprocess.decode_image``
     with ``min_side``: a DCT scale, ``dct_scale``, then ``reduce_to``'s integer factor), by box averages of the
-    same factor; float32 when reduced (the resize that follows rounds once), else the image itself (also while
+    same factor; float32 when reduced (the resize that follows rounds once), else the image itself (also when
     :data:`REDUCE_LIKE_PIL` is off: the antialiased resize then takes the full decode)."""
     if min_side is None or not REDUCE_LIKE_PIL:
         return image

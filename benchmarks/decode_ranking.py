@@ -123,8 +123,9 @@ def ranked_with_ranks(label: str, files: Sequence, embed: Callable[[Sequence], A
 def paired_interval(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                     image_of: torch.Tensor, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float]:
     """The 95 % interval of R-sum(a) − R-sum(b), two rankings of the same images (``(i2t, t2i)`` ranks), over the
-    dev images drawn again with replacement, each with its captions (a paired bootstrap): how far apart the two
-    land by which photos the set happens to hold, against which a difference is read."""
+    queries drawn again with replacement — each dev image with its captions, their ranks as on the whole set (a
+    paired bootstrap of the queries): how far apart the two land by which queries the set happens to hold, against
+    which a difference is read."""
     n = len(a[0])
     counts = torch.bincount(image_of, minlength=n).double()                      # captions per image
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import re
@@ -44,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from training.data.fileio import write_json  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "cli_search.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 # what a row must stay within (seconds, MB), where the project set a target
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
            "hardware": hardware(args.note), "date": dt.date.today().isoformat(), "commit": current_commit(),
            "python": platform.python_version(), "photos_10k": args.photos, "load_1min": os.getloadavg()[0],
            "text_tower_preparation": cost, "rows": rows}
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     return 0
 
 

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 from tests.server_process import free_port, wait_serving  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "demo_ready.json"
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
               "text_p50_ratio": this["text_p50_ms"] / base["text_p50_ms"],
               "queries": args.queries, "hardware": hardware(), "date": dt.date.today().isoformat(),
               "commit": commit(), "baseline": args.baseline_label}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     return 0
 

@@ -35,6 +35,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from training.data.fileio import write_json  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "duplicates.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 EDITS = ("copy", "jpeg", "resize", "crop", "colour", "crop+jpeg")
@@ -206,7 +207,7 @@ def main(argv=None) -> int:
     args.model = str(resolve(args.model))
     result = measure(args)
     result.update(hardware=hardware(args.note), date=dt.date.today().isoformat(), commit=commit())
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(RESULTS, result)
     print(json.dumps(result["at_threshold"], indent=1))
     return 0
 

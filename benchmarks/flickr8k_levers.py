@@ -56,19 +56,17 @@ def commit() -> str:
 
 
 def write_result(path: str | Path, description: str, rows: list[dict], note: str = "", **facts) -> None:
-    """A benchmark's results file, written whole (a temporary file renamed over it): its ``description``, where and
+    """A benchmark's results file, written whole (training/data/fileio.py ``write_json``): its ``description``, where and
     when it was measured (:func:`hardware` with ``note``, the date, :func:`commit`), the torch version and its
     threads, any other ``facts``, then the ``rows``."""
     import torch
 
+    from training.data.fileio import write_json
+
     result = {"description": description, "hardware": hardware(note), "date": dt.date.today().isoformat(),
               "commit": commit(), "torch": torch.__version__, "threads": torch.get_num_threads(), **facts,
               "rows": rows}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(path, result)
     print(f"wrote {path}")
 
 
@@ -86,11 +84,11 @@ def load_rows() -> dict:
 
 
 def save_row(row: dict) -> None:
+    from training.data.fileio import write_json
+
     data = load_rows()
     data["rows"] = [r for r in data["rows"] if r["name"] != row["name"]] + [row]
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(RESULTS, data)
 
 
 def served_metrics(model_path: Path, index_dir: Path, data: str) -> dict:

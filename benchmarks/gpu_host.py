@@ -58,6 +58,7 @@ from tests.server_process import spawn  # noqa: E402
 from training.inference.pretrained import resolve  # noqa: E402
 from training.models.model import build_model  # noqa: E402
 from training.models.checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 
 
 def _pythonpath() -> str:
@@ -483,7 +484,7 @@ def main() -> int:
     def save() -> None:   # after each part: a run stopped at a time limit keeps the rows it has
         result["seconds"] = time.perf_counter() - started
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out_path, result)
 
     with tempfile.TemporaryDirectory(prefix="jointspace-gpu-host-") as tmp:
         work = Path(tmp)

@@ -33,6 +33,7 @@ RESULTS = REPO / "benchmarks" / "results" / "ocr_keyword.json"
 IMAGENET = REPO.parent / "shared" / "datasets" / "imagenet-samples" / "images"
 
 from benchmarks.flickr8k_levers import commit, hardware  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 
 
 def recall(ranks: list[int | None], k: int) -> float:
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
         "words_read_by_font_px": {k: round(float(np.mean(v)), 3) for k, v in words_read.items()},
         "modes": modes, "hybrid_sweep": sweep,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -43,6 +43,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from training.data.fileio import write_json  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "open_vocab.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 TEMPLATE = "a photo of a {}."            # the headline row's class sentence (issue 45)
@@ -73,7 +74,7 @@ def save_rows(kind: str, rows: list[dict]) -> None:
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     kept = [r for r in data.get(kind, []) if r["name"] not in {row["name"] for row in rows}]
     data[kind] = kept + rows
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    write_json(RESULTS, data)
 
 
 def demo_truth() -> list[tuple[str, str]]:

@@ -36,6 +36,7 @@ from index.gallery import Gallery, build_from_vectors, update  # noqa: E402
 from index.generations import current_generation  # noqa: E402
 from index.metadata import Metadata  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 
 FP = "benchmark-" + "0" * 54       # a made-up model fingerprint: the index is never used with a model
 
@@ -216,7 +217,7 @@ def main() -> int:
               "commit": current_commit(),
               "n": args.n, "dim": args.dim, "rows": rows, "search": search}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -55,6 +54,7 @@ sys.path.insert(0, str(REPO))
 from tests.hostile_media import corpus, png, video  # noqa: E402
 from tests.server_process import free_port, poll_readyz, wait_serving  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 
 ROUTES = ("text", "upload", "compose", "thumbnail", "slow_upload", "stalled_upload", "hostile_upload", "frame")
 TEXTS = ["a red circle", "a dog on the beach", "two people walking", "a blue square above a green star",
@@ -400,7 +400,7 @@ def main() -> int:
         "index_check": check,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     for row in summary["rows"]:
         print(f"{row['route']:15s} {row['requests']:6d} requests  2xx {row['2xx']:6d}  4xx {row['4xx']:5d}  "
               f"5xx {row['5xx']:3d}  errors {row['errors']:3d}  p50 {row['p50_ms'] or 0:8.1f} ms  "

@@ -50,6 +50,7 @@ from index.video_embed import embed_videos  # noqa: E402
 from index.video_writer import write_video  # noqa: E402
 from training.data.synth import random_scenes, render  # noqa: E402
 from benchmarks.tables import current_commit  # noqa: E402
+from training.data.fileio import write_json  # noqa: E402
 
 
 def drift(scene, offset: tuple[float, float]):
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
                              f"{args.model_note}",
               "scenes": args.clips * args.scenes, "rows": rows, "speed": run, "hardware": args.hardware,
               "date": time.strftime("%Y-%m-%d"), "commit": commit}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -65,7 +65,7 @@ def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos
             assert torch.equal(pil, pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image))
 
 
-def test_box_reducing_first_follows_the_pil_paths_shrinking(monkeypatch, photos):
+def test_box_reducing_first_follows_the_pil_paths_shrinking(photos):
     """``REDUCE_LIKE_PIL`` on (as shipped): a photo PIL decodes at a DCT scale is box-reduced by that factor before
     the resize, and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""
     assert tv.REDUCE_LIKE_PIL

@@ -371,7 +371,7 @@ def _open_raw(source, side: int | None = None, max_pixels: int | None = None) ->
 DCT_SCALES = (8, 4, 2)     # libjpeg decodes a JPEG at 1/8, 1/4 or 1/2 of its size (DCT scaling)
 REDUCING_GAP = 2           # a DCT scale or Image.reduce only while the resize that follows still shrinks this much
 _ORIENTATION = 0x0112      # EXIF orientations 5-8 turn the image by 90°
-SHRINK_TO_EMBED = True     # on: mean dev R-sum loss 0.31 ≤ 0.5 over three sides (benchmarks/decode_ranking.py)
+SHRINK_TO_EMBED = True     # on: mean dev R-sum loss 0.49 ≤ 0.5 over three sides (benchmarks/decode_ranking.py)
 
 
 def embed_side(preprocess) -> int | None:

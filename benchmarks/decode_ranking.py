@@ -254,25 +254,28 @@ def main() -> int:
     side = model.preprocess.min_side
     read_shrunk = shrinking(side)
 
-    def ranked(files, read) -> dict:
-        return rank(read.__name__, files, lambda fs: embed_image_files(
+    def ranked(files, read) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
+        return ranked_with_ranks(read.__name__, files, lambda fs: embed_image_files(
             model, fs, FileReading(workers=args.workers, read=read), progress=False), dev)
 
     rows = []
     print(f"{len(paths)} dev images as stored ({Image.open(paths[0]).size[0]} px)", flush=True)
-    full = ranked(paths, read_full)
+    full, full_ranks = ranked(paths, read_full)
     same = all(torch.equal(model.preprocess.pixels(read_shrunk(p)[0]), model.preprocess.pixels(read_full(p)[0]))
                for p in paths)
+    shrunk, shrunk_ranks = (full, full_ranks) if same else ranked(paths, read_shrunk)
     rows.append({"images": "as stored, 224 × 224", "side": 224, "scale": "1 (smaller than the model's input)",
-                 "full": full, "shrunk": full if same else ranked(paths, read_shrunk), "identical_pixels": same})
+                 "full": full, "shrunk": shrunk, "identical_pixels": same,
+                 "loss_95": paired_interval(full_ranks, shrunk_ranks, dev.image_of)})
     tmp = Path(tempfile.mkdtemp(prefix="decode-ranking-"))
     try:
         for big in args.sides:
             print(f"enlarged to {big} × {big}: JPEG DCT scale 1/{dct_scale((big, big), side)}", flush=True)
             files = enlarge(paths, big, tmp)
+            (full, full_ranks), (shrunk, shrunk_ranks) = ranked(files, read_full), ranked(files, read_shrunk)
             rows.append({"images": f"enlarged to {big} × {big} (bicubic), JPEG quality 90", "side": big,
-                         "scale": f"1/{dct_scale((big, big), side)}",
-                         "full": ranked(files, read_full), "shrunk": ranked(files, read_shrunk)})
+                         "scale": f"1/{dct_scale((big, big), side)}", "full": full, "shrunk": shrunk,
+                         "loss_95": paired_interval(full_ranks, shrunk_ranks, dev.image_of)})
             for f in files:
                 f.unlink()
     finally:

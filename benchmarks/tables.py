@@ -875,10 +875,15 @@ def t_decode_throughput_cpu() -> str:
 def t_decode_ranking() -> str:
     data = load("decode_ranking.json")
     rows = data["rows"]
-    cells = [[r["images"], r["scale"], f(r["full"]["rsum"], 2), f(r["shrunk"]["rsum"], 2), f(r["loss"], 2),
+    def loss(row: dict) -> str:              # with its 95 % paired-bootstrap interval, where the file has one
+        lo_hi = row.get("loss_95")
+        return f(row["loss"], 2) + (f" ({f(lo_hi[0], 2)} to {f(lo_hi[1], 2)})" if lo_hi else "")
+
+    cells = [[r["images"], r["scale"], f(r["full"]["rsum"], 2), f(r["shrunk"]["rsum"], 2), loss(r),
               f'{join(r["shrunk"]["i2t"])}; {join(r["shrunk"]["t2i"])}'] for r in rows]
     table = with_provenance(["dev images", "DCT scale", "R-sum, full decode", "R-sum, shrunk while decoding",
-                             "loss", "shrunk: i2t R@1/5/10; t2i R@1/5/10"], cells, rows, data, right={2, 3, 4})
+                             "loss (95 % interval)", "shrunk: i2t R@1/5/10; t2i R@1/5/10"], cells, rows, data,
+                            right={2, 3, 4})
     s = data.get("summary")
     if not s:
         return table

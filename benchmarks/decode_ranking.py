@@ -101,15 +101,11 @@ class DevCaptions(NamedTuple):
     similarity: Any
 
 
-def rank(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions) -> dict:
+def rank(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions
+         ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
     """R@1/5/10 both ways and the R-sum (``full_evaluation``) of ``files`` embedded by ``embed(files)`` (every one
-    kept) against ``dev``, and the seconds that took; printed as ``label``."""
-    return ranked_with_ranks(label, files, embed, dev)[0]
-
-
-def ranked_with_ranks(label: str, files: Sequence, embed: Callable[[Sequence], Any], dev: DevCaptions
-                      ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`rank`'s metrics and the ranks they come from: ``(i2t (images,), t2i (captions,))``, 1-based."""
+    kept) against ``dev``, and the seconds that took, printed as ``label``; with the ranks they come from:
+    ``(i2t (images,), t2i (captions,))``, 1-based (for :func:`paired_interval`)."""
     start = time.time()
     emb = embed(files)
     assert emb.kept == list(range(len(files))), emb.skipped
@@ -191,15 +187,15 @@ def compare_decodes(args, model, paths, dev: DevCaptions) -> int:
         for label, side, big in sets:
             print(label, flush=True)
             files = list(paths) if big is None else enlarge(paths, big, tmp)
-            pil, pil_ranks = ranked_with_ranks("pil", files, decoded("pil"), dev)
-            mine, mine_ranks = ranked_with_ranks("torch", files, decoded("torch"), dev)
+            pil, pil_ranks = rank("pil", files, decoded("pil"), dev)
+            mine, mine_ranks = rank("torch", files, decoded("torch"), dev)
             rows.append({"images": label, "side": side, "pixels": pixel_difference(model, files), "pil": pil,
                          "torch": mine, "difference": round(pil["rsum"] - mine["rsum"], 4),
                          "difference_95": paired_interval(pil_ranks, mine_ranks, dev.image_of)})
             if big is not None and args.both_resizes:      # the other way of resizing a large photo, for the rule
                 views.REDUCE_LIKE_PIL = not shipped
                 try:
-                    other, other_ranks = ranked_with_ranks("torch", files, decoded("torch"), dev)
+                    other, other_ranks = rank("torch", files, decoded("torch"), dev)
                 finally:
                     views.REDUCE_LIKE_PIL = shipped
                 rows[-1]["torch_other"] = {**other, "reduce_like_pil": not shipped,
@@ -255,7 +251,7 @@ def main() -> int:
     read_shrunk = shrinking(side)
 
     def ranked(files, read) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
-        return ranked_with_ranks(read.__name__, files, lambda fs: embed_image_files(
+        return rank(read.__name__, files, lambda fs: embed_image_files(
             model, fs, FileReading(workers=args.workers, read=read), progress=False), dev)
 
     rows = []

@@ -872,14 +872,17 @@ def t_decode_throughput_cpu() -> str:
                             "shrunk: mean pixel difference"], cells, rows, data, right=set(range(1, 9)))
 
 
+def with_interval(value: float, interval: list[float] | None) -> str:
+    """``value`` with its 95 % paired-bootstrap interval (decode_ranking.py ``paired_interval``), where the file
+    has one."""
+    return f(value, 2) + (f" ({f(interval[0], 2)} to {f(interval[1], 2)})" if interval else "")
+
+
 def t_decode_ranking() -> str:
     data = load("decode_ranking.json")
     rows = data["rows"]
-    def loss(row: dict) -> str:              # with its 95 % paired-bootstrap interval, where the file has one
-        lo_hi = row.get("loss_95")
-        return f(row["loss"], 2) + (f" ({f(lo_hi[0], 2)} to {f(lo_hi[1], 2)})" if lo_hi else "")
-
-    cells = [[r["images"], r["scale"], f(r["full"]["rsum"], 2), f(r["shrunk"]["rsum"], 2), loss(r),
+    cells = [[r["images"], r["scale"], f(r["full"]["rsum"], 2), f(r["shrunk"]["rsum"], 2),
+              with_interval(r["loss"], r.get("loss_95")),
               f'{join(r["shrunk"]["i2t"])}; {join(r["shrunk"]["t2i"])}'] for r in rows]
     table = with_provenance(["dev images", "DCT scale", "R-sum, full decode", "R-sum, shrunk while decoding",
                              "loss (95 % interval)", "shrunk: i2t R@1/5/10; t2i R@1/5/10"], cells, rows, data,
@@ -897,9 +900,8 @@ def t_decode_ranking_torch() -> str:
     data = load("decode_ranking_torch.json")
     rows = data["rows"]
     other = any("torch_other" in r for r in rows)
-    def difference(row: dict) -> str:        # with its 95 % paired-bootstrap interval, where the file has one
-        lo_hi = row.get("difference_95")
-        return f(row["difference"], 2) + (f" ({f(lo_hi[0], 2)} to {f(lo_hi[1], 2)})" if lo_hi else "")
+    def difference(row: dict) -> str:
+        return with_interval(row["difference"], row.get("difference_95"))
 
     cells = [[r["images"], f(r["pil"]["rsum"], 2), f(r["torch"]["rsum"], 2), difference(r),
               *([f'{f(r["torch_other"]["rsum"], 2)}; {difference(r["torch_other"])}' if "torch_other" in r

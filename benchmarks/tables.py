@@ -257,6 +257,27 @@ def t_open_vocab_served() -> str:
     return with_provenance(headers, cells, rows, data, right={4, 9, 10})
 
 
+def t_relevance_margins() -> str:
+    """The relevance's text-side settings, chosen by benchmarks/relevance_margins.py."""
+    data = load("relevance_margins.json")
+    rows = [dict(r, what="chosen" + (" (in use)" if r == data["in_use"] else "")) for r in [data["chosen"]]]
+    if data["in_use"] != data["chosen"]:
+        rows.append(dict(data["in_use"], what="in use"))
+    rows += [dict(r, what=f"runner-up {n}") for n, r in enumerate(data["runners_up"][:3], 1)]
+    names = list(data["chosen"]["per"])
+    counts = data["queries"]
+    headers = ["setting", "λ", "M₀", "N₀", *(f"{n}: captions / absent strong, nearest decision" for n in names),
+               "Flickr8k dev captions whose own photo is strong (%)"]
+    cells = [[r["what"], f(r["weight"], 2), f(r["description"], 3), f(r["null"], 2),
+              *(f"{r['per'][n]['present']} of {counts['present']} / {r['per'][n]['absent']} of {counts['absent']}, "
+                f"{r['per'][n]['margin']:.4f}" for n in names), f(r.get("dev_own_photo_strong"))] for r in rows]
+    grid = data["grid"]
+    return (with_provenance(headers, cells, rows, data, right={1, 2, 3, len(headers) - 1})
+            + f"\n\nSettings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
+              f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}); "
+              f"{grid['meeting_targets']} meet the targets.")
+
+
 def t_open_vocab_levers() -> str:
     """The concept head's settings on arrays (benchmarks/open_vocab.py levers)."""
     data = load("open_vocab.json")
@@ -1033,6 +1054,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ensemble_cost": t_ensemble_cost,
     "open_vocab_served": t_open_vocab_served,
     "open_vocab_levers": t_open_vocab_levers,
+    "relevance_margins": t_relevance_margins,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,
     "flickr8k_text_branch": t_flickr8k_text_branch,

@@ -46,8 +46,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from tables import current_commit  # noqa: E402
+
+from training.data.fileio import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "flickr8k_seeds.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
@@ -76,9 +79,7 @@ def load() -> dict:
 
 
 def save(data: dict) -> None:
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(RESULTS, data)
 
 
 def run_one(recipe: str, seed: int, data_dir: str, work: Path) -> dict:

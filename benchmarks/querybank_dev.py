@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from training.data.fileio import write_json  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "querybank_dev.json"
 JOINTSPACE = [sys.executable, "-m", "service.cli"]
 CAPTION_SIZES = (0, 1000, 2000, 5000, 10000, 30000)
@@ -69,9 +70,7 @@ def save(section: str, rows: list[dict]) -> None:
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     names = {r["name"] for r in rows}
     data[section] = [r for r in data.get(section, []) if r["name"] not in names] + rows
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(RESULTS, data)
 
 
 # --- sweep ------------------------------------------------------------------------------------------------------

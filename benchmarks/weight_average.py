@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from training.data.fileio import write_json  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "weight_average.json"
 DECAY = 0.998                 # the run's own train.ema
 EXTRA = (0.995, 0.999)        # averages kept beside it
@@ -114,9 +115,7 @@ def cmd_record(args) -> int:
         print(json.dumps(rows[-1]), flush=True)
     data = {"rows": rows, "epochs": len(epochs), "wall_min": round(run["wall_s"] / 60, 1),
             "hardware": hardware(args.note), "date": run["date"], "commit": run["commit"]}
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(RESULTS, data)
     return 0
 
 

@@ -266,14 +266,16 @@ def t_relevance_margins() -> str:
     rows += [dict(r, what=f"runner-up {n}") for n, r in enumerate(data["runners_up"][:3], 1)]
     names = list(data["chosen"]["per"])
     counts = data["queries"]
-    headers = ["setting", "λ", "M₀", "N₀", *(f"{n}: captions / absent strong, nearest decision" for n in names),
+    headers = ["setting", "λ", "M₀", "N₀", f"captions strong (of {counts['present']})",
+               f"absent strong (of {counts['absent']})", "nearest decision",
                "Flickr8k dev captions whose own photo is strong (%)"]
     cells = [[r["what"], f(r["weight"], 2), f(r["description"], 3), f(r["null"], 2),
-              *(f"{r['per'][n]['present']} of {counts['present']} / {r['per'][n]['absent']} of {counts['absent']}, "
-                f"{r['per'][n]['margin']:.4f}" for n in names), f(r.get("dev_own_photo_strong"))] for r in rows]
+              " / ".join(str(r["per"][n]["present"]) for n in names),
+              " / ".join(str(r["per"][n]["absent"]) for n in names), f(r["margin"], 4),
+              f(r.get("dev_own_photo_strong"))] for r in rows]
     grid = data["grid"]
-    return (with_provenance(headers, cells, rows, data, right={1, 2, 3, len(headers) - 1})
-            + f"\n\nSettings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
+    return (with_provenance(headers, cells, rows, data, right={1, 2, 3, 6, 7})
+            + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
               f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}); "
               f"{grid['meeting_targets']} meet the targets.")
 

@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         galleries[name] = demo_parts(model, index)
         print(f"{name}: parts of {sum(len(p.rq) for p in galleries[name].values())} queries", flush=True)
     rows = search(galleries)
-    in_use = next(r for r in rows if (r["weight"], r["description"], r["null"]) == (
-        relevance.QUERY_WEIGHT, relevance.DESCRIPTION_MARGIN, relevance.NULL_MARGIN))
+    now = (relevance.QUERY_WEIGHT, relevance.DESCRIPTION_MARGIN, relevance.NULL_MARGIN)
+    in_use = next((r for r in rows if (r["weight"], r["description"], r["null"]) == now), None)
+    if in_use is None:
+        raise SystemExit(f"the settings in use (λ, M₀, N₀) = {now} are not on the grid: widen it")
     chosen = rows[0]
     result = {"model": args.model, "targets": {"present": PRESENT_SHARE, "absent": ABSENT_SHARE},
               "grid": {"weight": [float(WEIGHTS[0]), float(WEIGHTS[-1])],

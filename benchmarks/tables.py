@@ -275,7 +275,8 @@ def t_relevance_margins() -> str:
               f(r.get("dev_own_photo_strong"))] for r in rows]
     grid = data["grid"]
     return (with_provenance(headers, cells, rows, data, right={1, 2, 3, 6, 7})
-            + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
+            + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. "
+              f"Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
               f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}); "
               f"{grid['meeting_targets']} meet the targets.")
 

@@ -34,8 +34,9 @@ directions: it is a strong match only when it outscores typical photos for the q
 ``|M₀|`` of the photo's own best descriptions. Both directions grow with the hit's score, so the relevance does
 too, and both depend on the query and the hit alone. λ, M₀ and N₀ were chosen together on development sets (the
 demo gallery's captions, absent things and nonsense) by benchmarks/relevance_margins.py's rule: of the settings
-that give ≥ 90 % of the captions and ≤ 10 % of the rest a strong match in float32 and in bf16, the one whose
-decisions lie farthest from their thresholds; docs/index.md#relevance-and-no-strong-match has the rates.
+that give ≥ 90 % of the captions and ≤ 10 % of the rest a strong match on the demo indexed with and without its
+near-duplicate copy, in float32 and in bf16, the one whose decisions lie farthest from their thresholds;
+docs/index.md#relevance-and-no-strong-match has the rates.
 """
 from __future__ import annotations
 
@@ -49,15 +50,15 @@ import numpy as np
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
 DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
-DESCRIPTION_MARGIN = -0.385 # M₀: the description margin at which the text side reaches STRONG (see below)
+DESCRIPTION_MARGIN = -0.385  # M₀: the description margin at which the text side reaches STRONG (see below)
 QUERY_TOP = 10              # r(q): the mean of a query's 10 best cosines among the reference photos
 QUERY_WEIGHT = 0.6          # λ: r(q)'s weight in the description margin (see below)
 DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
 NULL_COUNT = 380            # null sentences (null_sentences)
 NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences
 NULL_MARGIN = 0.0           # N₀: the null margin at which the text side reaches STRONG (see below)
-# λ, M₀ and N₀: chosen together by benchmarks/relevance_margins.py on the demo gallery's development queries, in
-# float32 and bf16 (results/relevance_margins.json, docs/index.md#relevance-and-no-strong-match)
+# λ, M₀ and N₀: chosen together by benchmarks/relevance_margins.py on the demo gallery's development queries
+# (results/relevance_margins.json, docs/index.md#relevance-and-no-strong-match)
 
 
 def reference_rows(n: int, size: int = REFERENCE_SIZE) -> np.ndarray:

@@ -7,22 +7,22 @@ margin M₀ and the null margin N₀), chosen on development galleries and writt
 
 The galleries: the demo's photos indexed as ``make demo`` indexes them (with the resized, recompressed copy of one
 photo) and as benchmarks/open_vocab.py does (without it), each with the image tower in float32 and in bf16 (index
-build ``--backend openvino-bf16``), under ``--work``. For every query of the demo's development sets — its 20 photo captions (*present*), and its captions of things no
-photo shows, ``absent_queries_demo.txt`` and ``nonsense_queries.txt`` (*absent*) — and each hit of its first page
-of 10, the parts of the relevance that do not depend on the settings are computed once through the index (the
-photo side; q·v − b(v); r(q); q·v − n(v)). A query then has a strong match under (λ, M₀, N₀) when one of its hits
-with a strong photo side has
+build ``--backend openvino-bf16``), under ``--work``. For every query of the demo's development sets — its 20
+photo captions (*present*), and its captions of things no photo shows, ``absent_queries_demo.txt`` and
+``nonsense_queries.txt`` (*absent*) — and each hit of its first page of 10, the parts of the relevance that do not
+depend on the settings are computed once through the index (the photo side; q·v − b(v); r(q); q·v − n(v)). A
+query then has a strong match under (λ, M₀, N₀) when one of its hits with a strong photo side has
 
     d = min(q·v − b(v) − λ r(q) − M₀,  q·v − n(v) − N₀) ≥ 0,
 
 and its *distance* is the largest such d over those hits (negative: no strong match). A grid of settings is
-searched; the rule: among the settings that meet the targets on every gallery (at least 90 % of the
-captions strong, at most 10 % of the absent queries), the one whose smallest |distance| over all queries and
-galleries is largest, i.e. the decisions that a small change of a vector (bf16 against float32, another model
-file's rounding) is least likely to flip. Before the search, the counts of the settings in index/relevance.py are
-checked against the index's own ``strong_match`` (they must agree). ``--flickr8k``: Flickr8k dev indexed too
-(``jointspace index build --split val``), and the share of its captions whose own photo is a strong match under
-the settings in use, the chosen ones and the first runners-up, as a check in the model's own domain.
+searched; the rule: among the settings that meet the targets on every gallery (at least 90 % of the captions
+strong, at most 10 % of the absent queries), the one whose smallest |distance| over all queries and galleries is
+largest: the decisions that a small change of a vector (bf16 against float32, a photo saved again) is least likely
+to flip. Before the search, the counts under the settings in index/relevance.py are checked against the index's
+own ``strong_match`` (they must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build
+--split val``), and the share of its captions whose own photo is a strong match under the settings in use, the
+chosen ones and the first runners-up, as a check in the model's own domain.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ NULL = np.round(np.arange(-0.10, 0.051, 0.01), 3) + 0.0    # N₀
 @dataclass(frozen=True)
 class Parts:
     """The setting-free parts of each query's hits, ``(queries, hits)`` arrays: ``usable`` (the photo side is a
-    strong match), ``described`` (q·v − b(v)), ``rq`` (r(q), one per query, broadcast) and ``null`` (q·v − n(v))."""
+    strong match), ``described`` (q·v − b(v)) and ``null`` (q·v − n(v)); ``rq``: r(q), ``(queries,)``."""
     usable: np.ndarray
     described: np.ndarray
     rq: np.ndarray
@@ -64,7 +64,7 @@ class Parts:
 def distances(parts: Parts, weight: float, description: float, null: float) -> np.ndarray:
     """Each query's distance from a strong match under (λ, M₀, N₀) (the module's d; −inf: no hit with a strong
     photo side)."""
-    d = np.minimum(parts.described - weight * parts.rq - description, parts.null - null)
+    d = np.minimum(parts.described - weight * parts.rq[:, None] - description, parts.null - null)
     return np.where(parts.usable, d, -np.inf).max(axis=1)
 
 
@@ -106,7 +106,7 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
     width = max(len(h) for h in hits)
     shape = (len(hits), width)
     usable, described, null = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape)
-    rq = np.zeros(shape)
+    rq = np.zeros(len(hits))
     for n, (q, h, p) in enumerate(zip(plain_queries(gallery.manifest, queries), hits, photo)):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h]).astype(np.float32)
         floors = text.floors(vectors)

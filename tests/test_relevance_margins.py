@@ -8,7 +8,7 @@ from benchmarks.relevance_margins import Parts, distances, search
 def parts(described, null, rq, usable=None) -> Parts:
     described, null = np.atleast_2d(described).astype(float), np.atleast_2d(null).astype(float)
     usable = np.ones(described.shape, bool) if usable is None else np.atleast_2d(usable)
-    return Parts(usable, described, np.broadcast_to(np.asarray(rq, float)[:, None], described.shape), null)
+    return Parts(usable, described, np.asarray(rq, float), null)
 
 
 def test_a_distance_is_the_best_hit_passing_both_margins_by_the_smaller_amount():

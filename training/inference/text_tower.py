@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -185,13 +186,15 @@ def _prepare_in(model: EmbeddingModel, folder: Path) -> TextTower | None:
         reason = unsupported_reason(model)
         facts: dict[str, Any] = {"format": FORMAT, "fingerprint": model.fingerprint,
                                  "similarity": model.cfg.model.similarity, "dim": model.cfg.model.embed_dim}
+        tower = None
         if reason is None:
             try:
-                reason = _convert(model, scratch, facts)
+                converted = _convert(model, scratch, facts)
             except (OSError, MemoryError):      # may pass: no folder, tried again next time
                 raise
             except Exception as err:  # noqa: BLE001 - whatever the exporter or the runtime raise: said in the folder
-                reason = f"the conversion failed: {type(err).__name__}: {err}".replace("\n", " ")[:500]
+                converted = f"the conversion failed: {type(err).__name__}: {err}".replace("\n", " ")[:500]
+            reason, tower = (converted, None) if isinstance(converted, str) else (None, converted)
         if reason is not None:
             facts = {"format": FORMAT, "unsupported": reason}
         (scratch / "tower.json").write_text(json.dumps(facts, indent=1))
@@ -199,13 +202,14 @@ def _prepare_in(model: EmbeddingModel, folder: Path) -> TextTower | None:
             os.rename(scratch, folder)
         except OSError:                  # another process prepared it meanwhile: theirs is as good
             shutil.rmtree(scratch, ignore_errors=True)
+            tower = None
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
         return None
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return _load_folder(folder)
+    return tower if tower is not None else _load_folder(folder)   # the checked session holds its graph in memory
 
 
 def ensure(model: EmbeddingModel, model_path: str | Path, progress: bool = True, root: Path | None = None) -> str:
@@ -272,8 +276,9 @@ def _quiet() -> Iterator[None]:
         os.close(saved)
 
 
-def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
-    """Writes ``text.onnx`` and ``tokenizer.json`` into ``scratch`` and checks them (None), or says why not."""
+def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> TextTower | str:
+    """Writes ``text.onnx`` and ``tokenizer.json`` into ``scratch`` and checks them: the tower read back from them,
+    or why not."""
     import torch
     from torch import nn
 
@@ -297,9 +302,9 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
 
     model.eval()
     example = torch.tensor([cast(Any, model).encode_text_ids(["a dog runs on the beach"])[0]], dtype=torch.long)
-    raw = scratch / "raw.onnx"
+    raw = io.BytesIO()                  # the unoptimised graph is never kept: not written to disk
     with torch.no_grad(), _quiet():
-        torch.onnx.export(Tower().eval(), (example,), str(raw), dynamo=False, input_names=["ids"],
+        torch.onnx.export(Tower().eval(), (example,), raw, dynamo=False, input_names=["ids"],
                           output_names=["projected"], opset_version=OPSET,
                           dynamic_axes={"ids": {1: "tokens"}, "projected": {0: "batch"}})
     import onnxruntime as ort
@@ -307,9 +312,9 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.optimized_model_filepath = str(scratch / "text.onnx")    # saved optimised: quick to load
-    ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
-    raw.unlink()
-    tower = _open(scratch, facts)
+    ort.InferenceSession(raw.getvalue(), options, providers=["CPUExecutionProvider"])
+    del raw
+    tower = _open(scratch, facts)       # what is kept, read back as a search reads it: that is what is checked
     texts = [*PROBES, *(t for t, _ in PROBE_SUBTRACT)]
     words: list[list[str]] = [[] for _ in PROBES] + [list(w) for _, w in PROBE_SUBTRACT]
     if any(tower.ids(t) != ids for t, ids in zip(texts, cast(Any, model).encode_text_ids(texts))):
@@ -319,7 +324,7 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> str | None:
     agreement = float((tower.embed(texts, words) * expected).sum(1).min())
     if not agreement >= AGREEMENT:
         return f"the converted graph disagrees with PyTorch (cosine {agreement:.6f} < {AGREEMENT})"
-    return None
+    return tower
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -668,7 +668,9 @@ def _convert(model: EmbeddingModel, cls: type[Backend], folder: Path) -> None:
         with torch.no_grad():
             expected = Eager(model).forward(probe)          # eager PyTorch, as it runs
             cls.export(model, tower, probe.cpu() if cls.device_type == "cpu" else probe, scratch)
-            backend = cls.open(model, scratch, cache=False)
+            # with the runtime's compiled-graph cache in the folder: renamed into place with it, the load that
+            # follows (and the next process's) reads what this check compiled instead of compiling it again
+            backend = cls.open(model, scratch)
             # the batch and the single row alike (OpenVINO runs them differently, _OpenVINO)
             got = torch.cat([backend.forward(probe), backend.forward(probe[:1])]).float().to(device)
         agreement = torch.nn.functional.cosine_similarity(got, torch.cat([expected, expected[:1]]).float(),

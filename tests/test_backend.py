@@ -189,6 +189,20 @@ def test_compiled_graphs_are_kept_and_a_damaged_one_is_compiled_again(model, pix
         use_backend(model, "eager")
 
 
+def test_the_load_after_a_conversion_reads_the_graph_its_check_compiled(model, pixels, tmp_path):
+    """The conversion's check compiles both ways of running the graph into the converted folder's cache: the load
+    that follows, and the next process's, read them back instead of compiling them again."""
+    for prepare, hint in (("throughput", "THROUGHPUT"), ("latency", "LATENCY")):
+        root = tmp_path / prepare
+        try:
+            assert use_backend(model, "openvino", root, prepare=prepare) == "openvino"
+            assert backend_of(model).converted                       # converted by this very call…
+            assert backend_of(model).run.from_cache == {hint: True}  # …and its graph read back, not compiled again
+            assert list((backend_of(model).path / "compiled").glob("*.blob"))
+        finally:
+            use_backend(model, "eager")
+
+
 def test_an_ensemble_runs_its_members_backbones_as_one_tower(model, pixels, cache):
     twin = copy.deepcopy(model)
     with torch.no_grad():

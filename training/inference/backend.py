@@ -730,9 +730,12 @@ class _OpenVINO:
         self._queue: Any = None
         self._dim = 0
         self._out: np.ndarray | None = None
+        self.from_cache: dict[str, bool] = {}       # per hint compiled: read from CACHE_DIR (True) or compiled
 
     def _compile(self, hint: str) -> Any:
-        return _CORE.compile_model(self.graph, "CPU", {**self.config, "PERFORMANCE_HINT": hint})
+        compiled = _CORE.compile_model(self.graph, "CPU", {**self.config, "PERFORMANCE_HINT": hint})
+        self.from_cache[hint] = bool(compiled.get_property("LOADED_FROM_CACHE"))
+        return compiled
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
         if len(pixels) <= 1:

@@ -303,8 +303,8 @@ def _convert(model: EmbeddingModel, scratch: Path, facts: dict) -> TextTower | s
     model.eval()
     example = torch.tensor([cast(Any, model).encode_text_ids(["a dog runs on the beach"])[0]], dtype=torch.long)
     raw = io.BytesIO()                  # the unoptimised graph is never kept: not written to disk
-    with torch.no_grad(), _quiet():
-        torch.onnx.export(Tower().eval(), (example,), raw, dynamo=False, input_names=["ids"],
+    with torch.no_grad(), _quiet():     # (the TorchScript exporter writes to a file object; its hint says a path)
+        torch.onnx.export(Tower().eval(), (example,), cast(Any, raw), dynamo=False, input_names=["ids"],
                           output_names=["projected"], opset_version=OPSET,
                           dynamic_axes={"ids": {1: "tokens"}, "projected": {0: "batch"}})
     import onnxruntime as ort

@@ -250,3 +250,27 @@ def test_concept_keys_are_checked():
         build_config({"concepts": {"confidence_floor": -0.1}})
     with pytest.raises(ConfigError, match="concepts.people_weight"):
         build_config({"concepts": {"people_weight": -1.0}})
+
+
+def test_an_ensemble_embeds_each_photo_as_its_members_do_concept_heads_included():
+    """`jointspace ensemble` of models with concept heads: each member's part of the ensemble's photo embedding is
+    that member's own (its head included), weighted, so an ensemble keeps what each member knows of ImageNet."""
+    from training.models.ensemble import EnsembleEmbedding
+
+    members = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        member = build_model(lite0_config(), Vocabulary.build(["a dog runs on grass", "a cat"])).eval()
+        fitted(member, seed)
+        members.append(member)
+    ensemble = EnsembleEmbedding(members, [1.0, 0.5], ["a", "b"]).eval()
+    feats = torch.rand(5, ensemble.feature_dim, generator=torch.Generator().manual_seed(2)) * 3
+    with torch.no_grad():
+        got = ensemble.embed_features(feats)
+        parts = feats.split([m.cached_dim for m in members], dim=-1)
+        own = [m.embed_features(p) for m, p in zip(members, parts)]
+        expected = F.normalize(torch.cat([own[0], 0.5 * own[1]], dim=-1), dim=-1)
+        torch.testing.assert_close(got, expected)
+        heads_left_out = F.normalize(torch.cat([F.normalize(m.project_features(p), dim=-1) * w
+                                                for m, p, w in zip(members, parts, (1.0, 0.5))], dim=-1), dim=-1)
+    assert (got - heads_left_out).abs().max() > 1e-3          # the heads move the photos

@@ -237,3 +237,32 @@ def test_a_video_moments_a_is_the_mean_of_its_frames(tmp_path):
     spans = [s.frames for s in emb.segments[0]]
     assert len(spans) >= 2 and emb.segment_vectors[0].shape[1] == 32
     np.testing.assert_allclose(emb.moment_unfamiliarity(), [a[lo:hi].mean() for lo, hi in spans], atol=1e-5)
+
+
+def test_an_ensembles_discount_is_its_members_weighted_as_its_score_weighs_them():
+    """An ensemble scores Σ w_i² cos_i / Σ w_i²; its person discount λ · a(x) is the same mean of its members'
+    λ_i · a_i(x), so a photo unlike every training photo loses on a person query as the members would make it."""
+    from training.models.ensemble import EnsembleEmbedding
+
+    members = []
+    for seed, discount in ((0, 0.2), (1, 0.1)):
+        torch.manual_seed(seed)
+        member = build_model(_config(discount), Vocabulary.build(["a man", "a dog"])).eval()
+        fit(member, torch.rand(40, member.feature_dim, generator=torch.Generator().manual_seed(seed)),
+            log=lambda *_: None, names=NAMES)
+        members.append(member)
+    weights = (1.0, 2.0)
+    ensemble = EnsembleEmbedding(members, weights, ["a", "b"]).eval()
+    assert person_discount(ensemble) == pytest.approx((1 * 0.2 + 4 * 0.1) / 5)
+    feats = torch.cat([torch.rand(6, m.feature_dim, generator=torch.Generator().manual_seed(3)) for m in members], 1)
+    feats[:3] = torch.randn(3, feats.shape[1], generator=torch.Generator().manual_seed(4))    # like no training photo
+    with torch.no_grad():
+        a = [m.unfamiliarity(p) for m, p in zip(members, feats.split([m.feature_dim for m in members], 1))]
+        got = ensemble.unfamiliarity(feats)
+    torch.testing.assert_close(person_discount(ensemble) * got, (1 * 0.2 * a[0] + 4 * 0.1 * a[1]) / 5)
+    assert bool((got[:3] > 0.9).all()) and bool(((got >= 0) & (got <= 1)).all())
+    pixels = torch.randint(0, 255, (2, 1, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    assert embed_pixels(ensemble, pixels, unfamiliarity=True).shape == (2, 65)       # the index can store it
+    plain = EnsembleEmbedding([build_model(_config(0.0), Vocabulary.build(["a man"])).eval() for _ in range(2)],
+                              [1.0, 1.0], ["a", "b"])
+    assert person_discount(plain) == 0.0 and bool((plain.unfamiliarity(feats) == 0).all())

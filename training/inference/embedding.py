@@ -120,10 +120,9 @@ def _bucketed(fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, 
 
 
 def person_discount(model: EmbeddingModel) -> float:
-    """λ of the model's person discount (its concept head's ``person_discount``, training/models/concepts.py); 0
-    for a model without one."""
-    head = model.concepts
-    return float(head.cfg.person_discount) if head is not None and head.discounts_people else 0.0
+    """λ of the model's person discount (its concept head's ``person_discount``, training/models/concepts.py; an
+    ensemble's: its members' combined); 0 for a model without one."""
+    return float(model.person_discount())
 
 
 def view_preprocess(model: EmbeddingModel | ImagePreprocess, tta: str = "none"):
@@ -155,7 +154,7 @@ def embed_pixels(model: EmbeddingModel, pixels: torch.Tensor, shapes: Shapes | N
             features = tower_features(model, batch, device)
             vectors = model.embed_features(features).float()
             if unfamiliarity:
-                vectors = torch.cat([vectors, model.concepts.unfamiliarity(features).float()[:, None]], dim=1)
+                vectors = torch.cat([vectors, model.unfamiliarity(features).float()[:, None]], dim=1)
             return vectors
     return _bucketed(run, pixels, shapes)
 

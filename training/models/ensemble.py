@@ -46,6 +46,9 @@ class Member(Protocol):
 
     def image_features(self, images: torch.Tensor, pool: bool = True) -> torch.Tensor: ...
     def project_features(self, features: torch.Tensor) -> torch.Tensor: ...
+    def embed_features(self, features: torch.Tensor) -> torch.Tensor: ...
+    def person_discount(self) -> float: ...
+    def unfamiliarity(self, features: torch.Tensor) -> torch.Tensor: ...
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]: ...
     def project_texts(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
     def state_dict(self) -> dict[str, torch.Tensor]: ...
@@ -117,7 +120,10 @@ class EnsembleEmbedding(CommonSpace):
         self.image_split = None     # no frozen bottom of its own: its cached features are its members' whole
         self.decoder = None
         self.attention = None
-        self.concepts = None        # its members' concept heads act inside their own embeddings
+        # its members' concept heads act inside their own embeddings (embed_features) and their person discounts
+        # combine (person_discount, unfamiliarity); the relevance's reference sentences are a single model's
+        # (index/qbnorm.py ``reference_sentences``): an ensemble has none
+        self.concepts = None
         self.region_layout = None   # its cached features are its members' pooled ones
 
     @property
@@ -147,18 +153,44 @@ class EnsembleEmbedding(CommonSpace):
             feats.append(feats[twin] if twin != j else m.image_features(part, pool=pool))
         return torch.cat(feats, dim=-1)
 
+    def _member_slices(self, features: torch.Tensor) -> list[torch.Tensor]:
+        """The ensemble's cached features ``(..., Σ cached_dim)`` → each member's part."""
+        return list(features.split([m.cached_dim for m in self.models], dim=-1))
+
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
-        parts, start = [], 0
-        for m in self.models:
-            parts.append(m.project_features(features[..., start:start + m.cached_dim]))
-            start += m.cached_dim
-        return self._combine(parts)
+        """The members' projections alone (without their concept heads), combined."""
+        return self._combine([m.project_features(part) for m, part in zip(self.models, self._member_slices(features))])
 
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
-        return self.similarity.normalize(self.project_features(features))
+        """Each member's own image embedding (its concept head or region attention included), combined."""
+        return self.similarity.normalize(
+            self._combine([m.embed_features(part) for m, part in zip(self.models, self._member_slices(features))]))
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         return self.embed_features(self.image_features(images))
+
+    def _discount_weights(self) -> list[float]:
+        """w_i² λ_i per member: how much of the ensemble's score each member's person discount moves."""
+        return [w * w * m.person_discount() for w, m in zip(self.weights, self.models)]
+
+    def person_discount(self) -> float:
+        """λ of the ensemble: Σ w_i² λ_i / Σ w_i². The ensemble's score is Σ w_i² cos_i / Σ w_i² (module
+        docstring), so with :meth:`unfamiliarity` its discounted score is the same weighted mean of the members'
+        discounted scores (index/people.py)."""
+        return sum(self._discount_weights()) / sum(w * w for w in self.weights)
+
+    def unfamiliarity(self, features: torch.Tensor) -> torch.Tensor:
+        """a(x) of the ensemble ``(B,)``: the members' a_i(x), weighted by w_i² λ_i (in [0, 1]); zeros when no
+        member has a person discount."""
+        weights = self._discount_weights()
+        if not sum(weights):
+            return torch.zeros(features.shape[0], device=features.device)
+        parts = self._member_slices(features)
+        out = torch.zeros(features.shape[0], device=features.device)
+        for c, m, part in zip(weights, self.models, parts):
+            if c:
+                out = out + c * m.unfamiliarity(part).float()
+        return out / sum(weights)
 
     # --- text side --------------------------------------------------------------------------------
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -118,6 +118,17 @@ class JointEmbedding(CommonSpace):
             return self.similarity.normalize(self.concepts(features, self.project_features(features)))
         return self.similarity.normalize(self.project_features(features))
 
+    def person_discount(self) -> float:
+        """λ of the concept head's person discount (concepts.py, ``person_discount``); 0 without one."""
+        head = self.concepts
+        return float(head.cfg.person_discount) if head is not None and head.discounts_people else 0.0
+
+    def unfamiliarity(self, features: torch.Tensor) -> torch.Tensor:
+        """a(x) ``(B,)`` of backbone features for the person discount (concepts.py); zeros without one."""
+        if self.concepts is None:
+            return torch.zeros(features.shape[0], device=features.device)
+        return self.concepts.unfamiliarity(features)
+
     def embed_regions(self, features: torch.Tensor) -> torch.Tensor:
         """STT-ATT: flattened grid features ``(B, R·C)`` → region embeddings ``(B, R, E)`` (not normalised)."""
         backbone = cast(GridRegions, self.backbone)   # with attention enabled

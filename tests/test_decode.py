@@ -240,6 +240,14 @@ def test_loader_workers_prefetch_and_pinning_follow_cores_and_device(monkeypatch
     assert loader_options(64, 64, workers, device)["num_workers"] == 0        # one batch: no worker processes
 
 
+def _stand_in(preprocess):
+    """A module standing in for a model where only its preprocessing, config and (no) person discount are read."""
+    model = torch.nn.Linear(1, 1)
+    model.preprocess, model.cfg = preprocess, tiny_config(model={"embed_dim": 4})
+    model.person_discount = lambda: 0.0
+    return model
+
+
 def test_embedding_files_for_a_cuda_model_pins_its_batches(monkeypatch, tmp_path):
     """The loader of embed_image_files takes its settings from the model's device (no GPU needed to check)."""
     monkeypatch.setattr(features.os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -251,8 +259,7 @@ def test_embedding_files_for_a_cuda_model_pins_its_batches(monkeypatch, tmp_path
         return []
 
     monkeypatch.setattr(embed, "DataLoader", loader)
-    model = torch.nn.Linear(1, 1)
-    model.preprocess, model.cfg, model.concepts = SHIPPED, tiny_config(model={"embed_dim": 4}), None
+    model = _stand_in(SHIPPED)
     out = embed.embed_image_files(model, [tmp_path / f"{i}.jpg" for i in range(200)], embed.FileReading(workers=None),
                                    progress=False)
     assert out.vectors.shape == (0, 4)
@@ -274,8 +281,7 @@ def test_sync_hashes_and_decodes_the_same_bytes_and_skips_decoding_unchanged_con
     real_read, real_decode = index_embed.Path.read_bytes, index_embed.decode_image
     monkeypatch.setattr(index_embed.Path, "read_bytes", lambda self: reads.append(self.name) or real_read(self))
     monkeypatch.setattr(index_embed, "decode_image", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
-    model = torch.nn.Linear(1, 1)
-    model.preprocess, model.cfg, model.concepts = Preprocess(32, 32), tiny_config(model={"embed_dim": 4}), None
+    model = _stand_in(Preprocess(32, 32))
     monkeypatch.setattr(embed, "embed_pixels", lambda m, pixels, shapes=None, unfamiliarity=False: torch.zeros(len(pixels), 4))
     out = index_embed.embed_photos(model, [same, edited], workers=0, progress=False, indexed=indexed)
     assert out.passed == [0] and out.kept == [1] and not out.skipped

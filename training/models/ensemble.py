@@ -182,15 +182,11 @@ class EnsembleEmbedding(CommonSpace):
     def unfamiliarity(self, features: torch.Tensor) -> torch.Tensor:
         """a(x) of the ensemble ``(B,)``: the members' a_i(x), weighted by w_i² λ_i (in [0, 1]); zeros when no
         member has a person discount."""
-        weights = self._discount_weights()
-        if not sum(weights):
-            return torch.zeros(features.shape[0], device=features.device)
-        parts = self._member_slices(features)
-        out = torch.zeros(features.shape[0], device=features.device)
-        for c, m, part in zip(weights, self.models, parts):
-            if c:
+        weights, out = self._discount_weights(), torch.zeros(features.shape[0], device=features.device)
+        for c, m, part in zip(weights, self.models, self._member_slices(features)):
+            if c:                       # a member without a discount adds nothing (its a(x) is not computed)
                 out = out + c * m.unfamiliarity(part).float()
-        return out / sum(weights)
+        return out / sum(weights) if sum(weights) else out
 
     # --- text side --------------------------------------------------------------------------------
     def encode_text_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -15,8 +15,9 @@ its decoding workers, its batch size) plus ``--backend`` and ``--tta``, in proce
 shipped model. A row keeps the seconds of that call (loading the model, reading the backend's graph from the
 cache, embedding, writing the index: ``photos/s``), the seconds spent embedding the photos alone, the whole
 process's seconds (with Python's and torch's imports) and the process's peak resident memory (``os.wait4``).
-Before the first round one untimed build per backend fills the caches every later build reads: the backend's
-converted graph (its conversion time is reported apart) and the query bank's caption vectors. The modes and
+Each checkout has a ``JOINTSPACE_CACHE`` of its own, empty at first; before the first round one build per backend
+fills the caches every later build reads: the backend's converted graph (the time of that conversion, as a new
+user's first build spends it, is reported apart from the rows) and the query bank's caption vectors. The modes and
 backends take turns within a round, so a drifting background load hits them alike; the table gives each
 configuration's median over the rounds. ``--baseline DIR`` adds eager rows of the code in ``DIR`` (e.g.
 ``git worktree add /tmp/base 6d5a208``): the same build, the same photos, in the same run; with
@@ -42,12 +43,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "backend_throughput.json"
 BACKENDS = ("eager", "openvino", "openvino-bf16", "onnxruntime")
-# index/tta.py read as a file: importing the index package here would fix which checkout a child (--code) imports
-TTA: tuple[str, ...] = runpy.run_path(str(ROOT / "index" / "tta.py"))["TTA"]
+# the --tta names read from their file (torch-free, importing nothing of the project): importing a package of this
+# checkout here would fix which checkout a child (--code) imports
+TTA: tuple[str, ...] = runpy.run_path(str(ROOT / "training" / "inference" / "names.py"))["TTA"]
 
 
 # --- the photos -------------------------------------------------------------------------------------------------
@@ -84,7 +87,12 @@ def child(args) -> int:
     start = time.perf_counter()
     sys.path.insert(0, str(args.code))
     import index.gallery as gallery_module
+    import training
     from service.cli import main
+
+    for package in (gallery_module, training):      # a package imported earlier would mix two checkouts' code
+        if not Path(cast(str, package.__file__)).resolve().is_relative_to(Path(args.code).resolve()):
+            raise RuntimeError(f"{package.__name__} was imported from {package.__file__}, not from {args.code}")
 
     timings = {"embed_s": 0.0, "backend_s": 0.0}
 
@@ -126,12 +134,15 @@ def child(args) -> int:
     return code
 
 
-def build_once(images: Path, out: Path, tta: str, backend: str | None, code: Path = ROOT) -> dict:
-    """One child build: its JSON line, the process's wall seconds and its peak resident memory."""
+def build_once(images: Path, out: Path, tta: str, backend: str | None, code: Path = ROOT,
+               cache: Path | None = None) -> dict:
+    """One child build: its JSON line, the process's wall seconds and its peak resident memory. ``cache``: its
+    ``JOINTSPACE_CACHE`` (default: the user's)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "child", "--gallery", str(images), "--index-out", str(out),
            "--tta", tta, "--code", str(code)] + (["--backend", backend] if backend else [])
+    env = {**os.environ, **({"JOINTSPACE_CACHE": str(cache)} if cache is not None else {})}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=code)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=code, env=env)
     stdout = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -221,10 +232,13 @@ def throughput(args) -> int:
         print(f"{len(photos)} photos of {args.megapixels:g} MP in {images}; backends {', '.join(backends)}; "
               f"--tta {', '.join(args.tta)}" + (f"; baseline code {args.baseline}" if args.baseline else ""),
               flush=True)
+        # each checkout in a cache of its own, empty at first: its first build of each backend converts the tower
+        # as a new user's does (timed apart, not in the rows) and fills the query bank's cache
+        caches = {label: work / f"cache-{label}" for label, _ in codes}
         conversion = []
-        for label, code in codes:            # untimed: fills the backend and query-bank caches
+        for label, code in codes:
             for backend in backends if label == "this" or args.baseline_backends else [None]:
-                first = build_once(images, work / "index", "none", backend, code)
+                first = build_once(images, work / "index", "none", backend, code, caches[label])
                 conversion.append({"code": label, "backend": backend or "eager", "used": first["backend"],
                                    "converted": first["converted"], "backend_s": first["backend_s"],
                                    "first_build_s": first["seconds"]})
@@ -237,7 +251,7 @@ def throughput(args) -> int:
                 for label, code in codes:
                     for backend in backends if label == "this" or args.baseline_backends else [None]:
                         out = work / f"index-{label}-{backend}-{tta}"
-                        r = build_once(images, out, tta, backend, code)
+                        r = build_once(images, out, tta, backend, code, caches[label])
                         shutil.rmtree(out, ignore_errors=True)
                         rows.append({"round": round_, "code": label, "backend": backend or "eager", "tta": tta,
                                      "used": r["backend"], "photos": len(photos), "seconds": r["seconds"],

@@ -694,8 +694,8 @@ def t_backend_throughput(file: str = "backend_throughput.json") -> str:
     table = with_provenance(headers, cells, rows, data, right={2, 3, 4, 5, 6, 7})
     if not rows:
         return table
-    first = "; ".join(f"{c['backend']} {f(c['backend_s'])} s" for c in data.get("conversion", [])
-                      if c["code"] == "this" and c["converted"])
+    first = "; ".join(f"{c['backend']}{'' if c['code'] == 'this' else f' ({baseline})'} {f(c['backend_s'])} s"
+                      for c in data.get("conversion", []) if c["converted"])
     return (table + f" {data['photos']} photos of {f(data['megapixels'], 0)} MP, median of {data['rounds']} rounds; "
             "index build's own time (the model's and the backend's loading, the embedding, the index), its Python "
             "and torch imports left out; the whole process's seconds, with them, beside it"

@@ -4,13 +4,13 @@ normalisation) in PyTorch over exactly the features the backend computes.
 
 What a backend runs is :class:`ImageTower`: uint8 pixels (``model.preprocess.pixels``), normalised inside the graph
 (:func:`pixel_affine`), then the model's own ``image_features`` over one view per row — one backbone, the stacked
-backbones of a ``ConcatBackbone`` or an ensemble's members alike — converted once (OpenVINO's IR, an ONNX graph for
-ONNX Runtime, the CUDA tower's folded float16 weights) and cached under ``$JOINTSPACE_CACHE/backends`` (default
-``~/.cache/jointspace/backends``), one folder per :func:`tower_fingerprint` (the tower's weights and preprocessing,
-the converter's version): a changed model is converted again, an unchanged one on another day or in another index
-is read back in a fraction of a second. A folder is written whole under a temporary name and renamed, so a reader
-never sees half of one; where the cache cannot be written, the tower is converted for the process alone. A
-conversion is checked against eager PyTorch on a probe batch before it is kept.
+backbones of a ``ConcatBackbone`` or an ensemble's members alike — converted once (an ONNX graph for ONNX Runtime,
+the same graph read into OpenVINO's IR, the CUDA tower's folded float16 weights) and cached under
+``$JOINTSPACE_CACHE/backends`` (default ``~/.cache/jointspace/backends``), one folder per :func:`tower_fingerprint`
+(the tower's weights and preprocessing, the converter's version): a changed model is converted again, an unchanged
+one on another day or in another index is read back in a fraction of a second. A folder is written whole under a
+temporary name and renamed, so a reader never sees half of one; where the cache cannot be written, the tower is
+converted for the process alone. A conversion is checked against eager PyTorch on a probe batch before it is kept.
 
 Every backend is a class of one interface, :class:`Backend` (its name, the converter it caches under, the device it
 runs on; ``export``, ``open``, ``forward``), registered by name in :data:`REGISTRY`; the names are defined once,

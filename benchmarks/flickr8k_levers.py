@@ -182,6 +182,12 @@ def from_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _val_seen(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` trained on its validation split (its log marks those epochs)."""
+    log = run_dir / "log.jsonl"
+    return log.is_file() and any(json.loads(line).get("val_seen") for line in log.read_text().splitlines() if line)
+
+
 def _exit_on_signal(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
@@ -204,6 +210,15 @@ def measure(args: argparse.Namespace, scratch: list[str]) -> int:
     else:
         model = Path(args.model)
         config = f"model {args.model}"
+    if args.config and _val_seen(Path(args.out)):
+        # a final fit (train.fit_on: train+val) trained on dev: its dev ranking measures nothing, so the row has
+        # the recipe's wall time and peak only; its dev numbers are its train-only twin's row
+        row = {"name": args.name, "lever": args.lever, "config": config, "i2t": None, "t2i": None, "rsum": None,
+               "wall_min": wall, "peak_gib": peak, "hardware": hardware(args.note),
+               "date": dt.date.today().isoformat(), "commit": at_start}
+        save_row(row)
+        print(json.dumps(row))
+        return 0
     # the metrics file beside a trained run's model; for a given model (the shipped one lives in the checkout), in
     # a scratch folder
     folder = model.parent if args.out else Path(tempfile.mkdtemp(prefix="jointspace-levers-"))

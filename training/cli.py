@@ -372,16 +372,17 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
     from training.inference.querybank import BankDraw, make_bank
 
     section, seed = first.cfg.querybank, first.cfg.train.seed
-    return make_bank(ensemble, _train_split(data, "--querybank: "),
+    return make_bank(ensemble, _train_split(data, "--querybank: ", first.cfg.train.fit_on),
                      BankDraw(section.captions, section.images, section.beta, seed=seed))
 
 
-def _train_split(data: str, prefix: str = ""):
-    """The train split of the data set at ``data`` (a query bank's sample); ValueError when it has none."""
+def _train_split(data: str, prefix: str = "", fit_on: str = "train"):
+    """The photos a model was trained on, in the data set at ``data`` (a query bank's sample, a concept head's
+    photos): its train split, and val too for a final fit (``train.fit_on``); ValueError when it has no train split."""
     from training.data.datasets import load_dataset
 
-    train_set = load_dataset(data, split="train").split("train")
-    if train_set.n_images == 0:
+    train_set = load_dataset(data).splits(tuple(fit_on.split("+")))
+    if not any(r.split == "train" for r in train_set.images):
         raise ValueError(f"{prefix}{data} has no train split")
     return train_set
 
@@ -433,7 +434,8 @@ def cmd_querybank(args) -> int:
                         section.images if args.images is None else args.images,
                         section.beta if args.beta is None else args.beta,
                         seed=model.cfg.train.seed if args.seed is None else args.seed)
-        bank = make_bank(model, _train_split(args.data), draw, Compute(progress=True, tower=extraction_tower))
+        bank = make_bank(model, _train_split(args.data, fit_on=model.cfg.train.fit_on), draw,
+                         Compute(progress=True, tower=extraction_tower))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -465,7 +467,11 @@ def cmd_concepts(args) -> int:
             return 2
         overrides[key.split(".", 1)[1]] = yaml.safe_load(value)
     try:
-        fit_file(args.model, _train_split(args.data), overrides=overrides,
+        from training.models.checkpoint import load_checkpoint
+
+        payload = load_checkpoint(args.model)
+        fit_on = (payload.get("members") or [payload])[0]["config"].train.fit_on
+        fit_file(args.model, _train_split(args.data, fit_on=fit_on), overrides=overrides,
                  written=Written(out=args.out, half=True if args.half else None), progress=True)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -4,7 +4,8 @@ validation R-sum, the best checkpoint kept as ``RUN_DIR/model.pt`` and per-epoch
 Stage 1 trains the projections and the text encoder on precomputed features of a frozen pretrained
 backbone (or, for a backbone trained from scratch, everything on pixels). Optional stage 2
 (``train.finetune_epochs``) unfreezes the pretrained backbone and trains end to end at ``finetune_lr``.
-Training reads only the train split and selects on val; the test split is never touched here.
+Training reads only the train split and selects on val; the test split is never touched here. The final fit
+(``train.fit_on: train+val``, once the recipe was chosen with val held out) trains on both and keeps its last epoch.
 After every epoch ``RUN_DIR/last.pt`` holds the whole training state, so ``jointspace train --resume``
 continues an interrupted run exactly where it stopped (:func:`load_train_state`).
 
@@ -162,7 +163,10 @@ class Trainer:
         self.device = self.dist.device if self.dist is not None else resolve_device(train.device)
         self.amp = train.amp == "auto" and self.device.type == "cuda"
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
-        self.train_set, self.val_set = dataset.split("train"), dataset.split("val")
+        # train.fit_on: train+val, the final fit, trains on val too (still scored each epoch, marked seen)
+        self.val_seen = train.fit_on == "train+val"
+        self.train_set = dataset.splits(("train", "val") if self.val_seen else ("train",))
+        self.val_set = dataset.split("val")
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:
             raise ValueError(f"{dataset.name}: training needs a train and a val split "
                              f"(found train={self.train_set.n_images}, val={self.val_set.n_images})")
@@ -247,6 +251,8 @@ class Trainer:
         """``train.select_on``: what the best checkpoint, early stopping and the plateau schedule follow (higher
         is better): the validation R-sum, or the decoder's teacher-forced validation NLL per word (negated;
         captioning and paraphrasing weighted by λ1 and λ2 of eq. 12)."""
+        if self.val_seen:               # the final fit keeps its last epoch: a score that only grows
+            return float(len(self.history))
         if self.cfg.train.select_on == "nll":
             decoder = self.cfg.decoder
             weights = {"ic": decoder.lambda_ic, "para": decoder.lambda_para}
@@ -332,7 +338,8 @@ class Trainer:
             here = state if state is not None and index == state["stage_index"] else None
             if not self.run_stage(stage, log_path, start, index, here):
                 break
-        summary = {"best_val_rsum": self.best_rsum if self.best_rsum > float("-inf") else None,
+        seen = self.val_seen or self.best_rsum == float("-inf")     # a final fit's val R-sum measures nothing
+        summary = {"best_val_rsum": None if seen else self.best_rsum, **({"val_seen": True} if self.val_seen else {}),
                    "epochs_run": len(self.history), "train_seconds": round(time.time() - start, 1),
                    "fit_seconds": self.fit_seconds, "model": str(self.out_dir / "model.pt")}
         self.log(json.dumps(summary))
@@ -422,6 +429,8 @@ class Trainer:
                     val = self.dist.broadcast(val)
                 val = cast(dict, val)       # every rank's now
                 record["val"] = {k: val[k] for k in ("i2t", "t2i", "rsum", "pooled", "nll") if k in val}
+                if self.val_seen:
+                    record["val_seen"] = True       # trained on: not a measure of the model
                 score = self.selection_score(val)
                 if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                     scheduler.step(score)
@@ -431,7 +440,8 @@ class Trainer:
                     if self.is_main:
                         with kept_weights():
                             save_model(model, self.out_dir / "model.pt",
-                                       extra={"val": record["val"], "stage": stage.name, "epoch": epoch})
+                                       extra={"val": record["val"], "stage": stage.name, "epoch": epoch,
+                                              **({"val_seen": True} if self.val_seen else {})})
                 else:
                     bad_epochs += train.eval_every
             self.history.append(record)

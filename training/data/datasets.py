@@ -28,7 +28,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 SPLITS = ("train", "val", "test")
 _SPLIT_ALIASES = {"restval": "train", "dev": "val"}
@@ -78,14 +78,20 @@ class CaptionDataset:
         The id an image had before is kept in ``extra["orig_image_id"]``; splitting an already split data set
         keeps the id from the first data set (the one that was loaded).
         """
-        _check_split(name)
-        chosen = [record for record in self.images if record.split == name]
+        return self.splits((name,))
+
+    def splits(self, names: Sequence[str]) -> CaptionDataset:
+        """The images of several splits as one (``split`` of each, in this data set's order, which is the order
+        train, val, test): ``("train", "val")`` is what a final fit trains on (``train.fit_on``)."""
+        for name in names:
+            _check_split(name)
+        chosen = [record for record in self.images if record.split in names]
         images = [
             replace(record, image_id=new_id, captions=list(record.captions),
                     extra={**record.extra, "orig_image_id": record.extra.get("orig_image_id", record.image_id)})
             for new_id, record in enumerate(chosen)
         ]
-        return CaptionDataset(name=f"{self.name}:{name}", images=images)
+        return CaptionDataset(name=f"{self.name}:{'+'.join(names)}", images=images)
 
     def pairs(self) -> list[tuple[int, str]]:
         """Every (image_id, caption), images in order, each image's captions in order."""

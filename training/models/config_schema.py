@@ -115,6 +115,10 @@ class TrainSection(RunSection):
     patience: int = Key(10, "early stopping: epochs without a better select_on value", ge=1)
     select_on: Literal["rsum", "nll"] = Key("rsum", "best checkpoint + early stopping: validation R-sum, or the "
                                                     "decoder's validation NLL per word")
+    fit_on: Literal["train", "train+val"] = Key(
+        "train", "train: the train split, the checkpoint selected on val | train+val: the final fit, both splits "
+                 "trained on for every epoch and the last one kept (val is still scored, marked seen: select "
+                 "the recipe with a train-only twin first)")
     seed: int = Key(0, "random seed")
     device: Literal["auto", "cpu", "cuda"] = Key("auto", "auto = cuda when available")
     amp: Literal["auto", "off"] = Key("auto", "auto: bf16 autocast on CUDA")
@@ -267,6 +271,9 @@ class RunConfig(RunSection):
                                    or self.train.finetune_epochs):
             raise ValueError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
                              "image.pooling: gpo, attention or train.finetune_epochs")
+        if self.train.fit_on == "train+val" and (self.train.lr_schedule == "plateau" or self.scst.steps):
+            raise ValueError("train.fit_on: train+val keeps every epoch's weights (val is seen), so nothing may "
+                             "follow val: not train.lr_schedule: plateau (use step, linear or cosine), not scst.steps")
         if self.train.select_on == "nll" and not decoder:
             raise ValueError("train.select_on: nll needs a decoder (decoder.enabled, lambda_ic or lambda_para > 0)")
         if self.scst.steps and not decoder:

@@ -91,7 +91,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("querybank", help="attach a query bank to a model.pt (in place): captions and images sampled "
                                          "from a data set's train split, which index build then uses by default")
     p.add_argument("--model", required=True, help="a trained model.pt (a cosine one)")
-    p.add_argument("--data", help="the data set whose train split is sampled")
+    p.add_argument("--data", help="the data set the model was trained on: its train split is sampled (train and val "
+                                  "for a final fit, train.fit_on)")
     p.add_argument("--captions", type=int, help="captions kept as text (default: the model's querybank.captions)")
     p.add_argument("--images", type=int, help="images kept as the model's embeddings (default: querybank.images)")
     p.add_argument("--beta", type=float, help="the inverted softmax's inverse temperature (default: querybank.beta)")
@@ -110,7 +111,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("concepts", help="fit a model's concept head (what its image backbones know, ConSE) on a data "
                                         "set's train split, giving it one when it has none; redraws its query bank")
     p.add_argument("--model", required=True, help="a trained model.pt (frozen EfficientNet-Lite backbones, cosine)")
-    p.add_argument("--data", required=True, help="the data set whose train split it was trained on")
+    p.add_argument("--data", required=True, help="the data set it was trained on: the photos of its train split "
+                                                 "(train and val for a final fit, train.fit_on)")
     p.add_argument("--out", help="the model.pt written (default: --model, in place)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a concepts.* key, e.g. --set concepts.weight=0.5 (repeatable)")

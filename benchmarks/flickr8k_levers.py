@@ -168,6 +168,8 @@ def from_log(args: argparse.Namespace) -> int:
     """A row from a finished run's log.jsonl: its best epoch's validation metrics and the last epoch's elapsed
     seconds (feature extraction included, from whatever cache the run found), dated by the log's last write."""
     run_dir = Path(args.from_log)
+    if _val_seen(run_dir):
+        raise SystemExit(f"{run_dir} trained on dev (train.fit_on: train+val): its dev numbers measure nothing")
     lines = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
     epochs = [e for e in lines if "val" in e]
     best = max(epochs, key=lambda e: e["val"]["rsum"])

@@ -81,3 +81,15 @@ def test_the_query_bank_is_drawn_from_the_photos_the_model_was_fitted_on(synth_s
                          "--captions", str(every), "--images", "0"]) == 0
         drawn = set(carried(load_model(run / "model.pt"))["captions"])
         assert bool(drawn & val_only) == (fit_on == "train+val")
+
+
+def test_evaluate_warns_on_a_split_the_model_was_trained_on(synth_small, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(train={"epochs": 1, "fit_on": "train+val"}), synth_small, run, progress=False, log=_quiet)
+    for split, seen in (("val", True), ("test", False)):
+        out = tmp_path / f"{split}.json"
+        capsys.readouterr()
+        assert cli_main(["evaluate", "--model", str(run / "model.pt"), "--data", str(synth_small), "--split", split,
+                         "--quiet", "--no-generation", "--out", str(out)]) == 0
+        warned = "was trained on the val split (train.fit_on: train+val)" in capsys.readouterr().err
+        assert warned == seen and json.loads(out.read_text()).get("trained_on_split", False) == seen

@@ -249,6 +249,12 @@ def cmd_evaluate(args) -> int:
     if dataset.n_images == 0:
         print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
         return 2
+    # train.fit_on of the model, or of each member of an ensemble
+    fit_on = {m.cfg.train.fit_on for m in getattr(model, "members", None) or [model]}
+    seen = any(args.split in f.split("+") for f in fit_on)
+    if seen:
+        print(f"warning: {args.model} was trained on the {args.split} split (train.fit_on: "
+              f"{', '.join(sorted(fit_on))}): its numbers there measure nothing", file=sys.stderr)
     bank = None
     if args.querybank_norm:
         bank = load_dataset(args.data, split="train").split("train")
@@ -265,7 +271,7 @@ def cmd_evaluate(args) -> int:
     print(format_table(result))
     out = public(result)
     out.update({"split": args.split, "data": str(args.data), "model": str(args.model),
-                "model_fingerprint": model.fingerprint})
+                "model_fingerprint": model.fingerprint, **({"trained_on_split": True} if seen else {})})
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out}")

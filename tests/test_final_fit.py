@@ -69,7 +69,7 @@ def test_fit_on_is_checked(tmp_path):
 def test_the_query_bank_is_drawn_from_the_photos_the_model_was_fitted_on(synth_small, tmp_path):
     data = load_dataset(synth_small)
     assert _train_split(str(synth_small)).n_images == data.split("train").n_images
-    assert _train_split(str(synth_small), fit_on="train+val").n_images == data.splits(("train", "val")).n_images
+    assert _train_split(str(synth_small), splits=("train", "val")).n_images == data.splits(("train", "val")).n_images
     every = data.splits(("train", "val")).n_captions
     val_only = {c for r in data.split("val").images for c in r.captions} - \
         {c for r in data.split("train").images for c in r.captions}

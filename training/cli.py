@@ -250,11 +250,11 @@ def cmd_evaluate(args) -> int:
         print(f"error: {args.data} has no '{args.split}' split", file=sys.stderr)
         return 2
     # train.fit_on of the model, or of each member of an ensemble
-    fit_on = {m.cfg.train.fit_on for m in getattr(model, "members", None) or [model]}
-    seen = any(args.split in f.split("+") for f in fit_on)
+    trains = [m.cfg.train for m in getattr(model, "members", None) or [model]]
+    seen = any(args.split in t.fit_splits for t in trains)
     if seen:
         print(f"warning: {args.model} was trained on the {args.split} split (train.fit_on: "
-              f"{', '.join(sorted(fit_on))}): its numbers there measure nothing", file=sys.stderr)
+              f"{', '.join(sorted({t.fit_on for t in trains}))}): its numbers there measure nothing", file=sys.stderr)
     bank = None
     if args.querybank_norm:
         bank = load_dataset(args.data, split="train").split("train")
@@ -380,16 +380,16 @@ def _ensemble_bank(ensemble, first, data: str | None) -> dict | None:
     from training.inference.querybank import BankDraw, make_bank
 
     section, seed = first.cfg.querybank, first.cfg.train.seed
-    return make_bank(ensemble, _train_split(data, "--querybank: ", first.cfg.train.fit_on),
+    return make_bank(ensemble, _train_split(data, "--querybank: ", first.cfg.train.fit_splits),
                      BankDraw(section.captions, section.images, section.beta, seed=seed))
 
 
-def _train_split(data: str, prefix: str = "", fit_on: str = "train"):
-    """The photos a model was trained on, in the data set at ``data`` (a query bank's sample, a concept head's
-    photos): its train split, and val too for a final fit (``train.fit_on``); ValueError when it has no train split."""
+def _train_split(data: str, prefix: str = "", splits: tuple[str, ...] = ("train",)):
+    """The photos a model was trained on, in the data set at ``data`` (a query bank's sample): its train split, and
+    val too for a final fit (``splits``: the model's ``train.fit_splits``); ValueError when it has no train split."""
     from training.data.datasets import load_dataset
 
-    train_set = load_dataset(data).splits(tuple(fit_on.split("+")))
+    train_set = load_dataset(data).splits(splits)
     if not any(r.split == "train" for r in train_set.images):
         raise ValueError(f"{prefix}{data} has no train split")
     return train_set
@@ -442,7 +442,7 @@ def cmd_querybank(args) -> int:
                         section.images if args.images is None else args.images,
                         section.beta if args.beta is None else args.beta,
                         seed=model.cfg.train.seed if args.seed is None else args.seed)
-        bank = make_bank(model, _train_split(args.data, fit_on=model.cfg.train.fit_on), draw,
+        bank = make_bank(model, _train_split(args.data, splits=model.cfg.train.fit_splits), draw,
                          Compute(progress=True, tower=extraction_tower))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -475,11 +475,10 @@ def cmd_concepts(args) -> int:
             return 2
         overrides[key.split(".", 1)[1]] = yaml.safe_load(value)
     try:
-        from training.models.checkpoint import load_checkpoint
+        from training.data.datasets import SPLITS
 
-        payload = load_checkpoint(args.model)
-        fit_on = (payload.get("members") or [payload])[0]["config"].train.fit_on
-        fit_file(args.model, _train_split(args.data, fit_on=fit_on), overrides=overrides,
+        # every split: fit_file keeps the photos the model was trained on (train.fit_splits)
+        fit_file(args.model, _train_split(args.data, splits=SPLITS), overrides=overrides,
                  written=Written(out=args.out, half=True if args.half else None), progress=True)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -228,7 +228,8 @@ IN_PLACE = Written()
 def fit_file(model_file, train_set, overrides: dict | None = None, written: Written = IN_PLACE, device="cpu",
              workers: int = 2, progress: bool = False, log: Callable[[str], None] = print) -> dict:
     """``jointspace concepts`` and ``jointspace train``: loads ``model_file``, gives it a concept head when it has
-    none (or ``overrides`` change it), fits it on ``train_set``'s photos (features from the feature cache), draws
+    none (or ``overrides`` change it), fits it on the photos of ``train_set`` it was trained on (its
+    ``train.fit_splits``: the train split, and val for a final fit; features from the feature cache), draws
     the query bank again when the model carries one (its images are image embeddings; ``concepts.bank_template``
     adds a sentence per class to its captions) and writes the model as ``written`` says."""
     from training.data.features import Compute, extract_features
@@ -245,6 +246,7 @@ def fit_file(model_file, train_set, overrides: dict | None = None, written: Writ
                          "member, then jointspace ensemble)")
     model = loaded if loaded.concepts is not None and not overrides else with_concepts(loaded, overrides)
     model.extra = dict(loaded.extra or {})
+    train_set = train_set.splits(model.cfg.train.fit_splits)
     model.to(device)
     feats = extract_features(model, [r.path for r in train_set.images],
                              compute=Compute(device=device, workers=workers, progress=progress,

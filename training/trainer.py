@@ -165,7 +165,7 @@ class Trainer:
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
         # train.fit_on: train+val, the final fit, trains on val too (still scored each epoch, marked seen)
         self.val_seen = train.fit_on == "train+val"
-        self.train_set = dataset.splits(("train", "val") if self.val_seen else ("train",))
+        self.train_set = dataset.splits(train.fit_splits)
         self.val_set = dataset.split("val")
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:
             raise ValueError(f"{dataset.name}: training needs a train and a val split "

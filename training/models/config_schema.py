@@ -120,6 +120,11 @@ class TrainSection(RunSection):
                  "trained on for every epoch and the last one kept (val is still scored, marked seen: select "
                  "the recipe with a train-only twin first)")
     seed: int = Key(0, "random seed")
+
+    @property
+    def fit_splits(self) -> tuple[str, ...]:
+        """The splits ``fit_on`` trains on: ``("train",)`` or ``("train", "val")``."""
+        return tuple(self.fit_on.split("+"))
     device: Literal["auto", "cpu", "cuda"] = Key("auto", "auto = cuda when available")
     amp: Literal["auto", "off"] = Key("auto", "auto: bf16 autocast on CUDA")
     workers: int = Key(2, "image decoding processes", ge=0)

@@ -26,7 +26,7 @@ docs/benchmarks.md by benchmarks/tables.py).
   20 captions and Flickr8k dev, with what each
   setting costs (the head's time per photo, the model file's size).
 
-A row with the same name is replaced. Select on dev only: the test split is never read here.
+A row with the same name is replaced (a full ``levers`` run replaces them all). Select on dev only: the test split is never read here.
 """
 from __future__ import annotations
 
@@ -70,9 +70,11 @@ def commit() -> str:
     return c()
 
 
-def save_rows(kind: str, rows: list[dict]) -> None:
+def save_rows(kind: str, rows: list[dict], replace: bool = False) -> None:
+    """``rows`` into the results file's list ``kind``: a row of the same name replaced; ``replace``: the whole
+    list (a full run, so that no row of an earlier model or lever list is left beside it)."""
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    kept = [r for r in data.get(kind, []) if r["name"] not in {row["name"] for row in rows}]
+    kept = [] if replace else [r for r in data.get(kind, []) if r["name"] not in {row["name"] for row in rows}]
     data[kind] = kept + rows
     write_json(RESULTS, data)
 
@@ -300,6 +302,7 @@ class Arrays:
             "demo": torch.from_numpy(features(base, "demo", photos, work, tta=True))}
         self.dev_owner = torch.tensor([i for i, r in enumerate(dev.images) for _ in r.captions])
         self.demo_owner = torch.tensor([[p.name for p in photos].index(photo) for _, photo in truth])
+        self.demo_captions = [t for t, _ in truth]
 
 
 def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
@@ -354,50 +357,75 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
     own = demo.gather(1, arrays.demo_owner[:, None])[:, 0]
     others = demo.scatter(1, arrays.demo_owner[:, None], float("-inf")).max(1).values
     out["demo_min_margin"] = round(float((own - others).min()), 4)
+    out["demo_missed"] = [t for t, m in zip(arrays.demo_captions, (own - others).tolist()) if m <= 0]
     best = corrected(arrays.text["people"], emb["demo"], bank_cap).argmax(1)
     out["people_found"] = int(sum(arrays.demo_photos[int(i)] in PEOPLE_PHOTOS for i in best))
     return out
 
 
-FIXED = {"quantile": 0.999999, "temperature": 1e6}      # r₀ above every photo, τ huge: σ(·) = 0.5 for all
-COSMO = {"confidence_floor": 0.48, "confidence": 10.0, "confidence_at": 0.3, "weight": 1.25}
-LEVERS: list[tuple[str, str, dict | None, str]] = [
-    # name, what it is, concepts overrides (None: no concept head), the query bank (lever_metrics)
+FIXED = {"quantile": 0.999999, "temperature": 1e6,   # r₀ above every photo, τ huge: σ(·) = 0.5 for all,
+         "confidence_floor": 1.0, "familiar_weight": None}  # and neither the COSMO term nor the split gate
+TYPICALITY = {"confidence_floor": 1.0, "familiar_weight": None}   # the typicality gate alone, for every photo
+LEVERS: list[tuple[str, str | None, dict | None, str]] = [
+    # name, what it is (None: the model's own settings, in words), concepts overrides of the model's own config
+    # (None: no concept head), the query bank (lever_metrics)
     ("no concepts, no correction", "the model without a concept head, raw cosine scores", None, "none"),
     ("no concepts", "the model without a concept head, its bank as trained", None, "captions"),
     ("no concepts, class sentences in the bank", "the bank's captions plus 'a {name}' per class", None, "classes"),
-    ("default", "ConSE top 5 at class temperature 2, gate w 0.75, r0 at the 10 % quantile, tau 1.0 x spread",
-     {}, "captions"),
-    ("default, class sentences in the bank", "the bank's captions plus 'a {name}' per class",
+    ("shipped", None, {}, "captions"),
+    ("shipped, no correction", "raw cosine scores", {}, "none"),
+    ("shipped, class sentences in the bank", "the bank's captions plus 'a {name}' per class",
      {"bank_template": "a {}"}, "classes"),
-    ("default, no correction", "raw cosine scores", {}, "none"),
-    ("default, dynamic inverted softmax", "the bank through DIS (Balance Act): hubs = the nearest item of some "
+    ("shipped, dynamic inverted softmax", "the bank through DIS (Balance Act): hubs = the nearest item of some "
      "bank query", {}, "dynamic-1"),
-    ("default, dynamic inverted softmax, k 3", "hubs = among the 3 nearest items of some bank query", {},
+    ("shipped, dynamic inverted softmax, k 3", "hubs = among the 3 nearest items of some bank query", {},
      "dynamic-3"),
-    ("plain ConSE probabilities", "class temperature 1", {"class_temperature": 1.0}, "captions"),
-    ("class temperature 1.5", "", {"class_temperature": 1.5}, "captions"),
-    ("class temperature 3", "", {"class_temperature": 3.0}, "captions"),
+    ("one COSMO gate", "no split: w 1.25 and the COSMO term for every photo", {"familiar_weight": None}, "captions"),
+    ("typicality gate alone, w 0.75", "no COSMO term, no split (the first head)", {**TYPICALITY, "weight": 0.75},
+     "captions"),
+    ("typicality gate alone, w 1.25", "", {**TYPICALITY}, "captions"),
     ("fixed 0.25", "no gate: every photo gets 0.25 c(x)", {**FIXED, "weight": 0.5}, "captions"),
     ("fixed 0.5", "no gate: every photo gets 0.5 c(x)", {**FIXED, "weight": 1.0}, "captions"),
-    ("w 0.5", "", {"weight": 0.5}, "captions"),
+    ("plain ConSE probabilities", "class temperature 1", {"class_temperature": 1.0}, "captions"),
+    ("class temperature 1.5", "", {"class_temperature": 1.5}, "captions"),
+    ("class temperature 2.5", "", {"class_temperature": 2.5}, "captions"),
+    ("top 1", "", {"top_k": 1}, "captions"),
+    ("top 3", "", {"top_k": 3}, "captions"),
+    ("top 8", "", {"top_k": 8}, "captions"),
     ("w 1.0", "", {"weight": 1.0}, "captions"),
+    ("w 1.5", "", {"weight": 1.5}, "captions"),
+    ("f 0.35", "", {"confidence_floor": 0.35}, "captions"),
+    ("f 0.6", "", {"confidence_floor": 0.6}, "captions"),
+    ("kappa0 0.25", "", {"confidence_at": 0.25}, "captions"),
+    ("kappa0 0.35", "", {"confidence_at": 0.35}, "captions"),
+    ("w_f 0.6", "", {"familiar_weight": 0.6}, "captions"),
+    ("w_f 0.9", "", {"familiar_weight": 0.9}, "captions"),
+    ("split at 20 %", "", {"familiar_split": 0.2}, "captions"),
+    ("split at 40 %", "", {"familiar_split": 0.4}, "captions"),
     ("r0 at 5 %", "", {"quantile": 0.05}, "captions"),
     ("r0 at 20 %", "", {"quantile": 0.2}, "captions"),
     ("tau 0.5 x spread", "", {"temperature": 0.5}, "captions"),
     ("tau 2.0 x spread", "", {"temperature": 2.0}, "captions"),
-    ("top 10", "", {"top_k": 10}, "captions"),
-    ("top 1", "", {"top_k": 1}, "captions"),
+    ("2 templates", "'a photo of a {}.' and 'a {}' averaged", {"templates": ["a photo of a {}.", "a {}"]},
+     "captions"),
     ("3 templates", "'a photo of a {}.', 'a {}', 'a close-up photo of a {}.' averaged",
      {"templates": ["a photo of a {}.", "a {}", "a close-up photo of a {}."]}, "captions"),
-] + [(name, what, {**COSMO, **overrides}, "captions") for name, what, overrides in [
-    ("COSMO gate", "w 1.25; a photo its classifiers cannot name gets down to 0.48 w: f 0.48, alpha 10, kappa0 0.3", {}),
-    ("COSMO gate, kappa0 0.2", "", {"confidence_at": 0.2}),
-    ("COSMO gate, f 0.4", "", {"confidence_floor": 0.4}),
-    ("COSMO gate + people", "and the person sentence for a photo the trained embedding sees a person in (w_p 0.25)",
-     {"people_weight": 0.25}),
-]] + [("w 1.25", "the typicality gate alone at the COSMO gate's w", {"weight": 1.25}, "captions"),
-      ("people", "the person sentence (w_p 0.25) with the default gate", {"people_weight": 0.25}, "captions")]
+    ("'a {}'", "the class sentence 'a {}' alone", {"templates": ["a {}"]}, "captions"),
+    ("people", "and the person sentence for a photo the trained embedding sees a person in (w_p 0.25)",
+     {"people_weight": 0.25}, "captions"),
+]
+
+
+def own_settings(cfg) -> str:
+    """The concept head's settings of a model config, in words (the row whose overrides are none)."""
+    c = cfg.concepts
+    words = f"ConSE top {c.top_k} at class temperature {c.class_temperature:g}; w {c.weight:g}"
+    if c.confidence_floor < 1:
+        words += f" with the COSMO term (f {c.confidence_floor:g}, alpha {c.confidence:g}, kappa0 {c.confidence_at:g})"
+    if c.familiar_weight is not None:
+        words += (f" for photos unlike the training photos, the typicality gate at w {c.familiar_weight:g} for the "
+                  f"others (split at t's {100 * c.familiar_split:g} %)")
+    return words + f"; r0 at the {100 * c.quantile:g} % quantile, tau {c.temperature:g} x spread"
 
 
 def without_concepts(model):
@@ -436,13 +464,14 @@ def levers(args) -> int:
 
                 save_slim(model, Path(tmp) / "m.pt", half=True)
                 size = round((Path(tmp) / "m.pt").stat().st_size / 1e6, 1)
-        row = {"name": name, "lever": what or json.dumps(overrides), **lever_metrics(model, arrays, bank),
+        what = own_settings(base.cfg) if what is None else what or json.dumps(overrides)
+        row = {"name": name, "lever": what, **lever_metrics(model, arrays, bank),
                "dev_views": "flip-crop" if args.dev_tta else "one",
                "model_mb_half": size, "hardware": hardware(), "date": dt.date.today().isoformat(),
                "commit": commit()}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    save_rows("levers", rows)
+    save_rows("levers", rows, replace=not args.only)
     return 0
 
 

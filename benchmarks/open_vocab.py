@@ -20,11 +20,11 @@ docs/benchmarks.md by benchmarks/tables.py).
   nonsense. Those query files are development sets (written for this measure, not held out). Flickr8k dev as
   served is benchmarks/flickr8k_levers.py ``--through-index`` (its own results file).
 * ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/fit_concepts.py) and
-  ranked with QB-Norm exactly as a built index ranks (tests/test_querybank.py holds the index to these numbers),
-  on backbone features computed once under ``--work`` (the views of ``--tta flip-crop``, averaged, for the
-  galleries, Flickr8k dev's too unless ``--dev-one-view``; one view for the training photos): ImageNet, the demo's
-  20 captions and Flickr8k dev, with what each
-  setting costs (the head's time per photo, the model file's size).
+  ranked with QB-Norm and the person discount exactly as a built index ranks (tests/test_querybank.py and
+  tests/test_people.py hold the index to these scores), on backbone features computed once under ``--work`` (the
+  views of ``--tta flip-crop``, averaged, for the galleries, Flickr8k dev's too unless ``--dev-one-view``; one view
+  for the training photos): ImageNet, the demo's 20 captions (which miss) and Flickr8k dev, with what each setting
+  costs (the head's time per photo, the model file's size).
 
 A row with the same name is replaced (a full ``levers`` run replaces them all). Select on dev only: the test split is never read here.
 """
@@ -260,6 +260,7 @@ class Arrays:
         from training.data.datasets import load_dataset
         from training.data.features import Compute, extract_features
         from training.inference.embedding import embed_texts
+        from training.inference.person_words import names_person
         from training.inference.querybank import sample, sample_indices
 
         work = Path(args.work)
@@ -284,12 +285,14 @@ class Arrays:
             return torch.from_numpy(np.load(path))
 
         names = class_names()
-        self.text = {"dev": texts("dev", [c for r in dev.images for c in r.captions]),
+        said = {"dev": [c for r in dev.images for c in r.captions],
+                "classes": [TEMPLATE.format(n) for _, n in classes], "demo": [t for t, _ in truth],
+                "people": PEOPLE_QUERIES}
+        self.text = {**{key: texts(key, lines) for key, lines in said.items()},
                      "bank": texts("bank", bank_captions),
-                     "classes": texts("classes", [TEMPLATE.format(n) for _, n in classes]),
-                     "bank_classes": texts("bank_classes", class_sentences(names, "a {}")),
-                     "demo": texts("demo", [t for t, _ in truth]),
-                     "people": texts("people", PEOPLE_QUERIES)}
+                     "bank_classes": texts("bank_classes", class_sentences(names, "a {}"))}
+        # P(q) of each text query (index/people.py): 1 where it names a person
+        self.names_person = {key: torch.tensor([float(names_person(t)) for t in lines]) for key, lines in said.items()}
         self.demo_photos = [p.name for p in photos]
         self.train_captions = [r.captions for r in train.images]
         self.features = {
@@ -316,6 +319,9 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
 
     with torch.no_grad():
         emb = {k: model.embed_features(v.float()).float() for k, v in arrays.features.items() if k != "train"}
+        # the person discount, as the index folds it in (index/people.py): λ · a(x) off a text query naming a person
+        lam = model.cfg.concepts.person_discount if model.concepts is not None else 0.0
+        unlike = {k: lam * model.unfamiliarity(v.float()).float() for k, v in arrays.features.items() if k != "train"}
         bank_img = model.embed_features(arrays.features["train"][arrays.bank_images].float()).float()
         start = time.perf_counter()
         model.embed_features(arrays.features["imagenet"].float())
@@ -334,11 +340,14 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
             return dynamic_scores(raw, item_offsets(bank_vectors, items, beta), hubs)
         return raw - item_offsets(bank_vectors, items, beta)[None]
 
-    def t2i(captions, images, owner):
-        return ranks(corrected(captions, images, bank_cap), owner)
+    def searched(texts: str, photos: str):
+        """The (Q, N) scores of the text queries ``texts`` on the photos ``photos`` (keys of the arrays), as an
+        image index scores them: corrected, then the person discount."""
+        scores = corrected(arrays.text[texts], emb[photos], bank_cap)
+        return scores - arrays.names_person[texts][:, None] * unlike[photos][None]
 
     out: dict = {"head_ms_per_photo": round(head_ms, 3)}
-    dev_t2i = t2i(arrays.text["dev"], emb["dev"], arrays.dev_owner)
+    dev_t2i = ranks(searched("dev", "dev"), arrays.dev_owner)
     s = corrected(emb["dev"], arrays.text["dev"], bank_img)
     own = torch.where(arrays.dev_owner[None] == torch.arange(len(s))[:, None], s, torch.tensor(float("-inf")))
     dev_i2t = (s > own.max(1).values[:, None]).sum(1)
@@ -350,15 +359,15 @@ def lever_metrics(model, arrays: Arrays, bank: str) -> dict:
     r = ranks(s, torch.arange(n))
     out["imagenet_i2t_top1"], out["imagenet_i2t_top5"] = (round(100 * float((r < k).float().mean()), 1)
                                                           for k in (1, 5))
-    r = t2i(classes, emb["imagenet"], torch.arange(n))
+    r = ranks(searched("classes", "imagenet"), torch.arange(n))
     out["imagenet_t2i_r1"], out["imagenet_t2i_r5"] = (round(100 * float((r < k).float().mean()), 1) for k in (1, 5))
-    demo = corrected(arrays.text["demo"], emb["demo"], bank_cap)
+    demo = searched("demo", "demo")
     out["demo_first"] = int((ranks(demo, arrays.demo_owner) == 0).sum())
     own = demo.gather(1, arrays.demo_owner[:, None])[:, 0]
     others = demo.scatter(1, arrays.demo_owner[:, None], float("-inf")).max(1).values
     out["demo_min_margin"] = round(float((own - others).min()), 4)
     out["demo_missed"] = [t for t, m in zip(arrays.demo_captions, (own - others).tolist()) if m <= 0]
-    best = corrected(arrays.text["people"], emb["demo"], bank_cap).argmax(1)
+    best = searched("people", "demo").argmax(1)
     out["people_found"] = int(sum(arrays.demo_photos[int(i)] in PEOPLE_PHOTOS for i in best))
     return out
 

@@ -26,7 +26,8 @@ docs/benchmarks.md by benchmarks/tables.py).
   for the training photos): ImageNet, the demo's 20 captions (which miss) and Flickr8k dev, with what each setting
   costs (the head's time per photo, the model file's size).
 
-A row with the same name is replaced (a full ``levers`` run replaces them all). Select on dev only: the test split is never read here.
+A row with the same name is replaced (a full ``levers`` run replaces them all). Select on dev only: the test
+split is never read here.
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """benchmarks/open_vocab.py's bookkeeping: a row's settings in words, and how a run's rows enter the results file."""
 import json
+import types
+
+import torch
 
 from benchmarks import open_vocab
 from training.config import load_config
@@ -39,20 +42,14 @@ class _Model:
     """What lever_metrics reads of a model: its head's person discount, a(x) and the embedding (the unit features)."""
 
     def __init__(self, discount: float, unlike: dict):
-        import types
-
         self.cfg = types.SimpleNamespace(concepts=_Concepts(discount))
         self.concepts = object() if discount else None
         self.unlike = unlike
 
     def embed_features(self, x):
-        import torch
-
         return torch.nn.functional.normalize(x, dim=-1)
 
     def unfamiliarity(self, x):
-        import torch
-
         return torch.tensor([self.unlike.get(tuple(row.tolist()), 0.0) for row in x])
 
 
@@ -60,10 +57,6 @@ def test_the_levers_rank_people_queries_with_the_person_discount_as_the_index_do
     """A gravel photo unlike every training photo outscores the astronaut for every people query on raw scores; the
     person discount (λ · a(x) off a query that names a person) puts the astronaut first, and a query that names
     no person keeps its ranking."""
-    import types
-
-    import torch
-
     gravel, astronaut = [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]
     demo = torch.tensor([astronaut, gravel])
     people = torch.nn.functional.normalize(torch.tensor([[0.7, 0.6, 0.1, 0.0]] * len(open_vocab.PEOPLE_QUERIES)),

@@ -164,7 +164,7 @@ class Trainer:
         self.amp = train.amp == "auto" and self.device.type == "cuda"
         dataset = data if isinstance(data, CaptionDataset) else load_dataset(data)
         # train.fit_on: train+val, the final fit, trains on val too (still scored each epoch, marked seen)
-        self.val_seen = train.fit_on == "train+val"
+        self.val_seen = "val" in train.fit_splits
         self.train_set = dataset.splits(train.fit_splits)
         self.val_set = dataset.split("val")
         if self.train_set.n_images == 0 or self.val_set.n_images == 0:

@@ -120,11 +120,6 @@ class TrainSection(RunSection):
                  "trained on for every epoch and the last one kept (val is still scored, marked seen: select "
                  "the recipe with a train-only twin first)")
     seed: int = Key(0, "random seed")
-
-    @property
-    def fit_splits(self) -> tuple[str, ...]:
-        """The splits ``fit_on`` trains on: ``("train",)`` or ``("train", "val")``."""
-        return tuple(self.fit_on.split("+"))
     device: Literal["auto", "cpu", "cuda"] = Key("auto", "auto = cuda when available")
     amp: Literal["auto", "off"] = Key("auto", "auto: bf16 autocast on CUDA")
     workers: int = Key(2, "image decoding processes", ge=0)
@@ -154,6 +149,11 @@ class TrainSection(RunSection):
     gather_negatives: bool = Key(False, "multi-process (DDP) runs, where batch_size is the global batch split over the "
                                         "processes: every rank's ranking loss sees the whole global batch's embeddings "
                                         "as negatives (all-gathered); false: only its own share's")
+
+    @property
+    def fit_splits(self) -> tuple[str, ...]:
+        """The splits ``fit_on`` trains on: ``("train",)`` or ``("train", "val")``."""
+        return tuple(self.fit_on.split("+"))
 
 
 class DecoderSection(RunSection):
@@ -276,7 +276,7 @@ class RunConfig(RunSection):
                                    or self.train.finetune_epochs):
             raise ValueError("image.extra_backbones are frozen and pooled: they take no image.train_blocks, "
                              "image.pooling: gpo, attention or train.finetune_epochs")
-        if self.train.fit_on == "train+val" and (self.train.lr_schedule == "plateau" or self.scst.steps):
+        if "val" in self.train.fit_splits and (self.train.lr_schedule == "plateau" or self.scst.steps):
             raise ValueError("train.fit_on: train+val keeps every epoch's weights (val is seen), so nothing may "
                              "follow val: not train.lr_schedule: plateau (use step, linear or cosine), not scst.steps")
         if self.train.select_on == "nll" and not decoder:

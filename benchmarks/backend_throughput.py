@@ -153,16 +153,6 @@ def build_once(images: Path, out: Path, tta: str, backend: str | None, code: Pat
     return {**json.loads(lines[-1]), "process_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
-def bf16_cpu() -> bool:
-    from training.inference.backend import openvino
-
-    try:
-        ov = openvino()
-    except ImportError:
-        return False
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
 # --- the results file ----------------------------------------------------------------------------------------------
 
 def stamp(note: str) -> dict:
@@ -220,7 +210,9 @@ def summary(rows: list[dict]) -> list[dict]:
 def throughput(args) -> int:
     import shutil
 
-    backends = [b for b in args.backends if b != "openvino-bf16" or bf16_cpu()]
+    from training.inference.backend import native_bf16
+
+    backends = [b for b in args.backends if b != "openvino-bf16" or native_bf16()]
     if "eager" in backends:
         backends.remove("eager")
         backends.insert(0, "eager")

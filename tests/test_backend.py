@@ -61,14 +61,6 @@ def pixels():
     return torch.randint(0, 256, (5, 1, 3, 64, 64), dtype=torch.uint8, generator=g)
 
 
-def _bf16_cpu() -> bool:
-    try:
-        ov = backend_mod.openvino()
-    except ImportError:
-        return False
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(a.float(), b.float(), dim=-1)
 
@@ -87,7 +79,20 @@ def test_float32_backends_give_eager_features(model, pixels, cache, name):
         use_backend(model, "eager")
 
 
-@pytest.mark.skipif(not _bf16_cpu(), reason="this CPU has no native bf16 (OpenVINO's BF16 capability)")
+def test_native_bf16_reads_openvino_and_says_no_without_it(monkeypatch, model, tmp_path):
+    native = backend_mod.native_bf16()
+    assert native == ("BF16" in backend_mod.openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    if not native:      # the bf16 backend refuses, and the tower falls back to eager (one log line)
+        assert use_backend(model, "openvino-bf16", tmp_path) == "eager"
+    monkeypatch.setattr(backend_mod, "_CORE", None)
+
+    def missing():
+        raise ImportError("No module named 'openvino'")
+    monkeypatch.setattr(backend_mod, "openvino", missing)
+    assert backend_mod.native_bf16() is False
+
+
+@pytest.mark.skipif(not backend_mod.native_bf16(), reason="this CPU has no native bf16 (OpenVINO's BF16 capability)")
 def test_bf16_backend_gives_close_features(model, pixels, cache):
     use_backend(model, "eager")
     features, embeddings = pixel_features(model, pixels), embed_pixels(model, pixels)
@@ -274,7 +279,7 @@ def test_the_cache_is_keyed_by_the_towers_fingerprint(model, tmp_path):
     assert use_backend(model, "openvino", tmp_path) == "openvino"
     first = backend_of(model)
     assert first is not None and first.converted and first.path.parent == tmp_path
-    assert use_backend(model, "openvino-bf16" if _bf16_cpu() else "openvino", tmp_path) != "eager"
+    assert use_backend(model, "openvino-bf16" if backend_mod.native_bf16() else "openvino", tmp_path) != "eager"
     again = backend_of(model)
     assert again is not None and not again.converted and again.path == first.path     # one IR, either precision
 

@@ -709,6 +709,23 @@ def openvino() -> Any:
     return ov
 
 
+def _core() -> Any:
+    """OpenVINO's one ``Core`` of this process, made on first use."""
+    global _CORE
+    if _CORE is None:
+        _CORE = openvino().Core()
+    return _CORE
+
+
+def native_bf16() -> bool:
+    """Whether this CPU runs bf16 natively (OpenVINO's BF16 capability: AVX-512 BF16 or AMX), which
+    ``openvino-bf16`` needs; False without OpenVINO."""
+    try:
+        return "BF16" in _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    except ImportError:
+        return False
+
+
 class _OpenVINO:
     """An OpenVINO IR on the CPU for one row a request (its batch dimension fixed at 1), compiled two ways, each on
     its first use: ``LATENCY`` (one request on all threads) for a batch of one row, ``THROUGHPUT`` (the CPU streams
@@ -719,13 +736,10 @@ class _OpenVINO:
     it."""
 
     def __init__(self, graph: Path, bf16: bool, cache: Path | None):
-        ov = openvino()
-        global _CORE
-        if _CORE is None:
-            _CORE = ov.Core()
-        if bf16 and "BF16" not in _CORE.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        ov, core = openvino(), _core()
+        if bf16 and not native_bf16():
             raise RuntimeError("this CPU has no native bf16 (AVX-512 BF16 or AMX)")
-        self.graph = _CORE.read_model(str(graph))
+        self.graph = core.read_model(str(graph))
         # every request is one row (below): compiled for that static shape, which runs faster than a dynamic batch
         shape = self.graph.inputs[0].get_partial_shape()
         self.graph.reshape({self.graph.inputs[0]: ov.PartialShape([1, *list(shape)[1:]])})
@@ -739,7 +753,7 @@ class _OpenVINO:
         self.from_cache: dict[str, bool] = {}       # per hint compiled: read from CACHE_DIR (True) or compiled
 
     def _compile(self, hint: str) -> Any:
-        compiled = _CORE.compile_model(self.graph, "CPU", {**self.config, "PERFORMANCE_HINT": hint})
+        compiled = _core().compile_model(self.graph, "CPU", {**self.config, "PERFORMANCE_HINT": hint})
         self.from_cache[hint] = bool(compiled.get_property("LOADED_FROM_CACHE"))
         return compiled
 

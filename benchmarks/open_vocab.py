@@ -15,9 +15,11 @@ docs/benchmarks.md by benchmarks/tables.py).
   photos (and the smallest margin of a caption's photo over the best other photo), two queries a new user types,
   and whether each of six people queries finds the astronaut or the cameraman first; and the share of queries
   with ``strong_match`` on their first page of 10 (index/relevance.py): on the demo, its 20 captions, its 10
-  captions of things no photo shows (a dog, a beach, a skier), benchmarks/data/absent_queries_demo.txt and
-  nonsense_queries.txt; on the ImageNet photos, "a {name}" per class, absent_queries_imagenet.txt and the
-  nonsense. Those query files are development sets (written for this measure, not held out). Flickr8k dev as
+  captions of things no photo shows (a dog, a beach, a skier), benchmarks/data/absent_queries_demo.txt,
+  nonsense_queries.txt and absent_queries_check.txt; on the ImageNet photos, "a {name}" per class,
+  absent_queries_imagenet.txt and the nonsense. Those query files are development sets (written for this measure,
+  not held out); the relevance's settings were chosen on the first two (benchmarks/relevance_margins.py), and the
+  check set, absent things and nonsense written after that choice, says how it carries over. Flickr8k dev as
   served is benchmarks/flickr8k_levers.py ``--through-index`` (its own results file).
 * ``levers`` — the concept head's settings on arrays: each setting fitted to the model (training/fit_concepts.py) and
   ranked with QB-Norm and the person discount exactly as a built index ranks (tests/test_querybank.py and
@@ -141,7 +143,7 @@ def served(args) -> int:
         name, path = name or Path(path).stem, Path(path)
         model = load_model(path)
         row: dict = {"name": name, "model": str(path), "model_mb": round(path.stat().st_size / 1e6, 1),
-                     "backend": args.backend or "auto"}
+                     "backend": args.backend or "auto", "relevance": relevance_settings()}
         # the demo gallery
         demo_index = work / f"demo-{name}"
         build(model=path, out=demo_index, images=samples / "photos", captions=samples / "captions.txt",
@@ -156,7 +158,7 @@ def served(args) -> int:
             row["strong_present"] = None if None in strong else int(sum(bool(x) for x in strong[:len(truth)]))
             row["strong_absent"] = strong_count(model, gallery, demo_absent(), photos)
             row["strong_demo"] = {name: strong_count(model, gallery, query_set(name), photos)
-                                  for name in ("absent_queries_demo", "nonsense_queries")}
+                                  for name in ("absent_queries_demo", "nonsense_queries", "absent_queries_check")}
             found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
@@ -205,6 +207,15 @@ def served(args) -> int:
         rows.append(row)
     save_rows("served", rows)
     return 0
+
+
+def relevance_settings() -> dict[str, float]:
+    """The text side's settings of a photo hit's relevance (index/relevance.py) a row's strong matches were counted
+    under: λ, M₀ and N₀."""
+    from index import relevance
+
+    return {"weight": relevance.QUERY_WEIGHT, "description": relevance.DESCRIPTION_MARGIN,
+            "null": relevance.NULL_MARGIN}
 
 
 def strong_count(model, gallery, texts: list[str], flt=None) -> list[int] | None:

@@ -6,29 +6,33 @@ margin M₀ and the null margin N₀), chosen on development galleries and writt
         --flickr8k ../shared/datasets/flickr8k
 
 The galleries: the demo's photos indexed as ``make demo`` indexes them (with the resized, recompressed copy of one
-photo) and as benchmarks/open_vocab.py does (without it), each with the image tower in float32 and in bf16 (index
-build ``--backend openvino-bf16``), under ``--work``. For every query of the demo's development sets — its 20
-photo captions (*present*), and its captions of things no photo shows, ``absent_queries_demo.txt`` and
-``nonsense_queries.txt`` (*absent*) — and each hit of its first page of 10, the parts of the relevance that do not
-depend on the settings are computed once through the index (the photo side; q·v − b(v); r(q); q·v − n(v)). A
-query then has a strong match under (λ, M₀, N₀) when one of its hits with a strong photo side has
+photo) and as benchmarks/open_vocab.py does (without it), each with the image tower in float32 and, on a CPU with
+native bf16, in bf16 (index build ``--backend openvino-bf16``; elsewhere that backend would run the float32 tower, so
+those galleries are left out and the results file says so), under ``--work``. For every query of the demo's
+development sets — its 20 photo captions (*present*), and its captions of things no photo shows,
+``absent_queries_demo.txt`` and ``nonsense_queries.txt`` (*absent*) — and each hit of its first page of 10, the parts
+of the relevance that do not depend on the settings are computed once through the index (the photo side; q·v − b(v);
+r(q); q·v − n(v)). A query then has a strong match under (λ, M₀, N₀) when one of its hits with a strong photo side has
 
     d = min(q·v − b(v) − λ r(q) − M₀,  q·v − n(v) − N₀) ≥ 0,
 
-and its *distance* is the largest such d over those hits (negative: no strong match). A grid of settings is
-searched; the rule: among the settings that meet the targets on every gallery (at least 90 % of the captions
-strong, at most 10 % of the absent queries), the one whose smallest |distance| over all queries and galleries is
-largest: the decisions that a small change of a vector (bf16 against float32, a photo saved again) is least likely
-to flip. Before the search, the counts under the settings in index/relevance.py are checked against the index's
-own ``strong_match`` (they must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build
---split val``), and the share of its captions whose own photo is a strong match under the settings in use, the
-chosen ones and the first runners-up, as a check in the model's own domain.
+and its *distance* is the largest such d over those hits (negative: no strong match). A grid of settings is searched;
+the rule: among the settings that meet the targets on every gallery (at least 90 % of the captions strong, at most 1
+in 10 absent queries), the one whose smallest |distance| over those queries and all galleries is largest: the
+decisions that a small change of a vector (bf16 against float32, a photo saved again) is least likely to flip. A third
+set, absent things and nonsense written after the settings in use were chosen (``absent_queries_check.txt``, *check*),
+is never used to choose: its strong count says how a choice carries over to queries it was not chosen on. Before the
+search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match`` (they
+must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of its
+captions whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as a
+check in the model's own domain.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import itertools
+import math
 import shutil
 import subprocess
 import sys
@@ -49,6 +53,7 @@ ABSENT_SHARE = 0.1             # at most 1 in 10 absent or nonsense queries
 WEIGHTS = np.round(np.arange(0.0, 0.801, 0.05), 3) + 0.0    # λ (+ 0.0: no −0.0)
 DESCRIPTION = np.round(np.arange(-0.45, -0.149, 0.005), 3) + 0.0  # M₀
 NULL = np.round(np.arange(-0.10, 0.051, 0.01), 3) + 0.0    # N₀
+SELECTED = ("present", "absent")    # the query sets the settings are chosen on (query_sets: not "check")
 
 
 @dataclass(frozen=True)
@@ -76,9 +81,11 @@ def search(galleries: dict[str, dict[str, Parts]]) -> list[dict]:
         row: dict = {"weight": float(weight), "description": float(description), "null": float(null), "per": {}}
         for name, sets in galleries.items():
             d = {k: distances(p, weight, description, null) for k, p in sets.items()}
-            finite = np.concatenate([x[np.isfinite(x)] for x in d.values()])
+            finite = np.concatenate([x[np.isfinite(x)] for k, x in d.items() if k in SELECTED])
             row["per"][name] = {"present": int((d["present"] >= 0).sum()), "absent": int((d["absent"] >= 0).sum()),
                                 "margin": float(np.abs(finite).min()) if len(finite) else 0.0}
+            if "check" in d:
+                row["per"][name]["check"] = int((d["check"] >= 0).sum())
         row["meets"] = all(p["present"] >= PRESENT_SHARE * len(galleries[n]["present"].rq)
                            and p["absent"] <= ABSENT_SHARE * len(galleries[n]["absent"].rq)
                            for n, p in row["per"].items())
@@ -88,11 +95,26 @@ def search(galleries: dict[str, dict[str, Parts]]) -> list[dict]:
     return rows
 
 
+def check_floor(rows: list[dict], present: int) -> dict | None:
+    """Of the settings leaving at least ``present`` captions strong on every gallery, the one leaving the fewest of
+    the check set strong on its worst gallery: how far any setting of the grid could carry over (None: no check
+    set, or no such setting)."""
+    kept = [r for r in rows if all(p["present"] >= present and "check" in p for p in r["per"].values())]
+    if not kept:
+        return None
+    best = min(kept, key=lambda r: (max(p["check"] for p in r["per"].values()), -r["margin"]))
+    return {k: best[k] for k in ("weight", "description", "null", "per")}
+
+
 def query_sets() -> dict[str, list[str]]:
+    """The demo's query sets: *present* and *absent* choose the settings (:data:`SELECTED`); *check*, absent things
+    and nonsense written apart from them (``absent_queries_check.txt``), only measures how a choice carries over to
+    queries it was not chosen on."""
     from benchmarks.open_vocab import demo_absent, demo_truth, query_set
 
     return {"present": [t for t, _ in demo_truth()],
-            "absent": demo_absent() + query_set("absent_queries_demo") + query_set("nonsense_queries")}
+            "absent": demo_absent() + query_set("absent_queries_demo") + query_set("nonsense_queries"),
+            "check": query_set("absent_queries_check")}
 
 
 def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]]) -> Parts:
@@ -167,13 +189,25 @@ GALLERIES = {                   # name: (with the near-duplicate copy, the image
     "float32, with the near-duplicate": (True, None), "bf16, with the near-duplicate": (True, "openvino-bf16")}
 
 
-def build_galleries(model: Path, work: Path) -> dict[str, Path]:
+def galleries_here() -> tuple[dict[str, tuple[bool, str | None]], list[str]]:
+    """:data:`GALLERIES` this CPU can build, and the names of those it cannot: the bf16 ones need native bf16
+    (without it ``openvino-bf16`` falls back to the float32 tower, which would measure float32 twice)."""
+    from training.inference.backend import native_bf16
+
+    if native_bf16():
+        return dict(GALLERIES), []
+    return ({n: g for n, g in GALLERIES.items() if g[1] != "openvino-bf16"},
+            [n for n, g in GALLERIES.items() if g[1] == "openvino-bf16"])
+
+
+def build_galleries(model: Path, work: Path, galleries: dict[str, tuple[bool, str | None]]) -> dict[str, Path]:
     """The demo gallery indexed as ``make demo`` does (with the resized, recompressed copy of one photo) and as
-    benchmarks/open_vocab.py does (without it), each with the image tower in float32 and in bf16."""
+    benchmarks/open_vocab.py does (without it), each with the image tower in float32 and, where the CPU has it, in
+    bf16 (``galleries``: :func:`galleries_here`)."""
     from benchmarks.open_vocab import JOINTSPACE, build
 
     out = {}
-    for name, (duplicate, backend) in GALLERIES.items():
+    for name, (duplicate, backend) in galleries.items():
         samples = work / ("samples" if duplicate else "samples-no-duplicate")
         if not (samples / "captions.txt").exists():
             subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples),
@@ -199,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model)
+    here, missing = galleries_here()
+    if missing:
+        print(f"not measured, this CPU has no native bf16: {', '.join(missing)}", flush=True)
     galleries = {}
-    for name, index in build_galleries(Path(args.model), work).items():
+    for name, index in build_galleries(Path(args.model), work, here).items():
         galleries[name] = demo_parts(model, index)
         print(f"{name}: parts of {sum(len(p.rq) for p in galleries[name].values())} queries", flush=True)
     rows = search(galleries)
@@ -215,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                        "null": [float(NULL[0]), float(NULL[-1])], "settings": len(rows),
                        "meeting_targets": sum(r["meets"] for r in rows)},
               "queries": {k: len(v) for k, v in query_sets().items()},
+              "not_measured": {n: "this CPU has no native bf16" for n in missing},
               "in_use": in_use, "chosen": chosen, "runners_up": rows[1:10],
+              "check_floor": check_floor(rows, math.ceil(PRESENT_SHARE * len(query_sets()["present"]) - 1e-9)),
               "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()}
     if args.flickr8k:
         dev_index = work / "dev-index"

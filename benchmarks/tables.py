@@ -228,17 +228,26 @@ def t_open_vocab_served() -> str:
             return "–"
         return f"{pair[0]} of {pair[1]}" if isinstance(pair, list) else f"{pair} of 10"
 
+    from benchmarks.open_vocab import relevance_settings
+
+    now = relevance_settings()
+
+    def settings(r) -> str:     # a row counted under other relevance settings than index/relevance.py's says so
+        then = r.get("relevance")
+        return "" if then is None or then == now else \
+            f" (λ {then['weight']:g}, M₀ {then['description']:g}, N₀ {then['null']:g})"
+
     def strong(r) -> str:
         demo = r.get("strong_demo") or {}
         parts = [f"{f(r.get('strong_present'), 0)} of 20", share(r.get("strong_absent"))]
         if demo:
-            parts += [share(demo.get("absent_queries_demo")), share(demo.get("nonsense_queries"))]
-        return " / ".join(parts)
+            parts += [share(demo.get(k)) for k in ("absent_queries_demo", "nonsense_queries", "absent_queries_check")]
+        return " / ".join(parts) + settings(r)
 
     def imagenet_strong(r) -> str:
         d = r.get("strong_imagenet")
         return "–" if not d else " / ".join(
-            share(d.get(k)) for k in ("present", "absent_queries_imagenet", "nonsense_queries"))
+            share(d.get(k)) for k in ("present", "absent_queries_imagenet", "nonsense_queries")) + settings(r)
 
     def people(r) -> str:
         d = r.get("people_first")
@@ -247,7 +256,7 @@ def t_open_vocab_served() -> str:
     headers = ["model", "backend", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
                "demo captions finding their photo first (smallest margin)", "\"a cup of coffee\", \"a rocket\"",
                "people queries finding a person first",
-               "strong match on the demo: captions / things no photo shows / absent things / nonsense",
+               "strong match on the demo: captions / things no photo shows / absent things / nonsense / check set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
     cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
               f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
@@ -273,12 +282,31 @@ def t_relevance_margins() -> str:
               " / ".join(str(r["per"][n]["present"]) for n in names),
               " / ".join(str(r["per"][n]["absent"]) for n in names), f(r["margin"], 4),
               f(r.get("dev_own_photo_strong"))] for r in rows]
+    if "check" in counts:       # the set no setting is chosen on (benchmarks/relevance_margins.py)
+        headers.insert(6, f"check set strong (of {counts['check']}; not chosen on)")
+        for row, r in zip(cells, rows):
+            row.insert(6, " / ".join(str(r["per"][n].get("check", "–")) for n in names))
     grid = data["grid"]
-    return (with_provenance(headers, cells, rows, data, right={1, 2, 3, 6, 7})
+    right = {1, 2, 3, 6, 7} if "check" not in counts else {1, 2, 3, 7, 8}
+    return (with_provenance(headers, cells, rows, data, right=right)
             + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. "
               f"Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
               f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}); "
-              f"{grid['meeting_targets']} meet the targets.")
+              f"{grid['meeting_targets']} meet the targets."
+            + "".join(f" Not measured ({why}): {'; '.join(n for n, w in data['not_measured'].items() if w == why)}."
+                      for why in dict.fromkeys(data.get("not_measured", {}).values()))
+            + check_floor(data))
+
+
+def check_floor(data: dict) -> str:
+    """The fewest of the check set any setting of the grid keeping the captions' target leaves strong."""
+    floor = data.get("check_floor")
+    if not floor:
+        return ""
+    counts = " / ".join(str(p["check"]) for p in floor["per"].values())
+    return (f" Of the settings keeping at least {round(100 * data['targets']['present'])} % of the captions "
+            f"strong on every gallery, the fewest check-set strong matches: {counts} of {data['queries']['check']} "
+            f"(λ {floor['weight']:g}, M₀ {floor['description']:g}, N₀ {floor['null']:g}).")
 
 
 def t_open_vocab_levers() -> str:

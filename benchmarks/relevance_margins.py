@@ -21,11 +21,12 @@ the rule: among the settings that meet the targets on every gallery (at least 90
 in 10 absent queries), the one whose smallest |distance| over those queries and all galleries is largest: the
 decisions that a small change of a vector (bf16 against float32, a photo saved again) is least likely to flip. A third
 set, absent things and nonsense written after the settings in use were chosen (``absent_queries_check.txt``, *check*),
-is never used to choose: its strong count says how a choice carries over to queries it was not chosen on. Before the
-search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match`` (they
-must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of its
-captions whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as a
-check in the model's own domain.
+is never used to choose: its strong count says how a choice carries over to queries it was not chosen on, and the
+results give the fewest of it that any setting keeping the captions' target leaves strong (``check_floor``). Before
+the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
+(they must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of
+its captions whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as
+a check in the model's own domain.
 """
 from __future__ import annotations
 

@@ -295,10 +295,10 @@ def t_relevance_margins() -> str:
               f"{grid['meeting_targets']} meet the targets."
             + "".join(f" Not measured ({why}): {'; '.join(n for n, w in data['not_measured'].items() if w == why)}."
                       for why in dict.fromkeys(data.get("not_measured", {}).values()))
-            + check_floor(data))
+            + check_floor_note(data))
 
 
-def check_floor(data: dict) -> str:
+def check_floor_note(data: dict) -> str:
     """The fewest of the check set any setting of the grid keeping the captions' target leaves strong."""
     floor = data.get("check_floor")
     if not floor:

@@ -284,7 +284,8 @@ def test_a_thumbnail_flood_is_bounded_and_does_not_starve_searches(server):
     """30 clients ask for thumbnails of a 12-megapixel photo without pause while a caption search by upload (whose
     decoding once shared the thumbnails' threads: it then waited for about 15 thumbnails) and a text search run:
     each is answered within a second, or within five thumbnails' time on a machine so busy that one thumbnail
-    takes longer than 0.2 s; the flood beyond two thumbnails at once is refused at once with 503 + Retry-After."""
+    takes longer than 0.2 s, but for one of the six, which a shared machine may pause once (twice those bounds);
+    the flood beyond two thumbnails at once is refused at once with 503 + Retry-After."""
     url, _, big_id = server
     upload = _image((200, 150))
 
@@ -320,7 +321,8 @@ def test_a_thumbnail_flood_is_bounded_and_does_not_starve_searches(server):
             return took, answers, min(alone)
 
     took, answers, thumbnail_s = asyncio.run(run())
-    assert max(took) < max(1.0, 5 * thumbnail_s), (took, thumbnail_s)
+    slowest, *others = sorted(took, reverse=True)       # starved, all three uploads would wait (~15 thumbnails)
+    assert max(others) < max(1.0, 5 * thumbnail_s) and slowest < max(2.0, 10 * thumbnail_s), (took, thumbnail_s)
     made = [r for r in answers if r.status_code == 200]
     refused = [r for r in answers if r.status_code == 503]
     assert made and refused and len(made) + len(refused) == len(answers), {r.status_code for r in answers}

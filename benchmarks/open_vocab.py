@@ -124,6 +124,7 @@ def served(args) -> int:
     from index.embed import embed_text_queries
     from index.gallery import Gallery
     from index.query import ImageFilter
+    from index.relevance import text_side_settings
     from training.models.checkpoint import load_model
 
     work = Path(args.work)
@@ -143,7 +144,7 @@ def served(args) -> int:
         name, path = name or Path(path).stem, Path(path)
         model = load_model(path)
         row: dict = {"name": name, "model": str(path), "model_mb": round(path.stat().st_size / 1e6, 1),
-                     "backend": args.backend or "auto", "relevance": relevance_settings()}
+                     "backend": args.backend or "auto", "relevance": text_side_settings()}
         # the demo gallery
         demo_index = work / f"demo-{name}"
         build(model=path, out=demo_index, images=samples / "photos", captions=samples / "captions.txt",
@@ -207,15 +208,6 @@ def served(args) -> int:
         rows.append(row)
     save_rows("served", rows)
     return 0
-
-
-def relevance_settings() -> dict[str, float]:
-    """The text side's settings of a photo hit's relevance (index/relevance.py) a row's strong matches were counted
-    under: λ, M₀ and N₀."""
-    from index import relevance
-
-    return {"weight": relevance.QUERY_WEIGHT, "description": relevance.DESCRIPTION_MARGIN,
-            "null": relevance.NULL_MARGIN}
 
 
 def strong_count(model, gallery, texts: list[str], flt=None) -> list[int] | None:

@@ -156,7 +156,7 @@ def demo_parts(model, index: Path) -> dict[str, Parts]:
             hits = gallery.search_images(queries, 10, flt=ImageFilter(media="photo"))
             out[key] = parts = hit_parts(gallery, queries, hits)
             served = [bool(r.strong_match) for r in gallery.ranked("images", queries, hits)]
-            mine = distances(parts, relevance.QUERY_WEIGHT, relevance.DESCRIPTION_MARGIN, relevance.NULL_MARGIN)
+            mine = distances(parts, **relevance.text_side_settings())
             if sum(served) != int((mine >= 0).sum()):
                 raise SystemExit(f"{index}: {key}: {int((mine >= 0).sum())} strong from the parts, "
                                  f"{sum(served)} as served")
@@ -190,15 +190,13 @@ GALLERIES = {                   # name: (with the near-duplicate copy, the image
     "float32, with the near-duplicate": (True, None), "bf16, with the near-duplicate": (True, "openvino-bf16")}
 
 
-def galleries_here() -> tuple[dict[str, tuple[bool, str | None]], list[str]]:
-    """:data:`GALLERIES` this CPU can build, and the names of those it cannot: the bf16 ones need native bf16
-    (without it ``openvino-bf16`` falls back to the float32 tower, which would measure float32 twice)."""
+def galleries_here() -> dict[str, tuple[bool, str | None]]:
+    """:data:`GALLERIES` this CPU can build: the bf16 ones need native bf16 (without it ``openvino-bf16`` falls back
+    to the float32 tower, which would measure float32 twice)."""
     from training.inference.backend import native_bf16
 
-    if native_bf16():
-        return dict(GALLERIES), []
-    return ({n: g for n, g in GALLERIES.items() if g[1] != "openvino-bf16"},
-            [n for n, g in GALLERIES.items() if g[1] == "openvino-bf16"])
+    bf16 = native_bf16()
+    return {n: g for n, g in GALLERIES.items() if bf16 or g[1] != "openvino-bf16"}
 
 
 def build_galleries(model: Path, work: Path, galleries: dict[str, tuple[bool, str | None]]) -> dict[str, Path]:
@@ -234,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model)
-    here, missing = galleries_here()
+    here = galleries_here()
+    missing = [name for name in GALLERIES if name not in here]
     if missing:
         print(f"not measured, this CPU has no native bf16: {', '.join(missing)}", flush=True)
     galleries = {}
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         galleries[name] = demo_parts(model, index)
         print(f"{name}: parts of {sum(len(p.rq) for p in galleries[name].values())} queries", flush=True)
     rows = search(galleries)
-    now = (relevance.QUERY_WEIGHT, relevance.DESCRIPTION_MARGIN, relevance.NULL_MARGIN)
+    now = tuple(relevance.text_side_settings().values())
     in_use = next((r for r in rows if (r["weight"], r["description"], r["null"]) == now), None)
     if in_use is None:
         raise SystemExit(f"the settings in use (λ, M₀, N₀) = {now} are not on the grid: widen it")

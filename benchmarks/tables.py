@@ -228,9 +228,9 @@ def t_open_vocab_served() -> str:
             return "–"
         return f"{pair[0]} of {pair[1]}" if isinstance(pair, list) else f"{pair} of 10"
 
-    from benchmarks.open_vocab import relevance_settings
+    from index.relevance import text_side_settings
 
-    now = relevance_settings()
+    now = text_side_settings()
 
     def settings(r) -> str:     # a row counted under other relevance settings than index/relevance.py's says so
         then = r.get("relevance")

@@ -63,6 +63,11 @@ NULL_MARGIN = 0.0           # N₀: the null margin at which the text side reach
 # (results/relevance_margins.json, docs/index.md#relevance-and-no-strong-match)
 
 
+def text_side_settings() -> dict[str, float]:
+    """The text side's settings in use, by name: λ (``weight``), M₀ (``description``) and N₀ (``null``)."""
+    return {"weight": QUERY_WEIGHT, "description": DESCRIPTION_MARGIN, "null": NULL_MARGIN}
+
+
 def reference_rows(n: int, size: int = REFERENCE_SIZE) -> np.ndarray:
     """The rows of a bank of ``n`` vectors that form its reference set: ``min(n, size)`` of them, evenly spaced
     (row ``⌊i·n/m⌋`` for ``i < m``), so the same bank always gives the same set."""

@@ -206,6 +206,8 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
             "startup_s": float(timing.group(1)) if timing else None,
             "steady_img_per_s": float(timing.group(3)) if timing and timing.group(3) else None,
             "timing": next((line for line in proc.stdout.splitlines() if line.startswith("timing:")), None),
+            # the image tower it ran on: a backend that failed to load says why (--quiet leaves the warnings)
+            "backend_warnings": [line for line in proc.stderr.splitlines() if "inference backend" in line],
             **use.result()}
 
 
@@ -525,7 +527,7 @@ def main() -> int:
         if "index_build" not in args.skip:
             sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
                     ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
-            for label, folder, n, width, height in sets:
+            for label, folder, n, width, height in [s for s in sets if s[2] > 0]:
                 make_photos(work / folder, n, width, height, cores)
                 for mode in args.tta:
                     row = index_build(model, work / folder, work / f"index-{folder}-{mode}", args.workers, corpus,

@@ -600,6 +600,16 @@ def test_a_batchnorm_whose_input_is_read_elsewhere_is_not_folded():
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 
 
+def test_the_towers_normalisation_is_on_the_device_of_its_weights(model):
+    """ImageTower's pixel scale and shift follow the model's weights to its device (the CUDA tower's probe is put
+    where they are: left on the CPU beside CUDA weights, its conversion failed on a GPU with "Input type
+    (torch.FloatTensor) and weight type (torch.cuda.FloatTensor)"); "meta" stands for a device that is not the CPU."""
+    elsewhere = copy.deepcopy(model).to("meta")
+    tower = backend_mod.ImageTower(elsewhere)
+    assert tower.scale.device.type == tower.shift.device.type == "meta"
+    assert backend_mod.ImageTower(model).scale.device.type == "cpu"
+
+
 def test_the_cuda_tower_converts_caches_and_runs_on_the_cpu(model, pixels, tmp_path):
     """The CUDA backend's own steps — folded float16 weights written and checked against eager PyTorch, read back
     from the cache, batches run in bucket-sized chunks — on the CPU (no graphs there)."""

@@ -65,6 +65,24 @@ def test_torch_views_are_the_pil_views_to_a_fraction_of_a_grey_level(pre, photos
             assert torch.equal(pil, pre.pixels(decode_image(data, ".jpg", embed_side(pre)).image))
 
 
+@pytest.mark.parametrize("pre", [SHIPPED, MirroredViews(SHIPPED, zoom=ZOOM), Preprocess(64, 72, crops=10),
+                                 MirroredViews(Preprocess(64, 72, crops=5))],
+                         ids=["stacked", "stacked-flip-crop", "ten-crop", "five-crop-flip"])
+def test_a_batch_is_cut_into_views_as_each_image_alone(pre, monkeypatch):
+    """views_of cuts the images of one size together (one kernel a step for the batch, on a GPU) and in chunks: the
+    same uint8 views, bit for bit, as tensor_views of each image alone, in the order given, sizes mixed, a photo
+    large enough to be box-reduced first among them."""
+    sizes = [(300, 400), (400, 300), (300, 400), (900, 1200), (300, 400), (257, 261), (400, 300), (900, 1200)]
+    images = [torch.from_numpy(_photo_like(h, w, seed=i)).permute(2, 0, 1).contiguous()
+              for i, (h, w) in enumerate(sizes)]
+    alone = torch.stack([tv.tensor_views(pre, im) for im in images])
+    assert torch.equal(tv.views_of(pre, images), alone)
+    monkeypatch.setattr(tv, "CHUNK_PIXELS", 2 * 300 * 400)         # two of the common size a chunk, big ones alone
+    assert torch.equal(tv.views_of(pre, images), alone)
+    side = pre.image_size
+    assert tv.views_of(pre, []).shape == (0, pre.crops, pre.channels, side, side)
+
+
 def test_box_reducing_first_follows_the_pil_paths_shrinking(photos):
     """``REDUCE_LIKE_PIL`` on (as shipped): a photo PIL decodes at a DCT scale is box-reduced by that factor before
     the resize, and the views follow PIL's shrunk decode closely (ten crops of 64 px: cat.jpg is decoded at 1/2)."""

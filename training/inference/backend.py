@@ -112,8 +112,9 @@ class ImageTower(nn.Module):
         super().__init__()
         self.model = cast(nn.Module, model)
         scale, shift = pixel_affine(model.preprocess)
-        self.register_buffer("scale", scale, persistent=False)
-        self.register_buffer("shift", shift, persistent=False)
+        device = next(self.model.parameters()).device           # the normalisation where the weights are
+        self.register_buffer("scale", scale.to(device), persistent=False)
+        self.register_buffer("shift", shift.to(device), persistent=False)
 
     scale: torch.Tensor
     shift: torch.Tensor

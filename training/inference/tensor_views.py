@@ -29,7 +29,7 @@ import os
 import struct
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torchvision.transforms.functional as TF
@@ -159,10 +159,11 @@ REDUCE_LIKE_PIL = True
 
 
 def shrunk(image: torch.Tensor, min_side: int | None) -> torch.Tensor:
-    """uint8 ``(3, H, W)`` reduced as the PIL path shrinks a JPEG while decoding it (``preprocess.decode_image``
-    with ``min_side``: a DCT scale, ``dct_scale``, then ``reduce_to``'s integer factor), by box averages of the
-    same factor; float32 when reduced (the resize that follows rounds once), else the image itself (also when
-    :data:`REDUCE_LIKE_PIL` is off: the antialiased resize then takes the full decode)."""
+    """uint8 ``(..., 3, H, W)`` (one image, or a batch of one size) reduced as the PIL path shrinks a JPEG while
+    decoding it (``preprocess.decode_image`` with ``min_side``: a DCT scale, ``dct_scale``, then ``reduce_to``'s
+    integer factor), by box averages of the same factor; float32 when reduced (the resize that follows rounds once),
+    else the image itself (also when :data:`REDUCE_LIKE_PIL` is off: the antialiased resize then takes the full
+    decode)."""
     if min_side is None or not REDUCE_LIKE_PIL:
         return image
     height, width = image.shape[-2:]
@@ -171,68 +172,104 @@ def shrunk(image: torch.Tensor, min_side: int | None) -> torch.Tensor:
     factor = scale * (reduce if reduce >= 2 else 1)
     if factor == 1:
         return image
-    return torch.nn.functional.avg_pool2d(image[None].float(), factor, factor, ceil_mode=True)[0]
+    batch = image.reshape(-1, *image.shape[-3:]).float()
+    return torch.nn.functional.avg_pool2d(batch, factor, factor, ceil_mode=True).reshape(
+        *image.shape[:-2], -(-height // factor), -(-width // factor))
 
 
 def _resized(image: torch.Tensor, side: int, min_side: int) -> torch.Tensor:
-    """``(3, H, W)`` (uint8, or float32 from :func:`shrunk`) with its shorter side resized to ``side`` (the longer
-    truncated, as ``Preprocess`` resizes), bilinear with antialiasing in float32, rounded to uint8."""
+    """``(N, 3, H, W)`` (uint8, or float32 from :func:`shrunk`) with its shorter side resized to ``side`` (the
+    longer truncated, as ``Preprocess`` resizes), bilinear with antialiasing in float32, rounded to uint8."""
     height, width = image.shape[-2:]
     check_geometry((width, height), min_side)
     w, h = resized_size((width, height), side)
     if (h, w) == (height, width):
         return image if image.dtype == torch.uint8 else image.round().clamp_(0, 255).to(torch.uint8)
-    out = torch.nn.functional.interpolate(image[None].float(), size=(h, w), mode="bilinear", antialias=True,
-                                          align_corners=False)[0]
+    out = torch.nn.functional.interpolate(image.float(), size=(h, w), mode="bilinear", antialias=True,
+                                          align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def _cut(pre: Preprocess, resized: torch.Tensor) -> torch.Tensor:
-    """:meth:`Preprocess._cut` of a tensor: uint8 ``(crops, 3, S, S)``."""
+    """:meth:`Preprocess._cut` of a batch ``(N, 3, H, W)``: uint8 ``(N, crops, 3, S, S)``."""
     if pre.crops == 1:
         views = [TF.center_crop(resized, [pre.image_size])]
     else:
         views = list(TF.five_crop(resized, [pre.image_size]))
         if pre.crops == 10:
             views += [TF.hflip(v) for v in views]
-    return torch.stack(views)
+    return torch.stack(views, dim=1)
 
 
-def _member_views(pre: Preprocess, image: torch.Tensor, mirrored: bool) -> list[torch.Tensor]:
-    resized = _resized(image, pre.resize, pre.min_side)
+def _member_views(pre: Preprocess, images: torch.Tensor, mirrored: bool) -> list[torch.Tensor]:
+    resized = _resized(images, pre.resize, pre.min_side)
     return [_cut(pre, resized), _cut(pre, resized.flip(-1))] if mirrored else [_cut(pre, resized)]
 
 
-def _views(pre: Any, image: torch.Tensor, mirrored: bool) -> list[torch.Tensor]:
-    """The views of ``pre`` (a ``Preprocess`` or ``StackedPreprocess``) of ``image``, and with ``mirrored`` those of
-    its mirror image (``mirrored_views``: the resized image mirrored)."""
+def _views(pre: Any, images: torch.Tensor, mirrored: bool) -> list[torch.Tensor]:
+    """The views ``(N, crops, C, S, S)`` of ``pre`` (a ``Preprocess`` or ``StackedPreprocess``) of a batch of images
+    of one size ``(N, 3, H, W)``, and with ``mirrored`` those of their mirror images (``mirrored_views``: the
+    resized image mirrored)."""
     if isinstance(pre, Preprocess):
-        return _member_views(pre, image, mirrored)
+        return _member_views(pre, images, mirrored)
     if not isinstance(pre, StackedPreprocess):
         raise TypeError(f"no torch views for a {type(pre).__name__}")
     side = pre.image_size
-    out = torch.zeros(2 if mirrored else 1, pre.crops, pre.channels, side, side, dtype=torch.uint8,
-                      device=image.device)
+    out = torch.zeros(2 if mirrored else 1, len(images), pre.crops, pre.channels, side, side, dtype=torch.uint8,
+                      device=images.device)
     for i, m in enumerate(pre.members):
-        for j, views in enumerate(_member_views(m, image, mirrored)):
-            out[j, :, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = views
+        for j, views in enumerate(_member_views(m, images, mirrored)):
+            out[j, :, :, 3 * i:3 * i + 3, :m.image_size, :m.image_size] = views
     return list(out)
+
+
+def batch_views(preprocess: Any, images: torch.Tensor) -> torch.Tensor:
+    """:func:`tensor_views` of a batch of upright RGB uint8 images of one size ``(N, 3, H, W)`` at once (each step
+    one kernel for the batch, not one an image): uint8 ``(N, crops, C, S, S)``, each row equal to the image's own
+    :func:`tensor_views`."""
+    images = shrunk(images, embed_side(preprocess))
+    if isinstance(preprocess, MirroredViews):
+        return torch.cat([v for b in preprocess._bases for v in _views(b, images, mirrored=True)], dim=1)
+    return _views(preprocess, images, mirrored=False)[0]
 
 
 def tensor_views(preprocess: Any, image: torch.Tensor) -> torch.Tensor:
     """``preprocess.pixels`` of an upright RGB uint8 image ``(3, H, W)`` in torch, on the image's device: uint8
     ``(crops, C, S, S)`` (``Preprocess``, ``StackedPreprocess`` or ``MirroredViews`` of either), the image first
     shrunk as the PIL path decodes an image to embed (:func:`shrunk`, ``embed_side``)."""
-    image = shrunk(image, embed_side(preprocess))
-    if isinstance(preprocess, MirroredViews):
-        return torch.cat([v for b in preprocess._bases for v in _views(b, image, mirrored=True)])
-    return _views(preprocess, image, mirrored=False)[0]
+    return batch_views(preprocess, image[None])[0]
+
+
+# how many decoded pixels (N·H·W) :func:`encoded_pixels` cuts into views at once: the float32 copies of a chunk
+# (its box reduction, its resize) stay near 12 bytes a pixel × this, 400 MB
+CHUNK_PIXELS = 32_000_000
+
+
+def views_of(preprocess: Any, images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """:func:`tensor_views` of each upright RGB uint8 image ``(3, H, W)`` of ``images`` (on one device) → uint8
+    ``(N, crops, C, S, S)`` in their order, the images of one size cut together (:func:`batch_views`, in chunks of
+    at most :data:`CHUNK_PIXELS` pixels): on a GPU a batch of a camera's photos is a few kernels, not a few an
+    image."""
+    if not images:
+        side = preprocess.image_size
+        return torch.zeros((0, preprocess.crops, preprocess.channels, side, side), dtype=torch.uint8)
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for i, im in enumerate(images):
+        by_size.setdefault(tuple(im.shape), []).append(i)
+    rows: list[torch.Tensor | None] = [None] * len(images)
+    for shape, where in by_size.items():
+        step = max(1, CHUNK_PIXELS // (shape[-1] * shape[-2]))
+        for start in range(0, len(where), step):
+            part = where[start:start + step]
+            for i, views in zip(part, batch_views(preprocess, torch.stack([images[i] for i in part]))):
+                rows[i] = views
+    return torch.stack(cast(list[torch.Tensor], rows))
 
 
 def encoded_pixels(preprocess: Any, encoded: Sequence[EncodedJPEG], device: torch.device | str) -> torch.Tensor:
-    """JPEGs decoded on ``device`` (:func:`decode_batch`) and cut into ``preprocess``'s views → uint8
-    ``(N, crops, C, S, S)`` on ``device``."""
-    return torch.stack([tensor_views(preprocess, im) for im in decode_batch(encoded, device)])
+    """JPEGs decoded on ``device`` (:func:`decode_batch`) and cut into ``preprocess``'s views (:func:`views_of`) →
+    uint8 ``(N, crops, C, S, S)`` on ``device``."""
+    return views_of(preprocess, decode_batch(encoded, device))
 
 
 def image_tensor(image: Image.Image, device: torch.device | str) -> torch.Tensor:

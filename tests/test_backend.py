@@ -610,6 +610,21 @@ def test_the_towers_normalisation_is_on_the_device_of_its_weights(model):
     assert backend_mod.ImageTower(model).scale.device.type == "cpu"
 
 
+def test_the_folding_is_checked_in_full_float32(model, monkeypatch):
+    """folded_tower compares the tower before and after folding with TF32 off (on an H200 the check failed with
+    cuDNN's default TF32 convolutions: "folding the BatchNorms changed the features"), and leaves the settings as
+    they were."""
+    seen = []
+    real = backend_mod.fold_batchnorm
+    monkeypatch.setattr(backend_mod, "fold_batchnorm", lambda *a: seen.append(
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)) or real(*a))
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.enabled
+    backend_mod.folded_tower(model)
+    assert seen == [(False, False)]
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.enabled) == before
+
+
 def test_the_cuda_tower_converts_caches_and_runs_on_the_cpu(model, pixels, tmp_path):
     """The CUDA backend's own steps — folded float16 weights written and checked against eager PyTorch, read back
     from the cache, batches run in bucket-sized chunks — on the CPU (no graphs there)."""

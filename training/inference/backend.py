@@ -51,8 +51,9 @@ import sys
 import tempfile
 import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, ClassVar, cast
+from typing import Any, Callable, ClassVar, Iterator, cast
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -425,13 +426,30 @@ class FoldedTower(nn.Module):
         return cast(EmbeddingModel, self.model).image_features(normalised).float()
 
 
+@contextmanager
+def ieee_float32() -> Iterator[None]:
+    """float32 convolutions and matrix products in full precision meanwhile, TF32 off (cuDNN's convolutions use
+    TF32 on a CUDA device by default: 10 bits of mantissa, so a tower and its exact rewriting differ by ~1e-3 of
+    each value there); the settings as they were afterwards. No effect on a CPU."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
 def folded_tower(model: EmbeddingModel, dtype: torch.dtype = torch.float16) -> FoldedTower:
     """A copy of ``model``'s image tower (on its device, eval mode) with its BatchNorms folded into their
     convolutions and its weights in ``dtype``; the model itself is left as it is. RuntimeError when the folded
-    tower's float32 features differ from the model's on the probe (a BatchNorm's input read elsewhere too)."""
+    tower's float32 features differ from the model's on the probe (a BatchNorm's input read elsewhere too): both
+    in full float32 (:func:`ieee_float32`), so the check sees the folding's arithmetic, not the device's TF32."""
     tower = ImageTower(copy.deepcopy(model)).eval()
     probe = _probe(model).to(tower.scale.device)
-    with torch.no_grad():
+    with torch.no_grad(), ieee_float32():
         before = tower(probe)
         fold_batchnorm(tower, probe[:1], tower)
         after = tower(probe)

@@ -294,6 +294,7 @@ def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], 
         ready = __import__("httpx").get(f"http://127.0.0.1:{port}/readyz").json()
         out = {"start_to_ready_s": ready_s, "warmup_s": ready.get("warmup_seconds"),
                "batch_sizes": ready.get("batch_sizes"), "search_backend": ready.get("search_backend"),
+               "image_backend": ready.get("image_backend"),
                "serve_workers": workers, "image": {}, "text": {}}
         images = image_requests([(f.name, f.read_bytes()) for f in files], 10)
         sentences = text_requests(texts, 10)

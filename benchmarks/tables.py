@@ -530,6 +530,8 @@ def gpu_host_table(file: str) -> str:
         if "startup_s" in r:
             cell += (f"; start-up {f(r['startup_s'], 1)} s, then {f(r['steady_img_per_s'], 1)} img/s steady; CPU "
                      f"{f(r['cpu_util_pct'], 0)}%, GPU {f(r['gpu_util_pct'], 0)}%")
+        if r.get("backend_warnings"):      # the image tower fell back to eager PyTorch: say why
+            cell += "; " + "; ".join(sorted(set(r["backend_warnings"])))
         rows.append([label, cell])
     for r in data.get("ceilings", []):
         unit = "views" if r["tower"] == "image" else "sentences"
@@ -540,7 +542,8 @@ def gpu_host_table(file: str) -> str:
     if first:
         rows.append(["start → ready", f"{first['start_to_ready_s']:.1f} s (warm-up {f(first['warmup_s'], 1)} s; "
                                       f"batch sizes {', '.join(map(str, first['batch_sizes'] or [])) or 'any'}; search backend "
-                                      f"{first['search_backend']})"])
+                                      f"{first['search_backend']}" + (f"; image backend {first['image_backend']}"
+                                                                      if first.get("image_backend") else "") + ")"])
         for route in ("image", "text"):
             cs = list(first[route])
             cells = []
@@ -585,6 +588,8 @@ def gpu_host_table(file: str) -> str:
                          + (f" (on/raw {100 * a['rps'] / raw:.0f}%)" if raw else "")])
     if data.get("not_measured"):
         rows.append(["not measured in this run", data["not_measured"]])
+    if data.get("notes"):
+        rows.append(["notes", data["notes"]])
     return with_provenance(["measurement", "result"], rows, [{}] * len(rows), data, file=file)
 
 
@@ -1107,6 +1112,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),
     "gpu_host_cuda_h200": lambda: gpu_host_table("gpu_host_cuda_h200.json"),
     "gpu_host_cuda_h200_decode": lambda: gpu_host_table("gpu_host_cuda_h200_decode.json"),
+    "gpu_host_cuda_h200_build": lambda: gpu_host_table("gpu_host_cuda_h200_build.json"),
     "service_load_cpu_shipped": lambda: t_service_load_cpu("service_load_cpu_shipped.json"),
     "service_load_cpu_shipped_padded": lambda: t_service_load_cpu("service_load_cpu_shipped_padded.json"),
     "service_load_cuda_h100": t_service_load_cuda_h100,

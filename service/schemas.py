@@ -257,6 +257,9 @@ class Ready(BaseModel):
                                                      "at most 0), which bounds min_score")
     search_backend: str | None = Field(None, description="what searches the index: faiss-cpu, faiss-gpu, or exact "
                                                          "matmul + top-k in torch (torch-cuda-fp16, …)")
+    image_backend: str | None = Field(None, description="what runs the image backbones (--backend): eager, openvino, "
+                                                        "openvino-bf16, onnxruntime or cuda; eager where the one "
+                                                        "asked for did not load (the log says why)")
     batch_sizes: list[int] | None = Field(None, description="the batch sizes the encoders run at (none: any)")
     warmup_seconds: float | None = Field(None, description="how long running each warmed batch size took before "
                                                            "ready")

@@ -15,6 +15,7 @@ from service.app import create_app
 from service.engine import Engine, Options
 from service.settings import Settings
 from training.models.checkpoint import load_model
+from training.inference.names import BACKENDS
 from training.inference.shapes import Chunk, bucket_sizes, plan, resolve_shapes
 
 
@@ -256,3 +257,4 @@ def test_not_ready_until_warm_up_ends(tiny_model_path, tiny_index_dir, monkeypat
     assert seen == [(1, 2, 4, 8)]
     assert ready["status"] == "ready" and ready["batch_sizes"] == [1, 2, 4, 8]
     assert ready["warmup_seconds"] > 0 and ready["search_backend"] == "faiss-cpu"
+    assert ready["image_backend"] == app.state.service.backend and ready["image_backend"] in set(BACKENDS) - {"auto"}

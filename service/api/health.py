@@ -39,6 +39,7 @@ async def readyz(request: Request):
                  api_key_required=state.settings.api_key is not None, max_k=state.settings.max_k,
                  max_text_chars=state.settings.max_text_chars,
                  similarity=state.similarity, search_backend=loaded.gallery.images.backend,
+                 image_backend=state.backend,
                  batch_sizes=list(state.shapes.sizes) if state.shapes is not None else None,
                  warmup_seconds=state.warmup_seconds,
                  strong_relevance=STRONG if loaded.gallery.references else None,

@@ -148,23 +148,31 @@ class Gallery:
             return [Ranking(list(h)) for h in hits]
         relevance = reference.relevance(queries_for(self.manifest, role, queries), [[s for _, s in h] for h in hits])
         if reference.descriptions is not None:
-            relevance = [both_sides(r, self._text_side(reference.descriptions, q, h))
-                         for q, h, r in zip(plain_queries(self.manifest, queries), hits, relevance)]
+            relevance = [both_sides(r, t) for r, t in
+                         zip(relevance, self._text_side(reference.descriptions, plain_queries(self.manifest, queries),
+                                                        hits))]
         return [Ranking(list(h), r) for h, r in zip(hits, relevance)]
 
-    def _text_side(self, descriptions: Descriptions, query: np.ndarray, hits: Sequence[tuple[int, float]]
-                   ) -> list[float]:
-        """The text side's relevance of each hit for the raw ``query`` (index/relevance.py), each image's floors
-        computed once per generation (a generation never changes)."""
-        if not hits:
-            return []
-        vectors = np.stack([self.image_vector(i) for i, _ in hits]).astype(np.float32)
-        new = [n for n, (i, _) in enumerate(hits) if i not in self._floors]
+    def _text_side(self, descriptions: Descriptions, queries: np.ndarray,
+                   hits: Sequence[Sequence[tuple[int, float]]]) -> list[list[float]]:
+        """The text side's relevance of each hit of each raw query (index/relevance.py), all queries at once: each
+        image's vector read once a call, its floors once per generation (a generation never changes)."""
+        ids = [i for h in hits for i, _ in h]
+        if not ids:
+            return [[] for _ in hits]
+        unique = list(dict.fromkeys(ids))
+        stored = np.stack([self.image_vector(i) for i in unique]).astype(np.float32)
+        new = [n for n, i in enumerate(unique) if i not in self._floors]
         if new:
-            for n, row in zip(new, descriptions.floors(vectors[new])):
-                self._floors[hits[n][0]] = row
-        floors = np.stack([self._floors[i] for i, _ in hits])
-        return descriptions.relevance(query, vectors, floors).tolist()
+            for n, row in zip(new, descriptions.floors(stored[new])):
+                self._floors[unique[n]] = row
+        at = {i: n for n, i in enumerate(unique)}
+        rows = np.fromiter((at[i] for i in ids), dtype=np.intp, count=len(ids))
+        owner = np.repeat(np.arange(len(hits)), [len(h) for h in hits])
+        floors = np.stack([self._floors[i] for i in unique])[rows]
+        flat = descriptions.relevance_of(queries, stored[rows], owner, floors).tolist()
+        ends = np.cumsum([len(h) for h in hits]).tolist()
+        return [flat[end - len(h):end] for h, end in zip(hits, ends)]
 
     def image_vector(self, image_id: int) -> np.ndarray:
         """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""

@@ -137,18 +137,39 @@ class Descriptions:
     def query_floor(self, query: np.ndarray) -> float:
         """r(q): the mean of the raw ``query``'s :data:`QUERY_TOP` best cosines among the reference photos (0
         without them)."""
+        return float(self.query_floors(np.asarray(query, dtype=np.float32)[None])[0])
+
+    def query_floors(self, queries: np.ndarray) -> np.ndarray:
+        """:meth:`query_floor` of each row of ``queries`` ``(Q, D)``, in one product: ``(Q,)``."""
+        queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         if self.photos is None:
-            return 0.0
-        return float(_top_mean((self.photos @ np.asarray(query, dtype=np.float32))[None], QUERY_TOP)[0])
+            return np.zeros(len(queries), dtype=np.float32)
+        return _top_mean(queries @ self.photos.T, QUERY_TOP)
 
     def relevance(self, query: np.ndarray, photos: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
         """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smaller of
         its description margin ``q·v − b(v) − λ r(q)`` calibrated at :data:`DESCRIPTION_MARGIN` and its null margin
         ``q·v − n(v)`` calibrated at :data:`NULL_MARGIN`. ``floors``: their :meth:`floors` when known."""
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
+        return self.relevance_of(np.asarray(query, dtype=np.float32)[None], photos,
+                                 np.zeros(len(photos), dtype=np.intp), floors)
+
+    def relevance_of(self, queries: np.ndarray, photos: np.ndarray, owner: np.ndarray,
+                     floors: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`relevance` of many queries' hits at once: row ``i`` of ``photos`` (unfolded) is a hit of the raw
+        query ``queries[owner[i]]``; ``(len(photos),)``. Each query's r(q) is computed once
+        (:meth:`query_floors`, one product for all)."""
+        queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.sentences.shape[1])
+        photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         floors = self.floors(photos) if floors is None else np.asarray(floors, dtype=np.float32)
-        raw = photos @ np.asarray(query, dtype=np.float32)
-        described = raw - floors[:, 0] - QUERY_WEIGHT * self.query_floor(query)
+        owner = np.asarray(owner, dtype=np.intp)
+        raw = np.empty(len(photos), dtype=np.float32)
+        for q in np.unique(owner):                  # each query against its own hits: one product a query
+            mine = owner == q
+            raw[mine] = photos[mine] @ queries[q]
+        # λ r(q) in float64, rounded once to float32 (as a Python float against a float32 array)
+        shift = (QUERY_WEIGHT * self.query_floors(queries).astype(np.float64)).astype(np.float32)
+        described = raw - floors[:, 0] - shift[owner]
         return np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN))
 
 

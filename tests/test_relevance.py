@@ -267,6 +267,22 @@ def test_the_text_side_grows_with_the_query_score_and_is_the_smaller_of_its_two_
                        calibrated(raw - floors[0], DESCRIPTION_MARGIN))
 
 
+def test_many_queries_hits_at_once_are_each_querys_own():
+    """Descriptions.relevance_of (every query's hits in one call, r(q) in one product) gives each hit what
+    relevance gives it for its own query alone (to float32's rounding: r(q) comes from one matrix product, not one
+    a query)."""
+    rng = np.random.default_rng(3)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)            # noqa: E731
+    d = Descriptions(*(unit(rng.standard_normal((n, 16))) for n in (40, 30, 50)))
+    queries, photos = unit(rng.standard_normal((5, 16))), unit(rng.standard_normal((12, 16)))
+    owner = np.array([3, 0, 0, 4, 3, 1, 1, 1, 4, 0, 3, 3])                    # query 2 has no hits
+    got = d.relevance_of(queries, photos, owner)
+    for q in range(5):
+        np.testing.assert_allclose(got[owner == q], d.relevance(queries[q], photos[owner == q]), rtol=1e-5,
+                                   atol=1e-9)
+    np.testing.assert_allclose(d.query_floors(queries), [d.query_floor(q) for q in queries], rtol=1e-6, atol=1e-7)
+
+
 def test_a_query_typical_photos_answer_well_needs_a_closer_fit_to_describe_a_photo():
     rng = np.random.default_rng(1)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)            # noqa: E731
@@ -324,6 +340,10 @@ def test_a_bank_with_sentences_gives_the_image_side_both_directions(model, parts
         assert all(x <= y + 1e-9 for x, y in zip(r.relevance, p))            # never above the photo side
     again = gallery.ranked("images", cap[:8], hits)                           # the floors, cached, give the same
     assert [r.relevance for r in again] == [r.relevance for r in ranked]
+    # all queries' text sides in one call: a query without hits among them, the others as alone
+    mixed = gallery.ranked("images", cap[[0, 1, 2]], [hits[0], [], hits[2]])
+    assert [r.relevance for r in mixed] == [ranked[0].relevance, [], ranked[2].relevance]
+    assert gallery.ranked("images", cap[:2], [[], []])[1].relevance == []
     gallery.close()
     # an add re-reads the bank (sentences and nulls included) and keeps its file
     before = json.loads((root / current_generation(root) / "manifest.json").read_text())["querybank"]["file"]

@@ -181,6 +181,7 @@ class Utilisation:
 SUBJECTS = ("a dog", "two children", "a red car", "a man with a camera", "a cat", "a woman", "a bike", "a boat")
 PLACES = ("on the beach", "in a park", "on a snowy mountain", "in the street", "near a lake", "in a kitchen")
 TIMING = re.compile(r"timing: start-up ([\d.]+) s to the first batch of (\d+) photos, (?:then ([\d.]+) photos/s)?")
+PHASES = re.compile(r"\(after the first batch: ([^)]*)\)")
 
 
 def captions(path: Path) -> Path:
@@ -202,10 +203,14 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
         raise RuntimeError(f"index build failed: {proc.stderr[-2000:]}")
     n = len(list(photos.glob("*.jpg")))
     timing = TIMING.search(proc.stdout)
+    phases = PHASES.search(proc.stdout)
     return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers, "tta": tta or "default",
             "startup_s": float(timing.group(1)) if timing else None,
             "steady_img_per_s": float(timing.group(3)) if timing and timing.group(3) else None,
             "timing": next((line for line in proc.stdout.splitlines() if line.startswith("timing:")), None),
+            # the host's seconds in each step of the loop after the first batch (overlap.Timeline.phases)
+            "phases": ({name.strip(): float(sec) for name, sec in re.findall(r"([a-z ]+?) ([\d.]+) s", phases.group(1))}
+                       if phases else None),
             # the image tower it ran on: a backend that failed to load says why (--quiet leaves the warnings)
             "backend_warnings": [line for line in proc.stderr.splitlines() if "inference backend" in line],
             **use.result()}

@@ -231,7 +231,11 @@ def timing_line(timeline, started: float, ended: float) -> str:
     steady = timeline.steady()
     rate = (f"then {steady:.1f} photos/s steady over {timeline.marks[-1][1] - timeline.marks[0][1]} photos"
             if steady is not None else "one batch, no steady rate")
-    return f"timing: start-up {startup:.1f} s to the first batch of {timeline.marks[0][1]} photos, {rate}; {total}"
+    line = f"timing: start-up {startup:.1f} s to the first batch of {timeline.marks[0][1]} photos, {rate}; {total}"
+    if steady is not None and timeline.phases:      # where the steady batches' time went, on the host
+        line += " (after the first batch: " + ", ".join(f"{name} {seconds:.1f} s"
+                                                        for name, seconds in timeline.phases.items()) + ")"
+    return line
 
 
 def _correction_line(bank) -> str:

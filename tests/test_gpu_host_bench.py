@@ -70,6 +70,8 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
             "index_build": [{"photo": "1 MP (1280×800)", "images": 10000, "seconds": 6.0, "img_per_s": 1666.7,
                              "workers": 14, "tta": "default", "startup_s": 3.5, "steady_img_per_s": 4000.0,
                              "cpu_util_pct": 80.0, "gpu_util_pct": 60.0,
+                             "phases": {"waiting for decoded photos": 0.4, "decoding on the device": 1.5,
+                                        "the model": 2.0},
                              "backend_warnings": ["inference backend auto failed (cuda: boom)"] * 2}],
             "notes": "measured on a tree like abc1234",
             "ceilings": [{"tower": "image", "mode": "compiled (inductor)", "batch": 256, "per_s": 9000.0,
@@ -93,6 +95,7 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
                   "20,000 sentences/s", "12.1 s from start", "4,096 GB/s read of the card's 4,800",
                   "p50 0.45 ms, p99 0.60 ms", "text route, c = 128 (8 client processes, serve --workers default)",
                   "6,000 req/s, p50 20.0 ms, p99 40.0 ms; raw limit 11000/s (55%); client CPU 2.50 cores, host CPU "
-                  "70%, GPU 50%", "GPU 60%; inference backend auto failed (cuda: boom) |",
+                  "70%, GPU 50%", "GPU 60%; after the first batch: waiting for decoded photos 0.4 s, decoding on the device 1.5 s, the "
+                  "model 2.0 s; inference backend auto failed (cuda: boom) |",
                   "search backend torch-cuda-fp16; image backend cuda)", "| notes | measured on a tree like abc1234 |"):
         assert shown in table, shown

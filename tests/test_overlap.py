@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from index.cli_build import timing_line
+from training.inference import overlap
 from training.inference.overlap import Overlap, Timeline
 
 
@@ -35,3 +36,20 @@ def test_startup_and_steady_rate_apart():
     assert line == ("timing: start-up 2.0 s to the first batch of 64 photos, then 64.0 photos/s steady over 256 "
                     "photos; 7.5 s in all")
     assert timing_line(None, 0.0, 1.0) == "timing: 1.0 s in all (no photo embedded in-process)"
+    timeline.phases.update({"waiting for decoded photos": 2.5, "the model": 1.25})
+    assert timing_line(timeline, 10.0, 17.5).endswith(
+        "7.5 s in all (after the first batch: waiting for decoded photos 2.5 s, the model 1.2 s)")
+
+
+def test_the_phases_count_the_host_time_after_the_first_batch(monkeypatch):
+    clock = iter([0.0, 1.0, 5.0, 5.5, 10.0, 12.0, 20.0])
+    monkeypatch.setattr(overlap.time, "perf_counter", lambda: next(clock))
+    timeline = Timeline()
+    with timeline.phase("waiting for decoded photos"):      # began at 0: no batch in hand yet, not counted
+        timeline.mark(4)                                     # the first batch, at 1
+    with timeline.phase("waiting for decoded photos"):      # 5 → 5.5
+        pass
+    with timeline.phase("the model"):                        # 10 → 20, the second batch in hand at 12
+        timeline.mark(4)
+    assert timeline.phases == {"waiting for decoded photos": 0.5, "the model": 10.0}
+    assert timeline.marks == [(1.0, 4), (12.0, 8)]

@@ -48,7 +48,7 @@ from training.models.model import JointEmbedding
 from training.models.protocol import EmbeddingModel
 from .backend import tower_features
 from .names import TTA
-from .overlap import Overlap, Timeline
+from .overlap import PHASES, Overlap, Timeline
 from .shapes import Shapes, plan
 from .tensor_views import EncodedJPEG, decode_choice, encoded_jpeg, encoded_pixels
 
@@ -387,7 +387,14 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
             info.extend(extra)
     # counts images, not batches (a bar of "6/6" says little of 42 photos); drawn at 0 before the first batch
     bar = tqdm(total=len(paths), desc="embedding images", unit="image", disable=not progress)
-    for idx, pixels, bad, extra, nothing in decoding:
+    timeline = flight.timeline
+    waiting, decoding_here, modelling = PHASES
+    while True:
+        with timeline.phase(waiting):
+            batch = next(decoding, None)
+        if batch is None:
+            break
+        idx, pixels, bad, extra, nothing = batch
         bar.update(len(idx) + len(bad) + len(nothing))
         skipped += [(str(paths[i]), reason) for i, reason in bad]
         passed += nothing
@@ -396,8 +403,12 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
         if on_batch is not None:
             on_batch(idx, extra)
         # plain JPEGs the workers left encoded are decoded on the model's device here (ImageDecoding.pixels)
-        done(flight.push(decoding.pixels(pixels, device_of(model)), (idx, extra)))
-    done(flight.drain())
+        with timeline.phase(decoding_here):
+            pixels = decoding.pixels(pixels, device_of(model))
+        with timeline.phase(modelling):
+            done(flight.push(pixels, (idx, extra)))
+    with timeline.phase(modelling):
+        done(flight.drain())
     bar.close()
     dim = model.cfg.model.embed_dim
     out = np.concatenate(vectors) if vectors else np.zeros((0, dim + unfamiliarity), np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -20,10 +21,27 @@ import numpy as np
 import torch
 
 
+# the steps of a bulk embedding's loop whose host time a Timeline adds up (embedding.embed_image_files)
+PHASES = ("waiting for decoded photos", "decoding on the device", "the model")
+
+
 @dataclass
 class Timeline:
-    """``marks``: ``(perf_counter seconds, items done)`` after each batch's results were in hand."""
+    """``marks``: ``(perf_counter seconds, items done)`` after each batch's results were in hand; ``phases``: the
+    host's seconds in each step of the loop after the first batch's results (:data:`PHASES`: where the steady rate
+    goes; work a device still has queued counts where the host waits for it)."""
     marks: list[tuple[float, int]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Adds the host's time in the ``with`` block to ``phases[name]``, once the first batch is in hand."""
+        began, counted = time.perf_counter(), bool(self.marks)
+        try:
+            yield
+        finally:
+            if counted:
+                self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - began
 
     def mark(self, count: int) -> None:
         done = self.marks[-1][1] if self.marks else 0

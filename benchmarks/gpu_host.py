@@ -5,7 +5,7 @@ the first answers after start, and exact search against the card's memory bandwi
     python benchmarks/gpu_host.py                    # on a GPU host → benchmarks/results/gpu_host_cuda_<gpu>.json
     python benchmarks/gpu_host.py --quick            # every part at toy sizes (a CPU: checks that it all runs)
 
-Runs on a machine with no network (nothing is downloaded) in about 9 minutes on one H200 with 16 cores
+Runs on a machine with no network (nothing is downloaded) in about 11 minutes on one H200 with 16 cores
 (benchmarks/gpu_host_carry.sh carries what it needs there). The model is the shipped architecture
 (training/pretrained/flickr8k.pt); where its pretrained-weight packages are not installed (or ``--random-weights``)
 the pretrained parts get random weights (``build_model(..., load_weights=False)``: speed does not depend on them)
@@ -14,15 +14,17 @@ and the results say so. The parts (``--skip`` leaves any out):
 * ``index_build``: ``jointspace index build`` on generated JPEGs — ``--photos`` at 1 MP (1280×800) with the
   default ``--tta``, then each ``--tta`` mode on ``--tta-photos`` 1 MP and ``--big-photos`` 12 MP (4000×3000) ones:
   the whole command's seconds (end to end, Python's start included), and from its own ``timing:`` line the start-up
-  (to the first batch embedded) and the steady photos/s after it; the CPU's and the GPU's mean utilisation meanwhile;
+  (to the first batch embedded), the steady photos/s after it and where the host's time went meanwhile; the CPU's
+  and the GPU's mean utilisation meanwhile (``--build-batch``: the ``--tta`` rows at each ``--batch-size``);
 * ``ceilings``: decode + preprocessing alone (``benchmarks/decode_throughput.py``), and the image tower alone (uint8
   views → backbone features, as the service runs it: eager, then ``torch.compile``) and the text tower alone
   (sentences → vectors) at batch 64 and 256;
 * ``first_answer``: a fresh server (``serve --workers`` from ``--serve-workers``; unset: serve's default): start →
   ready, then c concurrent image (and text) searches for each c in turn, timed from ready and from the start;
 * ``service``: the text and image routes at c = 1, 8, 32, 128 from ``--client-processes`` client processes
-  (``load_client.py``): answers/s, p50/p99, the client's own CPU (cores), the host's CPU and the GPU's utilisation,
-  against the raw limit (the same searches in process at batch c, no HTTP);
+  (``load_client.py``), on the server of ``first_answer`` after its first answers (one start for both): answers/s,
+  p50/p99, the client's own CPU (cores), the host's CPU and the GPU's utilisation, against the raw limit (the same
+  searches in process at batch c, no HTTP, once the server has stopped);
 * ``search``: exact inner-product search over N random unit vectors of 1,024 dimensions (1M on a GPU): FAISS Flat
   (faiss-cpu; faiss-gpu when installed) and the torch search on the device: QPS at batch 1 and 256, p50/p99 at
   batch 1, the bytes a query reads per second against the card's bandwidth, recall@10 against FAISS Flat.
@@ -190,13 +192,16 @@ def captions(path: Path) -> Path:
     return path
 
 
-def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path, tta: str | None = None) -> dict:
-    """``jointspace index build`` in a subprocess: end to end, and its own start-up and steady rate."""
+def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path, tta: str | None = None,
+                batch: int | None = None) -> dict:
+    """``jointspace index build`` in a subprocess: end to end, and its own start-up and steady rate; ``batch``: its
+    ``--batch-size`` (views a forward pass; None: the build's default for the device)."""
     start = time.perf_counter()
     with Utilisation() as use:
         proc = subprocess.run([sys.executable, "-m", "service.cli", "index", "build", "--model", str(model),
                                "--images", str(photos), "--captions", str(corpus), "--out", str(out), "--workers",
-                               str(workers), "--quiet", *(["--tta", tta] if tta else [])], cwd=REPO,
+                               str(workers), "--quiet", *(["--tta", tta] if tta else []),
+                               *(["--batch-size", str(batch)] if batch else [])], cwd=REPO,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -205,6 +210,7 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
     timing = TIMING.search(proc.stdout)
     phases = PHASES.search(proc.stdout)
     return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers, "tta": tta or "default",
+            "batch_size": batch,
             "startup_s": float(timing.group(1)) if timing else None,
             "steady_img_per_s": float(timing.group(3)) if timing and timing.group(3) else None,
             "timing": next((line for line in proc.stdout.splitlines() if line.startswith("timing:")), None),
@@ -289,54 +295,76 @@ def _serve_args(model: Path, index: Path, workers: int | None) -> list[str]:
     return ["--model", str(model), "--index", str(index), *(["--workers", str(workers)] if workers is not None else [])]
 
 
-def first_answer(model: Path, index: Path, texts: list[str], files: list[Path], concurrency: list[int],
-                 workers: int | None) -> dict:
-    """A fresh server; right after ready, each route at each concurrency in turn."""
-    start = time.perf_counter()
-    proc, port = spawn(_serve_args(model, index, workers), timeout=900)
-    ready_s = time.perf_counter() - start
-    try:
-        ready = __import__("httpx").get(f"http://127.0.0.1:{port}/readyz").json()
-        out = {"start_to_ready_s": ready_s, "warmup_s": ready.get("warmup_seconds"),
-               "batch_sizes": ready.get("batch_sizes"), "search_backend": ready.get("search_backend"),
-               "image_backend": ready.get("image_backend"),
-               "serve_workers": workers, "image": {}, "text": {}}
-        images = image_requests([(f.name, f.read_bytes()) for f in files], 10)
-        sentences = text_requests(texts, 10)
-        for c in concurrency:
-            out["image"][str(c)] = asyncio.run(_first_answers(port, images, c, start))
-            out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c, start))
-            log(f"first answers after ready at c={c}: image {out['image'][str(c)]}, text {out['text'][str(c)]}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+def first_answer(port: int, start: float, ready_s: float, texts: list[str], files: list[Path],
+                 concurrency: list[int], workers: int | None) -> dict:
+    """A fresh server (started at ``start``, ready ``ready_s`` later): right after ready, each route at each
+    concurrency in turn."""
+    ready = __import__("httpx").get(f"http://127.0.0.1:{port}/readyz").json()
+    out = {"start_to_ready_s": ready_s, "warmup_s": ready.get("warmup_seconds"),
+           "batch_sizes": ready.get("batch_sizes"), "search_backend": ready.get("search_backend"),
+           "image_backend": ready.get("image_backend"),
+           "serve_workers": workers, "image": {}, "text": {}}
+    images = image_requests([(f.name, f.read_bytes()) for f in files], 10)
+    sentences = text_requests(texts, 10)
+    for c in concurrency:
+        out["image"][str(c)] = asyncio.run(_first_answers(port, images, c, start))
+        out["text"][str(c)] = asyncio.run(_first_answers(port, sentences, c, start))
+        log(f"first answers after ready at c={c}: image {out['image'][str(c)]}, text {out['text'][str(c)]}")
     return out
 
 
-def service(model: Path, index: Path, texts: list[str], files: list[Path], args, device: str) -> dict:
-    """The routes under load from a multi-process client, beside their raw limit in process."""
+def service_rows(port: int, texts: list[str], files: list[Path], args) -> list[dict]:
+    """The routes of the server at ``port`` under load from a multi-process client, each concurrency in turn."""
     from benchmarks.load_client import ClientPool
+
+    uploads = [(f.name, f.read_bytes()) for f in files]
+    requests = {"text": text_requests(texts, 10), "image": image_requests(uploads, 10)}
+    rows: list[dict] = []
+    with ClientPool(args.client_processes) as pool:
+        for route in args.routes:
+            for c in args.concurrency:
+                with Utilisation() as use:
+                    row = pool.run(port, requests[route], c, args.seconds)
+                rows.append({"route": route, **row, **use.result()})
+                log(f"{route} route c={c}: {row['rps']:,.0f} req/s, p50 {f_ms(row['p50_ms'])} p99 "
+                    f"{f_ms(row['p99_ms'])} ms, client {row['client_cpu_cores']:.2f} cores, {use.result()}")
+    return rows
+
+
+def served(model: Path, index: Path, texts: list[str], files: list[Path], args, device: str,
+           parts: set[str]) -> dict:
+    """One fresh server (``serve --workers`` from ``--serve-workers``) for the ``first_answer`` and ``service``
+    parts of ``parts``: the first answers right after ready, then the routes under load; once it is stopped, the
+    routes' raw limits in process (the GPU then free for them). Returns the results by part."""
+    out: dict = {}
+    start = time.perf_counter()
+    proc, port = spawn(_serve_args(model, index, args.serve_workers), timeout=900)
+    try:
+        if "first_answer" in parts:
+            out["first_answer"] = first_answer(port, start, time.perf_counter() - start, texts, files,
+                                               args.concurrency, args.serve_workers)
+        if "service" in parts:
+            out["service_mp"] = {"rows": service_rows(port, texts, files, args),
+                                 "serve_workers": args.serve_workers, "client_processes": args.client_processes}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    if "service" in parts:
+        raw = raw_limits(model, index, texts, files, args, device)
+        for row in out["service_mp"]["rows"]:
+            row["raw_limit"] = raw[row["route"]][str(row["concurrency"])]
+    return out
+
+
+def raw_limits(model: Path, index: Path, texts: list[str], files: list[Path], args, device: str
+               ) -> dict[str, dict[str, float]]:
+    """Each route's raw limit at each concurrency: the same searches in process at batch c (at most 64), no HTTP."""
     from benchmarks.service_load import raw_limit
     from index.gallery import Gallery
     from service.engine import Engine
     from training.inference.shapes import resolve_shapes
 
     uploads = [(f.name, f.read_bytes()) for f in files]
-    requests = {"text": text_requests(texts, 10), "image": image_requests(uploads, 10)}
-    rows: list[dict] = []
-    proc, port = spawn(_serve_args(model, index, args.serve_workers), timeout=900)
-    try:
-        with ClientPool(args.client_processes) as pool:
-            for route in args.routes:
-                for c in args.concurrency:
-                    with Utilisation() as use:
-                        row = pool.run(port, requests[route], c, args.seconds)
-                    rows.append({"route": route, **row, **use.result()})
-                    log(f"{route} route c={c}: {row['rps']:,.0f} req/s, p50 {f_ms(row['p50_ms'])} p99 "
-                        f"{f_ms(row['p99_ms'])} ms, client {row['client_cpu_cores']:.2f} cores, {use.result()}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     from training.inference.backend import use_backend
 
     net = load_model(model, device).eval()
@@ -354,9 +382,7 @@ def service(model: Path, index: Path, texts: list[str], files: list[Path], args,
         raw[route] = {}
         for c in args.concurrency:
             raw[route][str(c)] = raw_limit(engine, items[route], min(c, 64), args.seconds, search[route])
-    for row in rows:
-        row["raw_limit"] = raw[row["route"]][str(row["concurrency"])]
-    return {"rows": rows, "serve_workers": args.serve_workers, "client_processes": args.client_processes}
+    return raw
 
 
 def f_ms(value) -> str:
@@ -438,6 +464,8 @@ def main() -> int:
     ap.add_argument("--tta-photos", type=int, help="1 MP JPEGs indexed with each --tta mode (GPU 1,000; CPU 16)")
     ap.add_argument("--big-photos", type=int, help="12 MP JPEGs indexed with each --tta mode (GPU 100; CPU 4)")
     ap.add_argument("--tta", nargs="+", default=["none", "flip", "flip-crop"], help="the --tta modes to build with")
+    ap.add_argument("--build-batch", nargs="+", type=int, default=[0],
+                    help="index build --batch-size of each --tta row (views a forward pass; 0: the build's default)")
     ap.add_argument("--workers", type=int, default=max(1, cores - 2), help="index build --workers")
     ap.add_argument("--search-vectors", type=int, help="vectors searched (GPU 1M; CPU 100,000)")
     ap.add_argument("--search-seconds", type=float)
@@ -509,12 +537,9 @@ def main() -> int:
             result["index_build"] = [{"photo": "1 MP (1280×800)", **built}]
             log(f"index build of {built['images']} 1 MP photos: {built['timing']} ({built['seconds']:.1f} s end to end)")
             save()
-        if "first_answer" not in args.skip:
-            result["first_answer"] = first_answer(model, work / "index", texts, photos[:32], args.concurrency,
-                                                  args.serve_workers)
-            save()
-        if "service" not in args.skip:
-            result["service_mp"] = service(model, work / "index", texts, photos[:32], args, device)
+        parts = {"first_answer", "service"} - set(args.skip)
+        if parts:                       # one server for both: its start (a minute on an 8-worker GPU host) once
+            result.update(served(model, work / "index", texts, photos[:32], args, device, parts))
             save()
         if "search" not in args.skip:
             result["search"] = search(args.search_vectors, 1024, device, args.search_seconds)
@@ -523,6 +548,19 @@ def main() -> int:
             result["ceilings"] = tower_ceilings(model, device, args.tower_batches, args.seconds,
                                                 args.compile_backend)
             save()
+        if "index_build" not in args.skip:
+            sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
+                    ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
+            for label, folder, n, width, height in [s for s in sets if s[2] > 0]:
+                make_photos(work / folder, n, width, height, cores)
+                for mode, batch in [(m, b) for m in args.tta for b in args.build_batch]:
+                    row = index_build(model, work / folder, work / f"index-{folder}-{mode}-{batch}", args.workers,
+                                      corpus, mode, batch or None)
+                    result["index_build"].append({"photo": label, **row})
+                    log(f"index build {label} --tta {mode} --batch-size {batch or 'default'}: {row['images']} in "
+                        f"{row['seconds']:.1f} s; "
+                        f"{row['timing']}")
+                    save()
         if "decode" not in args.skip and "ceilings" not in args.skip:
             out = work / "decode.json"
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_throughput.py"), "--out", str(out),
@@ -530,18 +568,6 @@ def main() -> int:
                            cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
             result["decode"] = json.loads(out.read_text())
             save()
-        if "index_build" not in args.skip:
-            sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
-                    ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
-            for label, folder, n, width, height in [s for s in sets if s[2] > 0]:
-                make_photos(work / folder, n, width, height, cores)
-                for mode in args.tta:
-                    row = index_build(model, work / folder, work / f"index-{folder}-{mode}", args.workers, corpus,
-                                      mode)
-                    result["index_build"].append({"photo": label, **row})
-                    log(f"index build {label} --tta {mode}: {row['images']} in {row['seconds']:.1f} s; "
-                        f"{row['timing']}")
-                    save()
     save()
     log(f"wrote {out_path} in {result['seconds']:.0f} s")
     return 0

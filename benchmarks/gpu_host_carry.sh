@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What benchmarks/gpu_host.py needs on a lent GPU machine with no network, carried in parts that fit beside the
-# working tree: each call to the machine carries the checkout (about 53 MiB, the shipped model included) and at most
+# working tree: each call to the machine carries the checkout (about 52 MiB, the shipped model included) and at most
 # 64 MiB in all, so the wheels the machine's image lacks (FAISS, FastAPI and its stack, fastapi-offline for /docs) and MiniLM's tokenizer travel
 # as parts of at most 9 MiB, one part a call, appended to $CARRY (default $HOME/gpu) on the machine while it stays warm.
 #
@@ -9,7 +9,8 @@
 #   there:  benchmarks/gpu_host_carry.sh keep-all      (a call carrying .gpu) all parts at once, when they fit
 #   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into $SITE (default /tmp/site), run
 #                                                      gpu_host.py (ARGS passed on: e.g. --serve-workers 8) and write
-#                                                      $OUT/gpu_host_cuda_<gpu>.json (about 8 minutes on an H200)
+#                                                      $OUT/gpu_host_cuda_<gpu>.json (about 11 minutes on an H200;
+#                                                      --big-photos 0 --skip decode: within a call's 10)
 #
 # The versions are the pinned ones of constraints.txt, for the machine's Python 3.12. The pretrained-weight packages
 # are not carried: gpu_host.py builds the shipped architecture with load_weights=False (speed does not depend on

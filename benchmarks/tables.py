@@ -525,7 +525,8 @@ def gpu_host_table(file: str) -> str:
     data = load(file)
     rows: list[list[str]] = [["model", data["model"]]]
     for r in data.get("index_build", []):
-        label = f"index build, {r['photo']} JPEGs" + (f", --tta {r['tta']}" if "tta" in r else "")
+        label = (f"index build, {r['photo']} JPEGs" + (f", --tta {r['tta']}" if "tta" in r else "")
+                 + (f", --batch-size {r['batch_size']}" if r.get("batch_size") else ""))
         cell = f"{r['img_per_s']:.1f} img/s end to end ({r['images']} images in {r['seconds']:.1f} s, {r['workers']} workers)"
         if "startup_s" in r:
             cell += (f"; start-up {f(r['startup_s'], 1)} s, then {f(r['steady_img_per_s'], 1)} img/s steady; CPU "

@@ -16,9 +16,9 @@ and the results say so. The parts (``--skip`` leaves any out):
   the whole command's seconds (end to end, Python's start included), and from its own ``timing:`` line the start-up
   (to the first batch embedded), the steady photos/s after it and where the host's time went meanwhile; the CPU's
   and the GPU's mean utilisation meanwhile (``--build-batch``: the ``--tta`` rows at each ``--batch-size``);
-* ``ceilings``: decode + preprocessing alone (``benchmarks/decode_throughput.py``), and the image tower alone (uint8
-  views → backbone features, as the service runs it: eager, then ``torch.compile``) and the text tower alone
-  (sentences → vectors) at batch 64 and 256;
+* ``ceilings``: the image tower alone (uint8 views → backbone features: eager, ``torch.compile``, and the backend
+  the service and the index run, or why it did not load) and the text tower alone (sentences → vectors) at batch
+  64 and 256; then, last, decode + preprocessing alone on the CPU (``benchmarks/decode_throughput.py``);
 * ``first_answer``: a fresh server (``serve --workers`` from ``--serve-workers``; unset: serve's default): start →
   ready, then c concurrent image (and text) searches for each c in turn, timed from ready and from the start;
 * ``service``: the text and image routes at c = 1, 8, 32, 128 from ``--client-processes`` client processes
@@ -42,6 +42,7 @@ import platform
 import re
 import subprocess
 import sys
+import logging
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -236,6 +237,7 @@ def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: f
     """The image tower alone (uint8 views → backbone features, normalised on the device, under the inference
     autocast), eager then ``torch.compile``d, and the text tower alone (sentences → normalised vectors), views or
     sentences per second at each batch size."""
+    from training.inference.backend import tower_features
     from training.inference.embedding import embed_texts, inference_autocast
 
     model = load_model(model_path, device).eval()
@@ -246,7 +248,11 @@ def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: f
         with inference_autocast(model):
             return model.image_features(pre.normalize(pixels))
     compiled = torch.compile(tower, backend=compile_backend, dynamic=False)
+    backend, failed = _attach_backend(model)
     rows = []
+    if failed:
+        rows.append({"tower": "image", "mode": f"backend {backend}", "error": failed})
+        log(f"image tower backend: {failed}")
     for batch in batches:
         pixels = torch.randint(0, 256, (batch, pre.channels, pre.image_size, pre.image_size), dtype=torch.uint8,
                                device=device)
@@ -264,6 +270,14 @@ def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: f
             rate = _timed(call, seconds) * batch
             rows.append({"tower": "image", "mode": name, "batch": batch, "per_s": rate, "first_call_s": first})
             log(f"image tower {name} at batch {batch}: {rate:,.0f} views/s (first call {first:.1f} s)")
+        if backend != "eager":          # the backend the service and the index run (CUDA: float16, folded, graphs)
+            began = time.perf_counter()
+            tower_features(model, pixels, torch.device(device)).cpu()
+            first = time.perf_counter() - began
+            rate = _timed(lambda: tower_features(model, pixels, torch.device(device)).cpu(), seconds) * batch
+            rows.append({"tower": "image", "mode": f"backend {backend}", "batch": batch, "per_s": rate,
+                         "first_call_s": first})
+            log(f"image tower backend {backend} at batch {batch}: {rate:,.0f} views/s (first call {first:.1f} s)")
         texts = [f"{SUBJECTS[i % len(SUBJECTS)]} {PLACES[i % len(PLACES)]} number {i}" for i in range(batch)]
 
         def text(texts=texts) -> None:
@@ -272,6 +286,24 @@ def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: f
         rows.append({"tower": "text", "mode": "eager", "batch": batch, "per_s": rate})
         log(f"text tower eager at batch {batch}: {rate:,.0f} sentences/s")
     return rows
+
+
+def _attach_backend(model) -> tuple[str, str | None]:
+    """``model``'s image tower on its default backend (``use_backend``: auto, converted into a scratch cache):
+    the backend's name, and what its log said when one asked for did not load (None when it did)."""
+    from training.inference.backend import use_backend
+
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())       # type: ignore[method-assign]
+    logger = logging.getLogger("jointspace.backend")
+    logger.addHandler(handler)
+    try:
+        with tempfile.TemporaryDirectory(prefix="jointspace-backend-") as cache:
+            name = use_backend(model, "auto", cache)
+    finally:
+        logger.removeHandler(handler)
+    return name, "; ".join(said) or None
 
 
 async def _first_answers(port: int, payloads: list[bytes], concurrency: int, since: float) -> dict:

@@ -537,6 +537,9 @@ def gpu_host_table(file: str) -> str:
             cell += "; " + "; ".join(sorted(set(r["backend_warnings"])))
         rows.append([label, cell])
     for r in data.get("ceilings", []):
+        if "error" in r:               # a backend that did not load
+            rows.append([f"{r['tower']} tower alone, {r['mode']}", f"not loaded: {r['error']}"])
+            continue
         unit = "views" if r["tower"] == "image" else "sentences"
         rows.append([f"{r['tower']} tower alone, {r['mode']}, batch {r['batch']}",
                      f"{r['per_s']:,.0f} {unit}/s" + (f" (first call {r['first_call_s']:.1f} s)"

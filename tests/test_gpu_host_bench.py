@@ -74,7 +74,8 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
                                         "the model": 2.0},
                              "backend_warnings": ["inference backend auto failed (cuda: boom)"] * 2}],
             "notes": "measured on a tree like abc1234",
-            "ceilings": [{"tower": "image", "mode": "compiled (inductor)", "batch": 256, "per_s": 9000.0,
+            "ceilings": [{"tower": "image", "mode": "backend eager", "error": "inference backend auto failed (x)"},
+                         {"tower": "image", "mode": "compiled (inductor)", "batch": 256, "per_s": 9000.0,
                           "first_call_s": 40.0}, {"tower": "text", "mode": "eager", "batch": 64, "per_s": 20000.0}],
             "first_answer": {"start_to_ready_s": 12.0, "warmup_s": 4.0, "batch_sizes": [1, 64],
                              "search_backend": "torch-cuda-fp16", "image_backend": "cuda",
@@ -97,5 +98,24 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
                   "6,000 req/s, p50 20.0 ms, p99 40.0 ms; raw limit 11000/s (55%); client CPU 2.50 cores, host CPU "
                   "70%, GPU 50%", "GPU 60%; after the first batch: waiting for decoded photos 0.4 s, decoding on the device 1.5 s, the "
                   "model 2.0 s; inference backend auto failed (cuda: boom) |",
-                  "search backend torch-cuda-fp16; image backend cuda)", "| notes | measured on a tree like abc1234 |"):
+                  "search backend torch-cuda-fp16; image backend cuda)",
+                  "| image tower alone, backend eager | not loaded: inference backend auto failed (x) |", "| notes | measured on a tree like abc1234 |"):
         assert shown in table, shown
+
+
+def test_the_tower_rows_say_why_a_backend_did_not_load(tiny_model_path, monkeypatch):
+    """gpu_host's backend row: the backend auto attaches, or, when the one asked for fails, eager and the log's
+    reason (what the H200 run could not tell from its table: the CUDA tower had fallen back to eager)."""
+    from benchmarks.gpu_host import _attach_backend
+    from training.inference import backend as backend_mod
+    from training.models.checkpoint import load_model
+
+    model = load_model(tiny_model_path, "cpu").eval()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("folding the BatchNorms changed the features")
+    monkeypatch.setattr(backend_mod, "eager_reason", lambda m: None)          # as if the model were one it runs
+    monkeypatch.setattr(backend_mod, "_load", broken)
+    name, failed = _attach_backend(model)
+    assert name == "eager" and "folding the BatchNorms changed the features" in failed
+    assert "inference backend auto failed" in failed

@@ -185,6 +185,7 @@ SUBJECTS = ("a dog", "two children", "a red car", "a man with a camera", "a cat"
 PLACES = ("on the beach", "in a park", "on a snowy mountain", "in the street", "near a lake", "in a kitchen")
 TIMING = re.compile(r"timing: start-up ([\d.]+) s to the first batch of (\d+) photos, (?:then ([\d.]+) photos/s)?")
 PHASES = re.compile(r"\(after the first batch: ([^)]*)\)")
+STEPS = re.compile(r"\(start-up: ([^)]*)\)")
 
 
 def captions(path: Path) -> Path:
@@ -209,18 +210,26 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
         raise RuntimeError(f"index build failed: {proc.stderr[-2000:]}")
     n = len(list(photos.glob("*.jpg")))
     timing = TIMING.search(proc.stdout)
-    phases = PHASES.search(proc.stdout)
+    phases, steps = PHASES.search(proc.stdout), STEPS.search(proc.stdout)
     return {"images": n, "seconds": seconds, "img_per_s": n / seconds, "workers": workers, "tta": tta or "default",
             "batch_size": batch,
             "startup_s": float(timing.group(1)) if timing else None,
             "steady_img_per_s": float(timing.group(3)) if timing and timing.group(3) else None,
             "timing": next((line for line in proc.stdout.splitlines() if line.startswith("timing:")), None),
             # the host's seconds in each step of the loop after the first batch (overlap.Timeline.phases)
-            "phases": ({name.strip(): float(sec) for name, sec in re.findall(r"([a-z ]+?) ([\d.]+) s", phases.group(1))}
-                       if phases else None),
+            "phases": _seconds(phases),
+            # when each step of the start-up was done, from the command's start (the build's own timing line)
+            "startup_steps": _seconds(steps),
             # the image tower it ran on: a backend that failed to load says why (--quiet leaves the warnings)
             "backend_warnings": [line for line in proc.stderr.splitlines() if "inference backend" in line],
             **use.result()}
+
+
+def _seconds(found: re.Match | None) -> dict[str, float] | None:
+    """``name 1.5 s, other 2.0 s`` (a group of the timing line) → ``{name: 1.5, other: 2.0}``."""
+    if found is None:
+        return None
+    return {name.strip(): float(sec) for name, sec in re.findall(r"([a-z ]+?) ([\d.]+) s", found.group(1))}
 
 
 def _timed(fn, seconds: float) -> float:

@@ -531,6 +531,8 @@ def gpu_host_table(file: str) -> str:
         if "startup_s" in r:
             cell += (f"; start-up {f(r['startup_s'], 1)} s, then {f(r['steady_img_per_s'], 1)} img/s steady; CPU "
                      f"{f(r['cpu_util_pct'], 0)}%, GPU {f(r['gpu_util_pct'], 0)}%")
+        if r.get("startup_steps"):         # when each step of the start-up was done
+            cell += "; start-up steps done at " + ", ".join(f"{k} {v:.1f} s" for k, v in r["startup_steps"].items())
         if r.get("phases"):                # the host's time after the first batch, step by step
             cell += "; after the first batch: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items())
         if r.get("backend_warnings"):      # the image tower fell back to eager PyTorch: say why

@@ -177,6 +177,7 @@ def cmd_build(args) -> int:
     found = _find_sources(Sources(args.images, args.data, args.split, args.captions, args.caption_split),
                           ScanRules(tuple(args.exclude), not args.no_default_excludes, not args.no_videos))
     paths, video_paths = found.photos, found.videos
+    steps = {"photos found": time.perf_counter()}          # the start-up's steps (timing_line)
     report_outside(found.outside)
     if not paths and not video_paths:
         raise ValueError("no images or videos to index")
@@ -192,8 +193,10 @@ def cmd_build(args) -> int:
     decoding = None if args.engine == "ray" else _decode_early(payload, paths, device, embedding, tta)
     try:
         model, _ = load_chosen_model(ModelChoice(args.model, args.device, args.backend, prepare="throughput"), payload)
+        steps["model loaded"] = time.perf_counter()
         bank = _querybank(model, BankChoice(args.querybank, args.querybank_split, args.qb_beta, args.no_querybank),
                           args.workers, not args.quiet)
+        steps["query bank ready"] = time.perf_counter()
         options = BuildOptions(factory=args.factory, caption_factory=args.caption_factory,
                                image_root=found.image_root, max_memory=max_memory, querybank=bank, tta=tta, ocr=ocr)
         if args.engine == "ray":
@@ -216,6 +219,8 @@ def cmd_build(args) -> int:
     print(f"indexed {counted(len(report.image_ids) - report.moments, 'image')}{videos} and "
           f"{counted(len(report.caption_ids), 'caption')} "
           f"into {args.out} ({report.generation}); {_correction_line(bank)}")
+    if report.timeline is not None:
+        report.timeline.events.update(steps)
     print(timing_line(report.timeline, started, time.perf_counter()))
     prepare_text_search(args.model, model, not args.quiet)
     return 0
@@ -232,6 +237,9 @@ def timing_line(timeline, started: float, ended: float) -> str:
     rate = (f"then {steady:.1f} photos/s steady over {timeline.marks[-1][1] - timeline.marks[0][1]} photos"
             if steady is not None else "one batch, no steady rate")
     line = f"timing: start-up {startup:.1f} s to the first batch of {timeline.marks[0][1]} photos, {rate}; {total}"
+    if timeline.events:                 # the start-up's steps, in the order they happened, from the command's start
+        line += " (start-up: " + ", ".join(f"{name} {at - started:.1f} s" for name, at in
+                                           sorted(timeline.events.items(), key=lambda e: e[1])) + ")"
     if steady is not None and timeline.phases:      # where the steady batches' time went, on the host
         line += " (after the first batch: " + ", ".join(f"{name} {seconds:.1f} s"
                                                         for name, seconds in timeline.phases.items()) + ")"

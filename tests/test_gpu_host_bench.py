@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import tables  # noqa: E402
-from benchmarks.gpu_host import TIMING, Utilisation  # noqa: E402
+from benchmarks.gpu_host import PHASES, STEPS, TIMING, Utilisation, _seconds  # noqa: E402
 from benchmarks.load_client import ClientPool  # noqa: E402
 from index.cli_build import timing_line  # noqa: E402
 from training.inference.overlap import Timeline  # noqa: E402
@@ -23,6 +23,13 @@ def test_the_benchmark_reads_the_build_timing_line():
     assert steady is not None and steady.groups() == ("1.0", "64", "64.0")
     once = TIMING.search(timing_line(Timeline([(12.5, 9)]), 10.0, 13.0))
     assert once is not None and once.group(1) == "2.5" and once.group(3) is None
+    timed = Timeline([(11.0, 64), (13.0, 192)], {"waiting for decoded photos": 0.5, "the model": 1.25},
+                     {"model loaded": 10.75, "photos found": 10.25})
+    line = timing_line(timed, 10.0, 14.0)
+    assert "(start-up: photos found 0.2 s, model loaded 0.8 s)" in line          # in the order they happened
+    assert _seconds(STEPS.search(line)) == {"photos found": 0.2, "model loaded": 0.8}
+    assert _seconds(PHASES.search(line)) == {"waiting for decoded photos": 0.5, "the model": 1.2}
+    assert _seconds(STEPS.search("timing: 1.0 s in all")) is None
 
 
 @pytest.fixture
@@ -70,6 +77,7 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
             "index_build": [{"photo": "1 MP (1280×800)", "images": 10000, "seconds": 6.0, "img_per_s": 1666.7,
                              "workers": 14, "tta": "default", "startup_s": 3.5, "steady_img_per_s": 4000.0,
                              "cpu_util_pct": 80.0, "gpu_util_pct": 60.0,
+                             "startup_steps": {"photos found": 2.0, "model loaded": 3.0},
                              "phases": {"waiting for decoded photos": 0.4, "decoding on the device": 1.5,
                                         "the model": 2.0},
                              "backend_warnings": ["inference backend auto failed (cuda: boom)"] * 2}],
@@ -96,7 +104,7 @@ def test_the_table_shows_every_new_field(tmp_path, monkeypatch):
                   "20,000 sentences/s", "12.1 s from start", "4,096 GB/s read of the card's 4,800",
                   "p50 0.45 ms, p99 0.60 ms", "text route, c = 128 (8 client processes, serve --workers default)",
                   "6,000 req/s, p50 20.0 ms, p99 40.0 ms; raw limit 11000/s (55%); client CPU 2.50 cores, host CPU "
-                  "70%, GPU 50%", "GPU 60%; after the first batch: waiting for decoded photos 0.4 s, decoding on the device 1.5 s, the "
+                  "70%, GPU 50%", "GPU 60%; start-up steps done at photos found 2.0 s, model loaded 3.0 s; after the first batch: waiting for decoded photos 0.4 s, decoding on the device 1.5 s, the "
                   "model 2.0 s; inference backend auto failed (cuda: boom) |",
                   "search backend torch-cuda-fp16; image backend cuda)",
                   "| image tower alone, backend eager | not loaded: inference backend auto failed (x) |", "| notes | measured on a tree like abc1234 |"):

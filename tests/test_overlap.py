@@ -53,3 +53,12 @@ def test_the_phases_count_the_host_time_after_the_first_batch(monkeypatch):
         timeline.mark(4)
     assert timeline.phases == {"waiting for decoded photos": 0.5, "the model": 10.0}
     assert timeline.marks == [(1.0, 4), (12.0, 8)]
+
+
+def test_an_event_keeps_the_first_time_it_happened(monkeypatch):
+    clock = iter([3.0, 4.0])
+    monkeypatch.setattr(overlap.time, "perf_counter", lambda: next(clock))
+    timeline = Timeline()
+    timeline.event("first photos decoded")
+    timeline.event("first photos decoded")
+    assert timeline.events == {"first photos decoded": 3.0}

@@ -394,6 +394,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
             batch = next(decoding, None)
         if batch is None:
             break
+        timeline.event("first photos decoded")
         idx, pixels, bad, extra, nothing = batch
         bar.update(len(idx) + len(bad) + len(nothing))
         skipped += [(str(paths[i]), reason) for i, reason in bad]

@@ -32,6 +32,11 @@ class Timeline:
     goes; work a device still has queued counts where the host waits for it)."""
     marks: list[tuple[float, int]] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
+    events: dict[str, float] = field(default_factory=dict)      # name → perf_counter seconds, the first time
+
+    def event(self, name: str) -> None:
+        """Notes when ``name`` first happened (e.g. the first decoded photos: the start-up's steps)."""
+        self.events.setdefault(name, time.perf_counter())
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

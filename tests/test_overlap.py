@@ -59,6 +59,6 @@ def test_an_event_keeps_the_first_time_it_happened(monkeypatch):
     clock = iter([3.0, 4.0])
     monkeypatch.setattr(overlap.time, "perf_counter", lambda: next(clock))
     timeline = Timeline()
-    timeline.event("first photos decoded")
-    timeline.event("first photos decoded")
-    assert timeline.events == {"first photos decoded": 3.0}
+    timeline.event("first decoded batch in hand")
+    timeline.event("first decoded batch in hand")
+    assert timeline.events == {"first decoded batch in hand": 3.0}

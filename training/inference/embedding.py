@@ -394,7 +394,7 @@ def embed_image_files(model: EmbeddingModel, paths: Sequence[str | Path], readin
             batch = next(decoding, None)
         if batch is None:
             break
-        timeline.event("first photos decoded")
+        timeline.event("first decoded batch in hand")
         idx, pixels, bad, extra, nothing = batch
         bar.update(len(idx) + len(bad) + len(nothing))
         skipped += [(str(paths[i]), reason) for i, reason in bad]

@@ -37,12 +37,12 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import logging
 import os
 import platform
 import re
 import subprocess
 import sys
-import logging
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -244,8 +244,9 @@ def _timed(fn, seconds: float) -> float:
 
 def tower_ceilings(model_path: Path, device: str, batches: list[int], seconds: float, compile_backend: str) -> list:
     """The image tower alone (uint8 views → backbone features, normalised on the device, under the inference
-    autocast), eager then ``torch.compile``d, and the text tower alone (sentences → normalised vectors), views or
-    sentences per second at each batch size."""
+    autocast), eager, ``torch.compile``d and on the backend the service runs (:func:`_attach_backend`; a row saying
+    why when it did not load), and the text tower alone (sentences → normalised vectors), views or sentences per
+    second at each batch size."""
     from training.inference.backend import tower_features
     from training.inference.embedding import embed_texts, inference_autocast
 

@@ -256,14 +256,16 @@ def views_of(preprocess: Any, images: Sequence[torch.Tensor]) -> torch.Tensor:
     by_size: dict[tuple[int, ...], list[int]] = {}
     for i, im in enumerate(images):
         by_size.setdefault(tuple(im.shape), []).append(i)
-    rows: list[torch.Tensor | None] = [None] * len(images)
+    out: torch.Tensor | None = None
     for shape, where in by_size.items():
         step = max(1, CHUNK_PIXELS // (shape[-1] * shape[-2]))
         for start in range(0, len(where), step):
             part = where[start:start + step]
-            for i, views in zip(part, batch_views(preprocess, torch.stack([images[i] for i in part]))):
-                rows[i] = views
-    return torch.stack(cast(list[torch.Tensor], rows))
+            views = batch_views(preprocess, torch.stack([images[i] for i in part]))
+            if out is None:                 # every row written once, in place: no second stack
+                out = views.new_empty((len(images), *views.shape[1:]))
+            out[part] = views
+    return cast(torch.Tensor, out)
 
 
 def encoded_pixels(preprocess: Any, encoded: Sequence[EncodedJPEG], device: torch.device | str) -> torch.Tensor:

@@ -405,7 +405,9 @@ def raw_limits(model: Path, index: Path, texts: list[str], files: list[Path], ar
     from index.gallery import Gallery
     from service.engine import Engine
     from training.inference.shapes import resolve_shapes
+    from training.inference.threads import single_threaded_blas
 
+    single_threaded_blas()                               # as each server's worker runs
     uploads = [(f.name, f.read_bytes()) for f in files]
     from training.inference.backend import use_backend
 

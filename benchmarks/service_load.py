@@ -61,6 +61,7 @@ from service.engine import Engine  # noqa: E402
 from service.images import upload_to_pixels  # noqa: E402
 from service.state import cpu_threads  # noqa: E402
 from tests.server_process import spawn  # noqa: E402
+from training.inference.threads import single_threaded_blas  # noqa: E402
 from training.data.datasets import load_dataset  # noqa: E402
 from training.inference.backend import BACKENDS, attached, use_backend  # noqa: E402
 from training.models.model import build_model  # noqa: E402
@@ -452,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(cpu_threads(0))           # the server's own default: the same compute budget
+    single_threaded_blas()                              # and its BLAS pools (training/inference/threads.py)
     print(f"model {args.model} ({model.cfg.name}), index {args.index}: {gallery.images.ntotal} images "
           f"({gallery.images.factory}), {gallery.captions.ntotal} captions, {len(images)} query images; device {device}; "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}",

@@ -31,6 +31,7 @@ from training.inference.device import resolve_device
 from training.inference.pretrained import resolve
 from training.inference.shapes import Shapes
 from training.inference.shapes import resolve_shapes
+from training.inference.threads import single_threaded_blas
 from training.models.protocol import has_decoder
 
 from .batcher import DynamicBatcher
@@ -192,6 +193,9 @@ class ServiceState:
 
     async def start(self) -> None:
         self._torch_threads = torch.get_num_threads()
+        # the cores go to torch's threads: numpy's and FAISS's BLAS pools get one thread each (their products
+        # between forward passes are small, and their idle threads spin against torch's: threads.py)
+        self._restore_blas = single_threaded_blas()
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(self.settings.torch_threads,
                                               self.worker.count if self.worker is not None else 1))
@@ -221,6 +225,7 @@ class ServiceState:
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
         self.media.shutdown()
         torch.set_num_threads(self._torch_threads)      # the process's setting, as it was before start()
+        self._restore_blas()                            # and its BLAS pools'
         gc.unfreeze()                                   # let a clean shutdown free everything again
 
     async def _load(self) -> None:

@@ -1,0 +1,52 @@
+"""One pool of compute threads per process: torch's.
+
+A process that runs the model also runs small numpy and FAISS products between its forward passes (the relevance
+of every hit, index/relevance.py; FAISS's exact search of a batch). numpy and faiss-cpu each bring their own
+OpenBLAS, each with a thread per core, and an OpenBLAS thread keeps spinning on its core for a while after every
+product it took part in, waiting for the next. Those spinning threads then compete with torch's threads for the
+same cores during the next forward pass, so the model runs up to twice as slowly as it does alone (the text search
+at batch 64 on 2 cores: docs/benchmarks.md, "BLAS threads"). :func:`single_threaded_blas` gives every such pool
+one thread: its products are small (a batch of queries against a few thousand vectors), and the cores stay with
+torch's pool, which does the work that needs them. torch's own BLAS (built into its library, driven by torch's
+threads) is not one of them and keeps its threads.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+log = logging.getLogger("jointspace")
+
+# a pool in one of these libraries is torch's own: never limited
+TORCH_LIBRARIES = ("/torch/lib/", "\\torch\\lib\\")
+
+
+def blas_pools() -> list[dict]:
+    """The BLAS libraries loaded in this process other than torch's, as ``threadpoolctl`` describes them
+    (``filepath``, ``internal_api``, ``num_threads``, …)."""
+    from threadpoolctl import threadpool_info
+
+    return [pool for pool in threadpool_info()
+            if pool["user_api"] == "blas" and not any(lib in pool["filepath"] for lib in TORCH_LIBRARIES)]
+
+
+def single_threaded_blas() -> Callable[[], None]:
+    """Sets every BLAS pool loaded in this process except torch's (numpy's OpenBLAS, faiss-cpu's) to one thread
+    (see the module). numpy and FAISS are imported first, so that their libraries are loaded and seen. Returns what
+    puts each pool's thread count back as it was (a service that stops inside a longer-lived process, as in the
+    tests). Call it where a process that runs the model starts."""
+    import faiss  # noqa: F401 - loads faiss-cpu's OpenBLAS, so that it is limited too
+    import numpy  # noqa: F401 - loads numpy's OpenBLAS
+    from threadpoolctl import ThreadpoolController
+
+    pools = [lib for lib in ThreadpoolController().lib_controllers
+             if lib.user_api == "blas" and not any(t in lib.filepath for t in TORCH_LIBRARIES)]
+    before = [(lib, lib.num_threads) for lib in pools]
+    for lib in pools:
+        lib.set_num_threads(1)
+    log.debug("BLAS pools set to one thread: %s", ", ".join(lib.filepath for lib in pools) or "none")
+
+    def restore() -> None:
+        for lib, threads in before:
+            lib.set_num_threads(threads)
+    return restore

@@ -520,6 +520,45 @@ def t_serve_workers_cpu(file: str = "serve_workers_cpu.json") -> str:
     return with_provenance(headers, out, [{}] * len(out), data, file=file, right=set(range(1, len(headers))))
 
 
+def t_blas_threads_cpu() -> str:
+    """benchmarks/blas_threads.py: the text search at one batch with numpy's and FAISS's BLAS pools as they load
+    and with one thread each, per torch thread count."""
+    file = "blas_threads_cpu.json"
+    data = load(file)
+    base = {r["torch_threads"]: r["ms"] for r in data["rows"] if r["blas"] == "as loaded"}
+
+    def pools(r: dict) -> str:
+        threads = sorted(set(r["pools"].values()))
+        return f"{r['blas']}: {len(r['pools'])} pools, " + "/".join(map(str, threads)) + " thread(s) each"
+
+    cells = [[str(r["torch_threads"]), pools(r), f(r["ms"]), f(r["queries_per_s"], 0),
+              ", ".join(f(x, 0) for x in r["runs_ms"]), f"{base[r['torch_threads']] / r['ms']:.2f}×"]
+             for r in data["rows"]]
+    headers = ["torch threads", "numpy's and FAISS's BLAS pools", f"text search, batch {data['batch']}: ms",
+               "queries/s", "each round, ms", "speed-up"]
+    return with_provenance(headers, cells, [{}] * len(cells), data, file=file, right={0, 2, 3, 5})
+
+
+def t_serve_blas_threads_cpu() -> str:
+    """service_load.py --workers 1 --batching on --baseline: the commit before the BLAS pools' setting and the
+    commit with it, one server each, in one run."""
+    file = "serve_blas_threads_cpu.json"
+    data = load(file)
+    pairs: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in data["rows"]:
+        pairs.setdefault((r["route"], r["concurrency"]), {})["before" if r.get("checkout") else "after"] = r
+    cells = []
+    for (route, c), pair in pairs.items():
+        before, after = pair["before"], pair["after"]
+        cells.append([route, str(c), f(before["rps"], 0), f(before["p50_ms"]), f(before["p99_ms"]),
+                      f(after["rps"], 0), f(after["p50_ms"]), f(after["p99_ms"]),
+                      f"{after['rps'] / before['rps']:.2f}×" if before["rps"] else "—",
+                      f"{before.get('errors', 0)} / {after.get('errors', 0)}"])
+    headers = ["route", "concurrency", f"before ({data.get('baseline_commit') or '?'}): req/s", "p50 ms", "p99 ms",
+               "one BLAS thread: req/s", "p50 ms", "p99 ms", "after / before", "errors before / after"]
+    return with_provenance(headers, cells, [{}] * len(cells), data, file=file, right=set(range(1, len(headers))))
+
+
 def gpu_host_table(file: str) -> str:
     """benchmarks/gpu_host.py's results: one row per measurement."""
     data = load(file)
@@ -1115,6 +1154,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "stt_decoding_sweep": t_stt_decoding_sweep,
     "service_load_cpu": t_service_load_cpu,
     "serve_workers_cpu": t_serve_workers_cpu,
+    "serve_blas_threads_cpu": t_serve_blas_threads_cpu,
+    "blas_threads_cpu": t_blas_threads_cpu,
     "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
     "demo_ready": t_demo_ready,
     "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),

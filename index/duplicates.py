@@ -251,11 +251,7 @@ class GalleryNeighbours:
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors (without a querybank offset) of photos at ``rows``, read into one array."""
-        first = self._unfold(self.images.reconstruct(int(self.ids[rows[0]]))) if len(rows) else np.zeros(0)
-        out = np.empty((len(rows), len(first)), np.float32)
-        for n, row in enumerate(rows):
-            out[n] = self._unfold(self.images.reconstruct(int(self.ids[row])))
-        return out
+        return np.ascontiguousarray(self._unfold(self.images.reconstruct_many(self.ids[rows])), dtype=np.float32)
 
     def _hash(self, row: int) -> int | None:
         if self.phash[row] is not None:

@@ -311,6 +311,19 @@ class VectorIndex:
         except RuntimeError:
             raise KeyError(id_) from None
 
+    def reconstruct_many(self, ids) -> np.ndarray:
+        """The stored vectors of ``ids`` ``(n, dim)``, in their order, in one FAISS call; KeyError naming the first
+        absent id. (:meth:`reconstruct` of each, faster.)"""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if not len(ids):
+            return np.zeros((0, self.dim), dtype=np.float32)
+        try:
+            return self.index.reconstruct_batch(ids)
+        except RuntimeError:
+            for id_ in ids:                      # which one is absent
+                self.reconstruct(int(id_))
+            raise
+
     def ids(self) -> np.ndarray:
         if isinstance(self.index, faiss.IndexIDMap2):
             return faiss.vector_to_array(self.index.id_map).astype(np.int64)

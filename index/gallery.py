@@ -161,7 +161,7 @@ class Gallery:
         if not ids:
             return [[] for _ in hits]
         unique = list(dict.fromkeys(ids))
-        stored = np.stack([self.image_vector(i) for i in unique]).astype(np.float32)
+        stored = self.image_vectors(unique)
         new = [n for n, i in enumerate(unique) if i not in self._floors]
         if new:
             for n, row in zip(new, descriptions.floors(stored[new])):
@@ -177,6 +177,12 @@ class Gallery:
     def image_vector(self, image_id: int) -> np.ndarray:
         """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""
         return unfold(self.manifest, "images", self.images.reconstruct(image_id))
+
+    def image_vectors(self, image_ids: Sequence[int]) -> np.ndarray:
+        """:meth:`image_vector` of each of ``image_ids``, ``(n, dim)`` float32, read in one call; KeyError when one
+        is absent."""
+        return np.ascontiguousarray(unfold(self.manifest, "images", self.images.reconstruct_many(image_ids)),
+                                    dtype=np.float32)
 
     def info(self) -> dict:
         return {"root": str(self.root), "generation": self.generation, **self.manifest,

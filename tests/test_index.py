@@ -272,6 +272,21 @@ def test_ivf_add_remove_reconstruct_by_id_and_hnsw_refuses_removal():
         VectorIndex.create(16, "images", "cosine", "IVF64,Flat", train_vectors=x[:10])
 
 
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW16", "IVF4,PQ4"])
+def test_many_vectors_are_read_back_in_one_call_as_one_at_a_time(factory):
+    x = _clustered(600, 16, 2)
+    index = VectorIndex.create(16, "images", "cosine", factory, train_vectors=x)
+    index.add(x, np.arange(1000, 1600))
+    wanted = [1599, 1000, 1234, 1234, 1001]
+    many = index.reconstruct_many(wanted)
+    assert many.shape == (5, 16) and many.dtype == np.float32
+    assert np.array_equal(many, np.stack([index.reconstruct(i) for i in wanted]))
+    assert index.reconstruct_many([]).shape == (0, 16)
+    with pytest.raises(KeyError) as err:
+        index.reconstruct_many([1001, 7, 1002])
+    assert err.value.args == (7,)
+
+
 def test_cli_build_from_dataset_add_remove_info(tiny_model_path, synth_small, tmp_path, capsys):
     out = tmp_path / "index"
     assert cli_main(["index", "build", "--model", str(tiny_model_path), "--data", str(synth_small), "--split",

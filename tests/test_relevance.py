@@ -336,6 +336,7 @@ def test_a_bank_with_sentences_gives_the_image_side_both_directions(model, parts
                               bank.images[reference_rows(len(bank.images))], bank.captions, bank.beta)
     for q, h, r, p in zip(cap[:8], hits, ranked, photo_side):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h])
+        assert np.array_equal(gallery.image_vectors([i for i, _ in h]), vectors)     # read in one call, the same
         assert np.allclose(r.relevance, np.minimum(p, d.relevance(q, vectors)), atol=1e-6)
         assert all(x <= y + 1e-9 for x, y in zip(r.relevance, p))            # never above the photo side
     again = gallery.ranked("images", cap[:8], hits)                           # the floors, cached, give the same

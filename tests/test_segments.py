@@ -105,6 +105,10 @@ def test_tombstones_are_never_returned_and_search_paths_match_exact_search(tmp_p
     assert g.images.ntotal == len(vectors) and set(g.images.ids().tolist()) == set(vectors)
     with pytest.raises(KeyError):
         g.images.reconstruct(gone[0])
+    kept = [i for i in (499, 3, 320, 3, 410) if i in vectors]                 # across segments, in any order
+    assert np.array_equal(g.images.reconstruct_many(kept), np.stack([g.images.reconstruct(i) for i in kept]))
+    with pytest.raises(KeyError):
+        g.images.reconstruct_many([kept[0], gone[0]])                         # a removed one is absent
     _same(g.search_images(q, 10), _exact(vectors, q, 10))
     _same(g.search_images(q, 5, offset=4), [w[4:9] for w in _exact(vectors, q, 9)])
     cut = _exact(vectors, q, 10)[0][3][1]

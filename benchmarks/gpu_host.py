@@ -25,6 +25,10 @@ and the results say so. The parts (``--skip`` leaves any out):
   (``load_client.py``), on the server of ``first_answer`` after its first answers (one start for both): answers/s,
   p50/p99, the client's own CPU (cores), the host's CPU and the GPU's utilisation, against the raw limit (the same
   searches in process at batch c, no HTTP, once the server has stopped);
+* ``profile``: one more ``index build`` of the ``--tta-photos`` 1 MP photos with the defaults, its main process
+  under ``cProfile``: the functions where that process spent its own time (waiting included: a lock's
+  ``acquire`` is time spent waiting for the decoding processes or the device), and the project's functions by their
+  cumulative time, so that a fixed cost per batch can be placed;
 * ``search``: exact inner-product search over N random unit vectors of 1,024 dimensions (1M on a GPU): FAISS Flat
   (faiss-cpu; faiss-gpu when installed) and the torch search on the device: QPS at batch 1 and 256, p50/p99 at
   batch 1, the bytes a query reads per second against the card's bandwidth, recall@10 against FAISS Flat.
@@ -195,12 +199,14 @@ def captions(path: Path) -> Path:
 
 
 def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path, tta: str | None = None,
-                batch: int | None = None) -> dict:
+                batch: int | None = None, profile: Path | None = None) -> dict:
     """``jointspace index build`` in a subprocess: end to end, and its own start-up and steady rate; ``batch``: its
-    ``--batch-size`` (views a forward pass; None: the build's default for the device)."""
+    ``--batch-size`` (views a forward pass; None: the build's default for the device); ``profile``: its main
+    process run under ``cProfile``, the statistics written there."""
     start = time.perf_counter()
+    profiler = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     with Utilisation() as use:
-        proc = subprocess.run([sys.executable, "-m", "service.cli", "index", "build", "--model", str(model),
+        proc = subprocess.run([sys.executable, *profiler, "-m", "service.cli", "index", "build", "--model", str(model),
                                "--images", str(photos), "--captions", str(corpus), "--out", str(out), "--workers",
                                str(workers), "--quiet", *(["--tta", tta] if tta else []),
                                *(["--batch-size", str(batch)] if batch else [])], cwd=REPO,
@@ -223,6 +229,27 @@ def index_build(model: Path, photos: Path, out: Path, workers: int, corpus: Path
             # the image tower it ran on: a backend that failed to load says why (--quiet leaves the warnings)
             "backend_warnings": [line for line in proc.stderr.splitlines() if "inference backend" in line],
             **use.result()}
+
+
+def profile_rows(stats_file: Path, top: int = 25) -> dict:
+    """``cProfile``'s statistics → the ``top`` functions by their own time (``self``) and the project's functions
+    by cumulative time (``project``): ``{function, calls, self_s, cumulative_s}`` each, the file's path cut to what
+    follows ``site-packages/`` or the checkout."""
+    import pstats
+
+    def name(key: tuple) -> str:
+        file, line, function = key
+        for root in ("site-packages/", f"{REPO}/"):
+            file = file.split(root, 1)[-1]
+        return f"{file}:{line}({function})" if line else function
+
+    stats = pstats.Stats(str(stats_file)).stats        # type: ignore[attr-defined]
+    rows = [{"function": name(key), "calls": calls, "self_s": round(own, 4), "cumulative_s": round(cumulative, 4),
+             "project": key[0].startswith(str(REPO)) and "site-packages" not in key[0]}
+            for key, (_, calls, own, cumulative, _) in stats.items()]
+    project = [r for r in rows if r.pop("project")]
+    return {"self": sorted(rows, key=lambda r: -r["self_s"])[:top],
+            "project": sorted(project, key=lambda r: -r["cumulative_s"])[:top]}
 
 
 def _seconds(found: re.Match | None) -> dict[str, float] | None:
@@ -496,7 +523,7 @@ def gpu_tag() -> str:
     return next((tag.lower() for tag in BANDWIDTH if tag in name), "cuda")
 
 
-PARTS = ("index_build", "ceilings", "first_answer", "service", "search")
+PARTS = ("index_build", "ceilings", "first_answer", "service", "search", "profile")
 
 
 def main() -> int:
@@ -592,11 +619,22 @@ def main() -> int:
             result["ceilings"] = tower_ceilings(model, device, args.tower_batches, args.seconds,
                                                 args.compile_backend)
             save()
+        if "profile" not in args.skip:
+            folder = work / "tta"
+            if not folder.exists():
+                make_photos(folder, args.tta_photos, 1280, 800, cores)
+            stats = work / "build.prof"
+            row = index_build(model, folder, work / "index-profiled", args.workers, corpus, profile=stats)
+            result["profile"] = {"photo": "1 MP (1280×800)", **row, **profile_rows(stats)}
+            log(f"index build under cProfile: {row['images']} in {row['seconds']:.1f} s; {row['timing']}; most own "
+                f"time: " + ", ".join(f"{r['function']} {r['self_s']:.1f} s" for r in result["profile"]["self"][:5]))
+            save()
         if "index_build" not in args.skip:
             sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
                     ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
             for label, folder, n, width, height in [s for s in sets if s[2] > 0]:
-                make_photos(work / folder, n, width, height, cores)
+                if not (work / folder).exists():          # the profiled build's photos are the 1 MP set
+                    make_photos(work / folder, n, width, height, cores)
                 for mode, batch in [(m, b) for m in args.tta for b in args.build_batch]:
                     row = index_build(model, work / folder, work / f"index-{folder}-{mode}-{batch}", args.workers,
                                       corpus, mode, batch or None)

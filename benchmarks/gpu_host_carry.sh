@@ -21,7 +21,7 @@ CARRY=${CARRY:-$HOME/gpu}
 SITE=${SITE:-/tmp/site}
 WHEELS="faiss-cpu fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv python-multipart
 httptools annotated-types typing-inspection fastapi-offline
-opentelemetry-api"
+opentelemetry-api threadpoolctl"
 
 pin() {   # pin NAME: NAME==VERSION from constraints.txt (any spelling of - and _)
     local want

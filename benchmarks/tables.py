@@ -577,6 +577,13 @@ def gpu_host_table(file: str) -> str:
         if r.get("backend_warnings"):      # the image tower fell back to eager PyTorch: say why
             cell += "; " + "; ".join(sorted(set(r["backend_warnings"])))
         rows.append([label, cell])
+    profile = data.get("profile")
+    if profile:                            # an index build's main process under cProfile: where its time went
+        rows.append([f"index build under cProfile, {profile['images']} {profile['photo']} JPEGs",
+                     f"{profile['seconds']:.1f} s end to end; most own time: "
+                     + ", ".join(f"{r['function']} {r['self_s']:.1f} s ({r['calls']} calls)" for r in profile["self"][:6])
+                     + "; the project's functions by cumulative time: "
+                     + ", ".join(f"{r['function']} {r['cumulative_s']:.1f} s" for r in profile["project"][:6])])
     for r in data.get("ceilings", []):
         if "error" in r:               # a backend that did not load
             rows.append([f"{r['tower']} tower alone, {r['mode']}", f"not loaded: {r['error']}"])

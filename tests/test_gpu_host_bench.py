@@ -127,3 +127,36 @@ def test_the_tower_rows_say_why_a_backend_did_not_load(tiny_model_path, monkeypa
     name, failed = _attach_backend(model)
     assert name == "eager" and "folding the BatchNorms changed the features" in failed
     assert "inference backend auto failed" in failed
+
+
+def test_a_profiled_build_says_where_its_own_time_went_and_the_table_shows_it(tmp_path, monkeypatch):
+    import cProfile
+    import time
+
+    from benchmarks.gpu_host import profile_rows
+
+    def slow_wait():                       # not the project's code: stands in for a blocking call
+        time.sleep(0.05)
+
+    def work():
+        for _ in range(3):
+            slow_wait()
+        return timing_line(Timeline([(11.0, 64)]), 10.0, 12.0)     # the project's code
+
+    profiler = cProfile.Profile()
+    profiler.runcall(work)
+    profiler.dump_stats(tmp_path / "build.prof")
+    rows = profile_rows(tmp_path / "build.prof", top=5)
+    assert rows["self"][0]["function"] == "<built-in method time.sleep>" and rows["self"][0]["calls"] == 3
+    assert rows["self"][0]["self_s"] >= 0.15 and len(rows["self"]) <= 5
+    assert [r["self_s"] for r in rows["self"]] == sorted((r["self_s"] for r in rows["self"]), reverse=True)
+    assert rows["project"] and not any(r["function"].startswith("/") for r in rows["project"])   # the checkout's
+    assert any(r["function"].startswith("index/cli_build.py:") and "timing_line" in r["function"]
+               for r in rows["project"])
+    data = {"hardware": "h", "date": "d", "commit": "c", "model": "m",
+            "profile": {"photo": "1 MP (1280×800)", "images": 1000, "seconds": 9.5, **rows}}
+    (tmp_path / "gpu_host_cuda_h200.json").write_text(json.dumps(data))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    table = tables.gpu_host_table("gpu_host_cuda_h200.json")
+    assert "| index build under cProfile, 1000 1 MP (1280×800) JPEGs | 9.5 s end to end; most own time: " \
+           "<built-in method time.sleep> 0.2 s (3 calls)" in table

@@ -12,12 +12,15 @@ TESSERACT_PACKAGES := tesseract-ocr tesseract-ocr-eng
 
 .PHONY: install test lint demo demo-train clean chromium ocr screenshots
 
+# --no-cache-dir: the downloaded wheels (torch's CUDA libraries alone are several GB) are not kept a second time in
+# pip's cache beside the installed packages, so that the install fits on a machine with little free disk.
 # PYTHONWARNINGS: setuptools prints a note on every editable install ("Editable installation ... folders with the
 # same name as your package"), advice on editable installs in general, not a warning about this project
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -c constraints.txt -e '.[cpu,dev,ray]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet --no-cache-dir -c constraints.txt \
+		-e '.[cpu,dev,ray]'
 	@touch $@
 
 install: $(BIN)/jointspace  ## create .venv and install the pinned project

@@ -9,6 +9,7 @@ Loading checks the model fingerprint stored at build time against the model's an
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 from .changes import (DEFAULT_BUILD, BuildOptions, ChangeSet, ModelFacts, Target, UpdateReport, apply, live_target,
                       read_texts)
 from .generations import current_generation, read_generation, read_manifest
-from .metadata import Metadata
+from .metadata import ImageRow, Metadata
 from .ocr import OcrConfig, start_reading
 from .choices import SORT_DEPTH
 from .order import by_time, check_sort
@@ -43,6 +44,9 @@ class IndexMismatchError(ValueError):
     """The index was built with a different model than the one it is used with."""
 
 
+CACHED_ROWS = 65_536     # metadata rows a loaded generation keeps for its searches' hits (Gallery.image_rows)
+
+
 class Gallery:
     """A loaded generation of an index directory (read it; change it with :func:`build`/:func:`add`/:func:`remove`)."""
 
@@ -54,6 +58,7 @@ class Gallery:
         self._floors: dict[int, np.ndarray] = {}     # b(v), n(v) of images met in searches (index/relevance.py)
         self._photos: PhotoTable | None = None
         self._counts: dict[str, int] | None = None
+        self._rows: OrderedDict[int, ImageRow | None] = OrderedDict()    # image_rows' cache, least recent first
 
     @classmethod
     def load(cls, root: str | Path, model=None, device: str | torch.device = "cpu", readonly: bool = True,
@@ -173,6 +178,26 @@ class Gallery:
         flat = descriptions.relevance_of(queries, stored[rows], owner, floors).tolist()
         ends = np.cumsum([len(h) for h in hits]).tolist()
         return [flat[end - len(h):end] for h, end in zip(hits, ends)]
+
+    def image_rows(self, image_ids: Sequence[int]) -> dict[int, ImageRow]:
+        """The metadata rows of those of ``image_ids`` that exist (``Metadata.images``). A generation never changes,
+        so the rows read are kept (the :data:`CACHED_ROWS` used last): a search's hits seen before cost no query."""
+        cache = self._rows
+        ids = [int(i) for i in image_ids]
+        missing = [i for i in dict.fromkeys(ids) if i not in cache]
+        if missing:
+            read = self.meta.images(missing)
+            for i in missing:
+                cache[i] = read.get(i)               # None: no row (the image left in a later generation)
+        out = {}
+        for i in ids:
+            cache.move_to_end(i)
+            row = cache[i]
+            if row is not None:
+                out[i] = row
+        while len(cache) > CACHED_ROWS:
+            cache.popitem(last=False)
+        return out
 
     def image_vector(self, image_id: int) -> np.ndarray:
         """The stored embedding of a gallery image (without a querybank offset); KeyError when absent."""

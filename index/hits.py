@@ -6,6 +6,7 @@ implementation for ``jointspace index search`` (index/cli_search.py) and the ser
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .hybrid import TextRanking
@@ -69,16 +70,22 @@ def _words(ranking: Ranking, n: int) -> dict[str, Any]:
             "fused_score": ranking.fused[n] if ranking.fused is not None else None}
 
 
+@lru_cache(maxsize=65_536)
+def _taken(seconds: float | None) -> str | None:
+    """:func:`format_time`, kept for the capture times met last (a hit's is formatted each time it is shown)."""
+    return format_time(seconds)
+
+
 def _hit(i: int, score: float, relevance: float | None, row: ImageRow | None, words: dict[str, Any]) -> GalleryHit:
     if row is None:
         return GalleryHit(i, score, relevance, **words)
-    return GalleryHit(i, score, relevance, path=row.path, folder=row.folder, taken=format_time(row.taken),
+    return GalleryHit(i, score, relevance, path=row.path, folder=row.folder, taken=_taken(row.taken),
                     width=row.width, height=row.height, video_id=row.video_id, start=row.t_start, end=row.t_end,
                     frame=row.t_frame, **words)
 
 
 def image_hits(gallery, ranking: Ranking) -> list[GalleryHit]:
     """The hits of an image search (``gallery``: an index.gallery.Gallery), best first, with their metadata."""
-    rows = gallery.meta.images([i for i, _ in ranking.hits])
+    rows = gallery.image_rows([i for i, _ in ranking.hits])
     return [_hit(i, s, r, rows.get(i), _words(ranking, n))
             for n, ((i, s), r) in enumerate(zip(ranking.hits, relevances(ranking)))]

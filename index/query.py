@@ -133,9 +133,14 @@ class PhotoTable:
         index = {f: i for i, f in enumerate(self.folders)}
         self.folder_of = np.asarray([index[os.path.normpath(r.folder)] for r in rows], dtype=np.int64)
         self.root = os.path.normpath(root) if root else (os.path.commonpath(self.folders) if self.folders else "/")
+        self._relative: dict[str, str] = {}
 
     def relative(self, folder: str) -> str:
-        return inside(folder, self.root)
+        """:func:`inside` the root, kept per folder (every hit of a search shows its folder)."""
+        out = self._relative.get(folder)
+        if out is None:
+            out = self._relative[folder] = inside(folder, self.root)
+        return out
 
     def folder_counts(self) -> list[tuple[str, int]]:
         """Every folder with images (relative to the root) and how many images it holds directly."""

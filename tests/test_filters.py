@@ -349,3 +349,33 @@ def test_the_folder_filter_takes_gallery_relative_paths_only(client, model, gall
             assert r.json() == {"detail": "no indexed images in that folder: folders are relative to the gallery's "
                                           "root folder (GET /v1/folders lists them)"}
     assert client.post("/v1/search/images", json={"text": "a", "folder": "trip/../home"}).status_code == 200
+
+
+def test_a_generations_rows_are_read_once_and_shown_as_the_metadata_says(gallery_dir, monkeypatch):
+    import index.gallery as gallery_module
+    from index.hits import image_hits
+    from index.query import inside
+    from index.relevance import Ranking
+
+    gallery = Gallery.load(gallery_dir)
+    every = {r.id: r for r in gallery.meta.all_images()}
+    queried: list[list[int]] = []
+    read = gallery.meta.images
+    monkeypatch.setattr(gallery.meta, "images", lambda ids: queried.append(list(ids)) or read(ids))
+    ids = [5, 3, 10_000, 5, 7]                                           # one unknown, one twice
+    assert gallery.image_rows(ids) == {i: every[i] for i in (5, 3, 7)}
+    assert queried == [[5, 3, 10_000, 7]]
+    assert gallery.image_rows([7, 10_000, 3]) == {7: every[7], 3: every[3]} and len(queried) == 1   # kept
+    hits = image_hits(gallery, Ranking([(3, 0.5), (7, 0.4), (10_000, 0.3)], [0.9, 0.8, 0.7]))
+    assert [(h.id, h.path, h.taken, h.folder) for h in hits] == [
+        (3, every[3].path, format_time(every[3].taken), every[3].folder),
+        (7, every[7].path, format_time(every[7].taken), every[7].folder), (10_000, None, None, None)]
+    for folder in {r.folder for r in every.values()}:
+        assert gallery.photos.relative(folder) == inside(folder, gallery.photos.root)
+        assert gallery.photos.relative(folder) == gallery.photos.relative(folder)       # kept, the same
+    monkeypatch.setattr(gallery_module, "CACHED_ROWS", 2)                 # at most the rows used last
+    gallery.image_rows([1, 2, 3])
+    assert list(gallery._rows) == [2, 3]
+    gallery.image_rows([2, 1])
+    assert list(gallery._rows) == [2, 1] and queried[-1] == [1]
+    gallery.close()

@@ -32,11 +32,9 @@ def blas_pools() -> list[dict]:
 
 def single_threaded_blas() -> Callable[[], None]:
     """Sets every BLAS pool loaded in this process except torch's (numpy's OpenBLAS, faiss-cpu's) to one thread
-    (see the module). numpy and FAISS are imported first, so that their libraries are loaded and seen. Returns what
-    puts each pool's thread count back as it was (a service that stops inside a longer-lived process, as in the
-    tests). Call it where a process that runs the model starts."""
-    import faiss  # noqa: F401 - loads faiss-cpu's OpenBLAS, so that it is limited too
-    import numpy  # noqa: F401 - loads numpy's OpenBLAS
+    (see the module). Only the libraries loaded by then are seen: call it once the index code (which imports numpy
+    and FAISS) is imported, where a process that runs the model starts. Returns what puts each pool's thread count
+    back as it was (a service that stops inside a longer-lived process, as in the tests)."""
     from threadpoolctl import ThreadpoolController
 
     pools = [lib for lib in ThreadpoolController().lib_controllers

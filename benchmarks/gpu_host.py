@@ -5,7 +5,8 @@ the first answers after start, and exact search against the card's memory bandwi
     python benchmarks/gpu_host.py                    # on a GPU host → benchmarks/results/gpu_host_cuda_<gpu>.json
     python benchmarks/gpu_host.py --quick            # every part at toy sizes (a CPU: checks that it all runs)
 
-Runs on a machine with no network (nothing is downloaded) in about 11 minutes on one H200 with 16 cores
+Runs on a machine with no network (nothing is downloaded); on one H200 with 16 cores it took about 11 minutes
+before the ``profile`` part (one more build of 1,000 photos, about 30 s there) was added
 (benchmarks/gpu_host_carry.sh carries what it needs there). The model is the shipped architecture
 (training/pretrained/flickr8k.pt); where its pretrained-weight packages are not installed (or ``--random-weights``)
 the pretrained parts get random weights (``build_model(..., load_weights=False)``: speed does not depend on them)

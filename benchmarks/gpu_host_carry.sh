@@ -9,7 +9,8 @@
 #   there:  benchmarks/gpu_host_carry.sh keep-all      (a call carrying .gpu) all parts at once, when they fit
 #   there:  benchmarks/gpu_host_carry.sh run [ARGS]    (the last call) unpack, install into $SITE (default /tmp/site), run
 #                                                      gpu_host.py (ARGS passed on: e.g. --serve-workers 8) and write
-#                                                      $OUT/gpu_host_cuda_<gpu>.json (about 11 minutes on an H200;
+#                                                      $OUT/gpu_host_cuda_<gpu>.json (about 11 minutes on an H200
+#                                                      before the profiled build, about 30 s more, was added;
 #                                                      --big-photos 0 --skip decode: within a call's 10)
 #
 # The versions are the pinned ones of constraints.txt, for the machine's Python 3.12. The pretrained-weight packages

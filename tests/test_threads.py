@@ -57,5 +57,5 @@ def test_a_pool_in_torchs_own_library_is_not_one_of_them(monkeypatch, library):
     import training.inference.threads as threads
 
     fake = {"user_api": "blas", "filepath": f"/x/site-packages{library}libtorch_cpu.so", "num_threads": 4}
-    monkeypatch.setattr("threadpoolctl.threadpool_info", lambda: [fake])
+    monkeypatch.setattr(threads, "threadpool_info", lambda: [fake])
     assert threads.blas_pools() == []

@@ -15,6 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+# imported with the module, not when first called: a service may drop its privileges after its imports (a replica
+# run as another user), and the packages may then no longer be readable
+from threadpoolctl import ThreadpoolController, threadpool_info
+
 log = logging.getLogger("jointspace")
 
 # a pool in one of these libraries is torch's own: never limited
@@ -24,8 +28,6 @@ TORCH_LIBRARIES = ("/torch/lib/", "\\torch\\lib\\")
 def blas_pools() -> list[dict]:
     """The BLAS libraries loaded in this process other than torch's, as ``threadpoolctl`` describes them
     (``filepath``, ``internal_api``, ``num_threads``, …)."""
-    from threadpoolctl import threadpool_info
-
     return [pool for pool in threadpool_info()
             if pool["user_api"] == "blas" and not any(lib in pool["filepath"] for lib in TORCH_LIBRARIES)]
 
@@ -35,8 +37,6 @@ def single_threaded_blas() -> Callable[[], None]:
     (see the module). Only the libraries loaded by then are seen: call it once the index code (which imports numpy
     and FAISS) is imported, where a process that runs the model starts. Returns what puts each pool's thread count
     back as it was (a service that stops inside a longer-lived process, as in the tests)."""
-    from threadpoolctl import ThreadpoolController
-
     pools = [lib for lib in ThreadpoolController().lib_controllers
              if lib.user_api == "blas" and not any(t in lib.filepath for t in TORCH_LIBRARIES)]
     before = [(lib, lib.num_threads) for lib in pools]

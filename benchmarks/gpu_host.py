@@ -147,6 +147,14 @@ def make_photos(folder: Path, n: int, width: int, height: int, workers: int) -> 
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L4": 0.3e12}   # bytes/s of the card's memory
 
 
+def photo_set(work: Path, name: str, n: int, width: int, height: int, workers: int) -> Path:
+    """The folder ``work/name`` of ``n`` generated JPEGs (:func:`make_photos`), made on its first use only."""
+    folder = work / name
+    if not folder.exists():
+        make_photos(folder, n, width, height, workers)
+    return folder
+
+
 def _cpu_busy() -> tuple[float, float]:
     """(busy, total) jiffies of all cores, from /proc/stat."""
     fields = [float(x) for x in open("/proc/stat").readline().split()[1:]]
@@ -244,13 +252,14 @@ def profile_rows(stats_file: Path, top: int = 25) -> dict:
             file = file.split(root, 1)[-1]
         return f"{file}:{line}({function})" if line else function
 
+    def ours(file: str) -> bool:
+        return file.startswith(str(REPO)) and "site-packages" not in file
+
     stats = pstats.Stats(str(stats_file)).stats        # type: ignore[attr-defined]
-    rows = [{"function": name(key), "calls": calls, "self_s": round(own, 4), "cumulative_s": round(cumulative, 4),
-             "project": key[0].startswith(str(REPO)) and "site-packages" not in key[0]}
-            for key, (_, calls, own, cumulative, _) in stats.items()]
-    project = [r for r in rows if r.pop("project")]
-    return {"self": sorted(rows, key=lambda r: -r["self_s"])[:top],
-            "project": sorted(project, key=lambda r: -r["cumulative_s"])[:top]}
+    rows = [(key, {"function": name(key), "calls": calls, "self_s": round(own, 4), "cumulative_s": round(total, 4)})
+            for key, (_, calls, own, total, _) in stats.items()]
+    return {"self": sorted((r for _, r in rows), key=lambda r: -r["self_s"])[:top],
+            "project": sorted((r for key, r in rows if ours(key[0])), key=lambda r: -r["cumulative_s"])[:top]}
 
 
 def _seconds(found: re.Match | None) -> dict[str, float] | None:
@@ -621,9 +630,7 @@ def main() -> int:
                                                 args.compile_backend)
             save()
         if "profile" not in args.skip:
-            folder = work / "tta"
-            if not folder.exists():
-                make_photos(folder, args.tta_photos, 1280, 800, cores)
+            folder = photo_set(work, "tta", args.tta_photos, 1280, 800, cores)     # the --tta rows' 1 MP photos
             stats = work / "build.prof"
             row = index_build(model, folder, work / "index-profiled", args.workers, corpus, profile=stats)
             result["profile"] = {"photo": "1 MP (1280×800)", **row, **profile_rows(stats)}
@@ -634,8 +641,7 @@ def main() -> int:
             sets = [("1 MP (1280×800)", "tta", args.tta_photos, 1280, 800),
                     ("12 MP (4000×3000)", "big", args.big_photos, 4000, 3000)]
             for label, folder, n, width, height in [s for s in sets if s[2] > 0]:
-                if not (work / folder).exists():          # the profiled build's photos are the 1 MP set
-                    make_photos(work / folder, n, width, height, cores)
+                photo_set(work, folder, n, width, height, cores)
                 for mode, batch in [(m, b) for m in args.tta for b in args.build_batch]:
                     row = index_build(model, work / folder, work / f"index-{folder}-{mode}-{batch}", args.workers,
                                       corpus, mode, batch or None)

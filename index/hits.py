@@ -6,7 +6,6 @@ implementation for ``jointspace index search`` (index/cli_search.py) and the ser
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from .hybrid import TextRanking
@@ -70,16 +69,10 @@ def _words(ranking: Ranking, n: int) -> dict[str, Any]:
             "fused_score": ranking.fused[n] if ranking.fused is not None else None}
 
 
-@lru_cache(maxsize=65_536)
-def _taken(seconds: float | None) -> str | None:
-    """:func:`format_time`, kept for the capture times met last (a hit's is formatted each time it is shown)."""
-    return format_time(seconds)
-
-
 def _hit(i: int, score: float, relevance: float | None, row: ImageRow | None, words: dict[str, Any]) -> GalleryHit:
     if row is None:
         return GalleryHit(i, score, relevance, **words)
-    return GalleryHit(i, score, relevance, path=row.path, folder=row.folder, taken=_taken(row.taken),
+    return GalleryHit(i, score, relevance, path=row.path, folder=row.folder, taken=format_time(row.taken),
                     width=row.width, height=row.height, video_id=row.video_id, start=row.t_start, end=row.t_end,
                     frame=row.t_frame, **words)
 

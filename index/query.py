@@ -13,6 +13,7 @@ import datetime as dt
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -57,8 +58,10 @@ def parse_time(value: str, name: str = "time") -> float:
     return (when - _EPOCH).total_seconds()
 
 
+@lru_cache(maxsize=65_536)
 def format_time(seconds: float | None) -> str | None:
-    """Unix seconds → ISO 8601 UTC date-time (``2024-06-01T14:30:00Z``)."""
+    """Unix seconds → ISO 8601 UTC date-time (``2024-06-01T14:30:00Z``); the capture times formatted last are kept
+    (every hit of a search shows its own, each time it is shown)."""
     if seconds is None or seconds != seconds:
         return None
     try:

@@ -25,11 +25,15 @@ log = logging.getLogger("jointspace")
 TORCH_LIBRARIES = ("/torch/lib/", "\\torch\\lib\\")
 
 
+def _not_torch(filepath: str) -> bool:
+    return not any(lib in filepath for lib in TORCH_LIBRARIES)
+
+
 def blas_pools() -> list[dict]:
     """The BLAS libraries loaded in this process other than torch's, as ``threadpoolctl`` describes them
     (``filepath``, ``internal_api``, ``num_threads``, …)."""
     return [pool for pool in threadpool_info()
-            if pool["user_api"] == "blas" and not any(lib in pool["filepath"] for lib in TORCH_LIBRARIES)]
+            if pool["user_api"] == "blas" and _not_torch(pool["filepath"])]
 
 
 def single_threaded_blas() -> Callable[[], None]:
@@ -38,7 +42,7 @@ def single_threaded_blas() -> Callable[[], None]:
     and FAISS) is imported, where a process that runs the model starts. Returns what puts each pool's thread count
     back as it was (a service that stops inside a longer-lived process, as in the tests)."""
     pools = [lib for lib in ThreadpoolController().lib_controllers
-             if lib.user_api == "blas" and not any(t in lib.filepath for t in TORCH_LIBRARIES)]
+             if lib.user_api == "blas" and _not_torch(lib.filepath)]
     before = [(lib, lib.num_threads) for lib in pools]
     for lib in pools:
         lib.set_num_threads(1)

@@ -159,7 +159,8 @@ def served(args) -> int:
             row["strong_present"] = None if None in strong else int(sum(bool(x) for x in strong[:len(truth)]))
             row["strong_absent"] = strong_count(model, gallery, demo_absent(), photos)
             row["strong_demo"] = {name: strong_count(model, gallery, query_set(name), photos)
-                                  for name in ("absent_queries_demo", "nonsense_queries", "absent_queries_check")}
+                                  for name in ("absent_queries_demo", "nonsense_queries", "absent_queries_check",
+                                               "absent_queries_unseen")}
             found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]

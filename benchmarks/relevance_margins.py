@@ -1,6 +1,6 @@
 """The text side's settings of a photo hit's relevance (index/relevance.py: the weight λ of r(q), the description
-margin M₀ and the null margin N₀), chosen on development galleries and written to
-``benchmarks/results/relevance_margins.json`` (rendered into docs/index.md by benchmarks/tables.py).
+margin M₀, the null margin N₀, and the name term's floor T₀ and margin A₀), chosen on development galleries and
+written to ``benchmarks/results/relevance_margins.json`` (rendered into docs/index.md by benchmarks/tables.py).
 
     python benchmarks/relevance_margins.py --model training/pretrained/flickr8k.pt \
         --flickr8k ../shared/datasets/flickr8k
@@ -10,17 +10,19 @@ photo) and as benchmarks/open_vocab.py does (without it), each with the image to
 native bf16, in bf16 (index build ``--backend openvino-bf16``; elsewhere that backend would run the float32 tower, so
 those galleries are left out and the results file says so), under ``--work``. For every query of the demo's
 development sets — its 20 photo captions (*present*), and its captions of things no photo shows,
-``absent_queries_demo.txt`` and ``nonsense_queries.txt`` (*absent*) — and each hit of its first page of 10, the parts
-of the relevance that do not depend on the settings are computed once through the index (the photo side; q·v − b(v);
-r(q); q·v − n(v)). A query then has a strong match under (λ, M₀, N₀) when one of its hits with a strong photo side has
+``absent_queries_demo.txt``, ``nonsense_queries.txt`` and ``absent_queries_check.txt`` (*absent*) — and each hit of
+its first page of 10, the parts of the relevance that do not depend on the settings are computed once through the
+index (the photo side; q·v − b(v); r(q); q·v − n(v); the name margin a(q, v) − t(q) and t(q)). A query then has a
+strong match under (λ, M₀, N₀, T₀, A₀) when one of its hits with a strong photo side has
 
-    d = min(q·v − b(v) − λ r(q) − M₀,  q·v − n(v) − N₀) ≥ 0,
+    d = min(q·v − b(v) − λ r(q) − M₀,  q·v − n(v) − N₀,  a(q, v) − t(q) − A₀ where t(q) ≥ T₀) ≥ 0,
 
 and its *distance* is the largest such d over those hits (negative: no strong match). A grid of settings is searched;
 the rule: among the settings that meet the targets on every gallery (at least 90 % of the captions strong, at most 1
-in 10 absent queries), the one whose smallest |distance| over those queries and all galleries is largest: the
-decisions that a small change of a vector (bf16 against float32, a photo saved again) is least likely to flip. A third
-set, absent things and nonsense written after the settings in use were chosen (``absent_queries_check.txt``, *check*),
+in 10 absent queries), the ones leaving the fewest absent queries strong on their worst gallery, and of those the one
+whose smallest |distance| over the captions and absent queries on all galleries is largest: the decisions that a
+small change of a vector (bf16 against float32, a photo saved again) is least likely to flip. A third set, absent
+things and nonsense written before any setting was chosen with them in view (``absent_queries_unseen.txt``, *check*),
 is never used to choose: its strong count says how a choice carries over to queries it was not chosen on, and the
 results give the fewest of it that any setting keeping the captions' target leaves strong (``check_floor``). Before
 the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
@@ -54,82 +56,138 @@ ABSENT_SHARE = 0.1             # at most 1 in 10 absent or nonsense queries
 WEIGHTS = np.round(np.arange(0.0, 0.801, 0.05), 3) + 0.0    # λ (+ 0.0: no −0.0)
 DESCRIPTION = np.round(np.arange(-0.45, -0.149, 0.005), 3) + 0.0  # M₀
 NULL = np.round(np.arange(-0.10, 0.051, 0.01), 3) + 0.0    # N₀
+NAMED_FLOOR = np.array([0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 1.01])    # T₀ (1.01: no query names a class)
+NAMED = np.round(np.arange(-0.30, 0.001, 0.025), 3) + 0.0    # A₀
 SELECTED = ("present", "absent")    # the query sets the settings are chosen on (query_sets: not "check")
 
 
 @dataclass(frozen=True)
 class Parts:
     """The setting-free parts of each query's hits, ``(queries, hits)`` arrays: ``usable`` (the photo side is a
-    strong match), ``described`` (q·v − b(v)) and ``null`` (q·v − n(v)); ``rq``: r(q), ``(queries,)``."""
+    strong match), ``described`` (q·v − b(v)), ``null`` (q·v − n(v)) and ``named`` (a(q, v) − t(q), +inf for a
+    photo without names); ``rq``: r(q) and ``names``: t(q), ``(queries,)``."""
     usable: np.ndarray
     described: np.ndarray
     rq: np.ndarray
     null: np.ndarray
+    named: np.ndarray
+    names: np.ndarray
 
 
-def distances(parts: Parts, weight: float, description: float, null: float) -> np.ndarray:
-    """Each query's distance from a strong match under (λ, M₀, N₀) (the module's d; −inf: no hit with a strong
-    photo side)."""
-    d = np.minimum(parts.described - weight * parts.rq[:, None] - description, parts.null - null)
-    return np.where(parts.usable, d, -np.inf).max(axis=1)
+def distances(parts: Parts, weight: float, description: float, null: float, named_floor: float,
+              named: float) -> np.ndarray:
+    """Each query's distance from a strong match under (λ, M₀, N₀, T₀, A₀) (the module's d; −inf: no hit with a
+    strong photo side)."""
+    return grid_distances(parts, weight, np.array([description]), np.array([null]), named_floor, named)[0, 0]
 
 
-def search(galleries: dict[str, dict[str, Parts]]) -> list[dict]:
-    """Every setting of the grid with, per gallery, its strong present and absent counts and its smallest
-    |distance|; those meeting the targets on every gallery first, by that margin, largest first."""
-    rows = []
-    for weight, description, null in itertools.product(WEIGHTS, DESCRIPTION, NULL):
-        row: dict = {"weight": float(weight), "description": float(description), "null": float(null), "per": {}}
-        for name, sets in galleries.items():
-            d = {k: distances(p, weight, description, null) for k, p in sets.items()}
-            finite = np.concatenate([x[np.isfinite(x)] for k, x in d.items() if k in SELECTED])
-            row["per"][name] = {"present": int((d["present"] >= 0).sum()), "absent": int((d["absent"] >= 0).sum()),
-                                "margin": float(np.abs(finite).min()) if len(finite) else 0.0}
-            if "check" in d:
-                row["per"][name]["check"] = int((d["check"] >= 0).sum())
-        row["meets"] = all(p["present"] >= PRESENT_SHARE * len(galleries[n]["present"].rq)
-                           and p["absent"] <= ABSENT_SHARE * len(galleries[n]["absent"].rq)
-                           for n, p in row["per"].items())
-        row["margin"] = min(p["margin"] for p in row["per"].values())
-        rows.append(row)
-    rows.sort(key=lambda r: (r["meets"], r["margin"]), reverse=True)
-    return rows
+def grid_distances(parts: Parts, weight: float, descriptions: np.ndarray, nulls: np.ndarray, named_floor: float,
+                   named: float) -> np.ndarray:
+    """:func:`distances` for every M₀ of ``descriptions`` and N₀ of ``nulls`` at once: ``(M, N, queries)``."""
+    gate = np.where(parts.names[:, None] >= named_floor, parts.named - named, np.inf)           # (Q, H)
+    text = np.minimum((parts.described - weight * parts.rq[:, None])[None] - descriptions[:, None, None], gate)
+    d = np.minimum(text[:, None], parts.null[None, None] - nulls[None, :, None, None])         # (M, N, Q, H)
+    return np.where(parts.usable, d, -np.inf).max(axis=-1)
 
 
-def check_floor(rows: list[dict], present: int) -> dict | None:
+SETTINGS = ("weight", "description", "null", "named_floor", "named")
+
+
+def search(galleries: dict[str, dict[str, Parts]], keep: int = 10,
+           also: tuple[tuple[float, ...], ...] = ()) -> tuple[list[dict], dict]:
+    """The grid's settings with, per gallery, their strong counts per query set and their smallest |distance| over
+    the sets they are chosen on: the ``keep`` best (those meeting the targets on every gallery first, then the fewest
+    absent queries strong on the worst gallery, then by that margin, largest first), with the settings of ``also``
+    wherever they rank; and a summary of the grid (its size, how many meet the targets, the check floor:
+    :func:`check_floor`)."""
+    names = list(galleries)
+    sets = sorted({k for g in galleries.values() for k in g})
+    shape = (len(WEIGHTS), len(NAMED_FLOOR), len(NAMED), len(DESCRIPTION), len(NULL))
+    counts = {(n, k): np.zeros(shape, np.int32) for n in names for k in sets}
+    margins = {n: np.zeros(shape) for n in names}
+    for (i, weight), (j, floor), (k, named) in itertools.product(enumerate(WEIGHTS), enumerate(NAMED_FLOOR),
+                                                                 enumerate(NAMED)):
+        for n in names:
+            d = {key: grid_distances(p, weight, DESCRIPTION, NULL, floor, named) for key, p in galleries[n].items()}
+            for key, x in d.items():
+                counts[n, key][i, j, k] = (x >= 0).sum(axis=-1)
+            chosen_on = np.concatenate([x for key, x in d.items() if key in SELECTED], axis=-1)
+            margins[n][i, j, k] = np.where(np.isfinite(chosen_on), np.abs(chosen_on), np.inf).min(axis=-1)
+    meets = np.ones(shape, bool)
+    for n in names:
+        meets &= counts[n, "present"] >= PRESENT_SHARE * len(galleries[n]["present"].rq)
+        meets &= counts[n, "absent"] <= ABSENT_SHARE * len(galleries[n]["absent"].rq)
+    margin = np.minimum.reduce([np.where(np.isfinite(m), m, 0.0) for m in margins.values()])
+    absent = np.maximum.reduce([counts[n, "absent"] for n in names])    # on the worst gallery
+    # meeting the targets first, then the fewest absent queries strong, then by margin, largest first
+    order = np.lexsort((-margin.ravel(), absent.ravel(), ~meets.ravel()))
+    grid = (WEIGHTS, NAMED_FLOOR, NAMED, DESCRIPTION, NULL)
+
+    def row(flat: int) -> dict:
+        at = np.unravel_index(flat, shape)
+        values = dict(zip(("weight", "named_floor", "named", "description", "null"),
+                          (float(axis[x]) for axis, x in zip(grid, at))))
+        per = {n: {**{key: int(counts[n, key][at]) for key in sets},
+                   "margin": float(margins[n][at]) if np.isfinite(margins[n][at]) else 0.0} for n in names}
+        return {**{k: values[k] for k in SETTINGS}, "per": per, "meets": bool(meets[at]),
+                "margin": float(margin[at]), "rank": int(np.flatnonzero(order == flat)[0]) + 1}
+
+    rows = [row(int(f)) for f in order[:keep]]
+    for values in also:
+        at = tuple(int(np.flatnonzero(np.isclose(axis, v))[0]) if np.isclose(axis, v).any() else -1
+                   for axis, v in zip(grid, (values[0], values[3], values[4], values[1], values[2])))
+        if -1 in at:
+            raise SystemExit(f"the settings {dict(zip(SETTINGS, values))} are not on the grid: widen it")
+        rows.append(row(int(np.ravel_multi_index(at, shape))))
+    summary: dict = {"settings": int(meets.size), "meeting_targets": int(meets.sum())}
+    if "check" in sets:
+        summary["check_floor"] = check_floor(counts, names, shape, order, row,
+                                             math.ceil(PRESENT_SHARE * len(galleries[names[0]]["present"].rq) - 1e-9))
+    return rows, summary
+
+
+def check_floor(counts: dict, names: list[str], shape: tuple[int, ...], order: np.ndarray, row, present: int
+                ) -> dict | None:
     """Of the settings leaving at least ``present`` captions strong on every gallery, the one leaving the fewest of
-    the check set strong on its worst gallery: how far any setting of the grid could carry over (None: no check
-    set, or no such setting)."""
-    kept = [r for r in rows if all(p["present"] >= present and "check" in p for p in r["per"].values())]
-    if not kept:
+    the check set strong on its worst gallery (ties: the better ranked): how far any setting of the grid could carry
+    over (None: no such setting)."""
+    kept = np.logical_and.reduce([counts[n, "present"] >= present for n in names])
+    if not kept.any():
         return None
-    best = min(kept, key=lambda r: (max(p["check"] for p in r["per"].values()), -r["margin"]))
-    return {k: best[k] for k in ("weight", "description", "null", "per")}
+    worst = np.maximum.reduce([counts[n, "check"] for n in names]).astype(np.float64)
+    worst[~kept] = np.inf
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    best = int(np.lexsort((rank, worst.ravel()))[0])
+    out = row(best)
+    return {k: out[k] for k in (*SETTINGS, "per")}
 
 
 def query_sets() -> dict[str, list[str]]:
     """The demo's query sets: *present* and *absent* choose the settings (:data:`SELECTED`); *check*, absent things
-    and nonsense written apart from them (``absent_queries_check.txt``), only measures how a choice carries over to
-    queries it was not chosen on."""
+    and nonsense written before any setting was chosen with them in view (``absent_queries_unseen.txt``), only
+    measures how a choice carries over to queries it was not chosen on. ``absent_queries_check.txt``, the check set
+    of the settings before the name term, is among the absent queries."""
     from benchmarks.open_vocab import demo_absent, demo_truth, query_set
 
     return {"present": [t for t, _ in demo_truth()],
-            "absent": demo_absent() + query_set("absent_queries_demo") + query_set("nonsense_queries"),
-            "check": query_set("absent_queries_check")}
+            "absent": demo_absent() + query_set("absent_queries_demo") + query_set("nonsense_queries")
+            + query_set("absent_queries_check"),
+            "check": query_set("absent_queries_unseen")}
 
 
 def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]]) -> Parts:
     """The setting-free parts of ``hits`` (one list per raw query, as the index returned them)."""
     from index.gallery import plain_queries, queries_for
-    from index.relevance import STRONG
+    from index.relevance import STRONG, name_margins
 
     reference = gallery.references["images"]
     text = reference.descriptions
     photo = reference.relevance(queries_for(gallery.manifest, "images", queries), [[s for _, s in h] for h in hits])
     width = max(len(h) for h in hits)
     shape = (len(hits), width)
-    usable, described, null = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape)
-    rq = np.zeros(len(hits))
+    usable, described, null, named = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    rq, names = np.zeros(len(hits)), np.zeros(len(hits))
     for n, (q, h, p) in enumerate(zip(plain_queries(gallery.manifest, queries), hits, photo)):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h]).astype(np.float32)
         floors = text.floors(vectors)
@@ -137,8 +195,11 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
         usable[n, :len(h)] = np.asarray(p) >= STRONG
         described[n, :len(h)] = raw - floors[:, 0]
         null[n, :len(h)] = raw - floors[:, 1]
+        said = text.query_names(q)
+        named[n, :len(h)] = name_margins(np.repeat(said, len(h), axis=0), floors[:, 2:], named_floor=-np.inf)
+        names[n] = said.max() if said.size else -np.inf
         rq[n] = text.query_floor(q)
-    return Parts(usable, described, rq, null)
+    return Parts(usable, described, rq, null, named, names)
 
 
 def demo_parts(model, index: Path) -> dict[str, Parts]:
@@ -240,21 +301,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, index in build_galleries(Path(args.model), work, here).items():
         galleries[name] = demo_parts(model, index)
         print(f"{name}: parts of {sum(len(p.rq) for p in galleries[name].values())} queries", flush=True)
-    rows = search(galleries)
-    now = tuple(relevance.text_side_settings().values())
-    in_use = next((r for r in rows if (r["weight"], r["description"], r["null"]) == now), None)
-    if in_use is None:
-        raise SystemExit(f"the settings in use (λ, M₀, N₀) = {now} are not on the grid: widen it")
+    now = tuple(relevance.text_side_settings()[k] for k in SETTINGS)
+    rows, summary = search(galleries, also=(now,))
+    in_use, rows = rows[-1], rows[:-1]
     chosen = rows[0]
     result = {"model": args.model, "targets": {"present": PRESENT_SHARE, "absent": ABSENT_SHARE},
               "grid": {"weight": [float(WEIGHTS[0]), float(WEIGHTS[-1])],
                        "description": [float(DESCRIPTION[0]), float(DESCRIPTION[-1])],
-                       "null": [float(NULL[0]), float(NULL[-1])], "settings": len(rows),
-                       "meeting_targets": sum(r["meets"] for r in rows)},
+                       "null": [float(NULL[0]), float(NULL[-1])],
+                       "named_floor": [float(x) for x in NAMED_FLOOR], "named": [float(NAMED[0]), float(NAMED[-1])],
+                       "named_top": relevance.NAMED_TOP, "settings": summary["settings"],
+                       "meeting_targets": summary["meeting_targets"]},
               "queries": {k: len(v) for k, v in query_sets().items()},
               "not_measured": {n: "this CPU has no native bf16" for n in missing},
               "in_use": in_use, "chosen": chosen, "runners_up": rows[1:10],
-              "check_floor": check_floor(rows, math.ceil(PRESENT_SHARE * len(query_sets()["present"]) - 1e-9)),
+              "check_floor": summary.get("check_floor"),
               "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()}
     if args.flickr8k:
         dev_index = work / "dev-index"
@@ -264,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         dev = dev_parts(model, dev_index, args.flickr8k)
         for row in (in_use, chosen, *rows[1:4]):
             row["dev_own_photo_strong"] = round(
-                100 * float((distances(dev, row["weight"], row["description"], row["null"]) >= 0).mean()), 1)
+                100 * float((distances(dev, *(row[k] for k in SETTINGS)) >= 0).mean()), 1)
     write_json(RESULTS, result)
     print({k: result[k] for k in ("in_use", "chosen")})
     return 0

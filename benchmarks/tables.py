@@ -234,14 +234,17 @@ def t_open_vocab_served() -> str:
 
     def settings(r) -> str:     # a row counted under other relevance settings than index/relevance.py's says so
         then = r.get("relevance")
-        return "" if then is None or then == now else \
-            f" (λ {then['weight']:g}, M₀ {then['description']:g}, N₀ {then['null']:g})"
+        if then is None or then == now:
+            return ""
+        names = (f", T₀ {then['named_floor']:g}, A₀ {then['named']:g}" if "named" in then else ", without the name term")
+        return f" (λ {then['weight']:g}, M₀ {then['description']:g}, N₀ {then['null']:g}{names})"
 
     def strong(r) -> str:
         demo = r.get("strong_demo") or {}
         parts = [f"{f(r.get('strong_present'), 0)} of 20", share(r.get("strong_absent"))]
         if demo:
-            parts += [share(demo.get(k)) for k in ("absent_queries_demo", "nonsense_queries", "absent_queries_check")]
+            parts += [share(demo.get(k)) for k in ("absent_queries_demo", "nonsense_queries", "absent_queries_check",
+                                                   "absent_queries_unseen")]
         return " / ".join(parts) + settings(r)
 
     def imagenet_strong(r) -> str:
@@ -256,7 +259,7 @@ def t_open_vocab_served() -> str:
     headers = ["model", "backend", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
                "demo captions finding their photo first (smallest margin)", "\"a cup of coffee\", \"a rocket\"",
                "people queries finding a person first",
-               "strong match on the demo: captions / things no photo shows / absent things / nonsense / check set",
+               "strong match on the demo: captions / things no photo shows / absent things / nonsense / check set / unseen set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
     cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
               f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
@@ -275,23 +278,28 @@ def t_relevance_margins() -> str:
     rows += [dict(r, what=f"runner-up {n}") for n, r in enumerate(data["runners_up"][:3], 1)]
     names = list(data["chosen"]["per"])
     counts = data["queries"]
-    headers = ["setting", "λ", "M₀", "N₀", f"captions strong (of {counts['present']})",
+    named = "named" in data["chosen"]         # rows chosen with the name term (T₀, A₀)
+    headers = ["setting", "λ", "M₀", "N₀", *(["T₀", "A₀"] if named else []), f"captions strong (of {counts['present']})",
                f"absent strong (of {counts['absent']})", "nearest decision",
                "Flickr8k dev captions whose own photo is strong (%)"]
     cells = [[r["what"], f(r["weight"], 2), f(r["description"], 3), f(r["null"], 2),
+              *([f(r["named_floor"], 2), f(r["named"], 3)] if named else []),
               " / ".join(str(r["per"][n]["present"]) for n in names),
               " / ".join(str(r["per"][n]["absent"]) for n in names), f(r["margin"], 4),
               f(r.get("dev_own_photo_strong"))] for r in rows]
+    first = 6 if named else 4                 # the captions column
     if "check" in counts:       # the set no setting is chosen on (benchmarks/relevance_margins.py)
-        headers.insert(6, f"check set strong (of {counts['check']}; not chosen on)")
+        headers.insert(first + 2, f"check set strong (of {counts['check']}; not chosen on)")
         for row, r in zip(cells, rows):
-            row.insert(6, " / ".join(str(r["per"][n].get("check", "–")) for n in names))
+            row.insert(first + 2, " / ".join(str(r["per"][n].get("check", "–")) for n in names))
     grid = data["grid"]
-    right = {1, 2, 3, 6, 7} if "check" not in counts else {1, 2, 3, 7, 8}
+    right = {*range(1, first), first + 2 + ("check" in counts), first + 3 + ("check" in counts)}
     return (with_provenance(headers, cells, rows, data, right=right)
             + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. "
               f"Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "
-              f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}); "
+              f"M₀ {grid['description'][0]}–{grid['description'][1]}, N₀ {grid['null'][0]}–{grid['null'][1]}"
+              + (f", T₀ {', '.join(f'{x:g}' for x in grid['named_floor'])}, A₀ {grid['named'][0]}–{grid['named'][1]}"
+                 if "named_floor" in grid else "") + "); "
               f"{grid['meeting_targets']} meet the targets."
             + "".join(f" Not measured ({why}): {'; '.join(n for n, w in data['not_measured'].items() if w == why)}."
                       for why in dict.fromkeys(data.get("not_measured", {}).values()))
@@ -306,7 +314,8 @@ def check_floor_note(data: dict) -> str:
     counts = " / ".join(str(p["check"]) for p in floor["per"].values())
     return (f" Of the settings keeping at least {round(100 * data['targets']['present'])} % of the captions "
             f"strong on every gallery, the fewest check-set strong matches: {counts} of {data['queries']['check']} "
-            f"(λ {floor['weight']:g}, M₀ {floor['description']:g}, N₀ {floor['null']:g}).")
+            f"(λ {floor['weight']:g}, M₀ {floor['description']:g}, N₀ {floor['null']:g}"
+            + (f", T₀ {floor['named_floor']:g}, A₀ {floor['named']:g}" if "named" in floor else "") + ").")
 
 
 def t_open_vocab_levers() -> str:

@@ -231,7 +231,8 @@ def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
             said = [z[k].astype(np.float32) for k in ("reference_captions", "reference_sentences") if k in z]
             descriptions = Descriptions(np.concatenate(said), z["reference_nulls"].astype(np.float32)
                                         if entry["references"].get("nulls") and "reference_nulls" in z else None,
-                                        z["reference_images"].astype(np.float32) if "reference_images" in z else None)
+                                        z["reference_images"].astype(np.float32) if "reference_images" in z else None,
+                                        names=len(said[-1]))            # the class sentences: the last rows
         for role in ("images", "captions"):
             if role not in entry["references"]:
                 continue

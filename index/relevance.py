@@ -39,6 +39,16 @@ near-duplicate copy, in float32 and in bf16, the one whose decisions lie farthes
 docs/index.md#relevance-and-no-strong-match has the rates. Absent things and nonsense written after that choice
 get a strong match more often (about one in six on the demo): mostly things that look like a photo the gallery
 holds, which the model's text side cannot tell apart from it.
+
+A third term checks the *names*: the model's class sentences (:attr:`Descriptions.names`, one per ImageNet class).
+A query *names a class* when its closest class sentence, text against text, is at least :data:`NAMED_FLOOR` close
+(``t(q) = max_c q·s_c``: "a bowl of ramen" is close to "a photo of a soup bowl", "old coins on a grey background" to
+no class). For such a query the hit must carry a name about as close: with ``a(q, v)`` the largest ``q·s_c`` over
+the :data:`NAMED_TOP` class sentences closest to photo ``v`` (the photo's own best names), its *name margin*
+``a(q, v) − t(q)`` (0 when one of them is the query's closest class) is calibrated as the others at
+:data:`NAMED_MARGIN`. So "a goldfish" on a photo of coins, whose best names are a bubble, a thimble and a beaker, is
+not a strong match however high its score, while "a cup of coffee" on a photo whose best names are espresso and a
+coffee mug is; a query that names no class (a scene, a person, nonsense) is not weighed by it.
 """
 from __future__ import annotations
 
@@ -52,20 +62,41 @@ import numpy as np
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
 DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
-DESCRIPTION_MARGIN = -0.385  # M₀: the description margin at which the text side reaches STRONG (see below)
+DESCRIPTION_MARGIN = -0.43  # M₀: the description margin at which the text side reaches STRONG (see below)
 QUERY_TOP = 10              # r(q): the mean of a query's 10 best cosines among the reference photos
-QUERY_WEIGHT = 0.6          # λ: r(q)'s weight in the description margin (see below)
+QUERY_WEIGHT = 0.75         # λ: r(q)'s weight in the description margin (see below)
 DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
 NULL_COUNT = 380            # null sentences (null_sentences)
 NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences
-NULL_MARGIN = 0.0           # N₀: the null margin at which the text side reaches STRONG (see below)
-# λ, M₀ and N₀: chosen together by benchmarks/relevance_margins.py on the demo gallery's development queries
+NULL_MARGIN = 0.03          # N₀: the null margin at which the text side reaches STRONG (see below)
+NAMED_TOP = 5               # a(q, v): over the photo's 5 closest class sentences (its best names)
+NAMED_FLOOR = 0.65          # T₀: a query names a class when its closest class sentence is this close (text·text)
+NAMED_MARGIN = -0.25        # A₀: the name margin a(q, v) − t(q) at which the text side reaches STRONG
+# λ, M₀, N₀, T₀ and A₀: chosen together by benchmarks/relevance_margins.py on the demo gallery's development queries
 # (results/relevance_margins.json, docs/index.md#relevance-and-no-strong-match)
 
 
 def text_side_settings() -> dict[str, float]:
-    """The text side's settings in use, by name: λ (``weight``), M₀ (``description``) and N₀ (``null``)."""
-    return {"weight": QUERY_WEIGHT, "description": DESCRIPTION_MARGIN, "null": NULL_MARGIN}
+    """The text side's settings in use, by name: λ (``weight``), M₀ (``description``), N₀ (``null``), T₀
+    (``named_floor``) and A₀ (``named``)."""
+    return {"weight": QUERY_WEIGHT, "description": DESCRIPTION_MARGIN, "null": NULL_MARGIN,
+            "named_floor": NAMED_FLOOR, "named": NAMED_MARGIN}
+
+
+def name_margins(query_names: np.ndarray, photo_names: np.ndarray, named_floor: float = NAMED_FLOOR) -> np.ndarray:
+    """Each hit's name margin ``a(q, v) − t(q)`` (see the module): ``query_names`` ``(H, C)``, the hit's query against
+    every class sentence; ``photo_names`` ``(H, K)``, the rows of the photo's best names (−1: none). +inf where the
+    query names no class (``t(q) < named_floor``) or the photo has no names."""
+    query_names = np.asarray(query_names, dtype=np.float32)
+    photo_names = np.asarray(photo_names).astype(np.intp)
+    out = np.full(len(query_names), np.inf, dtype=np.float32)
+    if query_names.shape[1] == 0 or photo_names.shape[1] == 0:
+        return out
+    t = query_names.max(axis=1)
+    a = np.take_along_axis(query_names, np.maximum(photo_names, 0), axis=1).max(axis=1)
+    weighed = (t >= named_floor) & (photo_names >= 0).all(axis=1)
+    out[weighed] = (a - t)[weighed]
+    return out
 
 
 def reference_rows(n: int, size: int = REFERENCE_SIZE) -> np.ndarray:
@@ -110,28 +141,42 @@ def null_sentences(count: int = NULL_COUNT, seed: int = 0) -> list[str]:
 class Descriptions:
     """The reference sentences of an image index (unit vectors, as the model embeds text): what the model can say
     of a photo, against which a query's fit to a hit is measured (the module's text side), the null sentences
-    (None: no null side) and the reference photos (unit image vectors, unfolded; None: no r(q) term)."""
+    (None: no null side), the reference photos (unit image vectors, unfolded; None: no r(q) term) and ``names``:
+    how many of the sentences, the last ones, are the model's class sentences (0: no name term)."""
 
-    def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None, photos: np.ndarray | None = None):
+    def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None, photos: np.ndarray | None = None,
+                 names: int = 0):
         self.sentences = _rows(sentences, "reference sentences")
         self.nulls = None if nulls is None else _rows(nulls, "null sentences")
         self.photos = None if photos is None else _rows(photos, "reference photos")
         for other in (self.nulls, self.photos):
             if other is not None and other.shape[1] != self.sentences.shape[1]:
                 raise ValueError("null sentences, reference photos and reference sentences must have the same width")
+        if not 0 <= int(names) <= len(self.sentences):
+            raise ValueError(f"names: {names} class sentences among {len(self.sentences)} reference sentences")
+        self.names = self.sentences[len(self.sentences) - int(names):]      # a view: the last ``names`` rows
 
     def __len__(self) -> int:
         return len(self.sentences)
 
     def floors(self, photos: np.ndarray) -> np.ndarray:
-        """``(P, 2)`` per row of ``photos`` (unit image vectors, unfolded): b(v), the mean of its
-        :data:`DESCRIPTION_TOP` best cosines among the reference sentences, and n(v), of its :data:`NULL_TOP` best
-        among the null sentences (−inf without them)."""
+        """``(P, 2 + NAMED_TOP)`` per row of ``photos`` (unit image vectors, unfolded): b(v), the mean of its
+        :data:`DESCRIPTION_TOP` best cosines among the reference sentences; n(v), of its :data:`NULL_TOP` best among
+        the null sentences (−inf without them); then the rows in :attr:`names` of its :data:`NAMED_TOP` closest
+        class sentences, closest first (−1 without names)."""
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
-        out = np.full((len(photos), 2), -np.inf, dtype=np.float32)
-        out[:, 0] = _top_mean(photos @ self.sentences.T, DESCRIPTION_TOP)
+        out = np.full((len(photos), 2 + NAMED_TOP), -np.inf, dtype=np.float32)
+        scores = photos @ self.sentences.T
+        out[:, 0] = _top_mean(scores, DESCRIPTION_TOP)
         if self.nulls is not None:
             out[:, 1] = _top_mean(photos @ self.nulls.T, NULL_TOP)
+        out[:, 2:] = -1
+        if len(self.names):
+            named = scores[:, len(self.sentences) - len(self.names):]
+            k = min(NAMED_TOP, named.shape[1])
+            best = np.argpartition(-named, k - 1, axis=1)[:, :k]
+            order = np.argsort(-np.take_along_axis(named, best, axis=1), axis=1, kind="stable")
+            out[:, 2:2 + k] = np.take_along_axis(best, order, axis=1)
         return out
 
     def query_floor(self, query: np.ndarray) -> float:
@@ -146,10 +191,16 @@ class Descriptions:
             return np.zeros(len(queries), dtype=np.float32)
         return _top_mean(queries @ self.photos.T, QUERY_TOP)
 
+    def query_names(self, queries: np.ndarray) -> np.ndarray:
+        """Each raw query against every class sentence, text against text: ``(Q, len(names))``."""
+        queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.sentences.shape[1])
+        return queries @ self.names.T
+
     def relevance(self, query: np.ndarray, photos: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
-        """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smaller of
-        its description margin ``q·v − b(v) − λ r(q)`` calibrated at :data:`DESCRIPTION_MARGIN` and its null margin
-        ``q·v − n(v)`` calibrated at :data:`NULL_MARGIN`. ``floors``: their :meth:`floors` when known."""
+        """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smallest of
+        its description margin ``q·v − b(v) − λ r(q)`` calibrated at :data:`DESCRIPTION_MARGIN`, its null margin
+        ``q·v − n(v)`` calibrated at :data:`NULL_MARGIN` and its name margin ``a(q, v) − t(q)`` calibrated at
+        :data:`NAMED_MARGIN`. ``floors``: their :meth:`floors` when known."""
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         return self.relevance_of(np.asarray(query, dtype=np.float32)[None], photos,
                                  np.zeros(len(photos), dtype=np.intp), floors)
@@ -157,8 +208,8 @@ class Descriptions:
     def relevance_of(self, queries: np.ndarray, photos: np.ndarray, owner: np.ndarray,
                      floors: np.ndarray | None = None) -> np.ndarray:
         """:meth:`relevance` of many queries' hits at once: row ``i`` of ``photos`` (unfolded) is a hit of the raw
-        query ``queries[owner[i]]``; ``(len(photos),)``. Each query's r(q) is computed once
-        (:meth:`query_floors`, one product for all)."""
+        query ``queries[owner[i]]``; ``(len(photos),)``. Each query's r(q) and its closeness to every class sentence
+        are computed once (one product for all)."""
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
         floors = self.floors(photos) if floors is None else np.asarray(floors, dtype=np.float32)
@@ -170,7 +221,9 @@ class Descriptions:
         # λ r(q) in float64, rounded once to float32 (as a Python float against a float32 array)
         shift = (QUERY_WEIGHT * self.query_floors(queries).astype(np.float64)).astype(np.float32)
         described = raw - floors[:, 0] - shift[owner]
-        return np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN))
+        named = name_margins(self.query_names(queries)[owner], floors[:, 2:])
+        return np.minimum(np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN)),
+                          calibrated(named, NAMED_MARGIN))
 
 
 def _rows(vectors: np.ndarray, what: str) -> np.ndarray:

@@ -153,8 +153,9 @@ def request_models(settings: Settings, similarity: str = "cosine") -> RequestMod
 _RELEVANCE = ("how well this hit matches the query, 0 to 1: the share of the index's reference set — up to {size:,} "
               "typical {what} of the model's training data — that score lower than this hit for the same query; for a "
               "photo, when the index's bank holds reference sentences, also no more than the text side: how close the "
-              "query comes to the photo's own best descriptions among the model's reference sentences and how far above "
-              "sentences that describe nothing (docs/index.md#relevance-and-no-strong-match). Unlike `score`, it means "
+              "query comes to the photo's own best descriptions among the model's reference sentences, how far above "
+              "sentences that describe nothing, and, for a query that names a thing the model has a name for, whether "
+              "the photo's own best names include it (docs/index.md#relevance-and-no-strong-match). Unlike `score`, it means "
               "the same in every gallery and does not change when other items are added. At least {strong:g} is a "
               "strong match. Null when the index has no reference set (built without a query bank, or before reference "
               "sets)")

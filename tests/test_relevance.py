@@ -17,9 +17,9 @@ from index.embed import embed_photos, embed_sentences
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
 from index.qbnorm import model_bank
-from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NULL_COUNT, NULL_MARGIN, NULL_TOP, QUERY_TOP,
-                             QUERY_WEIGHT, REFERENCE_SIZE, STRONG, Descriptions, both_sides, calibrated, is_strong,
-                             null_sentences, reference_rows,
+from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NAMED_FLOOR, NAMED_MARGIN, NAMED_TOP, NULL_COUNT,
+                             NULL_MARGIN, NULL_TOP, QUERY_TOP, QUERY_WEIGHT, REFERENCE_SIZE, STRONG, Descriptions,
+                             both_sides, calibrated, is_strong, name_margins, null_sentences, reference_rows,
                              strong_match, strong_threshold)
 from service.app import create_app
 from service.cli import main as cli_main
@@ -265,6 +265,43 @@ def test_the_text_side_grows_with_the_query_score_and_is_the_smaller_of_its_two_
     # without null sentences only the description margin counts
     assert np.allclose([Descriptions(sentences).relevance(q, photo[None])[0] for q in queries],
                        calibrated(raw - floors[0], DESCRIPTION_MARGIN))
+
+
+def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carries_that_name():
+    rng = np.random.default_rng(5)
+    unit = lambda x: (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
+    captions, names, nulls = (unit(rng.standard_normal((n, 32))) for n in (40, 20, 30))
+    d, unnamed = Descriptions(np.concatenate([captions, names]), nulls, names=20), Descriptions(captions, nulls)
+    assert np.array_equal(d.names, names) and len(d) == 60 and len(Descriptions(captions).names) == 0
+    photos = unit(rng.standard_normal((6, 32)))
+    floors = d.floors(photos)
+    # the name columns: the rows of each photo's NAMED_TOP closest class sentences, closest first
+    assert floors.shape == (6, 2 + NAMED_TOP)
+    np.testing.assert_array_equal(floors[:, 2:], np.argsort(-(photos @ names.T), axis=1)[:, :NAMED_TOP])
+    assert (unnamed.floors(photos)[:, 2:] == -1).all()
+    # a query right on class 7 names it (t = 1 ≥ T₀): a photo among whose best names 7 is has name margin 0, one
+    # whose best names are all far from it a negative one, and the text side is the smallest of the three margins
+    query = names[7]
+    carries = unit(names[7] + 0.3 * rng.standard_normal(32))
+    lacks = unit(-names[7] + 0.3 * rng.standard_normal(32))
+    both = np.stack([carries, lacks])
+    f = d.floors(both)
+    assert 7 in f[0, 2:] and 7 not in f[1, 2:]
+    margins = name_margins(d.query_names(query)[[0, 0]], f[:, 2:])
+    assert margins[0] == 0.0 and margins[1] == pytest.approx((names[f[1, 2:].astype(int)] @ query).max() - 1.0)
+    raw = both @ query
+    want = np.minimum(np.minimum(calibrated(raw - f[:, 0] - QUERY_WEIGHT * d.query_floor(query), DESCRIPTION_MARGIN),
+                                 calibrated(raw - f[:, 1], NULL_MARGIN)), calibrated(margins, NAMED_MARGIN))
+    np.testing.assert_allclose(d.relevance(query, both), want, rtol=1e-6)
+    assert d.relevance(query, both)[1] <= calibrated(np.array([margins[1]]), NAMED_MARGIN)[0]
+    # a query that names no class (closest class sentence below T₀) is weighed by the other two margins alone
+    other = unit(rng.standard_normal(32))
+    assert (names @ other).max() < NAMED_FLOOR
+    np.testing.assert_allclose(d.relevance(other, photos), Descriptions(np.concatenate([captions, names]), nulls)
+                               .relevance(other, photos), rtol=1e-6)
+    assert np.isinf(name_margins(d.query_names(other)[[0] * 6], floors[:, 2:])).all()
+    with pytest.raises(ValueError, match="class sentences"):
+        Descriptions(captions, names=41)
 
 
 def test_many_queries_hits_at_once_are_each_querys_own():

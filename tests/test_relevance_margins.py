@@ -1,38 +1,79 @@
-"""benchmarks/relevance_margins.py: a query's distance from a strong match under (λ, M₀, N₀), and the rule that
-picks the setting meeting the targets whose decisions lie farthest from their thresholds."""
+"""benchmarks/relevance_margins.py: a query's distance from a strong match under (λ, M₀, N₀, T₀, A₀), and the rule
+that picks the setting meeting the targets whose decisions lie farthest from their thresholds."""
 import numpy as np
 
-from benchmarks.relevance_margins import Parts, check_floor, distances, search
+from benchmarks.relevance_margins import NAMED_FLOOR, Parts, distances, search
 
 
-def parts(described, null, rq, usable=None) -> Parts:
+def parts(described, null, rq, usable=None, named=None, names=None) -> Parts:
     described, null = np.atleast_2d(described).astype(float), np.atleast_2d(null).astype(float)
     usable = np.ones(described.shape, bool) if usable is None else np.atleast_2d(usable)
-    return Parts(usable, described, np.asarray(rq, float), null)
+    named = np.zeros(described.shape) if named is None else np.atleast_2d(named).astype(float)
+    names = np.zeros(len(described)) if names is None else np.asarray(names, float)
+    return Parts(usable, described, np.asarray(rq, float), null, named, names)
 
 
-def test_a_distance_is_the_best_hit_passing_both_margins_by_the_smaller_amount():
+def test_a_distance_is_the_best_hit_passing_every_margin_by_the_smallest_amount():
     p = parts([[-0.30, -0.20]], [[0.10, -0.02]], [0.5])
     # hit 0: min(−0.30 − 0.1·0.5 + 0.4, 0.10 − 0) = 0.05; hit 1: min(−0.20 − 0.05 + 0.4, −0.02) = −0.02
-    np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0), [0.05])
+    np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0, 0.6, -0.1), [0.05])
     # a hit whose photo side is not strong does not count; a query with no such hit is −inf
     np.testing.assert_allclose(distances(parts([[-0.30, -0.20]], [[0.10, -0.02]], [0.5], [[False, True]]), 0.1, -0.4,
-                                         0.0), [-0.02])
-    assert distances(parts([[0.0]], [[0.0]], [0.0], [[False]]), 0.0, -1.0, -1.0)[0] == -np.inf
+                                         0.0, 0.6, -0.1), [-0.02])
+    assert distances(parts([[0.0]], [[0.0]], [0.0], [[False]]), 0.0, -1.0, -1.0, 0.6, -0.1)[0] == -np.inf
+
+
+def test_the_name_margin_counts_only_for_a_query_that_names_a_class():
+    # hit 0's name margin −0.3 (its photo's names are far from the query's class), hit 1's −0.05
+    p = parts([[-0.30, -0.20]], [[0.10, 0.10]], [0.5], named=[[-0.3, -0.05]], names=[0.7])
+    # the query names a class (t = 0.7 ≥ T₀ = 0.6): hit 0: min(0.05, 0.1, −0.3 + 0.1) = −0.2; hit 1: min(0.15, 0.1,
+    # −0.05 + 0.1) = 0.05
+    np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0, 0.6, -0.1), [0.05])
+    # with T₀ above t the name margin is not weighed: hit 1: min(0.15, 0.1) = 0.1
+    np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0, 0.75, -0.1), [0.1])
+    # a stricter A₀ (0) rejects hit 1 too: the best is −0.05
+    np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0, 0.6, 0.0), [-0.05])
 
 
 def test_the_rule_prefers_settings_that_meet_the_targets_then_the_widest_nearest_decision():
     # ten captions whose description margins spread over [−0.26, −0.17] and ten absent queries over [−0.40, −0.31]
     present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
     absent = parts(np.linspace(-0.40, -0.31, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
-    rows = search({"g": {"present": present, "absent": absent}})
+    rows, summary = search({"g": {"present": present, "absent": absent}}, keep=50)
     best = rows[0]
-    assert best["meets"] and best["per"]["g"]["present"] >= 9 and best["per"]["g"]["absent"] <= 1
+    assert best["meets"] and best["rank"] == 1 and best["per"]["g"]["present"] >= 9 and best["per"]["g"]["absent"] <= 1
     # M₀ in the middle of the gap between −0.31 and −0.26, 0.025 from both (r(q) = 0: any λ)
     assert best["description"] == -0.285 and abs(best["margin"] - 0.025) < 1e-9
     assert (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (10, 0)
+    assert [r["rank"] for r in rows] == list(range(1, 51))
     assert all(r["margin"] <= best["margin"] + 1e-12 for r in rows if r["meets"])
-    assert not rows[-1]["meets"]
+    assert 0 < summary["meeting_targets"] < summary["settings"]
+
+
+def test_of_the_settings_meeting_the_targets_the_rule_takes_the_fewest_absent_before_the_widest_margin():
+    present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
+    # nine absent queries far below the captions and one among them, at −0.258: M₀ = −0.285 keeps every caption with
+    # a nearest decision of 0.025 but lets it through; M₀ = −0.255 keeps it out (and 9 captions) by 0.003
+    absent = parts(np.r_[np.linspace(-0.40, -0.31, 9), -0.258][:, None], np.full((10, 1), 0.1), np.zeros(10))
+    best = search({"g": {"present": present, "absent": absent}})[0][0]
+    assert best["description"] == -0.255 and (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (9, 0)
+    assert abs(best["margin"] - 0.003) < 1e-9
+
+
+def test_the_rule_weighs_the_names_when_the_other_margins_cannot_separate():
+    # absent queries as close to their photos as the captions (the description margin alone cannot tell them apart)
+    # but naming a class (t = 0.7) that their photos' names do not carry (−0.25); the captions' names fit (−0.02)
+    present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10),
+                    named=np.full((10, 1), -0.02), names=np.full(10, 0.7))
+    absent = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10),
+                   named=np.full((10, 1), -0.25), names=np.full(10, 0.7))
+    best = search({"g": {"present": present, "absent": absent}})[0][0]
+    assert best["meets"] and best["named_floor"] <= 0.7 and -0.25 < best["named"] <= -0.02
+    assert (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (10, 0)
+    # queries that name no class on the grid (t = 0.4, below every T₀) leave the two sets as alike as before
+    for p in (present, absent):
+        object.__setattr__(p, "names", np.full(10, 0.4))
+    assert NAMED_FLOOR.min() > 0.4 and not search({"g": {"present": present, "absent": absent}})[0][0]["meets"]
 
 
 def test_the_check_set_is_counted_but_never_chosen_on_and_its_floor_is_the_best_any_setting_does():
@@ -40,14 +81,31 @@ def test_the_check_set_is_counted_but_never_chosen_on_and_its_floor_is_the_best_
     absent = parts(np.linspace(-0.40, -0.31, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
     # a check set right at the chosen M₀ (−0.285) and above it: only a stricter M₀ would keep it out
     check = parts(np.array([-0.285, -0.28, -0.2])[:, None], np.full((3, 1), 0.1), np.zeros(3))
-    alone = search({"g": {"present": present, "absent": absent}})[0]
-    rows = search({"g": {"present": present, "absent": absent, "check": check}})
+    alone, summary = search({"g": {"present": present, "absent": absent}})
+    assert "check_floor" not in summary
+    rows, summary = search({"g": {"present": present, "absent": absent, "check": check}})
     best = rows[0]
-    assert (best["weight"], best["description"], best["null"]) == (alone["weight"], alone["description"],
-                                                                    alone["null"])
-    assert best["margin"] == alone["margin"]            # its distances (0, 0.005) are not the nearest decision
+    assert {k: best[k] for k in ("weight", "description", "null", "named_floor", "named")} == \
+        {k: alone[0][k] for k in ("weight", "description", "null", "named_floor", "named")}
+    assert best["margin"] == alone[0]["margin"]         # its distances (0, 0.005) are not the nearest decision
     assert best["per"]["g"]["check"] == 3               # all three pass M₀ = −0.285
     # keeping 9 of the 10 captions allows M₀ up to −0.25 (the second-lowest caption); one above −0.28 leaves only −0.2
-    floor = check_floor(rows, present=9)
+    floor = summary["check_floor"]
     assert floor is not None and floor["per"]["g"]["check"] == 1 and -0.28 < floor["description"] <= -0.25
-    assert check_floor(search({"g": {"present": present, "absent": absent}}), present=9) is None
+
+
+def test_settings_asked_for_are_reported_wherever_they_rank_and_off_grid_ones_are_refused():
+    present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
+    absent = parts(np.linspace(-0.40, -0.31, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
+    rows, _ = search({"g": {"present": present, "absent": absent}}, keep=3, also=((0.0, -0.45, 0.0, 0.6, -0.1),))
+    assert len(rows) == 4
+    asked = rows[-1]
+    assert (asked["weight"], asked["description"], asked["null"], asked["named_floor"], asked["named"]) == \
+        (0.0, -0.45, 0.0, 0.6, -0.1)
+    assert not asked["meets"] and asked["per"]["g"]["absent"] == 10 and asked["rank"] > 3
+    try:
+        search({"g": {"present": present, "absent": absent}}, also=((0.0, -0.451, 0.0, 0.6, -0.1),))
+    except SystemExit as e:
+        assert "not on the grid" in str(e)
+    else:
+        raise AssertionError("an off-grid setting was accepted")

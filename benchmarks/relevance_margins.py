@@ -196,7 +196,7 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
         described[n, :len(h)] = raw - floors[:, 0]
         null[n, :len(h)] = raw - floors[:, 1]
         said = text.query_names(q)
-        named[n, :len(h)] = name_margins(np.repeat(said, len(h), axis=0), floors[:, 2:], named_floor=-np.inf)
+        named[n, :len(h)] = name_margins(said, floors[:, 2:], np.zeros(len(h), dtype=np.intp), named_floor=-np.inf)
         names[n] = said.max() if said.size else -np.inf
         rq[n] = text.query_floor(q)
     return Parts(usable, described, rq, null, named, names)

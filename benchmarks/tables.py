@@ -548,6 +548,16 @@ def t_blas_threads_cpu() -> str:
     return with_provenance(headers, cells, [{}] * len(cells), data, file=file, right={0, 2, 3, 5})
 
 
+def t_name_term_cost_cpu() -> str:
+    """benchmarks/name_term_cost.py: the text search in process with the relevance's name term off and on."""
+    file = "name_term_cost_cpu.json"
+    data = load(file)
+    cells = [[r["setting"], str(r["batch"]), f(r["ms"], 2), ", ".join(f(x, 1) for x in r["runs_ms"]),
+              f"{r['ratio']:.3f}"] for r in data["rows"]]
+    headers = ["relevance", "sentences a search", "ms a search (median)", "each round, ms", "against the term off"]
+    return with_provenance(headers, cells, [{}] * len(cells), data, file=file, right={1, 2, 4})
+
+
 def t_serve_blas_threads_cpu() -> str:
     """service_load.py --workers 1 --batching on --baseline: the commit before the BLAS pools' setting and the
     commit with it, one server each, in one run."""
@@ -1172,6 +1182,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "serve_workers_cpu": t_serve_workers_cpu,
     "serve_blas_threads_cpu": t_serve_blas_threads_cpu,
     "blas_threads_cpu": t_blas_threads_cpu,
+    "name_term_cost_cpu": t_name_term_cost_cpu,
     "gpu_host_cpu": lambda: gpu_host_table("gpu_host_cpu.json"),
     "demo_ready": t_demo_ready,
     "gpu_host_cuda_h100": lambda: gpu_host_table("gpu_host_cuda_h100.json"),

@@ -55,7 +55,7 @@ class Gallery:
         self.root, self.generation, self.manifest = root, generation, manifest
         self.images, self.captions, self.meta = images, captions, meta
         self.references = references or {}          # per side (images | captions): index/relevance.py
-        self._floors: dict[int, np.ndarray] = {}     # b(v), n(v) of images met in searches (index/relevance.py)
+        self._floors: dict[int, np.ndarray] = {}     # b(v), n(v), best names of images met in searches (relevance.py)
         self._photos: PhotoTable | None = None
         self._counts: dict[str, int] | None = None
         self._rows: OrderedDict[int, ImageRow | None] = OrderedDict()    # image_rows' cache, least recent first

@@ -83,17 +83,20 @@ def text_side_settings() -> dict[str, float]:
             "named_floor": NAMED_FLOOR, "named": NAMED_MARGIN}
 
 
-def name_margins(query_names: np.ndarray, photo_names: np.ndarray, named_floor: float = NAMED_FLOOR) -> np.ndarray:
-    """Each hit's name margin ``a(q, v) − t(q)`` (see the module): ``query_names`` ``(H, C)``, the hit's query against
-    every class sentence; ``photo_names`` ``(H, K)``, the rows of the photo's best names (−1: none). +inf where the
-    query names no class (``t(q) < named_floor``) or the photo has no names."""
+def name_margins(query_names: np.ndarray, photo_names: np.ndarray, owner: np.ndarray | None = None,
+                 named_floor: float = NAMED_FLOOR) -> np.ndarray:
+    """Each hit's name margin ``a(q, v) − t(q)`` (see the module): ``query_names`` ``(Q, C)``, each query against
+    every class sentence; ``photo_names`` ``(H, K)``, the rows of each hit's photo's best names (−1: none); ``owner``
+    ``(H,)``, each hit's query (None: hit ``i`` is query ``i``'s). +inf where the query names no class (``t(q) <
+    named_floor``) or the photo has no names."""
     query_names = np.asarray(query_names, dtype=np.float32)
     photo_names = np.asarray(photo_names).astype(np.intp)
-    out = np.full(len(query_names), np.inf, dtype=np.float32)
+    owner = np.arange(len(photo_names)) if owner is None else np.asarray(owner, dtype=np.intp)
+    out = np.full(len(photo_names), np.inf, dtype=np.float32)
     if query_names.shape[1] == 0 or photo_names.shape[1] == 0:
         return out
-    t = query_names.max(axis=1)
-    a = np.take_along_axis(query_names, np.maximum(photo_names, 0), axis=1).max(axis=1)
+    t = query_names.max(axis=1)[owner]
+    a = query_names[owner[:, None], np.maximum(photo_names, 0)].max(axis=1)
     weighed = (t >= named_floor) & (photo_names >= 0).all(axis=1)
     out[weighed] = (a - t)[weighed]
     return out
@@ -221,7 +224,7 @@ class Descriptions:
         # λ r(q) in float64, rounded once to float32 (as a Python float against a float32 array)
         shift = (QUERY_WEIGHT * self.query_floors(queries).astype(np.float64)).astype(np.float32)
         described = raw - floors[:, 0] - shift[owner]
-        named = name_margins(self.query_names(queries)[owner], floors[:, 2:])
+        named = name_margins(self.query_names(queries), floors[:, 2:], owner)
         return np.minimum(np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN)),
                           calibrated(named, NAMED_MARGIN))
 

@@ -287,7 +287,7 @@ def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carri
     both = np.stack([carries, lacks])
     f = d.floors(both)
     assert 7 in f[0, 2:] and 7 not in f[1, 2:]
-    margins = name_margins(d.query_names(query)[[0, 0]], f[:, 2:])
+    margins = name_margins(d.query_names(query), f[:, 2:], np.array([0, 0]))
     assert margins[0] == 0.0 and margins[1] == pytest.approx((names[f[1, 2:].astype(int)] @ query).max() - 1.0)
     raw = both @ query
     want = np.minimum(np.minimum(calibrated(raw - f[:, 0] - QUERY_WEIGHT * d.query_floor(query), DESCRIPTION_MARGIN),
@@ -299,7 +299,11 @@ def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carri
     assert (names @ other).max() < NAMED_FLOOR
     np.testing.assert_allclose(d.relevance(other, photos), Descriptions(np.concatenate([captions, names]), nulls)
                                .relevance(other, photos), rtol=1e-6)
-    assert np.isinf(name_margins(d.query_names(other)[[0] * 6], floors[:, 2:])).all()
+    assert np.isinf(name_margins(d.query_names(other), floors[:, 2:], np.zeros(6, dtype=int))).all()
+    # one query's row per hit, or each query's own hits: the same margins
+    two = np.stack([query, other])
+    np.testing.assert_array_equal(name_margins(d.query_names(two), f[:, 2:], np.array([1, 0])),
+                                  name_margins(d.query_names(two)[[1, 0]], f[:, 2:]))
     with pytest.raises(ValueError, match="class sentences"):
         Descriptions(captions, names=41)
 

@@ -19,9 +19,11 @@ strong match under (λ, M₀, N₀, T₀, A₀) when one of its hits with a stro
 
 and its *distance* is the largest such d over those hits (negative: no strong match). A grid of settings is searched;
 the rule: among the settings that meet the targets on every gallery (at least 90 % of the captions strong, at most 1
-in 10 absent queries), the ones leaving the fewest absent queries strong on their worst gallery, and of those the one
-whose smallest |distance| over the captions and absent queries on all galleries is largest: the decisions that a
-small change of a vector (bf16 against float32, a photo saved again) is least likely to flip. A third set, absent
+in 10 absent queries), the ones leaving the fewest absent queries strong on their worst gallery — up to
+:data:`ABSENT_SLACK` more counting as as few, the difference one photo saved again makes (the galleries with and
+without the near-duplicate copy differ by one) — and of those the one whose smallest |distance| over the captions and
+absent queries on all galleries is largest: the decisions that a small change of a vector (bf16 against float32, a
+photo saved again) is least likely to flip. A third set, absent
 things and nonsense written before any setting was chosen with them in view (``absent_queries_unseen.txt``, *check*),
 is never used to choose: its strong count says how a choice carries over to queries it was not chosen on, and the
 results give the fewest of it that any setting keeping the captions' target leaves strong (``check_floor``). Before
@@ -58,6 +60,7 @@ DESCRIPTION = np.round(np.arange(-0.45, -0.149, 0.005), 3) + 0.0  # M₀
 NULL = np.round(np.arange(-0.10, 0.051, 0.01), 3) + 0.0    # N₀
 NAMED_FLOOR = np.array([0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 1.01])    # T₀ (1.01: no query names a class)
 NAMED = np.round(np.arange(-0.30, 0.001, 0.025), 3) + 0.0    # A₀
+ABSENT_SLACK = 1               # absent queries strong: this many more than the fewest count as as few (the rule)
 SELECTED = ("present", "absent")    # the query sets the settings are chosen on (query_sets: not "check")
 
 
@@ -97,7 +100,8 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10,
            also: tuple[tuple[float, ...], ...] = ()) -> tuple[list[dict], dict]:
     """The grid's settings with, per gallery, their strong counts per query set and their smallest |distance| over
     the sets they are chosen on: the ``keep`` best (those meeting the targets on every gallery first, then the fewest
-    absent queries strong on the worst gallery, then by that margin, largest first), with the settings of ``also``
+    absent queries strong on the worst gallery, to within :data:`ABSENT_SLACK`, then by that margin, largest first),
+    with the settings of ``also``
     wherever they rank; and a summary of the grid (its size, how many meet the targets, the check floor:
     :func:`check_floor`)."""
     names = list(galleries)
@@ -119,8 +123,11 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10,
         meets &= counts[n, "absent"] <= ABSENT_SHARE * len(galleries[n]["absent"].rq)
     margin = np.minimum.reduce([np.where(np.isfinite(m), m, 0.0) for m in margins.values()])
     absent = np.maximum.reduce([counts[n, "absent"] for n in names])    # on the worst gallery
-    # meeting the targets first, then the fewest absent queries strong, then by margin, largest first
-    order = np.lexsort((-margin.ravel(), absent.ravel(), ~meets.ravel()))
+    # meeting the targets first, then the fewest absent queries strong (up to ABSENT_SLACK more counting as as few),
+    # then by margin, largest first
+    fewest = int(absent[meets].min()) if meets.any() else 0
+    tier = np.maximum(absent, fewest + ABSENT_SLACK)
+    order = np.lexsort((-margin.ravel(), tier.ravel(), ~meets.ravel()))
     grid = (WEIGHTS, NAMED_FLOOR, NAMED, DESCRIPTION, NULL)
 
     def row(flat: int) -> dict:

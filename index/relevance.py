@@ -62,13 +62,13 @@ import numpy as np
 STRONG = 0.99               # a hit outscoring 99% of the reference set for its query is a strong match
 REFERENCE_SIZE = 1000       # reference items per index side, at most
 DESCRIPTION_TOP = 5         # b(v): the mean of a photo's 5 best cosines among the reference sentences (CSLS's k)
-DESCRIPTION_MARGIN = -0.43  # M₀: the description margin at which the text side reaches STRONG (see below)
+DESCRIPTION_MARGIN = -0.35  # M₀: the description margin at which the text side reaches STRONG (see below)
 QUERY_TOP = 10              # r(q): the mean of a query's 10 best cosines among the reference photos
-QUERY_WEIGHT = 0.75         # λ: r(q)'s weight in the description margin (see below)
+QUERY_WEIGHT = 0.5          # λ: r(q)'s weight in the description margin (see below)
 DESCRIPTION_SPREAD = 0.05   # τ: how fast the text side's relevance moves with a margin
 NULL_COUNT = 380            # null sentences (null_sentences)
 NULL_TOP = 3                # n(v): the mean of a photo's 3 best cosines among the null sentences
-NULL_MARGIN = 0.03          # N₀: the null margin at which the text side reaches STRONG (see below)
+NULL_MARGIN = 0.0           # N₀: the null margin at which the text side reaches STRONG (see below)
 NAMED_TOP = 5               # a(q, v): over the photo's 5 closest class sentences (its best names)
 NAMED_FLOOR = 0.65          # T₀: a query names a class when its closest class sentence is this close (text·text)
 NAMED_MARGIN = -0.25        # A₀: the name margin a(q, v) − t(q) at which the text side reaches STRONG

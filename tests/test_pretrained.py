@@ -134,8 +134,8 @@ def test_relevance_on_the_demo_says_no_to_nonsense_and_yes_to_its_captions(shipp
     # index/relevance.py: the shipped model's bank gives the image side its reference and null sentences; measured
     # with the shipped file (benchmarks/relevance_margins.py, docs/index.md#relevance-and-no-strong-match): 18 of the
     # 20 captions strong (not the two astronaut captions); of the 127 queries of things no photo shows the settings
-    # were chosen on, absent things and nonsense, 9 on this gallery, which holds the near-duplicate copy (8 without
-    # it), none of the 12 nonsense; of the 45 of the unseen set, 10
+    # were chosen on, absent things and nonsense, 10 on this gallery, which holds the near-duplicate copy (9 without
+    # it), none of the 12 of nonsense_queries.txt; of the 45 of the unseen set, 10 (9 without it)
     _, index = demo
     gallery = Gallery.load(index, model=shipped)
     assert gallery.manifest["querybank"]["references"] == {"images": 1000, "captions": 1000, "sentences": 1000,

@@ -52,12 +52,17 @@ def test_the_rule_prefers_settings_that_meet_the_targets_then_the_widest_nearest
 
 def test_of_the_settings_meeting_the_targets_the_rule_takes_the_fewest_absent_before_the_widest_margin():
     present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
-    # nine absent queries far below the captions and one among them, at −0.258: M₀ = −0.285 keeps every caption with
-    # a nearest decision of 0.025 but lets it through; M₀ = −0.255 keeps it out (and 9 captions) by 0.003
-    absent = parts(np.r_[np.linspace(-0.40, -0.31, 9), -0.258][:, None], np.full((10, 1), 0.1), np.zeros(10))
+    # nine absent queries far below the captions and two among them, at −0.258 and −0.257: M₀ = −0.285 keeps every
+    # caption with a nearest decision of 0.025 but lets both through; M₀ = −0.255 keeps them out (and 9 captions)
+    absent = parts(np.r_[np.linspace(-0.40, -0.31, 8), -0.258, -0.257][:, None], np.full((10, 1), 0.1), np.zeros(10))
     best = search({"g": {"present": present, "absent": absent}})[0][0]
     assert best["description"] == -0.255 and (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (9, 0)
-    assert abs(best["margin"] - 0.003) < 1e-9
+    assert abs(best["margin"] - 0.002) < 1e-9
+    # one absent query more than the fewest counts as as few (ABSENT_SLACK): with one of them the margin decides
+    one = parts(np.r_[np.linspace(-0.40, -0.31, 9), -0.258][:, None], np.full((10, 1), 0.1), np.zeros(10))
+    best = search({"g": {"present": present, "absent": one}})[0][0]
+    assert best["description"] == -0.285 and (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (10, 1)
+    assert abs(best["margin"] - 0.025) < 1e-9
 
 
 def test_the_rule_weighs_the_names_when_the_other_margins_cannot_separate():

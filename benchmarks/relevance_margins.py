@@ -96,20 +96,21 @@ def grid_distances(parts: Parts, weight: float, descriptions: np.ndarray, nulls:
 SETTINGS = ("weight", "description", "null", "named_floor", "named")
 
 
-def search(galleries: dict[str, dict[str, Parts]], keep: int = 10,
-           also: tuple[tuple[float, ...], ...] = ()) -> tuple[list[dict], dict]:
+def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[tuple[float, ...], ...] = (),
+           floors: np.ndarray = NAMED_FLOOR) -> tuple[list[dict], dict]:
     """The grid's settings with, per gallery, their strong counts per query set and their smallest |distance| over
-    the sets they are chosen on: the ``keep`` best (those meeting the targets on every gallery first, then the fewest
-    absent queries strong on the worst gallery, to within :data:`ABSENT_SLACK`, then by that margin, largest first),
+    the sets they are chosen on: the ``keep`` best (those meeting the targets on every gallery first — where none
+    does, those meeting the captions' — then the fewest absent queries strong on the worst gallery, to within
+    :data:`ABSENT_SLACK`, then by that margin, largest first),
     with the settings of ``also``
     wherever they rank; and a summary of the grid (its size, how many meet the targets, the check floor:
-    :func:`check_floor`)."""
+    :func:`check_floor`). ``floors``: the T₀ searched (``[1.01]``: the rule without the name term)."""
     names = list(galleries)
     sets = sorted({k for g in galleries.values() for k in g})
-    shape = (len(WEIGHTS), len(NAMED_FLOOR), len(NAMED), len(DESCRIPTION), len(NULL))
+    shape = (len(WEIGHTS), len(floors), len(NAMED), len(DESCRIPTION), len(NULL))
     counts = {(n, k): np.zeros(shape, np.int32) for n in names for k in sets}
     margins = {n: np.zeros(shape) for n in names}
-    for (i, weight), (j, floor), (k, named) in itertools.product(enumerate(WEIGHTS), enumerate(NAMED_FLOOR),
+    for (i, weight), (j, floor), (k, named) in itertools.product(enumerate(WEIGHTS), enumerate(floors),
                                                                  enumerate(NAMED)):
         for n in names:
             d = {key: grid_distances(p, weight, DESCRIPTION, NULL, floor, named) for key, p in galleries[n].items()}
@@ -117,18 +118,19 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10,
                 counts[n, key][i, j, k] = (x >= 0).sum(axis=-1)
             chosen_on = np.concatenate([x for key, x in d.items() if key in SELECTED], axis=-1)
             margins[n][i, j, k] = np.where(np.isfinite(chosen_on), np.abs(chosen_on), np.inf).min(axis=-1)
-    meets = np.ones(shape, bool)
+    captions, meets = np.ones(shape, bool), np.ones(shape, bool)
     for n in names:
-        meets &= counts[n, "present"] >= PRESENT_SHARE * len(galleries[n]["present"].rq)
+        captions &= counts[n, "present"] >= PRESENT_SHARE * len(galleries[n]["present"].rq)
         meets &= counts[n, "absent"] <= ABSENT_SHARE * len(galleries[n]["absent"].rq)
+    meets &= captions
     margin = np.minimum.reduce([np.where(np.isfinite(m), m, 0.0) for m in margins.values()])
     absent = np.maximum.reduce([counts[n, "absent"] for n in names])    # on the worst gallery
-    # meeting the targets first, then the fewest absent queries strong (up to ABSENT_SLACK more counting as as few),
-    # then by margin, largest first
-    fewest = int(absent[meets].min()) if meets.any() else 0
+    # meeting the targets first (where none does, keeping the captions' first), then the fewest absent queries strong
+    # (up to ABSENT_SLACK more counting as as few), then by margin, largest first
+    fewest = int(absent[captions].min()) if captions.any() else 0
     tier = np.maximum(absent, fewest + ABSENT_SLACK)
-    order = np.lexsort((-margin.ravel(), tier.ravel(), ~meets.ravel()))
-    grid = (WEIGHTS, NAMED_FLOOR, NAMED, DESCRIPTION, NULL)
+    order = np.lexsort((-margin.ravel(), tier.ravel(), ~meets.ravel(), ~captions.ravel()))
+    grid = (WEIGHTS, floors, NAMED, DESCRIPTION, NULL)
 
     def row(flat: int) -> dict:
         at = np.unravel_index(flat, shape)
@@ -312,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, summary = search(galleries, also=(now,))
     in_use, rows = rows[-1], rows[:-1]
     chosen = rows[0]
+    unnamed = search(galleries, keep=1, floors=np.array([NAMED_FLOOR[-1]]))[0][0]    # the rule without the name term
     result = {"model": args.model, "targets": {"present": PRESENT_SHARE, "absent": ABSENT_SHARE},
               "grid": {"weight": [float(WEIGHTS[0]), float(WEIGHTS[-1])],
                        "description": [float(DESCRIPTION[0]), float(DESCRIPTION[-1])],
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                        "meeting_targets": summary["meeting_targets"]},
               "queries": {k: len(v) for k, v in query_sets().items()},
               "not_measured": {n: "this CPU has no native bf16" for n in missing},
-              "in_use": in_use, "chosen": chosen, "runners_up": rows[1:10],
+              "in_use": in_use, "chosen": chosen, "runners_up": rows[1:10], "without_names": unnamed,
               "check_floor": summary.get("check_floor"),
               "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()}
     if args.flickr8k:
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([*JOINTSPACE, "index", "build", "--model", args.model, "--data", args.flickr8k, "--split", "val",
                         "--out", str(dev_index), "--quiet"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
         dev = dev_parts(model, dev_index, args.flickr8k)
-        for row in (in_use, chosen, *rows[1:4]):
+        for row in (in_use, chosen, *rows[1:4], unnamed):
             row["dev_own_photo_strong"] = round(
                 100 * float((distances(dev, *(row[k] for k in SETTINGS)) >= 0).mean()), 1)
     write_json(RESULTS, result)

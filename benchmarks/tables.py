@@ -276,6 +276,8 @@ def t_relevance_margins() -> str:
     if data["in_use"] != data["chosen"]:
         rows.append(dict(data["in_use"], what="in use"))
     rows += [dict(r, what=f"runner-up {n}") for n, r in enumerate(data["runners_up"][:3], 1)]
+    if "without_names" in data:               # the same rule with the name term off (T₀ above every query's t)
+        rows.append(dict(data["without_names"], what="the rule without the name term"))
     names = list(data["chosen"]["per"])
     counts = data["queries"]
     named = "named" in data["chosen"]         # rows chosen with the name term (T₀, A₀)
@@ -283,7 +285,8 @@ def t_relevance_margins() -> str:
                f"absent strong (of {counts['absent']})", "nearest decision",
                "Flickr8k dev captions whose own photo is strong (%)"]
     cells = [[r["what"], f(r["weight"], 2), f(r["description"], 3), f(r["null"], 2),
-              *([f(r["named_floor"], 2), f(r["named"], 3)] if named else []),
+              *(([f(r["named_floor"], 2), f(r["named"], 3)] if r["named_floor"] <= 1 else ["off", "–"])
+                if named else []),
               " / ".join(str(r["per"][n]["present"]) for n in names),
               " / ".join(str(r["per"][n]["absent"]) for n in names), f(r["margin"], 4),
               f(r.get("dev_own_photo_strong"))] for r in rows]

@@ -32,13 +32,14 @@ closer fit to count as a description of an unusual photo than one they answer po
 — exactly :data:`STRONG` at ``m = M₀``, rising with the margin. A hit's relevance is then the smaller of the two
 directions: it is a strong match only when it outscores typical photos for the query *and* the query is within
 ``|M₀|`` of the photo's own best descriptions. Both directions grow with the hit's score, so the relevance does
-too, and both depend on the query and the hit alone. λ, M₀ and N₀ were chosen together on development sets (the
-demo gallery's captions, absent things and nonsense) by benchmarks/relevance_margins.py's rule: of the settings
-that give ≥ 90 % of the captions and ≤ 10 % of the rest a strong match on the demo indexed with and without its
-near-duplicate copy, in float32 and in bf16, the one whose decisions lie farthest from their thresholds;
-docs/index.md#relevance-and-no-strong-match has the rates. Absent things and nonsense written after that choice
-get a strong match more often (about one in six on the demo): mostly things that look like a photo the gallery
-holds, which the model's text side cannot tell apart from it.
+too, and both depend on the query and the hit alone. λ, M₀ and N₀, with the name term's T₀ and A₀ (below), were
+chosen together on development sets (the demo gallery's captions, absent things and nonsense) by
+benchmarks/relevance_margins.py's rule: of the settings that give ≥ 90 % of the captions and ≤ 10 % of the rest a
+strong match on the demo indexed with and without its near-duplicate copy, in float32 and in bf16, those leaving
+the fewest of the rest strong (one more counting as as few), and of those the one whose decisions lie farthest from
+their thresholds; docs/index.md#relevance-and-no-strong-match has the rates. Absent things and nonsense written
+apart from that choice get a strong match more often (about one in five on the demo): mostly things that look like
+a photo the gallery holds, which the model's text side cannot tell apart from it.
 
 A third term checks the *names*: the model's class sentences (:attr:`Descriptions.names`, one per ImageNet class).
 A query *names a class* when its closest class sentence, text against text, is at least :data:`NAMED_FLOOR` close

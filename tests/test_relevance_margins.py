@@ -75,6 +75,11 @@ def test_the_rule_weighs_the_names_when_the_other_margins_cannot_separate():
     best = search({"g": {"present": present, "absent": absent}})[0][0]
     assert best["meets"] and best["named_floor"] <= 0.7 and -0.25 < best["named"] <= -0.02
     assert (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (10, 0)
+    # the rule without the name term (T₀ above every t) cannot tell them apart
+    off = search({"g": {"present": present, "absent": absent}}, floors=np.array([1.01]))[0][0]
+    assert off["named_floor"] == 1.01 and not off["meets"]
+    # where no setting meets both targets, the first keeps the captions' and lets the fewest absent queries through
+    assert off["per"]["g"]["present"] >= 9 and off["per"]["g"]["absent"] <= 9 + 1     # the fewest, 9, and the slack
     # queries that name no class on the grid (t = 0.4, below every T₀) leave the two sets as alike as before
     for p in (present, absent):
         object.__setattr__(p, "names", np.full(10, 0.4))

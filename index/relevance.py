@@ -87,9 +87,9 @@ def text_side_settings() -> dict[str, float]:
 def name_margins(query_names: np.ndarray, photo_names: np.ndarray, owner: np.ndarray | None = None,
                  named_floor: float = NAMED_FLOOR) -> np.ndarray:
     """Each hit's name margin ``a(q, v) − t(q)`` (see the module): ``query_names`` ``(Q, C)``, each query against
-    every class sentence; ``photo_names`` ``(H, K)``, the rows of each hit's photo's best names (−1: none); ``owner``
-    ``(H,)``, each hit's query (None: hit ``i`` is query ``i``'s). +inf where the query names no class (``t(q) <
-    named_floor``) or the photo has no names."""
+    every class sentence; ``photo_names`` ``(H, K)``, the rows of each hit's photo's best names (−1: none, as where
+    there are fewer than K names); ``owner`` ``(H,)``, each hit's query (None: hit ``i`` is query ``i``'s). +inf where
+    the query names no class (``t(q) < named_floor``) or the photo has no names."""
     query_names = np.asarray(query_names, dtype=np.float32)
     photo_names = np.asarray(photo_names).astype(np.intp)
     owner = np.arange(len(photo_names)) if owner is None else np.asarray(owner, dtype=np.intp)
@@ -97,8 +97,9 @@ def name_margins(query_names: np.ndarray, photo_names: np.ndarray, owner: np.nda
     if query_names.shape[1] == 0 or photo_names.shape[1] == 0:
         return out
     t = query_names.max(axis=1)[owner]
-    a = query_names[owner[:, None], np.maximum(photo_names, 0)].max(axis=1)
-    weighed = (t >= named_floor) & (photo_names >= 0).all(axis=1)
+    known = photo_names >= 0
+    a = np.where(known, query_names[owner[:, None], np.maximum(photo_names, 0)], -np.inf).max(axis=1)
+    weighed = (t >= named_floor) & known.any(axis=1)
     out[weighed] = (a - t)[weighed]
     return out
 

@@ -304,6 +304,12 @@ def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carri
     two = np.stack([query, other])
     np.testing.assert_array_equal(name_margins(d.query_names(two), f[:, 2:], np.array([1, 0])),
                                   name_margins(d.query_names(two)[[1, 0]], f[:, 2:]))
+    # fewer names than NAMED_TOP: a photo's best names are all of them, the rest of its columns −1
+    few = Descriptions(np.concatenate([captions, names[:3]]), nulls, names=3)
+    f3 = few.floors(both)
+    assert (f3[:, 5:] == -1).all() and sorted(f3[0, 2:5].astype(int)) == [0, 1, 2]
+    # a query on one of the three is weighed, and each photo carries every name there is
+    np.testing.assert_array_equal(name_margins(few.query_names(names[1]), f3[:, 2:], np.array([0, 0])), [0.0, 0.0])
     with pytest.raises(ValueError, match="class sentences"):
         Descriptions(captions, names=41)
 

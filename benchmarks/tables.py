@@ -259,7 +259,8 @@ def t_open_vocab_served() -> str:
     headers = ["model", "backend", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
                "demo captions finding their photo first (smallest margin)", "\"a cup of coffee\", \"a rocket\"",
                "people queries finding a person first",
-               "strong match on the demo: captions / things no photo shows / absent things / nonsense / check set / unseen set",
+               "strong match on the demo: captions / things no photo shows / absent things / nonsense / more absent "
+               "things and nonsense / unseen set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
     cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
               f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
@@ -292,7 +293,7 @@ def t_relevance_margins() -> str:
               f(r.get("dev_own_photo_strong"))] for r in rows]
     first = 6 if named else 4                 # the captions column
     if "check" in counts:       # the set no setting is chosen on (benchmarks/relevance_margins.py)
-        headers.insert(first + 2, f"check set strong (of {counts['check']}; not chosen on)")
+        headers.insert(first + 2, f"unseen set strong (of {counts['check']}; not chosen on)")
         for row, r in zip(cells, rows):
             row.insert(first + 2, " / ".join(str(r["per"][n].get("check", "–")) for n in names))
     grid = data["grid"]
@@ -316,7 +317,7 @@ def check_floor_note(data: dict) -> str:
         return ""
     counts = " / ".join(str(p["check"]) for p in floor["per"].values())
     return (f" Of the settings keeping at least {round(100 * data['targets']['present'])} % of the captions "
-            f"strong on every gallery, the fewest check-set strong matches: {counts} of {data['queries']['check']} "
+            f"strong on every gallery, the fewest unseen-set strong matches: {counts} of {data['queries']['check']} "
             f"(λ {floor['weight']:g}, M₀ {floor['description']:g}, N₀ {floor['null']:g}"
             + (f", T₀ {floor['named_floor']:g}, A₀ {floor['named']:g}" if "named" in floor else "") + ").")
 

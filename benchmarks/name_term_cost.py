@@ -8,8 +8,8 @@ benchmarks/tables.py.
 
 The index is loaded twice, once with its reference sentences as stored and once with the same sentences carrying no
 names; after one unmeasured search each (which fills its photos' cached floors), each round times ``--reps`` × 5
-searches of one sentence and ``--reps`` of ``--batch`` sentences for each setting, in turns; the median of ``--rounds`` rounds is reported, and the
-ratio of the two medians. numpy's and FAISS's BLAS pools run on one thread, as in a ``serve`` worker.
+searches of one sentence and ``--reps`` of ``--batch`` sentences for each setting, in turns; the median of
+``--rounds`` rounds is reported, and the ratio of the two medians. numpy's and FAISS's BLAS pools run on one thread, as in a ``serve`` worker.
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ in 10 absent queries), the ones leaving the fewest absent queries strong on thei
 :data:`ABSENT_SLACK` more counting as as few, the difference one photo saved again makes (the galleries with and
 without the near-duplicate copy differ by one) — and of those the one whose smallest |distance| over the captions and
 absent queries on all galleries is largest: the decisions that a small change of a vector (bf16 against float32, a
-photo saved again) is least likely to flip. A third set, absent
-things and nonsense written before any setting was chosen with them in view (``absent_queries_unseen.txt``, *check*),
+photo saved again) is least likely to flip. A third set, absent things and nonsense written before any setting was
+chosen with them in view (``absent_queries_unseen.txt``, *check*),
 is never used to choose: its strong count says how a choice carries over to queries it was not chosen on, and the
 results give the fewest of it that any setting keeping the captions' target leaves strong (``check_floor``). Before
 the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
@@ -68,13 +68,13 @@ SELECTED = ("present", "absent")    # the query sets the settings are chosen on 
 class Parts:
     """The setting-free parts of each query's hits, ``(queries, hits)`` arrays: ``usable`` (the photo side is a
     strong match), ``described`` (q·v − b(v)), ``null`` (q·v − n(v)) and ``named`` (a(q, v) − t(q), +inf for a
-    photo without names); ``rq``: r(q) and ``names``: t(q), ``(queries,)``."""
+    photo without names); ``rq``: r(q) and ``closest_class``: t(q), ``(queries,)``."""
     usable: np.ndarray
     described: np.ndarray
     rq: np.ndarray
     null: np.ndarray
     named: np.ndarray
-    names: np.ndarray
+    closest_class: np.ndarray
 
 
 def distances(parts: Parts, weight: float, description: float, null: float, named_floor: float,
@@ -87,13 +87,14 @@ def distances(parts: Parts, weight: float, description: float, null: float, name
 def grid_distances(parts: Parts, weight: float, descriptions: np.ndarray, nulls: np.ndarray, named_floor: float,
                    named: float) -> np.ndarray:
     """:func:`distances` for every M₀ of ``descriptions`` and N₀ of ``nulls`` at once: ``(M, N, queries)``."""
-    gate = np.where(parts.names[:, None] >= named_floor, parts.named - named, np.inf)           # (Q, H)
+    gate = np.where(parts.closest_class[:, None] >= named_floor, parts.named - named, np.inf)           # (Q, H)
     text = np.minimum((parts.described - weight * parts.rq[:, None])[None] - descriptions[:, None, None], gate)
     d = np.minimum(text[:, None], parts.null[None, None] - nulls[None, :, None, None])         # (M, N, Q, H)
     return np.where(parts.usable, d, -np.inf).max(axis=-1)
 
 
 SETTINGS = ("weight", "description", "null", "named_floor", "named")
+GRID_AXES = ("weight", "named_floor", "named", "description", "null")   # the search's array axes, outermost first
 
 
 def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[tuple[float, ...], ...] = (),
@@ -101,10 +102,8 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[t
     """The grid's settings with, per gallery, their strong counts per query set and their smallest |distance| over
     the sets they are chosen on: the ``keep`` best (those meeting the targets on every gallery first — where none
     does, those meeting the captions' — then the fewest absent queries strong on the worst gallery, to within
-    :data:`ABSENT_SLACK`, then by that margin, largest first),
-    with the settings of ``also``
-    wherever they rank; and a summary of the grid (its size, how many meet the targets, the check floor:
-    :func:`check_floor`). ``floors``: the T₀ searched (``[1.01]``: the rule without the name term)."""
+    :data:`ABSENT_SLACK`, then by that margin, largest first), with the settings of ``also`` wherever they rank; and a
+    summary of the grid (its size, how many meet the targets, the check floor: :func:`check_floor`). ``floors``: the T₀ searched (``[1.01]``: the rule without the name term)."""
     names = list(galleries)
     sets = sorted({k for g in galleries.values() for k in g})
     shape = (len(WEIGHTS), len(floors), len(NAMED), len(DESCRIPTION), len(NULL))
@@ -130,33 +129,34 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[t
     fewest = int(absent[captions].min()) if captions.any() else 0
     tier = np.maximum(absent, fewest + ABSENT_SLACK)
     order = np.lexsort((-margin.ravel(), tier.ravel(), ~meets.ravel(), ~captions.ravel()))
-    grid = (WEIGHTS, floors, NAMED, DESCRIPTION, NULL)
+    rank = np.empty(order.size, np.int64)                # each setting's place in that order
+    rank[order] = np.arange(order.size)
+    grid = dict(zip(GRID_AXES, (WEIGHTS, floors, NAMED, DESCRIPTION, NULL)))
 
     def row(flat: int) -> dict:
         at = np.unravel_index(flat, shape)
-        values = dict(zip(("weight", "named_floor", "named", "description", "null"),
-                          (float(axis[x]) for axis, x in zip(grid, at))))
+        values = {name: float(axis[x]) for (name, axis), x in zip(grid.items(), at)}
         per = {n: {**{key: int(counts[n, key][at]) for key in sets},
                    "margin": float(margins[n][at]) if np.isfinite(margins[n][at]) else 0.0} for n in names}
         return {**{k: values[k] for k in SETTINGS}, "per": per, "meets": bool(meets[at]),
-                "margin": float(margin[at]), "rank": int(np.flatnonzero(order == flat)[0]) + 1}
+                "margin": float(margin[at]), "rank": int(rank[flat]) + 1}
 
     rows = [row(int(f)) for f in order[:keep]]
     for values in also:
-        at = tuple(int(np.flatnonzero(np.isclose(axis, v))[0]) if np.isclose(axis, v).any() else -1
-                   for axis, v in zip(grid, (values[0], values[3], values[4], values[1], values[2])))
+        asked = dict(zip(SETTINGS, values))
+        at = tuple(int(np.flatnonzero(np.isclose(axis, asked[name]))[0]) if np.isclose(axis, asked[name]).any() else -1
+                   for name, axis in grid.items())
         if -1 in at:
-            raise SystemExit(f"the settings {dict(zip(SETTINGS, values))} are not on the grid: widen it")
+            raise SystemExit(f"the settings {asked} are not on the grid: widen it")
         rows.append(row(int(np.ravel_multi_index(at, shape))))
     summary: dict = {"settings": int(meets.size), "meeting_targets": int(meets.sum())}
     if "check" in sets:
-        summary["check_floor"] = check_floor(counts, names, shape, order, row,
+        summary["check_floor"] = check_floor(counts, names, rank, row,
                                              math.ceil(PRESENT_SHARE * len(galleries[names[0]]["present"].rq) - 1e-9))
     return rows, summary
 
 
-def check_floor(counts: dict, names: list[str], shape: tuple[int, ...], order: np.ndarray, row, present: int
-                ) -> dict | None:
+def check_floor(counts: dict, names: list[str], rank: np.ndarray, row, present: int) -> dict | None:
     """Of the settings leaving at least ``present`` captions strong on every gallery, the one leaving the fewest of
     the check set strong on its worst gallery (ties: the better ranked): how far any setting of the grid could carry
     over (None: no such setting)."""
@@ -165,8 +165,6 @@ def check_floor(counts: dict, names: list[str], shape: tuple[int, ...], order: n
         return None
     worst = np.maximum.reduce([counts[n, "check"] for n in names]).astype(np.float64)
     worst[~kept] = np.inf
-    rank = np.empty(order.size, np.int64)
-    rank[order] = np.arange(order.size)
     best = int(np.lexsort((rank, worst.ravel()))[0])
     out = row(best)
     return {k: out[k] for k in (*SETTINGS, "per")}
@@ -196,7 +194,7 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
     width = max(len(h) for h in hits)
     shape = (len(hits), width)
     usable, described, null, named = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    rq, names = np.zeros(len(hits)), np.zeros(len(hits))
+    rq, closest = np.zeros(len(hits)), np.zeros(len(hits))
     for n, (q, h, p) in enumerate(zip(plain_queries(gallery.manifest, queries), hits, photo)):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h]).astype(np.float32)
         floors = text.floors(vectors)
@@ -206,9 +204,9 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
         null[n, :len(h)] = raw - floors[:, 1]
         said = text.query_names(q)
         named[n, :len(h)] = name_margins(said, floors[:, 2:], np.zeros(len(h), dtype=np.intp), named_floor=-np.inf)
-        names[n] = said.max() if said.size else -np.inf
+        closest[n] = said.max() if said.size else -np.inf
         rq[n] = text.query_floor(q)
-    return Parts(usable, described, rq, null, named, names)
+    return Parts(usable, described, rq, null, named, closest)
 
 
 def demo_parts(model, index: Path) -> dict[str, Parts]:

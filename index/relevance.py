@@ -227,8 +227,8 @@ class Descriptions:
         shift = (QUERY_WEIGHT * self.query_floors(queries).astype(np.float64)).astype(np.float32)
         described = raw - floors[:, 0] - shift[owner]
         named = name_margins(self.query_names(queries), floors[:, 2:], owner)
-        return np.minimum(np.minimum(calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN)),
-                          calibrated(named, NAMED_MARGIN))
+        return np.minimum.reduce([calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN),
+                                  calibrated(named, NAMED_MARGIN)])
 
 
 def _rows(vectors: np.ndarray, what: str) -> np.ndarray:

@@ -5,12 +5,12 @@ import numpy as np
 from benchmarks.relevance_margins import NAMED_FLOOR, Parts, distances, search
 
 
-def parts(described, null, rq, usable=None, named=None, names=None) -> Parts:
+def parts(described, null, rq, usable=None, named=None, closest=None) -> Parts:
     described, null = np.atleast_2d(described).astype(float), np.atleast_2d(null).astype(float)
     usable = np.ones(described.shape, bool) if usable is None else np.atleast_2d(usable)
     named = np.zeros(described.shape) if named is None else np.atleast_2d(named).astype(float)
-    names = np.zeros(len(described)) if names is None else np.asarray(names, float)
-    return Parts(usable, described, np.asarray(rq, float), null, named, names)
+    closest = np.zeros(len(described)) if closest is None else np.asarray(closest, float)
+    return Parts(usable, described, np.asarray(rq, float), null, named, closest)
 
 
 def test_a_distance_is_the_best_hit_passing_every_margin_by_the_smallest_amount():
@@ -25,7 +25,7 @@ def test_a_distance_is_the_best_hit_passing_every_margin_by_the_smallest_amount(
 
 def test_the_name_margin_counts_only_for_a_query_that_names_a_class():
     # hit 0's name margin −0.3 (its photo's names are far from the query's class), hit 1's −0.05
-    p = parts([[-0.30, -0.20]], [[0.10, 0.10]], [0.5], named=[[-0.3, -0.05]], names=[0.7])
+    p = parts([[-0.30, -0.20]], [[0.10, 0.10]], [0.5], named=[[-0.3, -0.05]], closest=[0.7])
     # the query names a class (t = 0.7 ≥ T₀ = 0.6): hit 0: min(0.05, 0.1, −0.3 + 0.1) = −0.2; hit 1: min(0.15, 0.1,
     # −0.05 + 0.1) = 0.05
     np.testing.assert_allclose(distances(p, 0.1, -0.4, 0.0, 0.6, -0.1), [0.05])
@@ -69,9 +69,9 @@ def test_the_rule_weighs_the_names_when_the_other_margins_cannot_separate():
     # absent queries as close to their photos as the captions (the description margin alone cannot tell them apart)
     # but naming a class (t = 0.7) that their photos' names do not carry (−0.25); the captions' names fit (−0.02)
     present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10),
-                    named=np.full((10, 1), -0.02), names=np.full(10, 0.7))
+                    named=np.full((10, 1), -0.02), closest=np.full(10, 0.7))
     absent = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10),
-                   named=np.full((10, 1), -0.25), names=np.full(10, 0.7))
+                   named=np.full((10, 1), -0.25), closest=np.full(10, 0.7))
     best = search({"g": {"present": present, "absent": absent}})[0][0]
     assert best["meets"] and best["named_floor"] <= 0.7 and -0.25 < best["named"] <= -0.02
     assert (best["per"]["g"]["present"], best["per"]["g"]["absent"]) == (10, 0)
@@ -82,7 +82,7 @@ def test_the_rule_weighs_the_names_when_the_other_margins_cannot_separate():
     assert off["per"]["g"]["present"] >= 9 and off["per"]["g"]["absent"] <= 9 + 1     # the fewest, 9, and the slack
     # queries that name no class on the grid (t = 0.4, below every T₀) leave the two sets as alike as before
     for p in (present, absent):
-        object.__setattr__(p, "names", np.full(10, 0.4))
+        object.__setattr__(p, "closest_class", np.full(10, 0.4))
     assert NAMED_FLOOR.min() > 0.4 and not search({"g": {"present": present, "absent": absent}})[0][0]["meets"]
 
 

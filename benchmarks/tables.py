@@ -244,7 +244,7 @@ def t_open_vocab_served() -> str:
         parts = [f"{f(r.get('strong_present'), 0)} of 20", share(r.get("strong_absent"))]
         if demo:
             parts += [share(demo.get(k)) for k in ("absent_queries_demo", "nonsense_queries", "absent_queries_check",
-                                                   "absent_queries_unseen")]
+                                                   "absent_queries_unseen", "absent_queries_holdout")]
         return " / ".join(parts) + settings(r)
 
     def imagenet_strong(r) -> str:
@@ -260,7 +260,7 @@ def t_open_vocab_served() -> str:
                "demo captions finding their photo first (smallest margin)", "\"a cup of coffee\", \"a rocket\"",
                "people queries finding a person first",
                "strong match on the demo: captions / things no photo shows / absent things / nonsense / more absent "
-               "things and nonsense / unseen set",
+               "things and nonsense / unseen set / holdout set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
     cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
               f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
@@ -292,12 +292,15 @@ def t_relevance_margins() -> str:
               " / ".join(str(r["per"][n]["absent"]) for n in names), f(r["margin"], 4),
               f(r.get("dev_own_photo_strong"))] for r in rows]
     first = 6 if named else 4                 # the captions column
-    if "check" in counts:       # the set no setting is chosen on (benchmarks/relevance_margins.py)
-        headers.insert(first + 2, f"unseen set strong (of {counts['check']}; not chosen on)")
+    unchosen = [(k, label) for k, label in (("check", "unseen set strong (of {}; not chosen on)"),
+                                            ("holdout", "holdout set strong (of {}; written after the choice)"))
+                if k in counts]         # the sets no setting is chosen on (benchmarks/relevance_margins.py)
+    for at, (key, label) in enumerate(unchosen, first + 2):
+        headers.insert(at, label.format(counts[key]))
         for row, r in zip(cells, rows):
-            row.insert(first + 2, " / ".join(str(r["per"][n].get("check", "–")) for n in names))
+            row.insert(at, " / ".join(str(r["per"][n].get(key, "–")) for n in names))
     grid = data["grid"]
-    right = {*range(1, first), first + 2 + ("check" in counts), first + 3 + ("check" in counts)}
+    right = {*range(1, first), first + 2 + len(unchosen), first + 3 + len(unchosen)}
     return (with_provenance(headers, cells, rows, data, right=right)
             + f"\n\nThe galleries, in each column's order: {'; '.join(names)}. "
               f"Settings searched: {grid['settings']:,} (λ {grid['weight'][0]}–{grid['weight'][1]}, "

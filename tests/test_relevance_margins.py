@@ -2,7 +2,7 @@
 that picks the setting meeting the targets whose decisions lie farthest from their thresholds."""
 import numpy as np
 
-from benchmarks.relevance_margins import NAMED_FLOOR, Parts, distances, search
+from benchmarks.relevance_margins import NAMED_FLOOR, SELECTED, Parts, distances, query_sets, search
 
 
 def parts(described, null, rq, usable=None, named=None, closest=None) -> Parts:
@@ -93,12 +93,12 @@ def test_the_check_set_is_counted_but_never_chosen_on_and_its_floor_is_the_best_
     check = parts(np.array([-0.285, -0.28, -0.2])[:, None], np.full((3, 1), 0.1), np.zeros(3))
     alone, summary = search({"g": {"present": present, "absent": absent}})
     assert "check_floor" not in summary
-    rows, summary = search({"g": {"present": present, "absent": absent, "check": check}})
+    rows, summary = search({"g": {"present": present, "absent": absent, "check": check, "holdout": check}})
     best = rows[0]
     assert {k: best[k] for k in ("weight", "description", "null", "named_floor", "named")} == \
         {k: alone[0][k] for k in ("weight", "description", "null", "named_floor", "named")}
     assert best["margin"] == alone[0]["margin"]         # its distances (0, 0.005) are not the nearest decision
-    assert best["per"]["g"]["check"] == 3               # all three pass M₀ = −0.285
+    assert best["per"]["g"]["check"] == best["per"]["g"]["holdout"] == 3     # all three pass M₀ = −0.285
     # keeping 9 of the 10 captions allows M₀ up to −0.25 (the second-lowest caption); one above −0.28 leaves only −0.2
     floor = summary["check_floor"]
     assert floor is not None and floor["per"]["g"]["check"] == 1 and -0.28 < floor["description"] <= -0.25
@@ -119,3 +119,12 @@ def test_settings_asked_for_are_reported_wherever_they_rank_and_off_grid_ones_ar
         assert "not on the grid" in str(e)
     else:
         raise AssertionError("an off-grid setting was accepted")
+
+
+def test_the_demo_query_sets_choose_on_present_and_absent_and_keep_the_unseen_and_holdout_sets_apart():
+    sets = query_sets()
+    assert set(sets) == {"present", "absent", "check", "holdout"} and set(SELECTED) == {"present", "absent"}
+    assert (len(sets["present"]), len(sets["absent"]), len(sets["check"]), len(sets["holdout"])) == (20, 127, 45, 50)
+    chosen_on = set(sets["present"]) | set(sets["absent"])
+    assert not chosen_on & set(sets["check"]) and not chosen_on & set(sets["holdout"])
+    assert not set(sets["check"]) & set(sets["holdout"])

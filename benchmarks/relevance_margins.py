@@ -30,7 +30,8 @@ count under an earlier rule was one reason for the rule's fewest-absent order �
 (``absent_queries_holdout.txt``), written after the rule and the settings were fixed and looked at by nothing that
 chose them: its strong count is the rate to expect on queries of one's own. Before
 the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
-(they must agree). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of
+(they must agree). The photo's best names the name term looks at (index/relevance.py ``NAMED_TOP``) are swept too
+(:data:`NAMED_TOPS`): the rule's choice at each count, in the rule's order (``named_top`` in the results). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of
 its captions whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as
 a check in the model's own domain.
 """
@@ -63,6 +64,7 @@ NULL = np.round(np.arange(-0.10, 0.051, 0.01), 3) + 0.0    # N₀
 NAMED_FLOOR = np.array([0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 1.01])    # T₀ (1.01: no query names a class)
 NAMED = np.round(np.arange(-0.30, 0.001, 0.025), 3) + 0.0    # A₀
 ABSENT_SLACK = 1               # absent queries strong: this many more than the fewest count as as few (the rule)
+NAMED_TOPS = (1, 2, 3, 5, 8, 12, 20)    # the photo's best names a(q, v) looks at (index/relevance.py NAMED_TOP), swept
 SELECTED = ("present", "absent")    # the query sets the settings are chosen on (query_sets: not "check", "holdout")
 
 
@@ -158,6 +160,20 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[t
     return rows, summary
 
 
+def named_top_sweep(swept: dict[int, dict[str, dict[str, Parts]]]) -> list[dict]:
+    """The rule's choice with the photo's best names counted at each count of ``swept`` (``{count: galleries}``),
+    in the rule's order across the counts (meeting the targets, then the fewest absent queries strong on the worst
+    gallery, up to :data:`ABSENT_SLACK` more counting as as few, then the nearest decision, widest first): the
+    first is the count the rule would serve."""
+    rows = [dict(search(galleries, keep=1)[0][0], named_top=k) for k, galleries in swept.items()]
+
+    def absent(r: dict) -> int:
+        return max(p["absent"] for p in r["per"].values())
+
+    fewest = min((absent(r) for r in rows if r["meets"]), default=0)
+    return sorted(rows, key=lambda r: (not r["meets"], max(absent(r), fewest + ABSENT_SLACK), -r["margin"]))
+
+
 def check_floor(counts: dict, names: list[str], rank: np.ndarray, row, present: int) -> dict | None:
     """Of the settings leaving at least ``present`` captions strong on every gallery, the one leaving the fewest of
     the check set strong on its worst gallery (ties: the better ranked): how far any setting of the grid could carry
@@ -186,10 +202,11 @@ def query_sets() -> dict[str, list[str]]:
             "check": query_set("absent_queries_unseen"), "holdout": query_set("absent_queries_holdout")}
 
 
-def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]]) -> Parts:
-    """The setting-free parts of ``hits`` (one list per raw query, as the index returned them)."""
+def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]], named_top: int | None = None) -> Parts:
+    """The setting-free parts of ``hits`` (one list per raw query, as the index returned them); ``named_top``: the
+    photo's best names a(q, v) looks at (None: NAMED_TOP, as served)."""
     from index.gallery import plain_queries, queries_for
-    from index.relevance import STRONG, name_margins
+    from index.relevance import NAMED_TOP, STRONG, name_margins
 
     reference = gallery.references["images"]
     text = reference.descriptions
@@ -200,7 +217,7 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
     rq, closest = np.zeros(len(hits)), np.zeros(len(hits))
     for n, (q, h, p) in enumerate(zip(plain_queries(gallery.manifest, queries), hits, photo)):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h]).astype(np.float32)
-        floors = text.floors(vectors)
+        floors = text.floors(vectors, NAMED_TOP if named_top is None else named_top)
         raw = vectors @ q
         usable[n, :len(h)] = np.asarray(p) >= STRONG
         described[n, :len(h)] = raw - floors[:, 0]
@@ -212,8 +229,9 @@ def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]])
     return Parts(usable, described, rq, null, named, closest)
 
 
-def demo_parts(model, index: Path) -> dict[str, Parts]:
-    """The demo's query sets on one built index, checked against the index's own ``strong_match``."""
+def demo_parts(model, index: Path, named_tops: tuple[int, ...] = ()) -> tuple[dict[str, Parts], dict[int, dict]]:
+    """The demo's query sets on one built index, checked against the index's own ``strong_match``; and the same
+    with the photo's best names counted at each of ``named_tops`` instead (``{count: {set: Parts}}``)."""
     from index import relevance
     from index.embed import embed_text_queries
     from index.gallery import Gallery
@@ -221,7 +239,8 @@ def demo_parts(model, index: Path) -> dict[str, Parts]:
 
     gallery = Gallery.load(index, model=model)
     try:
-        out = {}
+        out: dict[str, Parts] = {}
+        swept: dict[int, dict] = {k: {} for k in named_tops}
         for key, texts in query_sets().items():
             queries = embed_text_queries(model, texts, progress=False)
             hits = gallery.search_images(queries, 10, flt=ImageFilter(media="photo"))
@@ -231,7 +250,9 @@ def demo_parts(model, index: Path) -> dict[str, Parts]:
             if sum(served) != int((mine >= 0).sum()):
                 raise SystemExit(f"{index}: {key}: {int((mine >= 0).sum())} strong from the parts, "
                                  f"{sum(served)} as served")
-        return out
+            for k in named_tops:
+                swept[k][key] = hit_parts(gallery, queries, hits, named_top=k)
+        return out, swept
     finally:
         gallery.close()
 
@@ -307,15 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     missing = [name for name in GALLERIES if name not in here]
     if missing:
         print(f"not measured, this CPU has no native bf16: {', '.join(missing)}", flush=True)
-    galleries = {}
+    galleries: dict[str, dict[str, Parts]] = {}
+    swept: dict[int, dict[str, dict[str, Parts]]] = {k: {} for k in NAMED_TOPS}
     for name, index in build_galleries(Path(args.model), work, here).items():
-        galleries[name] = demo_parts(model, index)
+        galleries[name], by_top = demo_parts(model, index, NAMED_TOPS)
+        for k, parts in by_top.items():
+            swept[k][name] = parts
         print(f"{name}: parts of {sum(len(p.rq) for p in galleries[name].values())} queries", flush=True)
     now = tuple(relevance.text_side_settings()[k] for k in SETTINGS)
     rows, summary = search(galleries, also=(now,))
     in_use, rows = rows[-1], rows[:-1]
     chosen = rows[0]
     unnamed = search(galleries, keep=1, floors=np.array([NAMED_FLOOR[-1]]))[0][0]    # the rule without the name term
+    named_top = named_top_sweep(swept)
     result = {"model": args.model, "targets": {"present": PRESENT_SHARE, "absent": ABSENT_SHARE},
               "grid": {"weight": [float(WEIGHTS[0]), float(WEIGHTS[-1])],
                        "description": [float(DESCRIPTION[0]), float(DESCRIPTION[-1])],
@@ -326,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
               "queries": {k: len(v) for k, v in query_sets().items()},
               "not_measured": {n: "this CPU has no native bf16" for n in missing},
               "in_use": in_use, "chosen": chosen, "runners_up": rows[1:10], "without_names": unnamed,
+              "named_top": named_top,
               "check_floor": summary.get("check_floor"),
               "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()}
     if args.flickr8k:

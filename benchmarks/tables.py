@@ -313,6 +313,27 @@ def t_relevance_margins() -> str:
             + check_floor_note(data))
 
 
+def t_relevance_named_top() -> str:
+    """The rule's choice at each count of the photo's best names (benchmarks/relevance_margins.py's sweep)."""
+    data = load("relevance_margins.json")
+    rows = data.get("named_top", [])
+    from index.relevance import NAMED_TOP
+
+    names = list(rows[0]["per"]) if rows else []
+
+    def counts(r: dict, key: str) -> str:
+        return " / ".join(str(r["per"][n].get(key, "–")) for n in names)
+
+    headers = ["best names looked at", "λ", "M₀", "N₀", "T₀", "A₀", "meets the targets", "captions strong",
+               "absent strong", "unseen set strong", "holdout set strong", "nearest decision"]
+    cells = [[f"{r['named_top']}" + (" (in use)" if r["named_top"] == NAMED_TOP else ""), f(r["weight"], 2),
+              f(r["description"], 3), f(r["null"], 2),
+              *([f(r["named_floor"], 2), f(r["named"], 3)] if r["named_floor"] <= 1 else ["off", "–"]),
+              "yes" if r["meets"] else "no", counts(r, "present"), counts(r, "absent"), counts(r, "check"),
+              counts(r, "holdout"), f(r["margin"], 4)] for r in rows]
+    return with_provenance(headers, cells, rows, data, right={1, 2, 3, 4, 5, 11})
+
+
 def check_floor_note(data: dict) -> str:
     """The fewest of the check set any setting of the grid keeping the captions' target leaves strong."""
     floor = data.get("check_floor")
@@ -1171,6 +1192,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "open_vocab_served": t_open_vocab_served,
     "open_vocab_levers": t_open_vocab_levers,
     "relevance_margins": t_relevance_margins,
+    "relevance_named_top": t_relevance_named_top,
     "synthetic_demo": t_synthetic_demo,
     "minimal_pairs_ablation": t_minimal_pairs_ablation,
     "flickr8k_text_branch": t_flickr8k_text_branch,

@@ -164,13 +164,14 @@ class Descriptions:
     def __len__(self) -> int:
         return len(self.sentences)
 
-    def floors(self, photos: np.ndarray) -> np.ndarray:
-        """``(P, 2 + NAMED_TOP)`` per row of ``photos`` (unit image vectors, unfolded): b(v), the mean of its
+    def floors(self, photos: np.ndarray, named_top: int = NAMED_TOP) -> np.ndarray:
+        """``(P, 2 + named_top)`` per row of ``photos`` (unit image vectors, unfolded): b(v), the mean of its
         :data:`DESCRIPTION_TOP` best cosines among the reference sentences; n(v), of its :data:`NULL_TOP` best among
-        the null sentences (−inf without them); then the rows in :attr:`names` of its :data:`NAMED_TOP` closest
-        class sentences, closest first (−1 without names)."""
+        the null sentences (−inf without them); then the rows in :attr:`names` of its ``named_top`` closest class
+        sentences, closest first (−1 without names). ``named_top``: :data:`NAMED_TOP` as served (other counts:
+        benchmarks/relevance_margins.py's sweep)."""
         photos = np.asarray(photos, dtype=np.float32).reshape(-1, self.sentences.shape[1])
-        out = np.full((len(photos), 2 + NAMED_TOP), -np.inf, dtype=np.float32)
+        out = np.full((len(photos), 2 + named_top), -np.inf, dtype=np.float32)
         scores = photos @ self.sentences.T
         out[:, 0] = _top_mean(scores, DESCRIPTION_TOP)
         if self.nulls is not None:
@@ -178,7 +179,7 @@ class Descriptions:
         out[:, 2:] = -1
         if len(self.names):
             named = scores[:, len(self.sentences) - len(self.names):]
-            k = min(NAMED_TOP, named.shape[1])
+            k = min(named_top, named.shape[1])
             best = np.argpartition(-named, k - 1, axis=1)[:, :k]
             order = np.argsort(-np.take_along_axis(named, best, axis=1), axis=1, kind="stable")
             out[:, 2:2 + k] = np.take_along_axis(best, order, axis=1)

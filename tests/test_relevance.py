@@ -279,6 +279,10 @@ def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carri
     assert floors.shape == (6, 2 + NAMED_TOP)
     np.testing.assert_array_equal(floors[:, 2:], np.argsort(-(photos @ names.T), axis=1)[:, :NAMED_TOP])
     assert (unnamed.floors(photos)[:, 2:] == -1).all()
+    # another count of best names (the benchmark's sweep): the same b(v) and n(v), that many names
+    three = d.floors(photos, named_top=3)
+    np.testing.assert_array_equal(three[:, :5], floors[:, :5])
+    assert three.shape == (6, 5)
     # a query right on class 7 names it (t = 1 ≥ T₀): a photo among whose best names 7 is has name margin 0, one
     # whose best names are all far from it a negative one, and the text side is the smallest of the three margins
     query = names[7]

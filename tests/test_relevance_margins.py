@@ -2,7 +2,8 @@
 that picks the setting meeting the targets whose decisions lie farthest from their thresholds."""
 import numpy as np
 
-from benchmarks.relevance_margins import NAMED_FLOOR, SELECTED, Parts, distances, query_sets, search
+from benchmarks.relevance_margins import (NAMED_FLOOR, SELECTED, Parts, distances, named_top_sweep, query_sets,
+                                          search)
 
 
 def parts(described, null, rq, usable=None, named=None, closest=None) -> Parts:
@@ -128,3 +129,19 @@ def test_the_demo_query_sets_choose_on_present_and_absent_and_keep_the_unseen_an
     chosen_on = set(sets["present"]) | set(sets["absent"])
     assert not chosen_on & set(sets["check"]) and not chosen_on & set(sets["holdout"])
     assert not set(sets["check"]) & set(sets["holdout"])
+
+
+def test_the_named_top_sweep_puts_first_the_count_whose_choice_the_rule_puts_first():
+    present = parts(np.linspace(-0.26, -0.17, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
+    absent = parts(np.linspace(-0.40, -0.31, 10)[:, None], np.full((10, 1), 0.1), np.zeros(10))
+    # the same parts at two counts, but at count 8 every absent query's name margin is as good as a caption's
+    # (text side −0.2, the name term on with t = 0.7): no A₀ keeps them apart, the targets are met without the term
+    # and the count whose names separate them (3: absent name margins −0.5) is first
+    named = {3: (np.zeros((10, 1)), np.full((10, 1), -0.5)), 8: (np.zeros((10, 1)), np.zeros((10, 1)))}
+    swept = {k: {"g": {"present": Parts(present.usable, present.described, present.rq, present.null, p, np.full(10, 0.7)),
+                       "absent": Parts(absent.usable, np.full((10, 1), -0.2), absent.rq, absent.null, a,
+                                       np.full(10, 0.7))}}
+             for k, (p, a) in named.items()}
+    rows = named_top_sweep(swept)
+    assert [r["named_top"] for r in rows] == [3, 8]
+    assert rows[0]["meets"] and rows[0]["per"]["g"]["absent"] == 0 and rows[0]["named_floor"] <= 0.7

@@ -31,9 +31,10 @@ count under an earlier rule was one reason for the rule's fewest-absent order â€
 chose them: its strong count is the rate to expect on queries of one's own. Before
 the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
 (they must agree). The photo's best names the name term looks at (index/relevance.py ``NAMED_TOP``) are swept too
-(:data:`NAMED_TOPS`): the rule's choice at each count, in the rule's order (``named_top`` in the results). ``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of
-its captions whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as
-a check in the model's own domain.
+(:data:`NAMED_TOPS`): the rule's choice at each count, in the rule's order (``named_top`` in the results).
+``--flickr8k``: Flickr8k dev indexed too (``jointspace index build --split val``), and the share of its captions
+whose own photo is a strong match under the settings in use, the chosen ones and the first runners-up, as a check in
+the model's own domain.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """benchmarks/relevance_margins.py: a query's distance from a strong match under (λ, M₀, N₀, T₀, A₀), and the rule
 that picks the setting meeting the targets whose decisions lie farthest from their thresholds."""
 import numpy as np
+import pytest
 
 from benchmarks.relevance_margins import (NAMED_FLOOR, SELECTED, Parts, distances, named_top_sweep, query_sets,
                                           search)
@@ -145,3 +146,15 @@ def test_the_named_top_sweep_puts_first_the_count_whose_choice_the_rule_puts_fir
     rows = named_top_sweep(swept)
     assert [r["named_top"] for r in rows] == [3, 8]
     assert rows[0]["meets"] and rows[0]["per"]["g"]["absent"] == 0 and rows[0]["named_floor"] <= 0.7
+
+
+def test_the_served_settings_and_count_of_names_are_the_ones_the_committed_results_chose():
+    import json
+    from pathlib import Path
+
+    from index.relevance import NAMED_TOP, text_side_settings
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" /
+                       "relevance_margins.json").read_text())
+    assert {k: data["chosen"][k] for k in text_side_settings()} == pytest.approx(text_side_settings())
+    assert data["named_top"][0]["named_top"] == NAMED_TOP

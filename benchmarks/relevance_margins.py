@@ -132,7 +132,7 @@ def search(galleries: dict[str, dict[str, Parts]], keep: int = 10, also: tuple[t
     # meeting the targets first (where none does, keeping the captions' first), then the fewest absent queries strong
     # (up to ABSENT_SLACK more counting as as few), then by margin, largest first
     fewest = int(absent[captions].min()) if captions.any() else 0
-    tier = np.maximum(absent, fewest + ABSENT_SLACK)
+    tier = absent_tier(absent, fewest)
     order = np.lexsort((-margin.ravel(), tier.ravel(), ~meets.ravel(), ~captions.ravel()))
     rank = np.empty(order.size, np.int64)                # each setting's place in that order
     rank[order] = np.arange(order.size)
@@ -172,7 +172,12 @@ def named_top_sweep(swept: dict[int, dict[str, dict[str, Parts]]]) -> list[dict]
         return max(p["absent"] for p in r["per"].values())
 
     fewest = min((absent(r) for r in rows if r["meets"]), default=0)
-    return sorted(rows, key=lambda r: (not r["meets"], max(absent(r), fewest + ABSENT_SLACK), -r["margin"]))
+    return sorted(rows, key=lambda r: (not r["meets"], int(absent_tier(absent(r), fewest)), -r["margin"]))
+
+
+def absent_tier(absent, fewest: int):
+    """The rule's tier of an absent count: up to :data:`ABSENT_SLACK` more than the fewest count as as few."""
+    return np.maximum(absent, fewest + ABSENT_SLACK)
 
 
 def check_floor(counts: dict, names: list[str], rank: np.ndarray, row, present: int) -> dict | None:
@@ -203,31 +208,42 @@ def query_sets() -> dict[str, list[str]]:
             "check": query_set("absent_queries_unseen"), "holdout": query_set("absent_queries_holdout")}
 
 
-def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]], named_top: int | None = None) -> Parts:
-    """The setting-free parts of ``hits`` (one list per raw query, as the index returned them); ``named_top``: the
-    photo's best names a(q, v) looks at (None: NAMED_TOP, as served)."""
+def hit_parts(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]]) -> Parts:
+    """The setting-free parts of ``hits`` (one list per raw query, as the index returned them), as served."""
+    from index.relevance import NAMED_TOP
+
+    return hit_parts_at(gallery, queries, hits, (NAMED_TOP,))[NAMED_TOP]
+
+
+def hit_parts_at(gallery, queries: np.ndarray, hits: list[list[tuple[int, float]]],
+                 named_tops: tuple[int, ...]) -> dict[int, Parts]:
+    """:func:`hit_parts` with a(q, v) over each photo's ``k`` best names, for each ``k`` of ``named_tops``: the other
+    parts computed once, and each photo's best names once, at the largest count (a smaller count's are its first)."""
     from index.gallery import plain_queries, queries_for
-    from index.relevance import NAMED_TOP, STRONG, name_margins
+    from index.relevance import STRONG, name_margins
 
     reference = gallery.references["images"]
     text = reference.descriptions
     photo = reference.relevance(queries_for(gallery.manifest, "images", queries), [[s for _, s in h] for h in hits])
     width = max(len(h) for h in hits)
     shape = (len(hits), width)
-    usable, described, null, named = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    usable, described, null = np.zeros(shape, bool), np.zeros(shape), np.zeros(shape)
+    named = {k: np.zeros(shape) for k in named_tops}
     rq, closest = np.zeros(len(hits)), np.zeros(len(hits))
     for n, (q, h, p) in enumerate(zip(plain_queries(gallery.manifest, queries), hits, photo)):
         vectors = np.stack([gallery.image_vector(i) for i, _ in h]).astype(np.float32)
-        floors = text.floors(vectors, NAMED_TOP if named_top is None else named_top)
+        floors = text.floors(vectors, max(named_tops))
         raw = vectors @ q
         usable[n, :len(h)] = np.asarray(p) >= STRONG
         described[n, :len(h)] = raw - floors[:, 0]
         null[n, :len(h)] = raw - floors[:, 1]
         said = text.query_names(q)
-        named[n, :len(h)] = name_margins(said, floors[:, 2:], np.zeros(len(h), dtype=np.intp), named_floor=-np.inf)
+        for k, margins in named.items():
+            margins[n, :len(h)] = name_margins(said, floors[:, 2:2 + k], np.zeros(len(h), dtype=np.intp),
+                                               named_floor=-np.inf)
         closest[n] = said.max() if said.size else -np.inf
         rq[n] = text.query_floor(q)
-    return Parts(usable, described, rq, null, named, closest)
+    return {k: Parts(usable, described, rq, null, margins, closest) for k, margins in named.items()}
 
 
 def demo_parts(model, index: Path, named_tops: tuple[int, ...] = ()) -> tuple[dict[str, Parts], dict[int, dict]]:
@@ -245,14 +261,15 @@ def demo_parts(model, index: Path, named_tops: tuple[int, ...] = ()) -> tuple[di
         for key, texts in query_sets().items():
             queries = embed_text_queries(model, texts, progress=False)
             hits = gallery.search_images(queries, 10, flt=ImageFilter(media="photo"))
-            out[key] = parts = hit_parts(gallery, queries, hits)
+            at = hit_parts_at(gallery, queries, hits, (relevance.NAMED_TOP, *named_tops))
+            out[key] = parts = at[relevance.NAMED_TOP]
             served = [bool(r.strong_match) for r in gallery.ranked("images", queries, hits)]
             mine = distances(parts, **relevance.text_side_settings())
             if sum(served) != int((mine >= 0).sum()):
                 raise SystemExit(f"{index}: {key}: {int((mine >= 0).sum())} strong from the parts, "
                                  f"{sum(served)} as served")
             for k in named_tops:
-                swept[k][key] = hit_parts(gallery, queries, hits, named_top=k)
+                swept[k][key] = at[k]
         return out, swept
     finally:
         gallery.close()

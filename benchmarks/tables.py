@@ -315,10 +315,10 @@ def t_relevance_margins() -> str:
 
 def t_relevance_named_top() -> str:
     """The rule's choice at each count of the photo's best names (benchmarks/relevance_margins.py's sweep)."""
-    data = load("relevance_margins.json")
-    rows = data.get("named_top", [])
     from index.relevance import NAMED_TOP
 
+    data = load("relevance_margins.json")
+    rows = data.get("named_top", [])
     names = list(rows[0]["per"]) if rows else []
 
     def counts(r: dict, key: str) -> str:

@@ -26,7 +26,9 @@ one FAISS call (filters, IVF, GPU copies unchanged), and the scores it returns a
 - A bank may also hold *reference sentences* (``sentences``: a model with a fitted concept head gives its sentence
   per ImageNet class) and *null sentences* (``nulls``: index.relevance.null_sentences as the model embeds them):
   with the reference captions they are the image index's :class:`~index.relevance.Descriptions`, the text side of
-  a hit's relevance. They are part of the bank's key; a bank without them is named as before.
+  a hit's relevance. With the reference sentences come *alias sentences* (``aliases``: each class's other names
+  in the concept head's templates, ``alias_classes`` their classes; index.relevance's name term). They are part of
+  the bank's key; a bank without them is named as before.
 """
 from __future__ import annotations
 
@@ -64,11 +66,23 @@ class QueryBank:
     origin: str = ""                         # in words: "model" (the bank the model carries), a file, a data set
     sentences: np.ndarray | None = None      # (S, D): reference sentences (index/relevance.py's text side); no bank
     nulls: np.ndarray | None = None          # (N, D): null sentences (index/relevance.py's text side); no bank
+    aliases: np.ndarray | None = None        # (A, D): alias sentences, a class's other names (with sentences)
+    alias_classes: np.ndarray | None = None  # (A,): each alias sentence's class, a row of sentences
 
     def __post_init__(self):
         if not self.beta > 0:
             raise ValueError(f"the querybank's beta must be > 0, got {self.beta}")
-        for name in ("captions", "images", "sentences", "nulls"):
+        if self.aliases is not None or self.alias_classes is not None:
+            if self.aliases is None or self.alias_classes is None or self.sentences is None:
+                raise ValueError("alias sentences need their classes and the reference sentences")
+            classes = np.asarray(self.alias_classes).astype(np.int32).reshape(-1)
+            if len(classes) != len(self.aliases) or classes.min(initial=0) < 0 \
+                    or classes.max(initial=0) >= len(self.sentences):
+                raise ValueError(f"alias classes: one row of the {len(self.sentences)} reference sentences per alias "
+                                 f"sentence ({len(self.aliases)}), got {len(classes)} from {classes.min(initial=0)} "
+                                 f"to {classes.max(initial=0)}")
+            self.alias_classes = classes
+        for name in ("captions", "images", "sentences", "nulls", "aliases"):
             bank = getattr(self, name)
             if bank is not None:
                 if bank.ndim != 2 or len(bank) == 0:
@@ -116,7 +130,7 @@ class QueryBank:
         is known before the file is made)."""
         h = hashlib.blake2b(f"{FILE_FORMAT} beta={self.beta!r}".encode(), digest_size=10)
         for name, bank in (("captions", self.captions), ("images", self.images), ("sentences", self.sentences),
-                           ("nulls", self.nulls)):
+                           ("nulls", self.nulls), ("aliases", self.aliases), ("alias_classes", self.alias_classes)):
             if bank is not None:
                 h.update(f" {name} {bank.shape} {bank.dtype}".encode())
                 h.update(np.ascontiguousarray(bank).data)
@@ -137,7 +151,7 @@ class QueryBank:
             self._keep(name, data, cache)
         references = {role: len(reference_rows(len(own))) for role in ("images", "captions")
                       if (own := getattr(self, role)) is not None}
-        for role in ("sentences", "nulls"):
+        for role in ("sentences", "nulls", "aliases"):
             if (own := getattr(self, role)) is not None:
                 references[role] = len(own)
         return {"file": name, "beta": self.beta,
@@ -154,7 +168,7 @@ class QueryBank:
                 arrays[f"reference_{role}"], offsets = ref
                 if offsets is not None:
                     arrays[f"reference_{role}_offsets"] = offsets
-        for role in ("sentences", "nulls"):
+        for role in ("sentences", "nulls", "aliases", "alias_classes"):
             if (own := getattr(self, role)) is not None:
                 arrays[f"reference_{role}"] = own
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
@@ -166,10 +180,7 @@ class QueryBank:
         try:
             data = path.read_bytes()
             with np.load(io.BytesIO(data)) as z:
-                stored = QueryBank(captions=z["captions"] if "captions" in z else None,
-                                   images=z["images"] if "images" in z else None, beta=self.beta,
-                                   sentences=z["reference_sentences"] if "reference_sentences" in z else None,
-                                   nulls=z["reference_nulls"] if "reference_nulls" in z else None)
+                stored = _read_bank(z, self.beta)
                 complete = all(f"reference_{role}" in z for role in ("images", "captions")
                                if getattr(self, role) is not None)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
@@ -194,11 +205,18 @@ class QueryBank:
             raise FileNotFoundError(f"the index {root} names the query bank {entry['file']}, which is missing; "
                                     f"rebuild the index (jointspace index build --querybank ...)")
         with np.load(path) as z:
-            return cls(captions=z["captions"] if "captions" in z else None,
-                       images=z["images"] if "images" in z else None, beta=float(entry["beta"]),
-                       origin=entry.get("origin", ""),
-                       sentences=z["reference_sentences"] if "reference_sentences" in z else None,
-                       nulls=z["reference_nulls"] if "reference_nulls" in z else None)
+            return _read_bank(z, float(entry["beta"]), str(entry.get("origin", "")))
+
+
+def _read_bank(z, beta: float, origin: str = "") -> QueryBank:
+    """The QueryBank a bank file ``z`` holds: its vectors, and its reference, null and alias sentences (with the
+    aliases' classes) where it has them."""
+    def get(key: str) -> np.ndarray | None:
+        return z[key] if key in z else None
+
+    return QueryBank(captions=get("captions"), images=get("images"), beta=beta, origin=origin,
+                     sentences=get("reference_sentences"), nulls=get("reference_nulls"),
+                     aliases=get("reference_aliases"), alias_classes=get("reference_alias_classes"))
 
 
 def folded(manifest: dict, role: str) -> bool:
@@ -229,10 +247,13 @@ def references_for(root: Path, manifest: dict) -> dict[str, Reference]:
         descriptions = None
         if entry["references"].get("sentences") and "reference_sentences" in z:
             said = [z[k].astype(np.float32) for k in ("reference_captions", "reference_sentences") if k in z]
+            aliases = entry["references"].get("aliases") and "reference_aliases" in z
             descriptions = Descriptions(np.concatenate(said), z["reference_nulls"].astype(np.float32)
                                         if entry["references"].get("nulls") and "reference_nulls" in z else None,
                                         z["reference_images"].astype(np.float32) if "reference_images" in z else None,
-                                        names=len(said[-1]))            # the class sentences: the last rows
+                                        names=len(said[-1]),            # the class sentences: the last rows
+                                        aliases=z["reference_aliases"].astype(np.float32) if aliases else None,
+                                        alias_classes=z["reference_alias_classes"] if aliases else None)
         for role in ("images", "captions"):
             if role not in entry["references"]:
                 continue
@@ -316,11 +337,12 @@ def model_bank(model: EmbeddingModel, progress: bool = True, cache: Path | None 
     vectors = image_vectors(bank)
     images = None if vectors is None else vectors.astype(np.float16)
     sentences = reference_sentences(model)
-    nulls = None
-    if sentences is not None:                         # the text side's null sentences, embedded once per model
+    nulls = aliases = alias_classes = None
+    if sentences is not None:                         # the text side's null and alias sentences, embedded once per model
         nulls, _ = embed_bank_captions(model, null_sentences(), progress=False, cache=cache)
+        aliases, alias_classes = alias_sentences(model, cache)
     return QueryBank(captions=captions, images=images, beta=float(bank.get("beta", DEFAULT_BETA)), origin="model",
-                     sentences=sentences, nulls=nulls)
+                     sentences=sentences, nulls=nulls, aliases=aliases, alias_classes=alias_classes)
 
 
 def reference_sentences(model: EmbeddingModel) -> np.ndarray | None:
@@ -330,6 +352,23 @@ def reference_sentences(model: EmbeddingModel) -> np.ndarray | None:
     if concepts is None or not bool(concepts.fitted):
         return None
     return concepts.class_embeddings.detach().float().cpu().numpy().astype(np.float16)
+
+
+def alias_sentences(model: EmbeddingModel, cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The alias sentences of a model with a fitted concept head: each ImageNet class's other names
+    (training/models/concepts.py ``class_aliases``) in the head's templates, embedded as its class sentences are
+    (averaged over the templates, normalised; float16), and each one's class."""
+    from training.models.concepts import class_aliases
+
+    classes, names = zip(*class_aliases())
+    if model.concepts is None:
+        raise ValueError("alias sentences are a concept head's: this model has none")
+    templates = list(model.concepts.cfg.templates)
+    total = sum(embed_bank_captions(model, [t.format(n) for n in names], progress=False, cache=cache)[0]
+                .astype(np.float32) for t in templates)
+    vectors = np.asarray(total, dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors.astype(np.float16), np.asarray(classes, dtype=np.int32)
 
 
 def correction(manifest: dict) -> dict:

@@ -38,14 +38,17 @@ benchmarks/relevance_margins.py's rule: of the settings that give ≥ 90 % of th
 strong match on the demo indexed with and without its near-duplicate copy, in float32 and in bf16, those leaving
 the fewest of the rest strong (one more counting as as few), and of those the one whose decisions lie farthest from
 their thresholds; docs/index.md#relevance-and-no-strong-match has the rates. Absent things and nonsense written
-apart from that choice get a strong match more often (about one in five on the demo): mostly things that look like
+apart from that choice get a strong match more often (about one in six on the demo): mostly things that look like
 a photo the gallery holds, which the model's text side cannot tell apart from it.
 
 A third term checks the *names*: the model's class sentences (:attr:`Descriptions.names`, one per ImageNet class).
-A query *names a class* when its closest class sentence, text against text, is at least :data:`NAMED_FLOOR` close
-(``t(q) = max_c q·s_c``: "a bowl of ramen" is close to "a photo of a soup bowl", "old coins on a grey background" to
-no class). For such a query the hit must carry a name about as close: with ``a(q, v)`` the largest ``q·s_c`` over
-the :data:`NAMED_TOP` class sentences closest to photo ``v`` (the photo's own best names), its *name margin*
+A query *names a class* when its closest class, text against text, is at least :data:`NAMED_FLOOR` close (``t(q) =
+max_c s(q, c)``: "a bowl of ramen" is close to "a photo of a soup bowl", "old coins on a grey background" to no
+class), with ``s(q, c)`` the largest cosine of the query with the class's sentence and with its *alias sentences*,
+the class's other names in the same template (its synset's other WordNet lemmas, training/models/concepts.py
+``class_aliases``: "a hedgehog" names "porcupine, hedgehog" though the class sentence says "porcupine"). For such a
+query the hit must carry a name about as close: with ``a(q, v)`` the largest ``s(q, c)`` over the
+:data:`NAMED_TOP` class sentences closest to photo ``v`` (the photo's own best names), its *name margin*
 ``a(q, v) − t(q)`` (0 when one of them is the query's closest class) is calibrated as the others at
 :data:`NAMED_MARGIN`. So "a goldfish" on a photo of coins, whose best names are a bubble, a thimble and a beaker, is
 not a strong match however high its score, while "a cup of coffee" on a photo whose best names are espresso and a
@@ -146,20 +149,39 @@ def null_sentences(count: int = NULL_COUNT, seed: int = 0) -> list[str]:
 class Descriptions:
     """The reference sentences of an image index (unit vectors, as the model embeds text): what the model can say
     of a photo, against which a query's fit to a hit is measured (the module's text side), the null sentences
-    (None: no null side), the reference photos (unit image vectors, unfolded; None: no r(q) term) and ``names``:
-    how many of the sentences, the last ones, are the model's class sentences (0: no name term)."""
+    (None: no null side), the reference photos (unit image vectors, unfolded; None: no r(q) term), ``names``:
+    how many of the sentences, the last ones, are the model's class sentences (0: no name term), and ``aliases``:
+    sentences naming a class by its other words (``alias_classes``: each one's class, a row of :attr:`names`;
+    None: none), so that a query is as close to a class as to the closest of its sentences ("a hedgehog" to the
+    class "porcupine, hedgehog")."""
 
     def __init__(self, sentences: np.ndarray, nulls: np.ndarray | None = None, photos: np.ndarray | None = None,
-                 names: int = 0):
+                 names: int = 0, aliases: np.ndarray | None = None, alias_classes: np.ndarray | None = None):
         self.sentences = _rows(sentences, "reference sentences")
         self.nulls = None if nulls is None else _rows(nulls, "null sentences")
         self.photos = None if photos is None else _rows(photos, "reference photos")
-        for other in (self.nulls, self.photos):
+        self.aliases = None if aliases is None else _rows(aliases, "alias sentences")
+        for other in (self.nulls, self.photos, self.aliases):
             if other is not None and other.shape[1] != self.sentences.shape[1]:
-                raise ValueError("null sentences, reference photos and reference sentences must have the same width")
+                raise ValueError("null sentences, reference photos, alias sentences and reference sentences must "
+                                 "have the same width")
         if not 0 <= int(names) <= len(self.sentences):
             raise ValueError(f"names: {names} class sentences among {len(self.sentences)} reference sentences")
         self.names = self.sentences[len(self.sentences) - int(names):]      # a view: the last ``names`` rows
+        self._named, self._starts = self.names, None
+        if (aliases is None) != (alias_classes is None):
+            raise ValueError("alias sentences and their classes go together")
+        if self.aliases is not None:
+            owner = np.asarray(alias_classes).astype(np.intp).reshape(-1)
+            if len(owner) != len(self.aliases) or (len(owner) and not 0 <= owner.min() <= owner.max() < int(names)):
+                raise ValueError(f"alias classes: {len(owner)} rows of the {int(names)} class sentences, one per "
+                                 f"alias sentence ({len(self.aliases)})")
+            # every sentence of a class side by side, the class's own first: a query's closeness to each class is
+            # the largest over one run of columns (np.maximum.reduceat)
+            classes = np.concatenate([np.arange(int(names)), owner])
+            order = np.argsort(classes, kind="stable")
+            self._named = np.concatenate([self.names, self.aliases])[order]
+            self._starts = np.searchsorted(classes[order], np.arange(int(names)))
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -198,9 +220,13 @@ class Descriptions:
         return _top_mean(queries @ self.photos.T, QUERY_TOP)
 
     def query_names(self, queries: np.ndarray) -> np.ndarray:
-        """Each raw query against every class sentence, text against text: ``(Q, len(names))``."""
+        """Each raw query against every class, text against text: ``(Q, len(names))``, a class's closeness the
+        largest over its class sentence and its alias sentences."""
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.sentences.shape[1])
-        return queries @ self.names.T
+        scores = queries @ self._named.T
+        if self._starts is None or not len(self.names):
+            return scores
+        return np.maximum.reduceat(scores, self._starts, axis=1)
 
     def relevance(self, query: np.ndarray, photos: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
         """The text side's relevance of each of ``photos`` (rows, unfolded) for one raw ``query``: the smallest of

@@ -1,16 +1,20 @@
 """The concept head (training/models/concepts.py: ConSE eq. 1 with a typicality gate) and its fit
 (training/fit_concepts.py): the fusion as written, the gate's direction, identity until fitted, the config rules,
 save and reload, and the command that fits a trained model."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from index.embed import embed_sentences
+from index.qbnorm import model_bank
 from service.cli import main as cli_main
 from training.fit_concepts import fit, spherical_kmeans, with_concepts
 from training.config import build_config
 from training.data.vocab import Vocabulary
 from training.inference.querybank import carried
 from training.models.checkpoint import load_checkpoint, load_model, save_model, save_slim
+from training.models.concepts import class_aliases, class_names
 from training.models.config_schema import ConfigError
 from training.models.model import build_model
 
@@ -134,6 +138,16 @@ def test_train_fits_the_head_and_the_bank_names_the_classes(synth_small, tmp_pat
     assert bool(model.concepts.fitted) and summary["concepts"]["prototypes"] == 4
     bank = carried(model)
     assert len(bank["captions"]) == 20 + 1000 and "a tabby" in bank["captions"]
+    # its index bank: the class sentences, and each class's other names embedded as they are (averaged over the
+    # head's templates, normalised), each with its class
+    qb = model_bank(model, progress=False, cache=tmp_path / "cache")
+    aliases = class_aliases()
+    assert qb is not None and qb.sentences.shape == (1000, 32) and qb.aliases.shape == (len(aliases), 32)
+    assert qb.alias_classes.tolist() == [c for c, _ in aliases]
+    at = [n for _, n in aliases].index("hedgehog")
+    template, = model.cfg.concepts.templates
+    want = embed_sentences(model, [template.format("hedgehog")], progress=False)[0]
+    np.testing.assert_allclose(qb.aliases[at].astype(np.float32), want, atol=2e-3)
     # the command refits a trained model (here with another weight), in place, keeping its bank's size
     assert cli_main(["concepts", "--model", str(tmp_path / "model.pt"), "--data", str(synth_small),
                      "--set", "concepts.weight=0.5", "--set", "concepts.prototypes=4"]) == 0
@@ -142,6 +156,17 @@ def test_train_fits_the_head_and_the_bank_names_the_classes(synth_small, tmp_pat
     assert len(carried(again)["captions"]) == 1020
     assert cli_main(["concepts", "--model", str(tmp_path / "model.pt"), "--data", str(synth_small),
                      "--set", "weight=1"]) == 2
+
+
+def test_a_class_is_also_named_by_its_other_english_lemmas_and_not_by_its_scientific_name():
+    names = class_names()
+    aliases = class_aliases()
+    by_name = {n: c for c, n in aliases}
+    assert names[by_name["hedgehog"]] == "porcupine" and names[by_name["wheelbarrow"]] == "barrow"
+    assert names[by_name["German shepherd dog"]] == "German shepherd" and names[by_name["tee shirt"]] == "jersey"
+    assert not {"Tinca tinca", "Carassius auratus", "Panthera leo", "Ailuropoda melanoleuca"} & set(by_name)
+    assert all(n.lower() != names[c].lower() for c, n in aliases) and len(set(aliases)) == len(aliases)
+    assert [c for c, _ in aliases] == sorted(c for c, _ in aliases) and 600 < len(aliases) < 1000
 
 
 # --- the COSMO confidence gate and the people side ----------------------------------------------------------------

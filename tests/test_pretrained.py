@@ -15,6 +15,7 @@ from service.cli import main as cli_main
 from training.inference import pretrained
 from training.inference.embedding import embed_texts
 from training.models.checkpoint import load_checkpoint, load_model
+from training.models.concepts import class_aliases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,11 +137,11 @@ def test_relevance_on_the_demo_says_no_to_nonsense_and_yes_to_its_captions(shipp
     # 20 captions strong (not the two astronaut captions); of the 127 queries of things no photo shows the settings
     # were chosen on, absent things and nonsense, 10 on this gallery, which holds the near-duplicate copy (9 without
     # it), none of the 12 of nonsense_queries.txt; of the 45 of the unseen set, 10 (9 without it); of the 50 of the
-    # holdout set, written after the settings were fixed, 10 (9 without it), none of its 10 nonsense strings
+    # holdout set, written after the settings were fixed, 8 (7 without it), none of its 10 nonsense strings
     _, index = demo
     gallery = Gallery.load(index, model=shipped)
     assert gallery.manifest["querybank"]["references"] == {"images": 1000, "captions": 1000, "sentences": 1000,
-                                                           "nulls": NULL_COUNT}
+                                                           "nulls": NULL_COUNT, "aliases": len(class_aliases())}
     photos = ImageFilter(media="photo")
 
     def strong(texts: list[str]) -> list[bool]:
@@ -159,13 +160,16 @@ def test_relevance_on_the_demo_says_no_to_nonsense_and_yes_to_its_captions(shipp
     assert sum(strong(unseen)) <= len(unseen) // 4
     holdout = (data / "absent_queries_holdout.txt").read_text().splitlines()
     said = strong(holdout)
-    assert sum(said) <= len(holdout) // 4 and not any(said[40:])    # its last 10: nonsense
+    assert sum(said) <= len(holdout) // 6 and not any(said[40:])    # its last 10: nonsense
     captions = strong(CAPTIONS.splitlines()[:20])                    # each of a sample photo (open_vocab.py)
     assert all(captions[2:])                                         # 0, 1: the astronaut's
     assert strong(["a cat", "a cup of coffee", "a rocket", "a clock on a wall"]) == [True] * 4
     assert strong(["a giraffe", "xqzv"]) == [False, False]
     # the name term: each names a class the hit's best names do not carry (the page of text, the coins, the gravel)
     assert strong(["a penguin", "a goldfish in a bowl", "a jellyfish"]) == [False] * 3
+    # ... and so does a query naming a class by another of its names ("porcupine, hedgehog"; "barrow, ...,
+    # wheelbarrow"), on the gravel and the flower
+    assert strong(["a hedgehog", "a wheelbarrow"]) == [False] * 2
     gallery.close()
 
 

@@ -16,7 +16,7 @@ from index.changes import BuildOptions, ChangeSet
 from index.embed import embed_photos, embed_sentences
 from index.gallery import EmbedOptions, Gallery, build, update
 from index.generations import current_generation
-from index.qbnorm import model_bank
+from index.qbnorm import QueryBank, model_bank
 from index.relevance import (DESCRIPTION_MARGIN, DESCRIPTION_TOP, NAMED_FLOOR, NAMED_MARGIN, NAMED_TOP, NULL_COUNT,
                              NULL_MARGIN, NULL_TOP, QUERY_TOP, QUERY_WEIGHT, REFERENCE_SIZE, STRONG, Descriptions,
                              both_sides, calibrated, is_strong, name_margins, null_sentences, reference_rows,
@@ -318,6 +318,45 @@ def test_a_query_that_names_a_class_is_a_strong_match_only_on_a_photo_that_carri
         Descriptions(captions, names=41)
 
 
+def test_a_query_is_as_close_to_a_class_as_to_its_closest_sentence_its_aliases_included():
+    """Alias sentences (a class's other names): a class's closeness to a query is the largest over its class sentence
+    and its aliases, so a query right on an alias names that class (t(q) = 1) and is weighed on a photo whose best
+    names lack it, while the photos' best names stay those of the class sentences."""
+    rng = np.random.default_rng(7)
+    unit = lambda x: (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
+    captions, names, nulls, aliases = (unit(rng.standard_normal((n, 32))) for n in (40, 20, 30, 9))
+    owner = np.array([4, 4, 0, 19, 7, 4, 12, 0, 3])
+    d = Descriptions(np.concatenate([captions, names]), nulls, names=20, aliases=aliases, alias_classes=owner)
+    plain = Descriptions(np.concatenate([captions, names]), nulls, names=20)
+    queries = unit(rng.standard_normal((6, 32)))
+    want = queries @ names.T
+    for a, c in zip(aliases, owner):
+        want[:, c] = np.maximum(want[:, c], queries @ a)
+    np.testing.assert_allclose(d.query_names(queries), want, rtol=1e-6)
+    assert (d.query_names(queries) >= plain.query_names(queries) - 1e-7).all()
+    photos = unit(rng.standard_normal((5, 32)))
+    np.testing.assert_array_equal(d.floors(photos), plain.floors(photos))         # the photos' names unchanged
+    # "a hedgehog" (an alias of class 4) names class 4 as closely as its own sentence would
+    query = aliases[1]
+    said = d.query_names(query)
+    assert said.max() == pytest.approx(1.0) and int(said.argmax()) == 4 and plain.query_names(query).max() < 0.9
+    carries = unit(names[4] + 0.3 * rng.standard_normal(32))
+    lacks = unit(-names[4] + 0.3 * rng.standard_normal(32))
+    f = d.floors(np.stack([carries, lacks]))
+    assert 4 in f[0, 2:] and 4 not in f[1, 2:]
+    margins = name_margins(said, f[:, 2:], np.array([0, 0]))
+    assert margins[0] == pytest.approx(0.0, abs=1e-6) and margins[1] < NAMED_MARGIN
+    assert np.isinf(name_margins(plain.query_names(query), f[:, 2:], np.array([0, 0]))).all()  # not weighed before
+    with pytest.raises(ValueError, match="go together"):
+        Descriptions(np.concatenate([captions, names]), names=20, aliases=aliases)
+    with pytest.raises(ValueError, match="alias classes"):
+        Descriptions(np.concatenate([captions, names]), names=20, aliases=aliases, alias_classes=owner + 1)
+    with pytest.raises(ValueError, match="alias classes"):
+        Descriptions(np.concatenate([captions, names]), names=20, aliases=aliases, alias_classes=owner[:3])
+    with pytest.raises(ValueError, match="same width"):
+        Descriptions(np.concatenate([captions, names]), names=20, aliases=aliases[:, :8], alias_classes=owner)
+
+
 def test_many_queries_hits_at_once_are_each_querys_own():
     """Descriptions.relevance_of (every query's hits in one call, r(q) in one product) gives each hit what
     relevance gives it for its own query alone (to float32's rounding: r(q) comes from one matrix product, not one
@@ -402,3 +441,33 @@ def test_a_bank_with_sentences_gives_the_image_side_both_directions(model, parts
     update(root, model.fingerprint, ChangeSet(image_vectors=img[:1], image_rows=[(str(tmp_path / "x.jpg"), None)]))
     after = json.loads((root / current_generation(root) / "manifest.json").read_text())["querybank"]
     assert after["file"] == before and after["references"]["sentences"] == 40
+
+
+def test_a_banks_alias_sentences_reach_the_index_and_its_name_term(model, parts, tmp_path):
+    """Alias sentences travel with the bank: part of its key and file, counted in the index's references, given to
+    the image side's Descriptions with their classes, read back from the bank cache; refused without their classes
+    or the reference sentences, or with a class beyond them."""
+    records, captions, img, cap, bank = parts
+    said = replace(bank, sentences=cap[:40], nulls=cap[40:60])
+    aliased = replace(said, aliases=cap[60:66], alias_classes=np.array([3, 3, 0, 39, 7, 3]))
+    assert aliased.key() != said.key()
+    assert replace(aliased, alias_classes=np.array([3, 3, 0, 39, 7, 2])).key() != aliased.key()
+    root = tmp_path / "index"
+    build(root, model, [r.path for r in records], captions, options=BuildOptions(querybank=aliased),
+          embedding=EmbedOptions(progress=False, workers=0))
+    gallery = Gallery.load(root, model=model)
+    assert gallery.info()["hubness_correction"]["references"]["aliases"] == 6
+    d = gallery.references["images"].descriptions
+    assert d is not None and np.array_equal(d.aliases, cap[60:66].astype(np.float16).astype(np.float32))
+    q = cap[60].astype(np.float16).astype(np.float32)          # a query right on the alias sentences of class 3
+    assert int(d.query_names(q).argmax()) == 3 and d.query_names(q).max() == pytest.approx(float(q @ q), abs=1e-6)
+    gallery.close()
+    entry = aliased.save(tmp_path / "again", tmp_path / "cache")
+    back = QueryBank.load(tmp_path / "again", entry)
+    assert back.key() == aliased.key() and back.alias_classes.tolist() == [3, 3, 0, 39, 7, 3]
+    with pytest.raises(ValueError, match="need their classes"):
+        replace(said, aliases=cap[60:66])
+    with pytest.raises(ValueError, match="need their classes"):
+        replace(bank, aliases=cap[60:66], alias_classes=np.zeros(6, int))
+    with pytest.raises(ValueError, match="alias classes"):
+        replace(said, aliases=cap[60:66], alias_classes=np.array([3, 3, 0, 40, 7, 3]))

@@ -87,6 +87,29 @@ def class_names() -> list[str]:
     return [info.index_to_description(i).split(",")[0].strip() for i in range(1000)]
 
 
+def class_aliases() -> list[tuple[int, str]]:
+    """Each ImageNet-1k class's other English names, ``(class, name)`` in the classes' order: the WordNet lemmas of
+    its synset after the first (timm's descriptions: "porcupine, hedgehog" gives ``(334, "hedgehog")``), so that a
+    query naming a class by another of its words names the class (index/relevance.py's name term). Scientific names
+    are left out: a lemma of two or more words whose first is capitalised and one of whose others is none of the
+    classes' English words (the first lemmas and those written in lower case): "Tinca tinca" is left out, "German
+    shepherd dog" kept."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    lemmas = [[s.strip() for s in info.index_to_description(i).split(",") if s.strip()] for i in range(1000)]
+    english = {w.lower() for first, *others in lemmas for n in (first, *(o for o in others if o[0].islower()))
+               for w in n.split()}
+    out = []
+    for c, (first, *others) in enumerate(lemmas):
+        for name in dict.fromkeys(others):
+            words = name.split()
+            latin = len(words) > 1 and name[0].isupper() and any(w.lower() not in english for w in words[1:])
+            if not latin and name.lower() != first.lower():
+                out.append((c, name))
+    return out
+
+
 def class_sentences(names: Sequence[str], template: str) -> list[str]:
     return [template.format(name) for name in names]
 

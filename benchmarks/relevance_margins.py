@@ -28,7 +28,8 @@ the *unseen* set (``absent_queries_unseen.txt``, *check*), written before any se
 results give the fewest of it that any setting keeping the captions' target leaves strong (``check_floor``); its
 count under an earlier rule was one reason for the rule's fewest-absent order — and the *holdout* set
 (``absent_queries_holdout.txt``), written after the rule and the settings were fixed and looked at by nothing that
-chose them: its strong count is the rate to expect on queries of one's own. Before
+chose them (its misses were read before the name term's aliases were added, which chose no setting): its strong
+count is the rate to expect on queries of one's own. Before
 the search, the counts under the settings in index/relevance.py are checked against the index's own ``strong_match``
 (they must agree). The photo's best names the name term looks at (index/relevance.py ``NAMED_TOP``) are swept too
 (:data:`NAMED_TOPS`): the rule's choice at each count, in the rule's order (``named_top`` in the results).

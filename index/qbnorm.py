@@ -50,7 +50,7 @@ if TYPE_CHECKING:      # torch and the bank's embedding code are imported where 
     from training.models.protocol import EmbeddingModel
 
 from . import people
-from .relevance import Descriptions, Reference, null_sentences, reference_rows
+from .relevance import Descriptions, Reference, alias_rows, null_sentences, reference_rows
 
 BANK_ROLE = {"images": "captions", "captions": "images"}     # the index of a role ← the bank of queries it serves
 FILE_FORMAT = "jointspace-querybank/2"                      # of the bank files: part of their names (QueryBank.key)
@@ -75,13 +75,7 @@ class QueryBank:
         if self.aliases is not None or self.alias_classes is not None:
             if self.aliases is None or self.alias_classes is None or self.sentences is None:
                 raise ValueError("alias sentences need their classes and the reference sentences")
-            classes = np.asarray(self.alias_classes).astype(np.int32).reshape(-1)
-            if len(classes) != len(self.aliases) or classes.min(initial=0) < 0 \
-                    or classes.max(initial=0) >= len(self.sentences):
-                raise ValueError(f"alias classes: one row of the {len(self.sentences)} reference sentences per alias "
-                                 f"sentence ({len(self.aliases)}), got {len(classes)} from {classes.min(initial=0)} "
-                                 f"to {classes.max(initial=0)}")
-            self.alias_classes = classes
+            self.alias_classes = alias_rows(self.alias_classes, len(self.aliases), len(self.sentences))
         for name in ("captions", "images", "sentences", "nulls", "aliases"):
             bank = getattr(self, name)
             if bank is not None:
@@ -358,14 +352,13 @@ def alias_sentences(model: EmbeddingModel, cache: Path | None = None) -> tuple[n
     """The alias sentences of a model with a fitted concept head: each ImageNet class's other names
     (training/models/concepts.py ``class_aliases``) in the head's templates, embedded as its class sentences are
     (averaged over the templates, normalised; float16), and each one's class."""
-    from training.models.concepts import class_aliases
+    from training.models.concepts import class_aliases, class_sentences
 
-    classes, names = zip(*class_aliases())
     if model.concepts is None:
         raise ValueError("alias sentences are a concept head's: this model has none")
-    templates = list(model.concepts.cfg.templates)
-    total = sum(embed_bank_captions(model, [t.format(n) for n in names], progress=False, cache=cache)[0]
-                .astype(np.float32) for t in templates)
+    classes, names = zip(*class_aliases())
+    total = sum(embed_bank_captions(model, class_sentences(names, t), progress=False, cache=cache)[0]
+                .astype(np.float32) for t in model.concepts.cfg.templates)
     vectors = np.asarray(total, dtype=np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors.astype(np.float16), np.asarray(classes, dtype=np.int32)

@@ -169,13 +169,10 @@ class Descriptions:
             raise ValueError(f"names: {names} class sentences among {len(self.sentences)} reference sentences")
         self.names = self.sentences[len(self.sentences) - int(names):]      # a view: the last ``names`` rows
         self._named, self._starts = self.names, None
-        if (aliases is None) != (alias_classes is None):
-            raise ValueError("alias sentences and their classes go together")
-        if self.aliases is not None:
-            owner = np.asarray(alias_classes).astype(np.intp).reshape(-1)
-            if len(owner) != len(self.aliases) or (len(owner) and not 0 <= owner.min() <= owner.max() < int(names)):
-                raise ValueError(f"alias classes: {len(owner)} rows of the {int(names)} class sentences, one per "
-                                 f"alias sentence ({len(self.aliases)})")
+        if self.aliases is not None or alias_classes is not None:
+            if self.aliases is None or alias_classes is None:
+                raise ValueError("alias sentences and their classes go together")
+            owner = alias_rows(alias_classes, len(self.aliases), int(names)).astype(np.intp)
             # every sentence of a class side by side, the class's own first: a query's closeness to each class is
             # the largest over one run of columns (np.maximum.reduceat)
             classes = np.concatenate([np.arange(int(names)), owner])
@@ -256,6 +253,16 @@ class Descriptions:
         named = name_margins(self.query_names(queries), floors[:, 2:], owner)
         return np.minimum.reduce([calibrated(described, DESCRIPTION_MARGIN), calibrated(raw - floors[:, 1], NULL_MARGIN),
                                   calibrated(named, NAMED_MARGIN)])
+
+
+def alias_rows(alias_classes: np.ndarray, aliases: int, names: int) -> np.ndarray:
+    """``alias_classes`` as int32, checked: one per alias sentence (``aliases`` of them), each a row of the
+    ``names`` class sentences; ValueError saying what is wrong otherwise."""
+    classes = np.asarray(alias_classes).astype(np.int32).reshape(-1)
+    if len(classes) != aliases or classes.min(initial=0) < 0 or classes.max(initial=0) >= names:
+        raise ValueError(f"alias classes: one row of the {names} class sentences per alias sentence ({aliases}), got "
+                         f"{len(classes)} from {classes.min(initial=0)} to {classes.max(initial=0)}")
+    return classes
 
 
 def _rows(vectors: np.ndarray, what: str) -> np.ndarray:

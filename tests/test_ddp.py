@@ -113,7 +113,8 @@ def test_train_nproc_refuses_what_several_processes_cannot_train(synth_small, tm
             "--nproc", "2"]
     cases = [(["--set", "train.batch_size=15"], "multiple of the 2 processes"),
              (["--set", "scst.steps=5", "--set", "decoder.enabled=true"], "runs in one process"),
-             (["--set", "train.gather_negatives=true", "--set", "decoder.enabled=true"], "retrieval trainer")]
+             (["--set", "train.gather_negatives=true", "--set", "decoder.enabled=true"], "retrieval trainer"),
+             (["--set", "loss.distill_from=[teacher.pt]"], "loss.distill_from runs in one process")]
     for extra, message in cases:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err

@@ -178,6 +178,8 @@ def check_config(cfg: RunConfig, world_size: int) -> None:
     if cfg.scst.steps > 0:
         raise ValueError("the self-critical stage (scst.steps > 0) runs in one process: train the eq. 12 stages with "
                          "several processes and scst.steps=0, then continue with --resume in one")
+    if cfg.loss.distill_from:
+        raise ValueError("loss.distill_from runs in one process (the teachers' tables are read by the one trainer)")
     if train.gather_negatives and (cfg.decoder.enabled or cfg.attention.enabled):
         raise ValueError("train.gather_negatives is implemented for the retrieval trainer: not with decoder.enabled "
                          "or attention.enabled")

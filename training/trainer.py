@@ -47,6 +47,7 @@ from .batches import batch_features, image_inputs_to_embedding
 from .optim import WeightAverage, build_optimizer, build_scheduler, param_groups, use_sparse_gradients
 from .run_state import STATE_FILE, STATE_FORMAT, load_train_state, rng_state, seed_rank, set_rng_state
 from .config import dump_config
+from .distill import Teachers, distillation_loss
 from .evaluate import minimal_pairs_of, public, retrieval_metrics
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class PairDataset(Dataset):
     def __getitem__(self, i: int):
         img = self.cap_to_img[i]
         image = self.source.data[img][1] if self.source.kind == "files" else self.source.data[img]
-        return image, self.caption_ids[i], img
+        return image, self.caption_ids[i], img, i
 
 
 class OneCaptionPerImage(torch.utils.data.Sampler):
@@ -104,9 +105,11 @@ class OneCaptionPerImage(torch.utils.data.Sampler):
 
 
 def collate_pairs(batch):
-    images, ids, img_idx = zip(*batch)
+    """``(images, caption ids, lengths, image index, caption index)``: the indices are the split's."""
+    images, ids, img_idx, cap_idx = zip(*batch)
     padded, lengths = pad_batch(list(ids))
-    return torch.stack(images), padded, lengths, torch.tensor(img_idx, dtype=torch.long)
+    return (torch.stack(images), padded, lengths, torch.tensor(img_idx, dtype=torch.long),
+            torch.tensor(cap_idx, dtype=torch.long))
 
 
 @dataclass
@@ -191,6 +194,10 @@ class Trainer:
             self.loss_fn = build_loss(cfg.loss)
             self.warmup_loss = build_loss(cfg.loss.model_copy(update={"name": "sum", "options": NoOptions()}))
             self.memory = CrossBatchMemory(cfg.loss.memory) if cfg.loss.memory else None
+            self.teachers: Teachers | None = None       # loss.distill_from, read when the first stage starts
+            self.distill_parts: list[float] = []
+            if cfg.loss.distill_from:
+                self.check_distillation(cfg)
             self.train_ids = [self.model.encode_text_ids([c])[0] for r in self.train_set.images for c in r.captions]
             # partial fine-tuning: the frozen bottom runs once (data/state_cache.py); a text encoder in train.freeze
             # runs whole in eval mode and never reads the cache (the STT decoder stages on a fixed space)
@@ -227,6 +234,30 @@ class Trainer:
         if cfg.train.gather_negatives and type(self).batch_loss is not Trainer.batch_loss:
             raise ValueError(f"train.gather_negatives: {type(self).__name__} computes its own batch loss; gathered "
                              f"negatives are implemented for the retrieval trainer (decoder and attention off)")
+
+    def check_distillation(self, cfg: RunConfig) -> None:
+        """What ``loss.distill_from`` cannot do, refused before any feature is extracted."""
+        if type(self).batch_loss is not Trainer.batch_loss:
+            raise ValueError(f"loss.distill_from: {type(self).__name__} computes its own batch loss; distillation is "
+                             f"implemented for the retrieval trainer (decoder and attention off)")
+        if self.loss_fn.on_pairs:
+            raise ValueError(f"loss.distill_from: loss {cfg.loss.name} compares each pair on its own (no in-batch "
+                             f"similarities to distil)")
+        if cfg.model.similarity != "cosine":
+            raise ValueError(f"loss.distill_from: the teachers' mean cosine is distilled into a cosine model, not "
+                             f"model.similarity {cfg.model.similarity!r}")
+
+    def read_teachers(self, train_source: ImageSource) -> None:
+        """The teachers' tables for the training split (training/distill.py), once a run."""
+        if not self.cfg.loss.distill_from or self.teachers is not None:
+            return
+        from training.data.features import default_cache_dir
+
+        captions = [c for r in self.train_set.images for c in r.captions]
+        with torch.random.fork_rng(devices=[]):     # building the teachers draws no number the run would have drawn
+            self.teachers = Teachers.read(self.cfg.loss.distill_from, self.model, train_source, captions,
+                                          cache_dir=self.cfg.image.cache_dir or default_cache_dir(), log=self.log,
+                                          progress=self.progress)
 
     def source(self, dataset: CaptionDataset, trainable: bool, augment: bool = False) -> ImageSource:
         """Where ``dataset``'s images come from; ``augment`` (the training split) adds ``image.train_crops``
@@ -286,7 +317,7 @@ class Trainer:
         return self.warmup_loss(sim, img_idx) if warm else self.loss_fn(sim, img_idx, memory=memory)
 
     def batch_loss(self, batch, kind: str, warm: bool) -> torch.Tensor:
-        images, ids, lengths, img_idx = (x.to(self.device) for x in batch)
+        images, ids, lengths, img_idx, cap_idx = (x.to(self.device) for x in batch)
         model = self.model
         if self.loss_fn.on_pairs:
             # W2VV eqs. 8-9: the loss compares each caption's prediction with its image, un-normalised
@@ -303,13 +334,21 @@ class Trainer:
             if self.memory is not None and not warm:    # XBM: recent batches' embeddings as extra negatives
                 memory = self.memory.scores(model.score, img_emb, cap_emb)
                 self.memory.add(img_emb, cap_emb, img_idx)
-            loss = self.ranking_loss(model.score(img_emb, cap_emb), img_idx, warm, memory)
+            sim = model.score(img_emb, cap_emb)
+            loss = self.ranking_loss(sim, img_idx, warm, memory)
+            if self.teachers is not None:   # Hinton et al. 2015 over the batch's similarities (training/distill.py)
+                kd = distillation_loss(sim, self.teachers.similarity(img_idx, cap_idx),
+                                       self.cfg.loss.distill_temperature, self.cfg.loss.reduction)
+                self.distill_parts.append(float(kd.detach()))
+                loss = loss + self.cfg.loss.distill_weight * kd
         extra = model.text_encoder.regularizer()
         return loss if extra is None else loss + extra      # e.g. RCN eq. 15: L' = L + λV
 
     def epoch_log(self) -> dict:
-        """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here)."""
-        return {}
+        """Extra per-epoch entries for ``log.jsonl`` (subclasses log their loss terms here): the distillation
+        term's mean when there is one."""
+        parts, self.distill_parts = self.distill_parts, []
+        return {"distill_loss": round(float(np.mean(parts)), 5)} if parts else {}
 
     def run(self, resume: bool = False) -> dict:
         """Trains every stage; ``resume`` continues from ``RUN_DIR/last.pt`` (written after every epoch) with the
@@ -356,6 +395,7 @@ class Trainer:
         with self.main_first():
             train_source = self.source(self.train_set, stage.backbone_trainable, augment=True)
             val_source = self.source(self.val_set, stage.backbone_trainable) if self.is_main else None
+            self.read_teachers(train_source)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"nothing to train: train.freeze {train.freeze} leaves no trainable parameter")

@@ -96,4 +96,8 @@ class LossKeys(RunSection):
                                 "collapse (VSE++ §3.3)", ge=0)
     memory: int = Key(0, "XBM cross-batch memory: the last N (image, caption) embedding pairs, detached, are extra "
                          "negatives after the warm-up epochs (emptied each epoch); 0 = off", ge=0)
+    distill_from: list[str] = Key([], "trained model files whose ensemble (mean cosine) the in-batch similarities are "
+                                      "distilled towards (training/distill.py); [] = off")
+    distill_weight: float = Key(1.0, "weight of the distillation term beside the ranking loss", ge=0.0)
+    distill_temperature: float = Key(0.05, "tau of the distillation term's softmax over cosines", gt=0.0)
     options: Options = Key({}, "the options of loss.name (its table below)", validate_default=True)

@@ -153,6 +153,13 @@ def test_what_cannot_be_distilled_is_refused(teachers, synth_small, tmp_path, ti
 
     with pytest.raises(ConfigError, match="distil_from"):
         frozen_config(loss={"distil_from": [str(teachers[0])]})
+    from training.models.checkpoint import load_model, save_model
+    from training.models.ensemble import EnsembleEmbedding
+
+    pair = EnsembleEmbedding([load_model(p) for p in teachers], [1.0, 1.0], [str(p) for p in teachers])
+    save_model(pair, tmp_path / "pair.pt")
+    with pytest.raises(ConfigError, match="is an ensemble; name its member files"):
+        student(frozen_config(loss={"distill_from": [str(tmp_path / "pair.pt")]})).run()
     with pytest.raises(ConfigError, match="no model file"):
         student(frozen_config(loss={"distill_from": [str(tmp_path / "missing.pt")]})).run()
     # a teacher that reads other features (a trainable small CNN on pixels) than the student's cache

@@ -12,8 +12,9 @@ teacher's fingerprint and the captions, so that a second run with the same teach
 The loss (Hinton et al., 2015, over the batch's similarity matrix in both directions, as CLIP-KD and
 TinyCLIP distil a CLIP): with ``P = softmax(S_teacher / tau)`` and ``Q = softmax(S_student / tau)`` over each
 image's captions (rows) and each caption's images (columns), ``tau * sum_anchors KL(P || Q)``, halved over the
-two directions. Scaled by ``tau``, its gradient on one cosine is ``Q - P``, of the order of the ranking loss's
-hinge gradients (1 per violating pair), so that ``loss.distill_weight`` 1 weighs the two alike.
+two directions. Scaled by ``tau``, its gradient on one cosine is the mean of ``Q - P`` over its row and its
+column (each softmax's share of that pair), of the order of the ranking loss's hinge gradients (1 per violating
+pair), so that ``loss.distill_weight`` 1 weighs the two alike.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from training.data.sources import ImageSource
 from training.inference.embedding import device_of, embed_texts
 from training.models.checkpoint import load_checkpoint, load_model
 from training.models.config_schema import ConfigError
+from training.models.ensemble import KIND as ENSEMBLE_KIND
+from training.models.model import JointEmbedding
 
 TEXT_CACHE = "distill"          # folder of the teachers' caption tables under the feature cache
 
@@ -106,9 +109,9 @@ def load_teacher(path: str | Path, student, device: str | torch.device = "cpu"):
     if not Path(path).is_file():
         raise ConfigError(f"loss.distill_from: no model file {str(path)!r}")
     payload = load_checkpoint(path)
-    teacher = load_model(path, device=device, payload=payload)
-    if not hasattr(teacher, "project_features"):
+    if payload.get("kind") == ENSEMBLE_KIND:
         raise ConfigError(f"loss.distill_from: {str(path)!r} is an ensemble; name its member files instead")
+    teacher = cast(JointEmbedding, load_model(path, device=device, payload=payload))
     mine, theirs = student.cfg.image, teacher.cfg.image
     fields = ("backbone", "image_size", "resize", "crops", "extra_backbones")
     differ = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]

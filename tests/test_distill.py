@@ -9,21 +9,12 @@ import torch.nn.functional as F
 from training.data.sources import ImageSource
 from training.distill import Teachers, distillation_loss, teacher_captions, teacher_images
 from training.models.config_schema import ConfigError
-from training.models.factory import BACKBONES
-from training.models.registry import Entry
 
 from conftest import STT_DECODER, tiny_config
-from test_views import FROZEN, _frozen_smallcnn, frozen_config
+# the frozen stand-in backbone registered for this module too (an autouse fixture, found by pytest here)
+from test_views import _frozen_backbone, frozen_config  # noqa: F401
 
 quiet = lambda *_: None  # noqa: E731
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _frozen_backbone():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(BACKBONES, "entries", dict(BACKBONES.entries))
-        BACKBONES.add(Entry(FROZEN, _frozen_smallcnn, None, "a fixed random small CNN, as if pretrained"))
-        yield
 
 
 def _unit(*shape, seed=0):

@@ -3,7 +3,7 @@ embeddings, one random view per sample for a ``views`` source (view augmentation
 every view of a source embedded (SCST's reference)."""
 from __future__ import annotations
 
-from typing import cast
+from typing import Callable, cast
 
 import torch
 
@@ -35,16 +35,20 @@ def image_inputs_to_embedding(model, kind: str, batch: torch.Tensor) -> torch.Te
 
 
 @torch.no_grad()
-def embed_views(model, source: ImageSource, batch_size: int = 128) -> torch.Tensor:
-    """Every view of a ``views`` source → embeddings ``(N, V, E)``."""
+def embed_views(model, source: ImageSource, batch_size: int = 128,
+                embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Every view of a ``views`` source (a ``features`` source: its one view) → embeddings ``(N, V, E)``, by
+    ``embed`` (backbone features → embeddings; default ``model.embed_features``)."""
     device = device_of(model)
+    embed = model.embed_features if embed is None else embed
     was_training = model.training
     model.eval()
     views = cast(torch.Tensor, source.data)
+    views = views[:, None] if source.kind == "features" else views
     flat = views.flatten(0, 1)
     out = []
     for i in range(0, len(flat), batch_size):
         with inference_autocast(model, device):
-            out.append(model.embed_features(flat[i:i + batch_size].to(device)).float())
+            out.append(embed(flat[i:i + batch_size].to(device)).float())
     model.train(was_training)
     return torch.cat(out).view(views.shape[0], views.shape[1], -1)

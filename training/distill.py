@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data.fileio import atomic_path
+from training.batches import embed_views
 from training.data.sources import ImageSource
 from training.inference.embedding import device_of, embed_texts
 from training.models.checkpoint import load_checkpoint, load_model
@@ -64,20 +65,14 @@ def _image_features(source: ImageSource) -> torch.Tensor:
     return cast(torch.Tensor, source.data)
 
 
-@torch.no_grad()
-def teacher_images(teacher, source: ImageSource, batch_size: int = 512) -> torch.Tensor:
+def teacher_images(teacher, source: ImageSource) -> torch.Tensor:
     """Each image of ``source`` embedded by ``teacher`` before its concept head ``(N, E)``, unit length; a
     ``views`` source's views embedded one by one and averaged, then normalised again."""
-    data = _image_features(source)
-    views = data[:, None] if source.kind == "features" else data
-    device = device_of(teacher)
-    out = []
-    for start in range(0, len(views), batch_size):
-        chunk = views[start:start + batch_size]
-        flat = chunk.flatten(0, 1).to(device)
-        emb = teacher.similarity.normalize(teacher.project_features(flat).float())
-        out.append(F.normalize(emb.view(chunk.shape[0], chunk.shape[1], -1).mean(1), dim=-1).cpu())
-    return torch.cat(out)
+    _image_features(source)
+
+    def before_head(features: torch.Tensor) -> torch.Tensor:
+        return teacher.similarity.normalize(teacher.project_features(features).float())
+    return F.normalize(embed_views(teacher, source, batch_size=512, embed=before_head).mean(1), dim=-1).cpu()
 
 
 def _caption_key(teacher, captions: Sequence[str]) -> str:

@@ -350,13 +350,13 @@ def reference_sentences(model: EmbeddingModel) -> np.ndarray | None:
 
 def alias_sentences(model: EmbeddingModel, cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The alias sentences of a model with a fitted concept head: each ImageNet class's other names
-    (training/models/concepts.py ``class_aliases``) in the head's templates, embedded as its class sentences are
-    (averaged over the templates, normalised; float16), and each one's class."""
+    (training/models/concepts.py ``class_aliases`` under the head's ``class_names``) in the head's templates, embedded
+    as its class sentences are (averaged over the templates, normalised; float16), and each one's class."""
     from training.models.concepts import class_aliases, class_sentences
 
     if model.concepts is None:
         raise ValueError("alias sentences are a concept head's: this model has none")
-    classes, names = zip(*class_aliases())
+    classes, names = zip(*class_aliases(model.concepts.cfg.class_names))
     total = sum(embed_bank_captions(model, class_sentences(names, t), progress=False, cache=cache)[0]
                 .astype(np.float32) for t in model.concepts.cfg.templates)
     vectors = np.asarray(total, dtype=np.float32)

@@ -12,9 +12,10 @@ from service.cli import main as cli_main
 from training.fit_concepts import fit, spherical_kmeans, with_concepts
 from training.config import build_config
 from training.data.vocab import Vocabulary
+from training.inference.embedding import embed_texts
 from training.inference.querybank import carried
 from training.models.checkpoint import load_checkpoint, load_model, save_model, save_slim
-from training.models.concepts import class_aliases, class_names
+from training.models.concepts import class_aliases, class_names, naming_sources
 from training.models.config_schema import ConfigError
 from training.models.model import build_model
 
@@ -167,6 +168,33 @@ def test_a_class_is_also_named_by_its_other_english_lemmas_and_not_by_its_scient
     assert not {"Tinca tinca", "Carassius auratus", "Panthera leo", "Ailuropoda melanoleuca"} & set(by_name)
     assert all(n.lower() != names[c].lower() for c, n in aliases) and len(set(aliases)) == len(aliases)
     assert [c for c, _ in aliases] == sorted(c for c, _ in aliases) and 600 < len(aliases) < 1000
+
+
+def test_a_class_can_be_named_by_its_curated_name_or_by_both_and_its_other_names_stay_aliases():
+    first, clean = class_names(), class_names("clean")
+    assert (first[509], clean[509]) == ("confectionery", "candy store") and clean[968] == "tea cup"
+    assert first[134] == first[517] == "crane" and clean[134] != clean[517]      # the bird and the machine
+    assert naming_sources("first") == ("first",) and naming_sources("both") == ("first", "clean")
+    with pytest.raises(ValueError, match="concepts.class_names.*'latin'"):
+        naming_sources("latin")
+    for naming, said in (("clean", (clean,)), ("both", (first, clean))):
+        aliases = class_aliases(naming)
+        assert not [n for c, n in aliases if any(n.lower() == s[c].lower() for s in said)]
+        assert (naming == "clean") == ((968, "cup") in aliases)        # a first lemma the sentences do not say
+        assert (334, "hedgehog") in aliases and "Tinca tinca" not in {n for _, n in aliases}
+    with pytest.raises(ConfigError, match="concepts.class_names"):
+        lite0_config(class_names="latin")
+
+
+def test_named_by_both_a_class_sentence_is_the_mean_of_its_two_names_sentences():
+    torch.manual_seed(0)
+    model = build_model(lite0_config(class_names="both", templates=["a photo of a {}.", "a {}"]),
+                        Vocabulary.build(["a candy store", "a tea cup"])).eval()
+    fit(model, torch.rand(60, model.feature_dim, generator=torch.Generator().manual_seed(0)), log=lambda *_: None)
+    sentences = [t.format(n) for names in (class_names(), class_names("clean")) for t in model.cfg.concepts.templates
+                 for n in names[500:510]]
+    want = F.normalize(embed_texts(model, sentences).float().view(4, 10, -1).sum(0), dim=-1)
+    torch.testing.assert_close(model.concepts.class_embeddings[500:510], want, atol=1e-5, rtol=0)
 
 
 # --- the COSMO confidence gate and the people side ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Fitting a model's concept head (training/models/concepts.py) after training, on the training split's photos:
 
-1. s(y): the model's own text embedding of ``concepts.templates`` filled with each ImageNet class's first name
-   (timm's class names), averaged over the templates and normalised;
+1. s(y): the model's own text embedding of ``concepts.templates`` filled with each ImageNet class's name
+   (``concepts.class_names``: its first WordNet lemma, its curated name, or both), averaged over the templates (and
+   names) and normalised;
 2. the prototypes: spherical k-means of the backbone features of five sixths of the training photos;
 3. the gate: r₀ = the ``concepts.quantile`` quantile of r(x) over the held-out sixth, τ = ``concepts.temperature``
    × (its 50 % minus its 10 % quantile); the confidence term's α and κ₀ are config keys, selected on Flickr8k dev
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 from training.inference.embedding import embed_texts
 from training.inference.person_words import names_person
-from training.models.concepts import ConceptHead, class_names, class_sentences
+from training.models.concepts import ConceptHead, class_names, class_sentences, naming_sources
 from training.models.model import JointEmbedding
 
 HELD_OUT_EVERY = 6      # every sixth training photo is held out of the k-means, to place r₀
@@ -111,9 +112,11 @@ def fit_familiar(head: ConceptHead, features: torch.Tensor, held: torch.Tensor) 
 
 
 @torch.no_grad()
-def class_embeddings(model: JointEmbedding, names: Sequence[str], templates: Sequence[str]) -> torch.Tensor:
-    """s(y) ``(C, E)``: each class's sentences embedded by the model's text side, averaged, normalised."""
-    total = sum(embed_texts(model, class_sentences(names, t)).float().cpu() for t in templates)
+def class_embeddings(model: JointEmbedding, names: Sequence[Sequence[str]],
+                     templates: Sequence[str]) -> torch.Tensor:
+    """s(y) ``(C, E)``: each class's sentences (each template with each of its names: ``names``, one list of C names
+    per source) embedded by the model's text side, averaged, normalised."""
+    total = sum(embed_texts(model, class_sentences(said, t)).float().cpu() for said in names for t in templates)
     return F.normalize(torch.as_tensor(total), dim=-1)
 
 
@@ -159,10 +162,10 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
                          "set concepts.prototypes lower")
     was = model.training
     model.eval()
-    names = list(names) if names is not None else class_names()
-    if len(names) != head.n_classes:
-        raise ValueError(f"{len(names)} class names for {head.n_classes} classes")
-    head.class_embeddings.copy_(class_embeddings(model, names, cfg.templates))
+    lists = [list(names)] if names is not None else [class_names(s) for s in naming_sources(cfg.class_names)]
+    if any(len(said) != head.n_classes for said in lists):
+        raise ValueError(f"{len(lists[0])} class names for {head.n_classes} classes")
+    head.class_embeddings.copy_(class_embeddings(model, lists, cfg.templates))
     head.prototypes.copy_(spherical_kmeans(feats[~held], cfg.prototypes, seed=model.cfg.train.seed))
     r = head.typicality(feats[held])
     q = torch.quantile(r, torch.tensor([cfg.quantile, 0.1, 0.5]))

@@ -220,9 +220,10 @@ def make_bank(model, dataset, draw: BankDraw, compute: Compute = BANK_COMPUTE, s
     texts, records = sample(dataset, captions, images, seed)
     head = model.concepts
     if head is not None and head.cfg.bank_template:    # a sentence per concept class (training/fit_concepts.py)
-        from training.models.concepts import class_names, class_sentences
+        from training.models.concepts import class_names, class_sentences, naming_sources
 
-        texts = texts + class_sentences(class_names()[:head.n_classes], head.cfg.bank_template)
+        first = naming_sources(head.cfg.class_names)[0]                 # one sentence a class: its first naming
+        texts = texts + class_sentences(class_names(first)[:head.n_classes], head.cfg.bank_template)
     vectors = torch.zeros(0, model.cfg.model.embed_dim)
     if records and features is not None:
         drawn = sample_indices(len(dataset.images), images, seed + 1)       # the rows ``sample`` drew

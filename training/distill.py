@@ -58,17 +58,17 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, tau: float,
     return tau * total
 
 
-def _image_features(source: ImageSource) -> torch.Tensor:
+def _check_features(source: ImageSource) -> None:
+    """ConfigError unless ``source`` holds precomputed backbone features (one view or several)."""
     if source.kind not in ("features", "views"):
         raise ConfigError(f"loss.distill_from: distilling reads the teachers' embeddings of precomputed backbone "
                           f"features (a frozen pretrained image.backbone); this run trains on {source.kind}")
-    return cast(torch.Tensor, source.data)
 
 
 def teacher_images(teacher, source: ImageSource) -> torch.Tensor:
     """Each image of ``source`` embedded by ``teacher`` before its concept head ``(N, E)``, unit length; a
     ``views`` source's views embedded one by one and averaged, then normalised again."""
-    _image_features(source)
+    _check_features(source)
 
     def before_head(features: torch.Tensor) -> torch.Tensor:
         return teacher.similarity.normalize(teacher.project_features(features).float())
@@ -125,7 +125,7 @@ class Teachers:
     @classmethod
     def read(cls, paths: Sequence[str | Path], student, source: ImageSource, captions: Sequence[str],
              cache_dir: str | Path | None = None, log=print, progress: bool = False) -> Teachers:
-        _image_features(source)
+        _check_features(source)
         images, texts = [], []
         scale = len(paths) ** -0.5
         for path in paths:

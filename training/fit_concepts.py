@@ -163,8 +163,9 @@ def fit(model: JointEmbedding, features: np.ndarray | torch.Tensor, log: Callabl
     was = model.training
     model.eval()
     lists = [list(names)] if names is not None else [class_names(s) for s in naming_sources(cfg.class_names)]
-    if any(len(said) != head.n_classes for said in lists):
-        raise ValueError(f"{len(lists[0])} class names for {head.n_classes} classes")
+    for said in lists:
+        if len(said) != head.n_classes:
+            raise ValueError(f"{len(said)} class names for {head.n_classes} classes")
     head.class_embeddings.copy_(class_embeddings(model, lists, cfg.templates))
     head.prototypes.copy_(spherical_kmeans(feats[~held], cfg.prototypes, seed=model.cfg.train.seed))
     r = head.typicality(feats[held])

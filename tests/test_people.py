@@ -33,11 +33,32 @@ def _unit(n, seed, dim=DIM):
 
 def test_a_query_names_a_person_by_its_words():
     for text in ("a person", "People on a beach", "a man with a camera", "two girls play", "a smiling woman",
-                 "an astronaut poses for a portrait", "she rides a bike"):
+                 "an astronaut poses for a portrait", "she rides a bike", "a selfie", "a smiling face"):
         assert names_person(text), text
     for text in ("a CD player", "yellow lady's slipper", "a boxer dog", "a red brick wall", "manhole cover",
                  "a photo of a groomed poodle", "xqzv"):
         assert not names_person(text), text
+
+
+def test_wordnet_nouns_for_a_person_count_and_their_plurals():
+    # training/inference/person_nouns.txt: WordNet 3.0's noun.person words whose main sense is a person
+    for text in ("a pilot", "two scientists", "an engineer at work", "a skateboarder on a ramp", "firefighters", "businessmen",
+                 "a grandmother", "hikers on a trail", "a man in a cowboy hat"):
+        assert names_person(text), text
+    for text in ("a monarch butterfly", "a pitcher of water", "a king penguin", "a Granny Smith apple",
+                 "a general view of the city", "a private beach", "the dog chased a ball", "a loudspeaker and a speaker",
+                 "tent poles", "a walker"):
+        assert not names_person(text), text
+
+
+def test_the_wordnet_nouns_carry_wordnets_licence_and_load():
+    from training.inference.person_words import NOUNS_FILE, _lexicon
+
+    text = NOUNS_FILE.read_text()
+    assert "WordNet 3.0 Copyright 2006 by Princeton University" in text
+    words, things = _lexicon()
+    assert len(words) > 4000 and {"pilot", "scientist", "man"} <= words and "monarch" not in words
+    assert things is not None and things.search("a king penguin")
 
 
 def _index(root, discount, bank=None, n=40):

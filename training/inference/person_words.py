@@ -1,14 +1,22 @@
 """Which sentences name a person: the words the person discount reads a text query by (training/models/concepts.py
 ``unfamiliarity``, index/people.py), and the words ``jointspace concepts`` labels a training photo's captions by.
 
-English only, as the model's text side. A word list, not the model: the trained embedding puts "a person" closest to
-the photos with the least content (a texture, a star field), so it cannot say whether a query is about people; the
-words can. Nouns that also name things are left out ("player": a CD player; "boxer" and "shepherd": dogs), and a
-possessive ("lady's slipper", an orchid) does not count.
+English only, as the model's text side. Words, not the model: the trained embedding puts "a person" closest to the
+photos with the least content (a texture, a star field), so it cannot say whether a query is about people, and the
+shipped model's text side puts "a pilot" nearer "a photo of a warplane." than "a photo of a person." (0.55 against
+0.24); the words can. Two
+lists: :data:`PERSON_WORDS`, written by hand (pronouns, groups, plurals, "face" and "selfie"), and the nouns WordNet
+3.0 files under ``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,800: "pilot",
+"scientist", "grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as
+its singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
+"shepherd": dogs; "monarch": an ImageNet butterfly), the words of an ImageNet class's name that is not a person do
+not count ("king penguin", "Granny Smith"), and a possessive ("lady's slipper", an orchid) does not count.
 """
 from __future__ import annotations
 
 import re
+from functools import cache
+from pathlib import Path
 
 PERSON_WORDS = (
     "man", "men", "woman", "women", "person", "persons", "people", "boy", "boys", "girl", "girls", "child",
@@ -20,10 +28,54 @@ PERSON_WORDS = (
     "dancers", "skier", "skiers", "surfer", "surfers", "snowboarder", "snowboarders", "cyclist", "cyclists", "biker",
     "bikers", "rider", "riders", "climber", "climbers", "runner", "runners", "swimmer", "swimmers", "diver", "divers",
     "fisherman", "fishermen", "farmer", "farmers", "chef", "clown", "clowns", "audience", "spectators",
+    "face", "faces", "selfie", "selfies",
 )
-_PATTERN = re.compile(r"\b(" + "|".join(PERSON_WORDS) + r")\b(?!['’]s)", re.IGNORECASE)
+LEFT_OUT = ("player", "boxer", "shepherd")      # person nouns that name common things too (benchmarks/person_nouns.py)
+NOUNS_FILE = Path(__file__).with_name("person_nouns.txt")
+_WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
+
+
+@cache
+def _lexicon() -> tuple[frozenset[str], re.Pattern | None]:
+    """(every word that names a person, the pattern of the thing phrases whose words do not count)."""
+    lines = [line.strip() for line in NOUNS_FILE.read_text().splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    words = frozenset(PERSON_WORDS) | {line for line in lines if " " not in line}
+    phrases = sorted((line for line in lines if " " in line), key=len, reverse=True)
+    pattern = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in phrases) + r")\b") if phrases else None
+    return words, pattern
+
+
+def _singulars(word: str) -> tuple[str, ...]:
+    """``word`` and what it is the plural of, by English's regular rules ("pilots", "nannies", "coaches",
+    "businessmen")."""
+    out = [word]
+    if word.endswith("men"):
+        out.append(word[:-3] + "man")
+    if word.endswith("ies"):
+        out.append(word[:-3] + "y")
+    if word.endswith(("ses", "xes", "zes", "ches", "shes")):
+        out.append(word[:-2])
+    if word.endswith("s"):
+        out.append(word[:-1])
+    return tuple(out)
 
 
 def names_person(text: str) -> bool:
-    """Whether ``text`` names a person (one of :data:`PERSON_WORDS`, as a whole word, not as a possessive)."""
-    return bool(_PATTERN.search(text))
+    """Whether ``text`` names a person: one of its words (not a possessive, not part of a thing phrase) is one of
+    :data:`PERSON_WORDS` or of the WordNet nouns, or the plural of one."""
+    words, things = _lexicon()
+    lowered = text.lower()
+    if not _any_counts(lowered, words):
+        return False
+    return things is None or _any_counts(things.sub(" ", lowered), words)   # then without the thing phrases
+
+
+def _any_counts(text: str, words: frozenset[str]) -> bool:
+    return any(_counts(m.group(), words) for m in _WORD.finditer(text))
+
+
+def _counts(token: str, words: frozenset[str]) -> bool:
+    if token[-2:] in ("'s", "’s"):          # a possessive: "lady's slipper"
+        return False
+    return any(w in words for w in _singulars(token))

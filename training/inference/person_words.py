@@ -42,8 +42,10 @@ def _lexicon() -> tuple[frozenset[str], re.Pattern | None]:
     lines = [line for line in lines if line and not line.startswith("#")]
     words = frozenset(PERSON_WORDS) | {line for line in lines if " " not in line}
     phrases = sorted((line for line in lines if " " in line), key=len, reverse=True)
-    pattern = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in phrases) + r")\b") if phrases else None
-    return words, pattern
+    if not phrases:
+        return words, None
+    # whole phrases: no letter just before or after ("kite (bird of prey)" ends in a parenthesis)
+    return words, re.compile(r"(?<![a-z])(?:" + "|".join(re.escape(p) for p in phrases) + r")(?![a-z])")
 
 
 def _singulars(word: str) -> tuple[str, ...]:

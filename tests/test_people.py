@@ -43,11 +43,13 @@ def test_a_query_names_a_person_by_its_words():
 def test_wordnet_nouns_for_a_person_count_and_their_plurals():
     # training/inference/person_nouns.txt: WordNet 3.0's noun.person words whose main sense is a person
     for text in ("a pilot", "two scientists", "an engineer at work", "a skateboarder on a ramp", "firefighters", "businessmen",
-                 "a grandmother", "hikers on a trail", "a man in a cowboy hat"):
+                 "a grandmother", "hikers on a trail", "a man in a cowboy hat", "a baseball player",
+                 "two soccer players on a field"):
         assert names_person(text), text
     for text in ("a monarch butterfly", "a pitcher of water", "a king penguin", "a Granny Smith apple",
                  "a general view of the city", "a private beach", "the dog chased a ball", "a loudspeaker and a speaker",
-                 "tent poles", "a walker", "a baby bib", "a kite (bird of prey)", "a King Charles Spaniel"):
+                 "tent poles", "a walker", "a baby bib", "a kite (bird of prey)", "a King Charles Spaniel",
+                 "a record player"):
         assert not names_person(text), text
 
 
@@ -56,8 +58,9 @@ def test_the_wordnet_nouns_carry_wordnets_licence_and_load():
 
     text = NOUNS_FILE.read_text()
     assert "WordNet 3.0 Copyright 2006 by Princeton University" in text
-    words, things = _lexicon()
+    words, people, things = _lexicon()
     assert len(words) > 4000 and {"pilot", "scientist", "man"} <= words and "monarch" not in words
+    assert people is not None and people.search("tennis players") and not people.search("a player")
     assert things is not None and things.search("a king penguin")
 
 

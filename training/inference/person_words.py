@@ -87,22 +87,32 @@ def names_person(text: str) -> bool:
     lowered = text.lower()
     if people is not None and people.search(lowered):
         return True
-    return any(_counts(m.group(), words) and not _in_thing(lowered, m, things.get(m.group(), ()))
+    return any(_counts(m.group(), words)
+               and not _in_thing(lowered, m, tuple(p for w in _singulars(m.group()) for p in things.get(w, ())))
                for m in _WORD.finditer(lowered))
 
 
 def _in_thing(text: str, word: re.Match, phrases: tuple[str, ...]) -> bool:
-    """Whether ``word`` (a match in ``text``) lies within one of ``phrases`` there, as a whole (no letter just before
-    or after it: "kite (bird of prey)" ends in a parenthesis)."""
+    """Whether ``word`` (a match in ``text``) lies within one of ``phrases`` there, as a whole or its plural (no
+    letter just before, none after it or after an "s" or "es" there: "pilot whales"; "kite (bird of prey)" ends in a
+    parenthesis)."""
     start, end = word.span()
     for phrase in phrases:
-        at = text.find(phrase, max(0, end - len(phrase)))
+        at = text.find(phrase, max(0, end - len(phrase) - 2))
         while 0 <= at <= start:
             after = at + len(phrase)
-            if after >= end and not (at and text[at - 1].isalpha()) and not text[after:after + 1].isalpha():
+            tail = _plural_tail(text, after)
+            if tail is not None and after + tail >= end and not (at and text[at - 1].isalpha()):
                 return True
             at = text.find(phrase, at + 1)
     return False
+
+
+def _plural_tail(text: str, at: int) -> int | None:
+    """How many letters after ``at`` in ``text`` end the word there: 0, or those of a plural's "s" or "es"; None if
+    the word goes on."""
+    return next((len(tail) for tail in ("", "s", "es") if text.startswith(tail, at)
+                 and not text[at + len(tail):at + len(tail) + 1].isalpha()), None)
 
 
 def _counts(token: str, words: frozenset[str]) -> bool:

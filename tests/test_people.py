@@ -64,6 +64,19 @@ def test_wordnet_nouns_for_a_thing_that_hold_a_person_word_do_not_count_but_the_
         assert names_person(text), text
 
 
+def test_a_group_of_people_counts_unless_of_names_its_members():
+    # person_words.GROUP_WORDS: a couple, a team, a crowd, a family, an audience are people ...
+    for text in ("a couple kisses on the street", "two couples pose", "a football team", "two soccer teams compete",
+                 "a crowd at a concert", "a family poses", "a family of four", "a family of 7 poses",
+                 "an audience claps", "a crowd of people", "a couple of tourists", "firemen at a fire",
+                 "a fireman sprays water"):
+        assert names_person(text), text
+    # ... unless "of" says what the group is of (a person word there still counts), or it names a thing
+    for text in ("a couple of apples", "a family of ducks", "a team of dogs", "a crowd of pigeons",
+                 "the rose family", "a family room", "the team's bus", "a couplet"):
+        assert not names_person(text), text
+
+
 def test_the_wordnet_nouns_carry_wordnets_licence_and_load():
     from training.inference.person_words import NOUNS_FILE, _lexicon
 

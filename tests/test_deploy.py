@@ -130,10 +130,25 @@ def test_compose_validation_rejects_a_broken_file(tmp_path):
     assert result.returncode != 0 and "count" in result.stderr
 
 
-def _plan(target: str) -> str:
+def _plan(target: str, *variables: str) -> str:
     make = shutil.which("make")
     assert make is not None, "make is not installed"
-    return subprocess.run([make, "-n", "-B", target], cwd=REPO, capture_output=True, text=True).stdout
+    return subprocess.run([make, "-n", "-B", target, *variables], cwd=REPO, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(("venv_need", "wheels_need", "warned"), [(1, 1, False), (10**9, 1, True), (1, 10**9, True)])
+def test_make_install_warns_before_pip_when_the_disk_is_too_small(tmp_path, venv_need, wheels_need, warned):
+    plan = _plan("install", f"VENV_NEED_MB={venv_need}", f"WHEELS_NEED_MB={wheels_need}").splitlines()
+    check = next(i for i, line in enumerate(plan) if "df -Pm" in line)
+    assert check < next(i for i, line in enumerate(plan) if "pip install" in line)   # before anything is installed
+    result = subprocess.run(["bash", "-c", plan[check]], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert result.returncode == 0 and not result.stderr                 # a warning; the install goes on
+    if warned:
+        assert "make install needs about" in result.stdout and f"{max(venv_need, wheels_need)} MB" in result.stdout
+        assert str(tmp_path) in result.stdout and re.search(r"free now: \d+ MB", result.stdout)
+    else:
+        assert result.stdout == ""
 
 
 def test_make_demo_indexes_real_photos_with_the_shipped_model_and_serves():

@@ -12,37 +12,41 @@ TESSERACT_PACKAGES := tesseract-ocr tesseract-ocr-eng
 
 .PHONY: install test lint demo demo-train clean chromium ocr screenshots
 
-# --no-cache-dir: the downloaded wheels (torch's CUDA libraries alone are several GB) are not kept a second time in
-# pip's cache beside the installed packages, so that the install fits on a machine with little free disk.
-# PYTHONWARNINGS: setuptools prints a note on every editable install ("Editable installation ... folders with the
-# same name as your package"), advice on editable installs in general, not a warning about this project
-# The install's disk need (x86_64, Python 3.11, measured 2026-12-01): the venv takes about 7.9 GB, 5 GB of it torch's
-# CUDA libraries and triton (PyPI's Linux torch is the CUDA build), and pip holds the downloaded wheels, about 3.3 GB,
-# in TMPDIR until it has installed them all. Short of that, a loud warning names what is free where; the install
-# still runs, since a venv left by an earlier try needs less.
+# The install's disk need (x86_64, Python 3.11, measured 2026-12-01): the venv takes about 7.8 GB, 5.5 GB of it torch
+# with its CUDA libraries and triton (PyPI's Linux torch is the CUDA build). pip holds the wheels it downloads in
+# TMPDIR until it has installed them all, so torch and torchvision go in first, on their own: 2.5 GB of wheels beside
+# 5.5 GB installed, then 0.8 GB beside 7.8 GB (in one step it was 3.3 GB beside 7.8 GB). Short of that, a loud warning
+# names what is free where; the install still runs, since a venv left by an earlier try needs less.
 VENV_NEED_MB := 8000
-WHEELS_NEED_MB := 3400
+WHEELS_NEED_MB := 2600
+ONE_DISK_NEED_MB := 8800
 define check_free_disk
 	@tmp="$${TMPDIR:-/tmp}"; \
 	venv_free=$$(df -Pm . | awk 'NR == 2 {print $$4}'); \
 	tmp_free=$$(df -Pm "$$tmp" 2>/dev/null | awk 'NR == 2 {print $$4}'); \
 	[ -n "$$venv_free" ] && [ -n "$$tmp_free" ] || exit 0; \
 	if [ "$$(stat -c %d .)" = "$$(stat -c %d "$$tmp")" ]; then \
-		short=$$([ "$$venv_free" -lt $$(($(VENV_NEED_MB) + $(WHEELS_NEED_MB))) ] && echo yes); \
+		short=$$([ "$$venv_free" -lt $(ONE_DISK_NEED_MB) ] && echo yes); \
 	else \
 		short=$$([ "$$venv_free" -lt $(VENV_NEED_MB) ] || [ "$$tmp_free" -lt $(WHEELS_NEED_MB) ] && echo yes); \
 	fi; \
 	if [ -n "$$short" ]; then \
 		echo "!!!!! make install needs about $(VENV_NEED_MB) MB free for $(VENV)/ and $(WHEELS_NEED_MB) MB in $$tmp"; \
-		echo "!!!!! (TMPDIR) for pip's downloads, both together when they are on one disk; free now: $$venv_free MB"; \
-		echo "!!!!! here, $$tmp_free MB in $$tmp. pip stops with 'No space left on device' when it runs out."; \
+		echo "!!!!! (TMPDIR) for pip's downloads, $(ONE_DISK_NEED_MB) MB when both are on one disk; free now:"; \
+		echo "!!!!! $$venv_free MB here, $$tmp_free MB in $$tmp. pip stops with 'No space left on device' when it runs out."; \
 	fi
 endef
 
+# --no-cache-dir: the downloaded wheels (torch's CUDA libraries alone are several GB) are not kept a second time in
+# pip's cache beside the installed packages, so that the install fits on a machine with little free disk; torch and
+# torchvision go in first, for the same reason (above).
+# PYTHONWARNINGS: setuptools prints a note on every editable install ("Editable installation ... folders with the
+# same name as your package"), advice on editable installs in general, not a warning about this project
 $(BIN)/jointspace: pyproject.toml constraints.txt
 	$(call check_free_disk)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --no-cache-dir -c constraints.txt torch torchvision
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet --no-cache-dir -c constraints.txt \
 		-e '.[cpu,dev,ray]'
 	@touch $@

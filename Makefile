@@ -33,7 +33,8 @@ define check_free_disk
 	if [ -n "$$short" ]; then \
 		echo "!!!!! make install needs about $(VENV_NEED_MB) MB free for $(VENV)/ and $(WHEELS_NEED_MB) MB in $$tmp"; \
 		echo "!!!!! (TMPDIR) for pip's downloads, $(ONE_DISK_NEED_MB) MB when both are on one disk; free now:"; \
-		echo "!!!!! $$venv_free MB here, $$tmp_free MB in $$tmp. pip stops with 'No space left on device' when it runs out."; \
+		echo "!!!!! $$venv_free MB here, $$tmp_free MB in $$tmp. pip stops with 'No space left on device'"; \
+		echo "!!!!! when it runs out."; \
 	fi
 endef
 

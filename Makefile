@@ -15,7 +15,7 @@ TESSERACT_PACKAGES := tesseract-ocr tesseract-ocr-eng
 # The install's disk need (x86_64, Python 3.11, measured 2026-12-01): the venv takes about 7.8 GB, 5.5 GB of it torch
 # with its CUDA libraries and triton (PyPI's Linux torch is the CUDA build). pip holds the wheels it downloads in
 # TMPDIR until it has installed them all, so torch and torchvision go in first, on their own: 2.5 GB of wheels beside
-# 5.5 GB installed, then 0.8 GB beside 7.8 GB (in one step it was 3.3 GB beside 7.8 GB). Short of that, a loud warning
+# 5.5 GB installed, then 0.8 GB beside 7.8 GB (in one step: 3.3 GB beside 7.8 GB). Short of that, a loud warning
 # names what is free where; the install still runs, since a venv left by an earlier try needs less.
 VENV_NEED_MB := 8000
 WHEELS_NEED_MB := 2600

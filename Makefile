@@ -22,10 +22,10 @@ WHEELS_NEED_MB := 2600
 ONE_DISK_NEED_MB := 8800
 define check_free_disk
 	@tmp="$${TMPDIR:-/tmp}"; \
-	venv_free=$$(df -Pm . | awk 'NR == 2 {print $$4}'); \
-	tmp_free=$$(df -Pm "$$tmp" 2>/dev/null | awk 'NR == 2 {print $$4}'); \
-	[ -n "$$venv_free" ] && [ -n "$$tmp_free" ] || exit 0; \
-	if [ "$$(stat -c %d .)" = "$$(stat -c %d "$$tmp")" ]; then \
+	set -- $$(df -Pm . "$$tmp" 2>/dev/null | awk 'NR > 1 {print $$NF, $$4}'); \
+	[ $$# -eq 4 ] || exit 0; \
+	venv_free=$$2; tmp_free=$$4; \
+	if [ "$$1" = "$$3" ]; then \
 		short=$$([ "$$venv_free" -lt $(ONE_DISK_NEED_MB) ] && echo yes); \
 	else \
 		short=$$([ "$$venv_free" -lt $(VENV_NEED_MB) ] || [ "$$tmp_free" -lt $(WHEELS_NEED_MB) ] && echo yes); \
